@@ -1,0 +1,19 @@
+//! Pieces every dlock service shares. Each module has one job:
+//!
+//! - [`token`]: strict parsing of `X-Fencing-Token` (never coerced to 0);
+//! - [`validate`]: bounds on lock keys and TTLs;
+//! - [`error`]: the JSON error body and the extractors that turn bad input into 4xx;
+//! - [`telemetry`]: tracing set-up (JSON lines by default);
+//! - [`metrics`]: the `/metrics` handler over a prometheus-client registry;
+//! - [`serve`]: health endpoints and graceful shutdown.
+
+pub mod error;
+pub mod fencing;
+pub mod metrics;
+pub mod serve;
+pub mod telemetry;
+pub mod token;
+pub mod validate;
+
+pub use error::{ApiError, ApiJson, ApiPath, ApiQuery};
+pub use token::{FENCING_TOKEN_HEADER, FencingToken, TokenError};

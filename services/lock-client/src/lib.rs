@@ -1,0 +1,1 @@
+//! dlock-client (to be filled).

@@ -1,0 +1,1 @@
+//! lock-server library (to be filled).

@@ -1,0 +1,224 @@
+//! `flyway_schema_history`: what was applied, and applying what is pending.
+
+use std::time::Instant;
+
+use sqlx::{Connection, PgConnection, Row};
+
+use crate::MigrateError;
+use crate::files::{Kind, Migration};
+
+/// Key of the session advisory lock held while migrating ("dlockmig").
+const ADVISORY_LOCK_KEY: i64 = 0x646c_6f63_6b6d_6967;
+
+const CREATE_HISTORY: &str = r#"
+CREATE TABLE IF NOT EXISTS flyway_schema_history (
+    installed_rank INTEGER       PRIMARY KEY,
+    version        VARCHAR(50),
+    description    VARCHAR(200)  NOT NULL,
+    type           VARCHAR(20)   NOT NULL,
+    script         VARCHAR(1000) NOT NULL,
+    checksum       INTEGER,
+    installed_by   VARCHAR(100)  NOT NULL,
+    installed_on   TIMESTAMP     NOT NULL DEFAULT now(),
+    execution_time INTEGER       NOT NULL,
+    success        BOOLEAN       NOT NULL
+)"#;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppliedRow {
+    pub installed_rank: i32,
+    pub version: Option<String>,
+    pub script: String,
+    pub checksum: Option<i32>,
+    pub success: bool,
+}
+
+/// What one run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Report {
+    /// Scripts applied by this run, in order.
+    pub applied: Vec<String>,
+    /// Highest versioned migration applied after this run.
+    pub current_version: Option<i64>,
+}
+
+/// Rows of the history table in installation order (empty if the table does not exist yet).
+pub async fn applied(conn: &mut PgConnection) -> Result<Vec<AppliedRow>, MigrateError> {
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('flyway_schema_history') IS NOT NULL")
+        .fetch_one(&mut *conn)
+        .await?;
+    if !exists {
+        return Ok(Vec::new());
+    }
+    let rows = sqlx::query(
+        "SELECT installed_rank, version, script, checksum, success
+           FROM flyway_schema_history ORDER BY installed_rank",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| AppliedRow {
+            installed_rank: r.get(0),
+            version: r.get(1),
+            script: r.get(2),
+            checksum: r.get(3),
+            success: r.get(4),
+        })
+        .collect())
+}
+
+/// Validates the history against `migrations`, then applies what is pending.
+pub async fn migrate(conn: &mut PgConnection, migrations: &[Migration]) -> Result<Report, MigrateError> {
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(ADVISORY_LOCK_KEY)
+        .execute(&mut *conn)
+        .await?;
+    let result = migrate_locked(conn, migrations).await;
+    // Released explicitly; the lock would also go with the connection.
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(ADVISORY_LOCK_KEY)
+        .execute(&mut *conn)
+        .await?;
+    result
+}
+
+async fn migrate_locked(conn: &mut PgConnection, migrations: &[Migration]) -> Result<Report, MigrateError> {
+    sqlx::query(CREATE_HISTORY).execute(&mut *conn).await?;
+    let history = applied(conn).await?;
+
+    if let Some(failed) = history.iter().find(|r| !r.success) {
+        return Err(MigrateError::PreviousFailure {
+            script: failed.script.clone(),
+        });
+    }
+
+    // Validate every applied versioned migration before touching anything.
+    let mut latest: Option<i64> = None;
+    for row in history.iter().filter(|r| r.version.is_some()) {
+        let version = row.version.clone().unwrap_or_default();
+        let file = migrations
+            .iter()
+            .find(|m| matches!(m.kind, Kind::Versioned(v) if v.to_string() == version));
+        let Some(file) = file else {
+            return Err(MigrateError::MissingFile {
+                version,
+                script: row.script.clone(),
+            });
+        };
+        if row.checksum != Some(file.checksum) {
+            return Err(MigrateError::ChecksumMismatch {
+                version,
+                script: file.script.clone(),
+                recorded: row.checksum.unwrap_or_default(),
+                found: file.checksum,
+            });
+        }
+        if let Kind::Versioned(v) = file.kind {
+            latest = latest.max(Some(v));
+        }
+    }
+
+    let mut pending = Vec::new();
+    for m in migrations {
+        match m.kind {
+            Kind::Versioned(v) => {
+                let done = history
+                    .iter()
+                    .any(|r| r.version.as_deref() == Some(&v.to_string()));
+                if done {
+                    continue;
+                }
+                if let Some(l) = latest.filter(|l| v < *l) {
+                    return Err(MigrateError::OutOfOrder {
+                        version: v,
+                        script: m.script.clone(),
+                        latest: l,
+                    });
+                }
+                pending.push(m);
+            }
+            Kind::Repeatable => {
+                // Re-applied when its latest recorded checksum differs (or it was never applied).
+                let last = history
+                    .iter()
+                    .rev()
+                    .find(|r| r.version.is_none() && r.script == m.script);
+                if last.and_then(|r| r.checksum) != Some(m.checksum) {
+                    pending.push(m);
+                }
+            }
+        }
+    }
+
+    let mut report = Report {
+        applied: Vec::new(),
+        current_version: latest,
+    };
+    let mut rank = history.iter().map(|r| r.installed_rank).max().unwrap_or(0);
+    for m in pending {
+        rank += 1;
+        apply_one(conn, m, rank).await?;
+        tracing::info!(event = "migration_applied", script = %m.script, checksum = m.checksum);
+        report.applied.push(m.script.clone());
+        if let Kind::Versioned(v) = m.kind {
+            report.current_version = report.current_version.max(Some(v));
+        }
+    }
+    Ok(report)
+}
+
+async fn apply_one(conn: &mut PgConnection, m: &Migration, rank: i32) -> Result<(), MigrateError> {
+    let started = Instant::now();
+    let mut tx = conn.begin().await?;
+    // raw_sql: a file may hold several statements, so it goes over the simple query protocol.
+    // The file is ours, reviewed and checksummed: it is the SQL to run.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(m.sql.as_str()))
+        .execute(&mut *tx)
+        .await
+        .map_err(|source| MigrateError::Failed {
+            script: m.script.clone(),
+            source,
+        })?;
+    let elapsed = i32::try_from(started.elapsed().as_millis()).unwrap_or(i32::MAX);
+    let version = match m.kind {
+        Kind::Versioned(v) => Some(v.to_string()),
+        Kind::Repeatable => None,
+    };
+    sqlx::query(
+        "INSERT INTO flyway_schema_history
+             (installed_rank, version, description, type, script, checksum, installed_by, execution_time, success)
+         VALUES ($1, $2, $3, 'SQL', $4, $5, current_user, $6, true)",
+    )
+    .bind(rank)
+    .bind(version)
+    .bind(&m.description)
+    .bind(&m.script)
+    .bind(m.checksum)
+    .bind(elapsed)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Gives an application role its login password, quoting both on the server (`format('%I', '%L')`),
+/// so the password never appears in a statement text we build.
+pub async fn set_role_password(
+    conn: &mut PgConnection,
+    role: &str,
+    password: &str,
+) -> Result<(), MigrateError> {
+    let stmt: String =
+        sqlx::query_scalar("SELECT format('ALTER ROLE %I WITH LOGIN PASSWORD %L', $1::text, $2::text)")
+            .bind(role)
+            .bind(password)
+            .fetch_one(&mut *conn)
+            .await?;
+    // Built by format(%I, %L) on the server: identifiers and literals are quoted there.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(stmt))
+        .execute(&mut *conn)
+        .await?;
+    tracing::info!(event = "role_password_set", role);
+    Ok(())
+}

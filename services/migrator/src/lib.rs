@@ -1,0 +1,58 @@
+//! A migrator with Flyway's rules, for two independent histories (C1 §1.8):
+//!
+//! - files are `V<n>__<snake_case>.sql` (versioned, applied once, in order) and
+//!   `R__<snake_case>.sql` (repeatable, re-applied whenever its checksum changes, after versioned);
+//! - every applied file is recorded in `flyway_schema_history` with its CRC32 checksum;
+//! - an applied versioned file that was edited (or removed) is refused with a clear error, and
+//!   nothing is applied;
+//! - each file runs in its own transaction together with its history row, under an advisory lock so
+//!   that two migration Jobs cannot interleave; a second run is a no-op.
+
+mod files;
+mod history;
+
+pub use files::{Kind, Migration, load_dir, parse_name};
+pub use history::{AppliedRow, Report, applied, migrate, set_role_password};
+
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error("cannot read migrations from {path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("{file}: not a migration file name; expected V<n>__<snake_case>.sql or R__<snake_case>.sql")]
+    BadName { file: String },
+    #[error("two migration files claim version {version}: {first} and {second}")]
+    DuplicateVersion {
+        version: i64,
+        first: String,
+        second: String,
+    },
+    #[error("two repeatable migrations share the description {description:?}")]
+    DuplicateRepeatable { description: String },
+    #[error(
+        "migration {script} (version {version}) was edited after it was applied: recorded checksum {recorded}, file checksum {found}. Applied migrations are immutable; revert the edit and add V<n+1> instead"
+    )]
+    ChecksumMismatch {
+        version: String,
+        script: String,
+        recorded: i32,
+        found: i32,
+    },
+    #[error("migration version {version} ({script}) is recorded as applied but its file is missing")]
+    MissingFile { version: String, script: String },
+    #[error(
+        "migration {script} (version {version}) is older than the applied version {latest} and was never applied; migrations must be added with increasing versions"
+    )]
+    OutOfOrder {
+        version: i64,
+        script: String,
+        latest: i64,
+    },
+    #[error("migration {script} failed: {source}")]
+    Failed { script: String, source: sqlx::Error },
+    #[error(
+        "a previous run of {script} failed and is recorded so; repair the database by hand before migrating again"
+    )]
+    PreviousFailure { script: String },
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}

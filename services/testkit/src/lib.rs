@@ -1,0 +1,200 @@
+//! Real PostgreSQL 16 for tests and for the local demo.
+//!
+//! - [`pg::PgServer`] runs one `postgres` process on a free loopback port, as an unprivileged user
+//!   when we are root (postgres refuses to run as root). It dies with the process that started it.
+//! - [`lockdb`] / [`paydb`] give each test its own database, cloned from a template that holds the
+//!   migrated history, on two *separate* servers (C1 §1.1: never one instance for both).
+//!
+//! Binaries: `DLOCK_PG_BIN` names a folder with initdb and postgres; otherwise
+//! `$DLOCK_TOOLS_DIR/pg16/bin` (default `/var/tmp/dlock-tools`), which `scripts/setup.sh` fills.
+
+#![allow(unsafe_code)] // pg.rs: prctl(PR_SET_PDEATHSIG) and atexit, both documented there
+
+pub mod pg;
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgConnection, PgPool};
+
+pub use pg::{PgError, PgServer};
+
+/// Which of the two histories a database carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum History {
+    Lockdb,
+    Paydb,
+}
+
+impl History {
+    pub fn name(self) -> &'static str {
+        match self {
+            History::Lockdb => "lockdb",
+            History::Paydb => "paydb",
+        }
+    }
+
+    /// The role the owning service connects as (C1 §1.1).
+    pub fn app_role(self) -> &'static str {
+        match self {
+            History::Lockdb => "lockapp",
+            History::Paydb => "payapp",
+        }
+    }
+}
+
+/// The repository's `migrations/` folder (or `DLOCK_MIGRATIONS_DIR`).
+pub fn migrations_root() -> PathBuf {
+    std::env::var_os("DLOCK_MIGRATIONS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../migrations")))
+}
+
+pub fn migrations_dir(history: History) -> PathBuf {
+    migrations_root().join(history.name())
+}
+
+static LOCKDB_SERVER: OnceLock<PgServer> = OnceLock::new();
+static PAYDB_SERVER: OnceLock<PgServer> = OnceLock::new();
+static TEMPLATES: tokio::sync::Mutex<Vec<History>> = tokio::sync::Mutex::const_new(Vec::new());
+static NEXT_DB: AtomicU32 = AtomicU32::new(0);
+
+/// The process-wide server for one history (started on first use).
+pub fn server(history: History) -> &'static PgServer {
+    let cell = match history {
+        History::Lockdb => &LOCKDB_SERVER,
+        History::Paydb => &PAYDB_SERVER,
+    };
+    cell.get_or_init(|| match PgServer::start(history.name()) {
+        Ok(s) => s,
+        // Tests cannot do anything useful without the database; say why loudly.
+        Err(e) => panic!("cannot start PostgreSQL 16 for {}: {e}", history.name()),
+    })
+}
+
+/// A database of its own for one test.
+#[derive(Debug, Clone)]
+pub struct TestDb {
+    pub name: String,
+    pub port: u16,
+    pub history: History,
+}
+
+impl TestDb {
+    /// As the superuser `postgres` (for setup and for negative-control statements).
+    pub fn admin_url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{}", self.port, self.name)
+    }
+
+    /// As the application role (lockapp / payapp), as the services connect.
+    pub fn app_url(&self) -> String {
+        format!(
+            "postgres://{}@127.0.0.1:{}/{}",
+            self.history.app_role(),
+            self.port,
+            self.name
+        )
+    }
+
+    pub async fn admin_pool(&self) -> PgPool {
+        pool(&self.admin_url()).await
+    }
+
+    pub async fn app_pool(&self) -> PgPool {
+        pool(&self.app_url()).await
+    }
+}
+
+async fn pool(url: &str) -> PgPool {
+    let opts: PgConnectOptions = url.parse().unwrap_or_else(|e| panic!("bad url {url}: {e}"));
+    PgPoolOptions::new()
+        .max_connections(20)
+        .connect_with(opts)
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e}"))
+}
+
+/// A fresh, migrated lockdb on the lockdb server.
+pub async fn lockdb() -> TestDb {
+    migrated(History::Lockdb).await
+}
+
+/// A fresh, migrated paydb on the paydb server (a different PostgreSQL instance from lockdb).
+pub async fn paydb() -> TestDb {
+    migrated(History::Paydb).await
+}
+
+/// A fresh, empty database (no migrations) on the given history's server.
+pub async fn blank(history: History) -> TestDb {
+    let srv = server(history);
+    let name = next_name("blank");
+    admin_exec(srv.port, "postgres", &format!("CREATE DATABASE {name}")).await;
+    TestDb {
+        name,
+        port: srv.port,
+        history,
+    }
+}
+
+fn next_name(prefix: &str) -> String {
+    format!(
+        "{prefix}_{}_{}",
+        std::process::id(),
+        NEXT_DB.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+async fn migrated(history: History) -> TestDb {
+    let srv = server(history);
+    let template = format!("template_{}", history.name());
+    {
+        let mut done = TEMPLATES.lock().await;
+        if !done.contains(&history) {
+            admin_exec(srv.port, "postgres", &format!("CREATE DATABASE {template}")).await;
+            let mut conn = connect(srv.port, &template).await;
+            let files = dlock_migrate::load_dir(&migrations_dir(history))
+                .unwrap_or_else(|e| panic!("load {} migrations: {e}", history.name()));
+            dlock_migrate::migrate(&mut conn, &files)
+                .await
+                .unwrap_or_else(|e| panic!("migrate {template}: {e}"));
+            // CREATE DATABASE ... TEMPLATE needs the template to have no connections.
+            let _ = conn.close().await;
+            done.push(history);
+        }
+    }
+    let name = next_name(history.name());
+    admin_exec(
+        srv.port,
+        "postgres",
+        &format!("CREATE DATABASE {name} TEMPLATE {template}"),
+    )
+    .await;
+    TestDb {
+        name,
+        port: srv.port,
+        history,
+    }
+}
+
+async fn connect(port: u16, db: &str) -> PgConnection {
+    let url = format!("postgres://postgres@127.0.0.1:{port}/{db}");
+    PgConnection::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e}"))
+}
+
+async fn admin_exec(port: u16, db: &str, sql: &str) {
+    // Concurrent CREATE DATABASE from one template can collide briefly; retry that case only.
+    for attempt in 0.. {
+        let mut conn = connect(port, db).await;
+        match sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut conn).await {
+            Ok(_) => return,
+            Err(e) if attempt < 50 && e.to_string().contains("being accessed by other users") => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("{sql}: {e}"),
+        }
+    }
+}
