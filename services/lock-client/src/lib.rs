@@ -1,1 +1,85 @@
-//! dlock-client (to be filled).
+//! Client library for lock-server (docs/lock-api.md).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), dlock_client::ClientError> {
+//! use std::time::Duration;
+//! let client = dlock_client::LockClient::new("http://127.0.0.1:8080")?;
+//! let session = client.open_session("payout-executor-1", Duration::from_secs(10)).await?;
+//! let lock = session
+//!     .acquire("account:42", Duration::from_secs(5), Duration::from_secs(2))
+//!     .await?;
+//! tokio::select! {
+//!     reason = lock.lost() => { /* stop: the lock is gone ({reason}) */ let _ = reason; }
+//!     _ = async {
+//!         lock.ensure_held()?; // right before each write, which carries lock.token()
+//!         Ok::<(), dlock_client::ClientError>(())
+//!     } => {}
+//! }
+//! lock.release().await?;
+//! session.close().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Modules, one job each:
+//! - [`api`]: every HTTP call to lock-server (single attempts, wire types);
+//! - [`error`]: [`ClientError`], and reading a 409 `FENCED_OUT` from any protected resource;
+//! - `session` / `handle`: [`Session`] (heartbeats) and [`LockHandle`] (renewal, loss, release);
+//! - `liveness` / `keepalive`: the local deadline arithmetic and the background loop both share;
+//! - `backoff`: the jittered wait of a bounded acquire.
+//!
+//! [`ClientError::LockLost`] and [`ClientError::FencedOut`] are terminal: nothing here retries
+//! them, and a caller must abandon the critical section that got one.
+
+pub mod api;
+mod backoff;
+pub mod error;
+mod handle;
+mod keepalive;
+mod liveness;
+mod session;
+
+use std::time::Duration;
+
+pub use api::{ClientConfig, LockApi, LockGrant, LockState, LockStatus};
+pub use dlock_common::FencingToken;
+pub use dlock_common::fencing::FencedOutDetails;
+pub use error::{ClientError, FencedOut, LossReason, error_from_body, error_from_response, fenced_out_from_body};
+pub use handle::{LockHandle, ReleaseOutcome};
+pub use session::Session;
+
+/// The entry point: one per process, cheap to clone.
+#[derive(Debug, Clone)]
+pub struct LockClient {
+    api: LockApi,
+}
+
+impl LockClient {
+    /// A client for the lock-server at `base_url` (e.g. `http://lock-server:8080`), with a 2 s
+    /// connect timeout and a 5 s per-request timeout.
+    pub fn new(base_url: &str) -> Result<Self, ClientError> {
+        Self::with_config(base_url, ClientConfig::default())
+    }
+
+    pub fn with_config(base_url: &str, config: ClientConfig) -> Result<Self, ClientError> {
+        Ok(Self {
+            api: LockApi::new(base_url, &config)?,
+        })
+    }
+
+    /// Opens a session for `owner_id` that heartbeats every `session_ttl / 3` until closed,
+    /// dropped, or lost. TTLs are whole milliseconds, 10 ms to one day.
+    pub async fn open_session(&self, owner_id: &str, session_ttl: Duration) -> Result<Session, ClientError> {
+        Session::open(self.api.clone(), owner_id, session_ttl).await
+    }
+
+    /// `GET /v1/locks/{key}`: who holds `key`, as the server sees it now.
+    pub async fn lock_status(&self, key: &str) -> Result<LockStatus, ClientError> {
+        dlock_common::validate::lock_key(key).map_err(ClientError::invalid)?;
+        self.api.lock_status(key).await
+    }
+
+    /// The raw single-attempt calls.
+    pub fn api(&self) -> &LockApi {
+        &self.api
+    }
+}

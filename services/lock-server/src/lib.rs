@@ -1,1 +1,30 @@
-//! lock-server library (to be filled).
+//! lock-server: the dlock lock service, sole writer of lockdb (C1 §1.1–1.4, §1.7; docs/lock-api.md).
+//!
+//! - [`sql`]: every lockdb statement, C1's text; [`sql::Statements`] is the swappable safety set;
+//! - [`repo`]: one method per statement, zero rows as `None`/`false`;
+//! - [`api`]: the HTTP handlers; [`routes`]: the router and its route table;
+//! - [`error`]: the one error enum, mapped to HTTP; [`auth`]: the admin bearer token;
+//! - [`metrics`], [`reaper`], [`config`], [`server`] ([`spawn`] in-process, [`run`] until SIGTERM).
+//!
+//! Fencing tokens come from one global sequence and strictly increase for all time; the lock service
+//! hands them out, the protected resources enforce them.
+
+pub mod api;
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod reaper;
+pub mod repo;
+pub mod routes;
+pub mod server;
+pub mod sql;
+pub mod state;
+
+pub use config::{Cli, Config, ConfigError};
+pub use error::Error;
+pub use repo::Repo;
+pub use routes::{RouteSpec, app, routes};
+pub use server::{RunningServer, StartError, run, run_until, spawn, spawn_with_statements};
+pub use sql::Statements;
+pub use state::AppState;

@@ -1,1 +1,58 @@
-fn main() {}
+//! The `rail-stub` binary: flags (or env) → [`rail_stub::Config`], serve until SIGTERM/SIGINT.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use clap::Parser;
+use rail_stub::{Config, Mode};
+
+#[derive(Debug, Parser)]
+#[command(name = "rail-stub", about = "A stand-in external payment rail for dlock")]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, env = "RAIL_STUB_LISTEN", default_value = "127.0.0.1:8090")]
+    listen: SocketAddr,
+    /// Default outcome of a first request for an idempotency key.
+    #[arg(long, env = "RAIL_STUB_MODE", value_enum, default_value_t = Mode::Ack)]
+    mode: Mode,
+    /// Latency added before every answer, in milliseconds.
+    #[arg(long, env = "RAIL_STUB_LATENCY_MS", default_value_t = 0)]
+    latency_ms: u64,
+    /// How long a TIMEOUT answer hangs (after paying), in milliseconds; ends early at shutdown.
+    #[arg(long, env = "RAIL_STUB_TIMEOUT_HANG_MS", default_value_t = 30_000)]
+    timeout_hang_ms: u64,
+    /// Enables the X-Rail-Stub-* request headers and PUT /v1/admin/behaviour. Tests and demos only.
+    #[arg(long, env = "RAIL_STUB_TEST_MODE")]
+    test_mode: bool,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    dlock_common::telemetry::init("rail-stub");
+    let args = Args::parse();
+    let config = Config {
+        listen: args.listen,
+        mode: args.mode,
+        latency_ms: args.latency_ms,
+        timeout_hang_ms: args.timeout_hang_ms,
+        test_mode: args.test_mode,
+    };
+    let server = match rail_stub::spawn(config).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(event = "start_failed", error = %e, "rail-stub cannot start");
+            return ExitCode::FAILURE;
+        }
+    };
+    dlock_common::serve::shutdown_signal().await;
+    match server.shutdown().await {
+        Ok(()) => {
+            tracing::info!(event = "stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!(event = "serve_failed", error = %e);
+            ExitCode::FAILURE
+        }
+    }
+}

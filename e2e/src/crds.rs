@@ -1,0 +1,107 @@
+//! The generated CRDs: installing them, and keeping the chart's copy identical to `crds/`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::{Kubectl, env, eventually};
+
+/// `crds/` at the repository root, written by `cargo run -p dlock-operator --bin crdgen`.
+pub fn generated_dir() -> PathBuf {
+    env::repo_root().join("crds")
+}
+
+/// `charts/dlock-operator/crds/`, the copy helm installs.
+pub fn chart_dir() -> PathBuf {
+    crate::helm::chart_dir().join("crds")
+}
+
+/// The `*.yaml` files of a directory, by file name.
+pub fn yaml_files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display()));
+    let mut files = BTreeMap::new();
+    for entry in entries {
+        let path = entry.unwrap_or_else(|e| panic!("read {}: {e}", dir.display())).path();
+        if path.extension().is_some_and(|x| x == "yaml") {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+            files.insert(name, bytes);
+        }
+    }
+    files
+}
+
+/// Differences between two sets of CRD files: missing on either side, or different bytes.
+/// Empty means identical.
+pub fn diff(generated: &BTreeMap<String, Vec<u8>>, chart: &BTreeMap<String, Vec<u8>>) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (name, bytes) in generated {
+        match chart.get(name) {
+            None => problems.push(format!("{name}: in crds/ but not in the chart")),
+            Some(other) if other != bytes => problems.push(format!("{name}: the chart's copy differs")),
+            Some(_) => {}
+        }
+    }
+    for name in chart.keys() {
+        if !generated.contains_key(name) {
+            problems.push(format!("{name}: in the chart but not in crds/"));
+        }
+    }
+    problems
+}
+
+static INSTALLED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Applies every CRD in `crds/` (server-side: the schemas are too large for the last-applied
+/// annotation) and waits until each is Established. Returns the CRD names. Idempotent and safe to
+/// call from parallel tests.
+pub fn install(kubectl: &Kubectl) -> Vec<String> {
+    let mut installed = INSTALLED.lock().unwrap_or_else(|p| p.into_inner());
+    if !installed.is_empty() {
+        return installed.clone();
+    }
+    let files = yaml_files(&generated_dir());
+    assert!(
+        !files.is_empty(),
+        "no CRDs in {}: run cargo run -p dlock-operator --bin crdgen",
+        generated_dir().display()
+    );
+    let mut names = Vec::new();
+    for name in files.keys() {
+        let path = generated_dir().join(name);
+        let out = kubectl
+            .run(&[
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "--field-manager",
+                "dlock-e2e",
+                "-o",
+                "name",
+                "-f",
+                &path.to_string_lossy(),
+            ])
+            .ok();
+        for line in out.stdout.lines() {
+            // customresourcedefinition.apiextensions.k8s.io/lockservices.dlock.dev
+            if let Some((_, crd)) = line.trim().split_once('/') {
+                names.push(crd.to_owned());
+            }
+        }
+    }
+    for crd in &names {
+        eventually(&format!("CRD {crd} Established"), Duration::from_secs(60), || {
+            let obj = kubectl
+                .get(None, "customresourcedefinition", crd)
+                .ok_or_else(|| format!("{crd} not found"))?;
+            if crate::objects::condition_is(&obj, "Established", "True") {
+                Ok(())
+            } else {
+                Err(format!("conditions: {}", obj["status"]["conditions"]))
+            }
+        });
+    }
+    *installed = names.clone();
+    names
+}

@@ -1,0 +1,126 @@
+//! `LockService`: a lock-server Deployment over its own lockdb.
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use kube::core::{Reason, Rule};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::database::DatabaseSpec;
+use super::status::DlockStatus;
+
+/// Lease TTL bounds in the CR, in milliseconds. Inside the lock API's own bounds
+/// (`dlock_common::validate::{MIN_TTL_MS, MAX_TTL_MS}`, checked by a test), and no shorter than
+/// 100 ms: a cluster cannot renew anything faster.
+pub const MIN_LEASE_TTL_MS: i64 = 100;
+pub const MAX_LEASE_TTL_MS: i64 = 86_400_000;
+/// Replica bounds for every Deployment the operator manages.
+pub const MAX_REPLICAS: i32 = 20;
+
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "dlock.dev",
+    version = "v1alpha1",
+    kind = "LockService",
+    namespaced,
+    status = "DlockStatus",
+    shortname = "lsvc",
+    category = "dlock",
+    derive = "PartialEq",
+    doc = "A fenced lock service: lock-server over its own PostgreSQL lockdb.",
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.lockServer.replicas"),
+    printcolumn(name = "Schema", type_ = "integer", json_path = ".status.migration.appliedVersion"),
+    printcolumn(name = "Endpoint", type_ = "string", json_path = ".status.endpoints.lockServer"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("self.metadata.name.size() <= 36")
+        .message("metadata.name must be at most 36 characters: child names add suffixes such as -lockdb-migrate-<hash>")
+        .reason(Reason::FieldValueInvalid)
+)]
+#[serde(rename_all = "camelCase")]
+pub struct LockServiceSpec {
+    /// lockdb: managed PostgreSQL or an external database.
+    pub database: DatabaseSpec,
+    #[serde(default)]
+    pub lock_server: LockServerSpec,
+    #[serde(default)]
+    pub lease: LeaseSpec,
+    /// Storage behind the fencing sequence. `etcd` is reserved for a later release.
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self == 'postgres'")
+        .message("backend etcd is reserved for a later release; only postgres is supported")
+        .reason(Reason::FieldValueInvalid))]
+    pub backend: Backend,
+    /// Image of the migration Job (it must carry `dlock-migrate` and `/migrations`); defaults to the
+    /// lock-server image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration_image: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LockServerSpec {
+    #[serde(default = "default_lock_server_replicas")]
+    #[schemars(range(min = 0, max = 20))]
+    pub replicas: i32,
+    /// dlock image; the operator's `--image` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+impl Default for LockServerSpec {
+    fn default() -> Self {
+        LockServerSpec {
+            replicas: default_lock_server_replicas(),
+            image: None,
+            resources: None,
+        }
+    }
+}
+
+/// Lease defaults handed to the lock service and its clients.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseSpec {
+    /// TTL of a lock lease, in milliseconds.
+    #[serde(default = "default_lease_ttl_ms")]
+    #[schemars(range(min = 100, max = 86_400_000))]
+    pub default_ttl_ms: i64,
+    /// TTL of a client session (renewed by heartbeats), in milliseconds.
+    #[serde(default = "default_session_ttl_ms")]
+    #[schemars(range(min = 100, max = 86_400_000))]
+    pub session_ttl_ms: i64,
+}
+
+impl Default for LeaseSpec {
+    fn default() -> Self {
+        LeaseSpec {
+            default_ttl_ms: default_lease_ttl_ms(),
+            session_ttl_ms: default_session_ttl_ms(),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    #[default]
+    Postgres,
+    /// Reserved: rejected by the CRD until the etcd backend ships.
+    Etcd,
+}
+
+fn default_lock_server_replicas() -> i32 {
+    2
+}
+
+fn default_lease_ttl_ms() -> i64 {
+    10_000
+}
+
+fn default_session_ttl_ms() -> i64 {
+    30_000
+}

@@ -1,0 +1,224 @@
+#!/usr/bin/env bash
+# Installs what the cluster tier (e2e/) needs, idempotently, into a cache outside the clone:
+#
+#   $DLOCK_TOOLS_DIR/bin/kube-apiserver   built with Go from k8s.io/kubernetes (only the Go module proxy
+#                                         is needed, not github)
+#   $DLOCK_TOOLS_DIR/bin/helm             built with Go from helm.sh/helm/v3
+#   $DLOCK_TOOLS_DIR/bin/etcd             etcd-server from apt if it is new enough, else built with Go
+#   kubectl                               must already be on PATH (checked, not installed)
+#
+# Reruns reuse everything: each tool has a stamp file naming the version it was built from. The Go
+# module and build caches live under the tools dir as well, so a rebuild after a version bump only
+# compiles what changed. Builds run under `nice` with one package at a time because the machine they
+# were written for has two cores shared with cargo builds.
+#
+# Usage: scripts/cluster-tools.sh [--check] [TOOL...]
+#   --check   report what is missing, install nothing (exit 1 if anything is)
+#   TOOL      any of kubectl etcd helm kube-apiserver (default: all)
+set -euo pipefail
+
+TOOLS="${DLOCK_TOOLS_DIR:-/var/tmp/dlock-tools}"
+BIN="$TOOLS/bin"
+K8S_VERSION="${DLOCK_K8S_VERSION:-v1.34.4}"
+HELM_VERSION="${DLOCK_HELM_VERSION:-v3.19.5}"
+# Only used when apt's etcd is too old (or absent and apt is unavailable); see need_etcd.
+ETCD_VERSION="${DLOCK_ETCD_VERSION:-v3.5.21}"
+# etcd 3.4 lacks what kube-apiserver 1.34 relies on (see need_etcd); 3.5.0 is the floor we accept.
+ETCD_MIN="3.5.0"
+
+CHECK_ONLY=0
+if [[ "${1:-}" == "--check" ]]; then CHECK_ONLY=1; shift; fi
+WANT=("$@")
+((${#WANT[@]})) || WANT=(kubectl etcd helm kube-apiserver)
+
+log() { printf '[cluster-tools] %s\n' "$*" >&2; }
+die() { printf '[cluster-tools] ERROR: %s\n' "$*" >&2; exit 1; }
+
+mkdir -p "$BIN"
+export GOMODCACHE="$TOOLS/go/mod"
+export GOCACHE="$TOOLS/go/cache"
+export GOPATH="$TOOLS/go/path"
+# One package at a time, no VCS stamping (the throwaway modules are not repositories).
+export GOFLAGS="-p=1 -buildvcs=false -mod=mod"
+export CGO_ENABLED=0
+
+gentle() { nice -n 10 "$@"; }
+
+stamp_ok() { # stamp_ok NAME VERSION: the binary exists and was built from VERSION
+    [[ -x "$BIN/$1" && -f "$BIN/.$1.version" && "$(cat "$BIN/.$1.version")" == "$2" ]]
+}
+
+write_stamp() { printf '%s\n' "$2" >"$BIN/.$1.version"; }
+
+version_ge() { # version_ge A B: A >= B (dotted numbers)
+    [[ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n1)" == "$2" ]]
+}
+
+need_go() {
+    command -v go >/dev/null || die "go is not installed; install Go >= 1.24 (https://go.dev/dl/)"
+}
+
+# ---------------------------------------------------------------- kube-apiserver
+need_kube_apiserver() {
+    if stamp_ok kube-apiserver "$K8S_VERSION"; then
+        log "kube-apiserver $K8S_VERSION: cached at $BIN/kube-apiserver"
+        return
+    fi
+    if ((CHECK_ONLY)); then log "kube-apiserver $K8S_VERSION: MISSING"; MISSING=1; return; fi
+    need_go
+    local minor="${K8S_VERSION#v1.}"
+    minor="${minor%%.*}"
+    local staging="v0.${K8S_VERSION#v1.}"
+    local work
+    work="$(mktemp -d "${TMPDIR:-/tmp}/dlock-kube-apiserver.XXXXXX")"
+    # shellcheck disable=SC2064
+    trap "rm -rf '$work'" RETURN
+    log "kube-apiserver $K8S_VERSION: building in $work (slow: tens of minutes on 2 cores)"
+
+    # k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them with ./staging paths,
+    # which do not exist outside its repository. Read that list from its go.mod and point each one at
+    # the published tag of the same release instead.
+    local modfile
+    modfile="$(cd "$work" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
+        sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+    [[ -f "$modfile" ]] || die "could not download k8s.io/kubernetes@$K8S_VERSION"
+    local replaces
+    replaces="$(sed -n 's#^[[:space:]]*\(k8s\.io/[a-z0-9.-]*\) => \./staging/src/.*#\1#p' "$modfile")"
+    [[ -n "$replaces" ]] || die "no staging replace directives found in $modfile"
+
+    {
+        echo "module dlock.local/kube-apiserver-build"
+        echo
+        echo "go $(sed -n 's/^go \(.*\)/\1/p' "$modfile")"
+        echo
+        echo "require k8s.io/kubernetes $K8S_VERSION"
+        echo
+        echo "replace ("
+        local m
+        for m in $replaces; do echo "	$m => $m $staging"; done
+        echo ")"
+    } >"$work/go.mod"
+    log "kube-apiserver: $(wc -w <<<"$replaces") staging modules pinned to $staging"
+
+    (cd "$work" && gentle go get "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION") ||
+        die "go get k8s.io/kubernetes/cmd/kube-apiserver failed"
+    local pkg=k8s.io/component-base/version
+    local ldflags="-s -w -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    (cd "$work" && gentle go build -trimpath -ldflags "$ldflags" -o "$BIN/kube-apiserver.new" \
+        k8s.io/kubernetes/cmd/kube-apiserver) || die "go build kube-apiserver failed"
+    mv "$BIN/kube-apiserver.new" "$BIN/kube-apiserver"
+    write_stamp kube-apiserver "$K8S_VERSION"
+    log "kube-apiserver: $("$BIN/kube-apiserver" --version)"
+}
+
+# ---------------------------------------------------------------- helm
+need_helm() {
+    if stamp_ok helm "$HELM_VERSION"; then
+        log "helm $HELM_VERSION: cached at $BIN/helm"
+        return
+    fi
+    if ((CHECK_ONLY)); then log "helm $HELM_VERSION: MISSING"; MISSING=1; return; fi
+    need_go
+    log "helm $HELM_VERSION: building"
+    # `go install pkg@version` works outside any module; helm's go.mod has no replace directives.
+    # The ldflag makes `helm version` (and chart kubeVersion checks) report the real version.
+    (cd / && GOBIN="$BIN" gentle go install -trimpath \
+        -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+        "helm.sh/helm/v3/cmd/helm@$HELM_VERSION") || die "go install helm failed"
+    write_stamp helm "$HELM_VERSION"
+    log "helm: $("$BIN/helm" version --short)"
+}
+
+# ---------------------------------------------------------------- etcd
+etcd_version_of() { "$1" --version 2>/dev/null | sed -n 's/^etcd Version: \([0-9.]*\).*/\1/p'; }
+
+need_etcd() {
+    # kube-apiserver 1.34 is tested against etcd 3.5/3.6; etcd 3.4 (Debian bookworm's etcd-server is
+    # 3.4.23) is outside its supported range. Prefer the distro package when it is new enough,
+    # otherwise build etcd from go.etcd.io with Go.
+    if [[ -x "$BIN/etcd" ]]; then
+        log "etcd $(etcd_version_of "$BIN/etcd"): cached at $BIN/etcd"
+        return
+    fi
+    if ! command -v etcd >/dev/null && ((!CHECK_ONLY)) && command -v apt-get >/dev/null; then
+        log "etcd: installing Debian's etcd-server"
+        if [[ $(id -u) -eq 0 ]]; then
+            DEBIAN_FRONTEND=noninteractive apt-get install -y etcd-server >&2 ||
+                { apt-get update >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y etcd-server >&2; } ||
+                log "etcd: apt-get install etcd-server failed; will build from source"
+        else
+            sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y etcd-server >&2 ||
+                log "etcd: cannot apt-get install without root; will build from source"
+        fi
+        # Debian enables and starts the packaged service on :2379; ours use their own ports, but do
+        # not leave a stray server running on a test machine.
+        if command -v systemctl >/dev/null; then systemctl disable --now etcd >/dev/null 2>&1 || true; fi
+    fi
+    local sys
+    sys="$(command -v etcd || true)"
+    if [[ -n "$sys" ]]; then
+        local v
+        v="$(etcd_version_of "$sys")"
+        if [[ -n "$v" ]] && version_ge "$v" "$ETCD_MIN"; then
+            ln -sf "$sys" "$BIN/etcd"
+            log "etcd $v: using $sys"
+            return
+        fi
+        log "etcd: $sys is $v, older than $ETCD_MIN; building $ETCD_VERSION with Go instead"
+    fi
+    if ((CHECK_ONLY)); then log "etcd >= $ETCD_MIN: MISSING"; MISSING=1; return; fi
+    need_go
+    local work
+    work="$(mktemp -d "${TMPDIR:-/tmp}/dlock-etcd.XXXXXX")"
+    # shellcheck disable=SC2064
+    trap "rm -rf '$work'" RETURN
+    # The etcd binary's main package is the root module go.etcd.io/etcd/v3, whose go.mod replaces its
+    # sibling modules (api, client, server, ...) with relative paths; pin each to the same tag, as for
+    # kube-apiserver above.
+    local ev="$ETCD_VERSION"
+    {
+        echo "module dlock.local/etcd-build"
+        echo
+        echo "go 1.23"
+        echo
+        echo "require go.etcd.io/etcd/v3 $ev"
+        echo
+        echo "replace ("
+        local m
+        for m in api/v3 client/pkg/v3 client/v2 client/v3 etcdctl/v3 etcdutl/v3 pkg/v3 raft/v3 \
+            server/v3 tests/v3; do
+            echo "	go.etcd.io/etcd/$m => go.etcd.io/etcd/$m $ev"
+        done
+        echo ")"
+    } >"$work/go.mod"
+    log "etcd $ev: building in $work"
+    (cd "$work" && gentle go get "go.etcd.io/etcd/v3@$ev") || die "go get go.etcd.io/etcd/v3 failed"
+    (cd "$work" && gentle go build -trimpath -ldflags "-s -w" -o "$BIN/etcd.new" go.etcd.io/etcd/v3) ||
+        die "go build etcd failed"
+    mv "$BIN/etcd.new" "$BIN/etcd"
+    log "etcd: $("$BIN/etcd" --version | head -n1)"
+}
+
+# ---------------------------------------------------------------- kubectl
+need_kubectl() {
+    command -v kubectl >/dev/null ||
+        die "kubectl is not on PATH; install it (https://kubernetes.io/docs/tasks/tools/) and rerun"
+    log "kubectl: $(kubectl version --client 2>/dev/null | head -n1)"
+}
+
+MISSING=0
+for tool in "${WANT[@]}"; do
+    case "$tool" in
+    kubectl) need_kubectl ;;
+    etcd) need_etcd ;;
+    helm) need_helm ;;
+    kube-apiserver) need_kube_apiserver ;;
+    *) die "unknown tool $tool (want kubectl, etcd, helm or kube-apiserver)" ;;
+    esac
+done
+if ((CHECK_ONLY && MISSING)); then
+    log "some tools are missing; run scripts/cluster-tools.sh to install them"
+    exit 1
+fi
+log "all cluster tools ready under $BIN"

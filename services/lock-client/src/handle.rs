@@ -1,0 +1,241 @@
+//! A granted lock: its key and fencing token, a background renewal every `lease_ttl / 3`, and the
+//! moment it is lost.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use dlock_common::FencingToken;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::api::LockGrant;
+use crate::error::{ClientError, LossReason};
+use crate::keepalive::{self, Ended};
+use crate::liveness::Liveness;
+use crate::session::SessionShared;
+
+/// What an explicit release found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// Our grant was deleted.
+    Released,
+    /// The grant was no longer ours (expired, taken over, or its session gone). Not an error, and
+    /// never retried: the token is in the predicate so that we cannot delete a newer holder's grant.
+    Stale,
+}
+
+/// A held lock. Pass [`LockHandle::token`] to every protected write.
+///
+/// It renews in the background and is **lost** — for good — when a renew answers 410
+/// `LEASE_EXPIRED`, when its session is lost, or when no renewal could be confirmed before the
+/// lease's deadline minus a safety margin. Wait for that with [`LockHandle::lost`] (or
+/// [`LockHandle::lost_token`]) in a `tokio::select!` around the critical section, and call
+/// [`LockHandle::ensure_held`] right before each write.
+///
+/// Dropping the handle stops renewing (the lease then lapses on the server); [`LockHandle::release`]
+/// gives the lock back at once.
+#[derive(Debug)]
+pub struct LockHandle {
+    session: Arc<SessionShared>,
+    grant: LockGrant,
+    live: Arc<Liveness>,
+    stop: CancellationToken,
+    suspended: watch::Sender<bool>,
+}
+
+impl LockHandle {
+    pub(crate) fn start(
+        session: Arc<SessionShared>,
+        grant: LockGrant,
+        ttl: Duration,
+        ttl_ms: i64,
+        sent: Instant,
+    ) -> Self {
+        let live = Arc::new(Liveness::new(
+            ttl,
+            sent,
+            grant.expires_at,
+            LossReason::RenewalUnconfirmed,
+            Some(session.live.clone()),
+        ));
+        let stop = CancellationToken::new();
+        let (suspended, suspended_rx) = watch::channel(false);
+        tokio::spawn(renew(
+            session.clone(),
+            grant.lock_key.clone(),
+            grant.fencing_token,
+            live.clone(),
+            stop.clone(),
+            suspended_rx,
+            ttl_ms,
+        ));
+        Self {
+            session,
+            grant,
+            live,
+            stop,
+            suspended,
+        }
+    }
+
+    pub fn key(&self) -> &str {
+        &self.grant.lock_key
+    }
+
+    /// The fencing token of this grant: strictly greater than every token issued before it.
+    pub fn token(&self) -> FencingToken {
+        self.grant.fencing_token
+    }
+
+    pub fn owner_id(&self) -> &str {
+        &self.grant.owner_id
+    }
+
+    pub fn session_id(&self) -> Uuid {
+        self.grant.session_id
+    }
+
+    /// When the server granted the lock (lockdb clock).
+    pub fn acquired_at(&self) -> DateTime<Utc> {
+        self.grant.acquired_at
+    }
+
+    /// The lease's expiry as last confirmed by the server (lockdb clock; informational).
+    pub fn expires_at(&self) -> DateTime<Utc> {
+        self.live.expires_at()
+    }
+
+    /// The local instant until which the lock counts as held without a further renewal: the last
+    /// confirmed `request sent + ttl`, minus the safety margin.
+    pub fn valid_until(&self) -> Instant {
+        self.live.deadline()
+    }
+
+    /// `Ok(())` if the lock is still ours right now; otherwise the terminal
+    /// [`ClientError::LockLost`]. Synchronous: it also checks the deadline itself, so it is right
+    /// even when the renewal task has not had a chance to run.
+    pub fn ensure_held(&self) -> Result<(), ClientError> {
+        self.live.check().map_err(|reason| self.lock_lost(reason))
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.ensure_held().is_err()
+    }
+
+    /// Why the lock was lost, if it was.
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        self.live.reason()
+    }
+
+    /// Resolves the moment the lock is lost, with the reason. Cancel-safe; use it in `select!`.
+    pub fn lost(&self) -> impl Future<Output = LossReason> + '_ {
+        self.live.lost()
+    }
+
+    /// A token cancelled when the lock is lost, to hand to other tasks (cancelling it yourself
+    /// affects only your copy).
+    pub fn lost_token(&self) -> CancellationToken {
+        self.live.lost_token().child_token()
+    }
+
+    /// [`ClientError::LockLost`] for this handle.
+    pub fn lock_lost(&self, reason: LossReason) -> ClientError {
+        ClientError::LockLost {
+            key: self.grant.lock_key.clone(),
+            token: self.grant.fencing_token,
+            reason,
+        }
+    }
+
+    /// Stops renewing, voids the handle, and deletes the grant if it is still ours. A stale release
+    /// (the grant was no longer ours) is `Ok(Stale)`, logged, and never retried.
+    pub async fn release(self) -> Result<ReleaseOutcome, ClientError> {
+        self.stop.cancel();
+        // From here the critical section must not write, whatever the server answers.
+        self.live.lose(LossReason::Released);
+        let key = self.key();
+        let token = self.token();
+        let answer = self.session.api.release(key, token).await?;
+        if answer.fencing_token != token {
+            return Err(ClientError::Protocol(format!(
+                "released {key:?} with token {token} and got an answer for token {}",
+                answer.fencing_token
+            )));
+        }
+        if answer.released {
+            tracing::info!(event = "lock_released", lock_key = %key, fencing_token = %token, stale = false);
+            Ok(ReleaseOutcome::Released)
+        } else {
+            tracing::warn!(
+                event = "lock_released",
+                lock_key = %key,
+                fencing_token = %token,
+                stale = true,
+                "the grant was no longer ours"
+            );
+            Ok(ReleaseOutcome::Stale)
+        }
+    }
+
+    /// Fault injection (tests, the pause-and-return demo): stop sending renewals, as if this holder
+    /// were paused or cut off. The deadline keeps running, so the lock is declared lost when it
+    /// passes — exactly what a real holder would find out on waking up.
+    pub fn suspend_renewal(&self) {
+        self.suspended.send_replace(true);
+    }
+
+    /// Undoes [`LockHandle::suspend_renewal`] (a lock already lost stays lost).
+    pub fn resume_renewal(&self) {
+        self.suspended.send_replace(false);
+    }
+}
+
+impl Drop for LockHandle {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        // Tasks still watching `lost_token()` must not go on believing in a lease nobody renews.
+        self.live.lose(LossReason::Released);
+    }
+}
+
+async fn renew(
+    session: Arc<SessionShared>,
+    key: String,
+    token: FencingToken,
+    live: Arc<Liveness>,
+    stop: CancellationToken,
+    suspended: watch::Receiver<bool>,
+    ttl_ms: i64,
+) {
+    let ended = keepalive::run(live, stop, suspended, || async {
+        let renewed = session.api.renew(&key, token, ttl_ms).await?;
+        if renewed.fencing_token != token {
+            return Err(ClientError::Protocol(format!(
+                "renewed {key:?} with token {token} and got token {}",
+                renewed.fencing_token
+            )));
+        }
+        Ok(renewed.expires_at)
+    })
+    .await;
+    match ended {
+        Ended::Lost(LossReason::LeaseExpired) => tracing::warn!(
+            event = "lease_expired",
+            lock_key = %key,
+            fencing_token = %token,
+            "renew found the lease gone; the lock is lost"
+        ),
+        Ended::Lost(reason) => tracing::warn!(
+            event = "lock_lost",
+            lock_key = %key,
+            fencing_token = %token,
+            %reason,
+            "the lock is lost"
+        ),
+        Ended::Stopped => {}
+    }
+}

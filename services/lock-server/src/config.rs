@@ -1,0 +1,234 @@
+//! lock-server configuration: the [`Config`] the library runs with, and the binary's command line
+//! ([`Cli`]), which reads flags and environment variables into it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Everything the server needs to run. Build it with [`Config::new`] and adjust the public fields.
+#[derive(Clone)]
+pub struct Config {
+    /// lockdb, as role `lockapp` (the sole writer of lockdb).
+    pub database_url: String,
+    /// Where to listen; port 0 picks a free port (see [`crate::RunningServer::addr`]).
+    pub listen: SocketAddr,
+    /// Bearer token for `/v1/admin/*`. `None` turns admin endpoints off (403 `ADMIN_DISABLED`).
+    pub admin_token: Option<String>,
+    /// How often expired sessions are deleted. `None` disables the reaper.
+    pub reaper_interval: Option<Duration>,
+    /// Largest number of lockdb connections.
+    pub pool_max_connections: u32,
+    /// How long a request waits for a free connection before answering 503.
+    pub pool_acquire_timeout: Duration,
+}
+
+impl Config {
+    /// Defaults suited to running in-process: an ephemeral port on loopback, no admin token, the
+    /// reaper every second, 10 connections.
+    pub fn new(database_url: impl Into<String>) -> Self {
+        Self {
+            database_url: database_url.into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin_token: None,
+            reaper_interval: Some(Duration::from_secs(1)),
+            pool_max_connections: 10,
+            pool_acquire_timeout: Duration::from_secs(5),
+        }
+    }
+
+    pub fn with_admin_token(mut self, token: impl Into<String>) -> Self {
+        self.admin_token = Some(token.into());
+        self
+    }
+
+    pub fn with_listen(mut self, listen: SocketAddr) -> Self {
+        self.listen = listen;
+        self
+    }
+
+    pub fn with_reaper_interval(mut self, interval: Option<Duration>) -> Self {
+        self.reaper_interval = interval;
+        self
+    }
+
+    /// Refuses settings that would make the server unsafe or useless.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.database_url.trim().is_empty() {
+            return Err(ConfigError::MissingDatabaseUrl);
+        }
+        // An empty token would let `Authorization: Bearer ` through.
+        if self.admin_token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+            return Err(ConfigError::EmptyAdminToken);
+        }
+        if self.pool_max_connections == 0 {
+            return Err(ConfigError::PoolSize);
+        }
+        if self.reaper_interval.is_some_and(|i| i < Duration::from_millis(10)) {
+            return Err(ConfigError::ReaperInterval);
+        }
+        Ok(())
+    }
+}
+
+// Hand-written so that the admin token and the database URL (which may hold a password) never reach logs.
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("database_url", &"<redacted>")
+            .field("listen", &self.listen)
+            .field("admin_token", &self.admin_token.as_ref().map(|_| "<redacted>"))
+            .field("reaper_interval", &self.reaper_interval)
+            .field("pool_max_connections", &self.pool_max_connections)
+            .field("pool_acquire_timeout", &self.pool_acquire_timeout)
+            .finish()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("no database URL: pass --database-url or set DATABASE_URL")]
+    MissingDatabaseUrl,
+    #[error("the admin token is empty; set a non-empty token or none at all")]
+    EmptyAdminToken,
+    #[error("the pool needs at least one connection")]
+    PoolSize,
+    #[error("the reaper interval must be at least 10 ms (0 disables the reaper)")]
+    ReaperInterval,
+    #[error("cannot read the admin token file {path}: {source}")]
+    AdminTokenFile { path: String, source: std::io::Error },
+    #[error("give the admin token either in --admin-token-file or in DLOCK_ADMIN_TOKEN, not both")]
+    AdminTokenTwice,
+}
+
+/// The environment variable that may carry the admin bearer token.
+pub const ADMIN_TOKEN_ENV: &str = "DLOCK_ADMIN_TOKEN";
+
+/// `lock-server`: the dlock lock service, sole writer of lockdb.
+///
+/// The admin bearer token (for `POST /v1/admin/locks/{key}/revoke`) comes from
+/// `--admin-token-file` or the environment variable `DLOCK_ADMIN_TOKEN`; it is deliberately not a
+/// flag, so that it never shows in a process listing. Without it admin endpoints answer 403.
+#[derive(Debug, clap::Parser)]
+#[command(name = "lock-server", version, about)]
+pub struct Cli {
+    /// lockdb connection URL, as role lockapp.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+
+    /// Address to listen on.
+    #[arg(long, env = "DLOCK_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// File holding the admin bearer token (surrounding whitespace is ignored).
+    #[arg(long, env = "DLOCK_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+
+    /// Reaper period in milliseconds; 0 disables the reaper.
+    #[arg(long, env = "DLOCK_REAPER_INTERVAL_MS", default_value_t = 1000)]
+    pub reaper_interval_ms: u64,
+
+    /// Largest number of lockdb connections.
+    #[arg(long, env = "DLOCK_DB_POOL_SIZE", default_value_t = 10)]
+    pub db_pool_size: u32,
+
+    /// Milliseconds a request waits for a free lockdb connection before answering 503.
+    #[arg(long, env = "DLOCK_DB_ACQUIRE_TIMEOUT_MS", default_value_t = 5000)]
+    pub db_acquire_timeout_ms: u64,
+}
+
+impl Cli {
+    /// Builds the [`Config`]; `env_token` is the value of [`ADMIN_TOKEN_ENV`], if set.
+    pub fn into_config(self, env_token: Option<String>) -> Result<Config, ConfigError> {
+        let file_token = match &self.admin_token_file {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .map_err(|source| ConfigError::AdminTokenFile {
+                        path: path.display().to_string(),
+                        source,
+                    })?
+                    .trim()
+                    .to_owned(),
+            ),
+            None => None,
+        };
+        let admin_token = match (file_token, env_token) {
+            (Some(_), Some(_)) => return Err(ConfigError::AdminTokenTwice),
+            (Some(t), None) | (None, Some(t)) => Some(t),
+            (None, None) => None,
+        };
+        let config = Config {
+            database_url: self.database_url,
+            listen: self.listen,
+            admin_token,
+            reaper_interval: (self.reaper_interval_ms > 0)
+                .then(|| Duration::from_millis(self.reaper_interval_ms)),
+            pool_max_connections: self.db_pool_size,
+            pool_acquire_timeout: Duration::from_millis(self.db_acquire_timeout_ms),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn cli(args: &[&str]) -> Cli {
+        let mut all = vec!["lock-server", "--database-url", "postgres://lockapp@127.0.0.1/lockdb"];
+        all.extend_from_slice(args);
+        Cli::try_parse_from(all).unwrap()
+    }
+
+    #[test]
+    fn defaults() {
+        let c = cli(&[]).into_config(None).unwrap();
+        assert_eq!(c.listen, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(c.admin_token, None);
+        assert_eq!(c.reaper_interval, Some(Duration::from_secs(1)));
+        assert_eq!(c.pool_max_connections, 10);
+    }
+
+    #[test]
+    fn reaper_zero_disables_and_tiny_is_refused() {
+        let c = cli(&["--reaper-interval-ms", "0"]).into_config(None).unwrap();
+        assert_eq!(c.reaper_interval, None);
+        assert!(matches!(
+            cli(&["--reaper-interval-ms", "5"]).into_config(None),
+            Err(ConfigError::ReaperInterval)
+        ));
+    }
+
+    #[test]
+    fn admin_token_from_env_or_file_not_both_not_empty() {
+        let c = cli(&[]).into_config(Some("s3cret".into())).unwrap();
+        assert_eq!(c.admin_token.as_deref(), Some("s3cret"));
+        assert!(matches!(
+            cli(&[]).into_config(Some("  ".into())),
+            Err(ConfigError::EmptyAdminToken)
+        ));
+
+        let path = std::env::temp_dir().join(format!("lock-server-token-{}", std::process::id()));
+        std::fs::write(&path, "from-file\n").unwrap();
+        let p = path.to_str().unwrap();
+        let c = cli(&["--admin-token-file", p]).into_config(None).unwrap();
+        assert_eq!(c.admin_token.as_deref(), Some("from-file"));
+        assert!(matches!(
+            cli(&["--admin-token-file", p]).into_config(Some("x".into())),
+            Err(ConfigError::AdminTokenTwice)
+        ));
+        let _ = std::fs::remove_file(&path);
+        assert!(matches!(
+            cli(&["--admin-token-file", p]).into_config(None),
+            Err(ConfigError::AdminTokenFile { .. })
+        ));
+    }
+
+    #[test]
+    fn debug_redacts_secrets() {
+        let c = Config::new("postgres://lockapp:pw@h/db").with_admin_token("s3cret");
+        let text = format!("{c:?}");
+        assert!(!text.contains("s3cret") && !text.contains("pw@"), "{text}");
+    }
+}

@@ -1,0 +1,64 @@
+//! The one error type of lock-server's request path, mapped to HTTP at the edge.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use dlock_common::ApiError;
+
+/// SQLSTATE `foreign_key_violation`: acquire named a session that does not exist.
+const FOREIGN_KEY_VIOLATION: &str = "23503";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Acquire found the key held by a live, different holder (zero rows). The holder is not named.
+    #[error("the lock is held by another live holder")]
+    Contended,
+    /// The session does not exist (acquire hit the foreign key) or was reaped (heartbeat zero rows).
+    #[error("the session does not exist or has expired; open a new session")]
+    SessionGone,
+    /// Renew found zero rows: the lease lapsed, or the row now belongs to a newer token.
+    #[error("the lease has expired or was taken over; the lock is lost")]
+    LeaseExpired,
+    /// No admin token is configured, so admin endpoints are off.
+    #[error("admin endpoints are disabled: no admin token is configured")]
+    AdminDisabled,
+    /// Missing or wrong admin bearer token.
+    #[error("a valid admin bearer token is required")]
+    Unauthorized,
+    #[error("database error: {0}")]
+    Database(#[source] sqlx::Error),
+}
+
+impl From<sqlx::Error> for Error {
+    fn from(e: sqlx::Error) -> Self {
+        match &e {
+            sqlx::Error::Database(db) if db.code().as_deref() == Some(FOREIGN_KEY_VIOLATION) => {
+                Error::SessionGone
+            }
+            _ => Error::Database(e),
+        }
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        let message = e.to_string();
+        match e {
+            Error::Contended => ApiError::conflict("CONTENDED", message),
+            Error::SessionGone => ApiError::new(StatusCode::GONE, "SESSION_GONE", message),
+            Error::LeaseExpired => ApiError::new(StatusCode::GONE, "LEASE_EXPIRED", message),
+            Error::AdminDisabled => ApiError::new(StatusCode::FORBIDDEN, "ADMIN_DISABLED", message),
+            Error::Unauthorized => ApiError::new(StatusCode::UNAUTHORIZED, "UNAUTHORIZED", message),
+            // Connection trouble is the database being unavailable, not a bug of ours.
+            Error::Database(
+                e @ (sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_)),
+            ) => ApiError::unavailable(e),
+            Error::Database(e) => ApiError::internal(e),
+        }
+    }
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        ApiError::from(self).into_response()
+    }
+}

@@ -1,0 +1,152 @@
+//! lock-server's Prometheus metrics (docs/lock-api.md). Labels are small closed sets; lock keys,
+//! owners and session ids go to logs, never to labels.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum AcquireResult {
+    granted,
+    contended,
+}
+
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum RevokeOutcome {
+    revoked,
+    not_held,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AcquireLabels {
+    pub result: AcquireResult,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReleaseLabels {
+    pub stale: bool,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RevokeLabels {
+    pub outcome: RevokeOutcome,
+}
+
+/// `route` is the matched route template (`/v1/locks/{key}/renew`), never the raw path.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    pub method: String,
+    pub route: String,
+    pub status: u16,
+}
+
+type HistogramFamily = Family<HttpLabels, Histogram, fn() -> Histogram>;
+
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Arc<Registry>,
+    /// Contract `lock.session.lost`: renew or heartbeat found zero rows.
+    pub session_lost: Counter,
+    pub acquire: Family<AcquireLabels, Counter>,
+    pub release: Family<ReleaseLabels, Counter>,
+    pub revoke: Family<RevokeLabels, Counter>,
+    pub reaper_sessions_deleted: Counter,
+    pub http_duration: HistogramFamily,
+}
+
+fn http_histogram() -> Histogram {
+    // 0.5 ms … ~16 s: lock calls are a round trip to lockdb.
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let session_lost = Counter::default();
+        registry.register(
+            "lock_session_lost",
+            "Renew or heartbeat found zero rows: the lease or session was lost (contract lock.session.lost)",
+            session_lost.clone(),
+        );
+        let acquire = Family::<AcquireLabels, Counter>::default();
+        registry.register("lock_acquire", "Acquire attempts by result", acquire.clone());
+        let release = Family::<ReleaseLabels, Counter>::default();
+        registry.register(
+            "lock_release",
+            "Releases; stale=true when the grant was no longer the caller's",
+            release.clone(),
+        );
+        let revoke = Family::<RevokeLabels, Counter>::default();
+        registry.register("lock_revoke", "Force-revokes by outcome", revoke.clone());
+        let reaper_sessions_deleted = Counter::default();
+        registry.register(
+            "lock_reaper_sessions_deleted",
+            "Expired sessions deleted by the reaper (their locks go by the cascade)",
+            reaper_sessions_deleted.clone(),
+        );
+        let http_duration: HistogramFamily = Family::new_with_constructor(http_histogram);
+        registry.register(
+            "http_request_duration_seconds",
+            "HTTP request duration by matched route",
+            http_duration.clone(),
+        );
+        // Every label value is exported from the start (as 0), so rates and alerts need no special case.
+        for result in [AcquireResult::granted, AcquireResult::contended] {
+            acquire.get_or_create(&AcquireLabels { result });
+        }
+        for stale in [false, true] {
+            release.get_or_create(&ReleaseLabels { stale });
+        }
+        for outcome in [RevokeOutcome::revoked, RevokeOutcome::not_held] {
+            revoke.get_or_create(&RevokeLabels { outcome });
+        }
+        Self {
+            registry: Arc::new(registry),
+            session_lost,
+            acquire,
+            release,
+            revoke,
+            reaper_sessions_deleted,
+            http_duration,
+        }
+    }
+
+    pub fn registry(&self) -> Arc<Registry> {
+        self.registry.clone()
+    }
+
+    pub fn acquired(&self, result: AcquireResult) {
+        self.acquire.get_or_create(&AcquireLabels { result }).inc();
+    }
+
+    pub fn released(&self, stale: bool) {
+        self.release.get_or_create(&ReleaseLabels { stale }).inc();
+    }
+
+    pub fn revoked(&self, outcome: RevokeOutcome) {
+        self.revoke.get_or_create(&RevokeLabels { outcome }).inc();
+    }
+
+    pub fn observe_http(&self, method: &str, route: &str, status: u16, elapsed: Duration) {
+        self.http_duration
+            .get_or_create(&HttpLabels {
+                method: method.to_owned(),
+                route: route.to_owned(),
+                status,
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,180 @@
+//! lockdb access: one method per statement of [`crate::sql`], results as typed rows. Zero rows is
+//! returned as `None`/`false`; what it means (CONTENDED, LEASE_EXPIRED, stale, SESSION_GONE) is
+//! decided by the caller, as C1's "zero rows means / caller must" tables say.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::error::Error;
+use crate::sql::{self, Statements};
+
+/// A granted lock: the row C1's acquire returns.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Grant {
+    pub fencing_token: i64,
+    pub owner_id: String,
+    pub session_id: Uuid,
+    pub acquired_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Renewed {
+    pub fencing_token: i64,
+    pub expires_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Session {
+    pub session_id: Uuid,
+    pub owner_id: String,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// A key's row as the operator read sees it; `expired` is judged by the database clock.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct LockRow {
+    pub fencing_token: i64,
+    pub owner_id: String,
+    pub acquired_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    pub expired: bool,
+}
+
+/// The grant a force-revoke removed.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Revoked {
+    pub owner_id: String,
+    pub fencing_token: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Repo {
+    pool: PgPool,
+    stmts: Statements,
+}
+
+impl Repo {
+    /// The repository with the contract's statements: the only constructor production code uses.
+    pub fn new(pool: PgPool) -> Self {
+        Self::with_statements(pool, Statements::C1)
+    }
+
+    /// For negative controls only: the same repository running a deliberately different statement set.
+    pub fn with_statements(pool: PgPool, stmts: Statements) -> Self {
+        Self { pool, stmts }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    pub fn statements(&self) -> Statements {
+        self.stmts
+    }
+
+    pub async fn create_session(&self, owner_id: &str, ttl_secs: f64) -> Result<Session, Error> {
+        Ok(sqlx::query_as(sql::CREATE_SESSION)
+            .bind(owner_id)
+            .bind(ttl_secs)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// `None`: the session was reaped or has expired.
+    pub async fn heartbeat(&self, session_id: Uuid, ttl_secs: f64) -> Result<Option<DateTime<Utc>>, Error> {
+        Ok(sqlx::query_scalar(self.stmts.heartbeat)
+            .bind(session_id)
+            .bind(ttl_secs)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    /// `false`: there was no such session (already closed or reaped).
+    pub async fn close_session(&self, session_id: Uuid) -> Result<bool, Error> {
+        let done = sqlx::query(sql::CLOSE_SESSION)
+            .bind(session_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// `None`: held by a live, different holder (CONTENDED). An unknown session is
+    /// [`Error::SessionGone`] (the foreign key refuses the row).
+    pub async fn acquire(
+        &self,
+        key: &str,
+        owner_id: &str,
+        session_id: Uuid,
+        ttl_secs: f64,
+    ) -> Result<Option<Grant>, Error> {
+        Ok(sqlx::query_as(self.stmts.acquire)
+            .bind(key)
+            .bind(owner_id)
+            .bind(session_id)
+            .bind(ttl_secs)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    /// `None`: the lease lapsed or the row belongs to a newer token (LEASE_EXPIRED).
+    pub async fn renew(&self, key: &str, token: i64, ttl_secs: f64) -> Result<Option<Renewed>, Error> {
+        Ok(sqlx::query_as(self.stmts.renew)
+            .bind(key)
+            .bind(token)
+            .bind(ttl_secs)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    /// `false`: the grant is no longer ours (a stale release).
+    pub async fn release(&self, key: &str, token: i64) -> Result<bool, Error> {
+        let row: Option<i64> = sqlx::query_scalar(self.stmts.release)
+            .bind(key)
+            .bind(token)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.is_some())
+    }
+
+    pub async fn read(&self, key: &str) -> Result<Option<LockRow>, Error> {
+        Ok(sqlx::query_as(sql::READ_LOCK)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    /// Deletes the key's live grant and appends the audit row, in one transaction. `None`: nothing
+    /// was held, and nothing is written.
+    pub async fn revoke(&self, key: &str, operator: &str, reason: &str) -> Result<Option<Revoked>, Error> {
+        let mut tx = self.pool.begin().await?;
+        let revoked: Option<Revoked> = sqlx::query_as(sql::REVOKE_GRANT)
+            .bind(key)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if let Some(r) = &revoked {
+            sqlx::query(sql::INSERT_REVOCATION)
+                .bind(key)
+                .bind(&r.owner_id)
+                .bind(r.fencing_token)
+                .bind(operator)
+                .bind(reason)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(revoked)
+    }
+
+    /// Deletes expired sessions (their locks go by the cascade); returns how many.
+    pub async fn reap(&self) -> Result<u64, Error> {
+        let done = sqlx::query(sql::REAP_SESSIONS).execute(&self.pool).await?;
+        Ok(done.rows_affected())
+    }
+
+    pub async fn ping(&self) -> Result<(), Error> {
+        sqlx::query(sql::PING).execute(&self.pool).await?;
+        Ok(())
+    }
+}

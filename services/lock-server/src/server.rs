@@ -1,0 +1,149 @@
+//! Starting the server: in-process on an ephemeral port ([`spawn`], for tests, the client library's
+//! tests and the demo) or until SIGTERM ([`run`], for the binary).
+
+use std::future::Future;
+use std::net::SocketAddr;
+
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, ConfigError};
+use crate::reaper;
+use crate::routes::app;
+use crate::sql::Statements;
+use crate::state::AppState;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("invalid configuration: {0}")]
+    Config(#[from] ConfigError),
+    #[error("invalid database URL: {0}")]
+    DatabaseUrl(#[source] sqlx::Error),
+    #[error("cannot listen: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the server task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// The lockdb pool. Connections are opened lazily, so the server starts while lockdb is down and
+/// `/readyz` reports it.
+pub fn pool(config: &Config) -> Result<PgPool, StartError> {
+    let options: PgConnectOptions = config
+        .database_url
+        .parse::<PgConnectOptions>()
+        .map_err(StartError::DatabaseUrl)?
+        .application_name("lock-server");
+    Ok(PgPoolOptions::new()
+        .max_connections(config.pool_max_connections)
+        .acquire_timeout(config.pool_acquire_timeout)
+        .connect_lazy_with(options))
+}
+
+/// A server running in this process. Dropping it stops it (without waiting); [`shutdown`](Self::shutdown)
+/// stops it and waits.
+#[derive(Debug)]
+pub struct RunningServer {
+    addr: SocketAddr,
+    state: AppState,
+    cancel: CancellationToken,
+    serve: Option<JoinHandle<std::io::Result<()>>>,
+    reaper: Option<JoinHandle<()>>,
+}
+
+impl RunningServer {
+    /// The bound address (the real port when the config asked for port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://<addr>`, without a trailing slash.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The server's state (its repository and metrics), for tests.
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Stops accepting, lets in-flight requests finish, stops the reaper, closes the pool.
+    pub async fn shutdown(mut self) -> Result<(), StartError> {
+        self.cancel.cancel();
+        if let Some(serve) = self.serve.take() {
+            serve.await??;
+        }
+        if let Some(reaper) = self.reaper.take() {
+            reaper.await?;
+        }
+        self.state.repo().pool().close().await;
+        Ok(())
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+/// Starts the server in-process with the contract's statements and returns once it is listening.
+pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
+    spawn_with_statements(config, Statements::C1).await
+}
+
+/// For negative controls only: [`spawn`] with a deliberately different statement set.
+pub async fn spawn_with_statements(config: Config, stmts: Statements) -> Result<RunningServer, StartError> {
+    config.validate()?;
+    let state = AppState::with_statements(pool(&config)?, config.admin_token.clone(), stmts);
+    let listener = dlock_common::serve::bind(config.listen).await?;
+    let addr = listener.local_addr()?;
+    let cancel = CancellationToken::new();
+    let reaper = config
+        .reaper_interval
+        .map(|every| reaper::spawn(state.clone(), every, cancel.child_token()));
+    let shutdown = cancel.clone().cancelled_owned();
+    let router = app(state.clone());
+    let serve = tokio::spawn(async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(shutdown)
+            .await
+    });
+    Ok(RunningServer {
+        addr,
+        state,
+        cancel,
+        serve: Some(serve),
+        reaper,
+    })
+}
+
+/// Serves until SIGTERM/SIGINT, then drains in-flight requests, stops the reaper and closes the pool.
+pub async fn run(config: Config) -> Result<(), StartError> {
+    run_until(config, dlock_common::serve::shutdown_signal()).await
+}
+
+/// [`run`] with a caller-chosen shutdown signal.
+pub async fn run_until(config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), StartError> {
+    config.validate()?;
+    if config.admin_token.is_none() {
+        tracing::warn!(event = "admin_disabled", "no admin token configured; admin endpoints answer 403");
+    }
+    let state = AppState::new(pool(&config)?, config.admin_token.clone());
+    let listener = dlock_common::serve::bind(config.listen).await?;
+    let cancel = CancellationToken::new();
+    let reaper = config
+        .reaper_interval
+        .map(|every| reaper::spawn(state.clone(), every, cancel.child_token()));
+    let served = axum::serve(listener, app(state.clone()))
+        .with_graceful_shutdown(shutdown)
+        .await;
+    cancel.cancel();
+    if let Some(reaper) = reaper {
+        reaper.await?;
+    }
+    state.repo().pool().close().await;
+    tracing::info!(event = "stopped");
+    Ok(served?)
+}

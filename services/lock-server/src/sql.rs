@@ -1,0 +1,118 @@
+//! Every statement lock-server runs against lockdb, and nothing else. The four statements of C1
+//! §1.3–1.4 are copied from the contract (named `:params` become positional `$n`); the rest are the
+//! session, reaper, revoke and read statements the contract describes in prose.
+//!
+//! Only the database clock is used: `now()` (transaction start time, C1 Warning 2), never
+//! `clock_timestamp()`, and never a time sent by a client. TTLs arrive as seconds (`f64`, converted
+//! from milliseconds) for `make_interval(secs => …)`.
+
+/// C1 §1.3 acquire. Binds: `$1` key, `$2` owner_id, `$3` session_id, `$4` ttl_seconds.
+/// One row = GRANTED (free key, expired lease taken over, same session re-entering); zero = CONTENDED.
+/// `nextval` is evaluated again in `DO UPDATE` so that a takeover gets a strictly higher token (Warning 1).
+pub const ACQUIRE: &str = "\
+INSERT INTO lock_entry (lock_key, owner_id, session_id, fencing_token, acquired_at, expires_at)
+VALUES ($1, $2, $3, nextval('fencing_token_seq'),
+        now(), now() + make_interval(secs => $4))
+ON CONFLICT (lock_key) DO UPDATE
+   SET owner_id      = EXCLUDED.owner_id,
+       session_id    = EXCLUDED.session_id,
+       fencing_token = nextval('fencing_token_seq'),
+       acquired_at   = now(),
+       expires_at    = now() + make_interval(secs => $4)
+ WHERE lock_entry.expires_at <= now()
+    OR (lock_entry.owner_id = EXCLUDED.owner_id AND lock_entry.session_id = EXCLUDED.session_id)
+RETURNING fencing_token, owner_id, session_id, acquired_at, expires_at";
+
+/// C1 §1.4 renew. Binds: `$1` key, `$2` token, `$3` ttl_seconds. Zero rows = the lease lapsed (even by
+/// 1 ms) or the row belongs to a newer token; `expires_at > now()` is what stops a lapsed row from
+/// being resurrected.
+pub const RENEW: &str = "\
+UPDATE lock_entry
+   SET expires_at = now() + make_interval(secs => $3)
+ WHERE lock_key      = $1
+   AND fencing_token = $2
+   AND expires_at    > now()
+RETURNING fencing_token, expires_at";
+
+/// C1 §1.4 release: compare-and-delete on exactly key + token. Binds: `$1` key, `$2` token.
+/// Zero rows = the grant is no longer ours (stale); never retried, never widened.
+pub const RELEASE: &str = "\
+DELETE FROM lock_entry
+ WHERE lock_key      = $1
+   AND fencing_token = $2
+RETURNING fencing_token";
+
+/// C1 §1.4 session heartbeat. Binds: `$1` session_id, `$2` session_ttl_seconds. Zero rows = reaped or
+/// already expired; every lock under the session is void.
+pub const HEARTBEAT: &str = "\
+UPDATE lock_session
+   SET expires_at = now() + make_interval(secs => $2)
+ WHERE session_id = $1 AND expires_at > now()
+RETURNING expires_at";
+
+/// Opens a session; the id is drawn by the database. Binds: `$1` owner_id, `$2` ttl_seconds.
+pub const CREATE_SESSION: &str = "\
+INSERT INTO lock_session (session_id, owner_id, created_at, expires_at)
+VALUES (gen_random_uuid(), $1, now(), now() + make_interval(secs => $2))
+RETURNING session_id, owner_id, expires_at";
+
+/// Closes a session; `ON DELETE CASCADE` releases its locks in the same statement (C1 §1.2, FR-04).
+/// Binds: `$1` session_id.
+pub const CLOSE_SESSION: &str = "DELETE FROM lock_session WHERE session_id = $1";
+
+/// The reaper: expired sessions go, and their locks with them by the cascade.
+pub const REAP_SESSIONS: &str = "DELETE FROM lock_session WHERE expires_at <= now()";
+
+/// Force-revoke, first half: removes the key's *live* grant and reports what it was. An expired row
+/// is not held by anyone (acquire may take it over at any moment), so it is not revoked.
+/// Binds: `$1` key. Runs in one transaction with [`INSERT_REVOCATION`].
+pub const REVOKE_GRANT: &str = "\
+DELETE FROM lock_entry
+ WHERE lock_key = $1 AND expires_at > now()
+RETURNING owner_id, fencing_token";
+
+/// Force-revoke, second half: the append-only audit row, only when a grant was deleted.
+/// Binds: `$1` key, `$2` prev_owner, `$3` prev_token, `$4` operator, `$5` reason.
+pub const INSERT_REVOCATION: &str = "\
+INSERT INTO lock_revocation (lock_key, prev_owner, prev_token, operator, reason)
+VALUES ($1, $2, $3, $4, $5)";
+
+/// The operator's read of one key. `expired` is judged by the database clock, like acquire judges it.
+/// Binds: `$1` key.
+pub const READ_LOCK: &str = "\
+SELECT fencing_token, owner_id, acquired_at, expires_at, expires_at <= now() AS expired
+  FROM lock_entry
+ WHERE lock_key = $1";
+
+/// Readiness probe.
+pub const PING: &str = "SELECT 1";
+
+/// The statements whose exact text carries a safety property, as one swappable set.
+///
+/// Production code always uses [`Statements::C1`]. A different set exists only so that tests can run
+/// the same scenarios against a deliberately broken statement (the negative controls of NFR-07) and
+/// watch the safety assertions fail. A replacement must keep the bind order documented on the
+/// corresponding constant and return the same columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Statements {
+    pub acquire: &'static str,
+    pub renew: &'static str,
+    pub release: &'static str,
+    pub heartbeat: &'static str,
+}
+
+impl Statements {
+    /// The contract's statements (C1 §1.3–1.4).
+    pub const C1: Statements = Statements {
+        acquire: ACQUIRE,
+        renew: RENEW,
+        release: RELEASE,
+        heartbeat: HEARTBEAT,
+    };
+}
+
+impl Default for Statements {
+    fn default() -> Self {
+        Self::C1
+    }
+}

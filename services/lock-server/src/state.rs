@@ -1,0 +1,46 @@
+//! What every handler is given: the repository, the metrics and the admin token. Passed explicitly
+//! through axum's `State`; there are no globals.
+
+use std::sync::Arc;
+
+use sqlx::PgPool;
+
+use crate::metrics::Metrics;
+use crate::repo::Repo;
+use crate::sql::Statements;
+
+#[derive(Debug, Clone)]
+pub struct AppState {
+    repo: Repo,
+    metrics: Arc<Metrics>,
+    admin_token: Option<Arc<str>>,
+}
+
+impl AppState {
+    /// The production state: the contract's statements.
+    pub fn new(pool: PgPool, admin_token: Option<String>) -> Self {
+        Self::with_statements(pool, admin_token, Statements::C1)
+    }
+
+    /// For negative controls only: a server whose repository runs a deliberately different statement set.
+    pub fn with_statements(pool: PgPool, admin_token: Option<String>, stmts: Statements) -> Self {
+        Self {
+            repo: Repo::with_statements(pool, stmts),
+            metrics: Arc::new(Metrics::new()),
+            // An empty token is never a valid credential; treat it as "not configured".
+            admin_token: admin_token.filter(|t| !t.is_empty()).map(Arc::from),
+        }
+    }
+
+    pub fn repo(&self) -> &Repo {
+        &self.repo
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub fn admin_token(&self) -> Option<&str> {
+        self.admin_token.as_deref()
+    }
+}

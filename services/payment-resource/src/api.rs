@@ -1,0 +1,231 @@
+//! The HTTP API (docs/openapi/payment-resource.yaml, also served at `GET /openapi.yaml`). Handlers only
+//! parse, call one service method and shape the answer; errors become [`ApiError`] here, once.
+
+use std::sync::Arc;
+
+use axum::extract::{FromRequestParts, State};
+use axum::http::StatusCode;
+use axum::http::header::CONTENT_TYPE;
+use axum::http::request::Parts;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use dlock_common::error::not_found_fallback;
+use dlock_common::{ApiError, ApiJson, ApiPath, ApiQuery, FencingToken};
+use prometheus_client::registry::Registry;
+use serde::Deserialize;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::accounts::{AccountView, Accounts, NewAccount};
+use crate::model::{AccountKind, Payout, PayoutState};
+use crate::payouts::{Claimed, NewPayout, Page, Payouts, Transitioned};
+use crate::posting::{Posted, Posting};
+use crate::reconcile::{self, Report};
+use crate::sql;
+
+/// The OpenAPI document, compiled in so the binary serves exactly what the repository documents.
+pub const OPENAPI_YAML: &str = include_str!("../../../docs/openapi/payment-resource.yaml");
+
+/// Every route this router serves, as (method, path): the OpenAPI document must list the same set.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("POST", "/v1/accounts"),
+    ("GET", "/v1/accounts/{accountId}"),
+    ("POST", "/v1/payouts"),
+    ("GET", "/v1/payouts"),
+    ("GET", "/v1/payouts/{payoutId}"),
+    ("POST", "/v1/payouts/{payoutId}/claim"),
+    ("POST", "/v1/payouts/{payoutId}/transition"),
+    ("POST", "/v1/payouts/{payoutId}/post"),
+    ("GET", "/v1/reconciliation"),
+    ("GET", "/openapi.yaml"),
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/metrics"),
+];
+
+/// Everything the handlers need, passed explicitly.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    pub pool: PgPool,
+    pub accounts: Accounts,
+    pub payouts: Payouts,
+    pub posting: Posting,
+}
+
+pub fn router(state: AppState, registry: Arc<Registry>) -> Router {
+    let metrics = Router::new()
+        .route("/metrics", get(dlock_common::metrics::handler))
+        .with_state(registry);
+    Router::new()
+        .route("/v1/accounts", post(create_account))
+        .route("/v1/accounts/{accountId}", get(get_account))
+        .route("/v1/payouts", post(create_payout).get(list_payouts))
+        .route("/v1/payouts/{payoutId}", get(get_payout))
+        .route("/v1/payouts/{payoutId}/claim", post(claim_payout))
+        .route("/v1/payouts/{payoutId}/transition", post(transition_payout))
+        .route("/v1/payouts/{payoutId}/post", post(post_payout))
+        .route("/v1/reconciliation", get(reconciliation))
+        .route("/openapi.yaml", get(openapi))
+        .route("/healthz", get(dlock_common::serve::healthz))
+        .route("/readyz", get(readyz))
+        .with_state(state)
+        .merge(metrics)
+        .fallback(not_found_fallback)
+}
+
+/// `X-Fencing-Token`, parsed strictly: missing, empty, non-numeric, zero, negative or overflowing is
+/// 400 INVALID_TOKEN, never 0.
+#[derive(Debug, Clone, Copy)]
+pub struct Token(pub FencingToken);
+
+impl<S: Send + Sync> FromRequestParts<S> for Token {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        FencingToken::from_headers(&parts.headers)
+            .map(Token)
+            .map_err(ApiError::from)
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct CreateAccountBody {
+    account_id: Option<Uuid>,
+    currency: String,
+    opening_balance_minor: i64,
+    kind: Option<AccountKind>,
+}
+
+async fn create_account(
+    State(s): State<AppState>,
+    ApiJson(body): ApiJson<CreateAccountBody>,
+) -> ApiResult<(StatusCode, Json<AccountView>)> {
+    let view = s
+        .accounts
+        .create(NewAccount {
+            account_id: body.account_id,
+            currency: body.currency,
+            opening_balance_minor: body.opening_balance_minor,
+            kind: body.kind.unwrap_or(AccountKind::Customer),
+        })
+        .await?;
+    Ok((StatusCode::CREATED, Json(view)))
+}
+
+async fn get_account(State(s): State<AppState>, ApiPath(id): ApiPath<Uuid>) -> ApiResult<Json<AccountView>> {
+    Ok(Json(s.accounts.get(id).await?))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct CreatePayoutBody {
+    account_id: Uuid,
+    amount_minor: i64,
+    currency: String,
+    idempotency_key: String,
+}
+
+async fn create_payout(
+    State(s): State<AppState>,
+    ApiJson(body): ApiJson<CreatePayoutBody>,
+) -> ApiResult<(StatusCode, Json<Payout>)> {
+    let (payout, created) = s
+        .payouts
+        .create(NewPayout {
+            account_id: body.account_id,
+            amount_minor: body.amount_minor,
+            currency: body.currency,
+            idempotency_key: body.idempotency_key,
+        })
+        .await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(payout)))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    state: Option<String>,
+    limit: Option<i64>,
+    after: Option<String>,
+}
+
+async fn list_payouts(State(s): State<AppState>, ApiQuery(q): ApiQuery<ListQuery>) -> ApiResult<Json<Page>> {
+    // Only the executor's work queue is listed: PENDING, over payout_pending_idx.
+    if let Some(state) = q.state.as_deref()
+        && state != PayoutState::Pending.as_str()
+    {
+        return Err(ApiError::bad_request(
+            "INVALID_STATE",
+            format!("only state=PENDING can be listed, got {state:?}"),
+        ));
+    }
+    Ok(Json(s.payouts.list_pending(q.after.as_deref(), q.limit).await?))
+}
+
+async fn get_payout(State(s): State<AppState>, ApiPath(id): ApiPath<Uuid>) -> ApiResult<Json<Payout>> {
+    Ok(Json(s.payouts.get(id).await?))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ClaimBody {
+    owner_id: String,
+}
+
+async fn claim_payout(
+    State(s): State<AppState>,
+    ApiPath(id): ApiPath<Uuid>,
+    Token(token): Token,
+    ApiJson(body): ApiJson<ClaimBody>,
+) -> ApiResult<Json<Claimed>> {
+    Ok(Json(s.payouts.claim(id, &body.owner_id, token).await?))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TransitionBody {
+    from: PayoutState,
+    to: PayoutState,
+}
+
+async fn transition_payout(
+    State(s): State<AppState>,
+    ApiPath(id): ApiPath<Uuid>,
+    Token(token): Token,
+    ApiJson(body): ApiJson<TransitionBody>,
+) -> ApiResult<Json<Transitioned>> {
+    Ok(Json(s.payouts.transition(id, body.from, body.to, token).await?))
+}
+
+async fn post_payout(
+    State(s): State<AppState>,
+    ApiPath(id): ApiPath<Uuid>,
+    Token(token): Token,
+) -> ApiResult<Json<Posted>> {
+    Ok(Json(s.posting.post(id, token).await?))
+}
+
+async fn reconciliation(State(s): State<AppState>) -> ApiResult<Json<Report>> {
+    reconcile::run(&s.pool)
+        .await
+        .map(Json)
+        .map_err(|e| crate::error::PaymentError::from(e).into())
+}
+
+async fn openapi() -> impl IntoResponse {
+    ([(CONTENT_TYPE, "application/yaml")], OPENAPI_YAML)
+}
+
+/// Ready when paydb answers.
+async fn readyz(State(s): State<AppState>) -> ApiResult<&'static str> {
+    sqlx::query(sql::PING)
+        .execute(&s.pool)
+        .await
+        .map(|_| "ready")
+        .map_err(ApiError::unavailable)
+}

@@ -1,0 +1,162 @@
+//! One error type for the service, mapped to HTTP once, at the edge.
+
+use axum::http::StatusCode;
+use dlock_common::ApiError;
+use dlock_common::fencing::{FENCED_OUT, FencedOutDetails};
+use uuid::Uuid;
+
+use crate::model::PayoutState;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PaymentError {
+    /// Terminal, never retryable: a newer grant has already written this resource.
+    #[error(
+        "fenced out at {}: presented token {} but {} {} has already seen {}",
+        .0.resource_type, .0.presented, .0.resource_type, .0.resource_id, .0.highest
+    )]
+    FencedOut(FencedOutDetails),
+
+    /// A zero-row (a) that was not a fence: the account cannot cover the payout, which is now FAILED.
+    #[error("account {account_id} holds {balance_minor} minor units; payout {payout_id} needs {amount_minor}")]
+    InsufficientFunds {
+        payout_id: Uuid,
+        account_id: Uuid,
+        balance_minor: i64,
+        amount_minor: i64,
+        payout_state: PayoutState,
+    },
+
+    #[error("payout {payout_id} is {state}; only a RAIL_ACKED payout can be posted")]
+    NotPostable { payout_id: Uuid, state: PayoutState },
+
+    #[error("payout {payout_id} is {state} and can no longer be claimed")]
+    NotClaimable { payout_id: Uuid, state: PayoutState },
+
+    #[error("payout {payout_id} is {state}, not {from}; cannot move it to {to}")]
+    InvalidTransition {
+        payout_id: Uuid,
+        from: PayoutState,
+        to: PayoutState,
+        state: PayoutState,
+    },
+
+    #[error("{from} -> {to} is not a transition this endpoint performs")]
+    UnsupportedTransition { from: PayoutState, to: PayoutState },
+
+    #[error("no payout {0}")]
+    UnknownPayout(Uuid),
+
+    #[error("no account {0}")]
+    UnknownAccount(Uuid),
+
+    /// An account named in a request body does not exist (the request, not the URL, is wrong).
+    #[error("the referenced account {0} does not exist")]
+    ReferencedAccountMissing(Uuid),
+
+    #[error("idempotency key {key:?} was already used for a different payout request")]
+    IdempotencyConflict { key: String, payout_id: Uuid },
+
+    #[error("account {account_id} holds {account_currency}; the request says {requested}")]
+    CurrencyMismatch {
+        account_id: Uuid,
+        account_currency: String,
+        requested: String,
+    },
+
+    #[error("account {0} is a settlement account; payouts debit customer accounts only")]
+    NotCustomerAccount(Uuid),
+
+    #[error("there is no settlement account for {0}")]
+    NoSettlementAccount(String),
+
+    #[error("account {0} already exists")]
+    AccountExists(Uuid),
+
+    #[error("a settlement account for {0} already exists")]
+    SettlementExists(String),
+
+    /// Bad input, with a machine-readable code.
+    #[error("{message}")]
+    Invalid { code: &'static str, message: String },
+
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+impl PaymentError {
+    pub fn invalid(code: &'static str, message: impl Into<String>) -> Self {
+        PaymentError::Invalid {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<PaymentError> for ApiError {
+    fn from(e: PaymentError) -> Self {
+        let message = e.to_string();
+        let unprocessable = StatusCode::UNPROCESSABLE_ENTITY;
+        match e {
+            PaymentError::FencedOut(d) => ApiError::conflict(FENCED_OUT, message)
+                .with("presented", d.presented)
+                .with("highest", d.highest)
+                .with("resourceType", d.resource_type)
+                .with("resourceId", d.resource_id)
+                .with("ownerId", d.owner_id),
+            PaymentError::InsufficientFunds {
+                payout_id,
+                account_id,
+                balance_minor,
+                amount_minor,
+                payout_state,
+            } => ApiError::new(unprocessable, "INSUFFICIENT_FUNDS", message)
+                .with("payoutId", payout_id)
+                .with("accountId", account_id)
+                .with("balanceMinor", balance_minor)
+                .with("amountMinor", amount_minor)
+                .with("payoutState", payout_state),
+            PaymentError::NotPostable { payout_id, state } => {
+                ApiError::conflict("NOT_POSTABLE", message)
+                    .with("payoutId", payout_id)
+                    .with("state", state)
+            }
+            PaymentError::NotClaimable { payout_id, state } => {
+                ApiError::conflict("NOT_CLAIMABLE", message)
+                    .with("payoutId", payout_id)
+                    .with("state", state)
+            }
+            PaymentError::InvalidTransition { payout_id, state, .. } => {
+                ApiError::conflict("INVALID_TRANSITION", message)
+                    .with("payoutId", payout_id)
+                    .with("state", state)
+            }
+            PaymentError::UnsupportedTransition { .. } => {
+                ApiError::bad_request("UNSUPPORTED_TRANSITION", message)
+            }
+            PaymentError::UnknownPayout(_) => ApiError::not_found("UNKNOWN_PAYOUT", message),
+            PaymentError::UnknownAccount(_) => ApiError::not_found("UNKNOWN_ACCOUNT", message),
+            PaymentError::ReferencedAccountMissing(_) => {
+                ApiError::new(unprocessable, "UNKNOWN_ACCOUNT", message)
+            }
+            PaymentError::IdempotencyConflict { payout_id, .. } => {
+                ApiError::conflict("IDEMPOTENCY_CONFLICT", message).with("payoutId", payout_id)
+            }
+            PaymentError::CurrencyMismatch { .. } => ApiError::new(unprocessable, "CURRENCY_MISMATCH", message),
+            PaymentError::NotCustomerAccount(_) => {
+                ApiError::new(unprocessable, "NOT_A_CUSTOMER_ACCOUNT", message)
+            }
+            PaymentError::NoSettlementAccount(_) => {
+                ApiError::new(unprocessable, "NO_SETTLEMENT_ACCOUNT", message)
+            }
+            PaymentError::AccountExists(_) => ApiError::conflict("ACCOUNT_EXISTS", message),
+            PaymentError::SettlementExists(_) => ApiError::conflict("SETTLEMENT_EXISTS", message),
+            PaymentError::Invalid { code, message } => ApiError::bad_request(code, message),
+            PaymentError::Database(db) => match db {
+                sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed => {
+                    ApiError::unavailable(db)
+                }
+                other => ApiError::internal(other),
+            },
+        }
+    }
+}

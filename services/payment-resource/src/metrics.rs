@@ -1,0 +1,67 @@
+//! Prometheus metrics. `lock_fenced_out{resource}` is the contract's `lock.fenced.out` (exported as
+//! `lock_fenced_out_total`): a must-be-zero counter in a healthy run, so only real fence refusals
+//! count — never a funds rejection. Resource ids go to logs, never to labels.
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+use dlock_common::metrics::{Resource, ResourceLabel};
+
+/// How one posting call ended.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum PostingOutcome {
+    posted,
+    idempotent,
+    fenced_out,
+    insufficient_funds,
+    not_postable,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: PostingOutcome,
+}
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    fenced_out: Family<ResourceLabel, Counter>,
+    postings: Family<OutcomeLabel, Counter>,
+}
+
+impl Metrics {
+    /// The metrics and a registry that exports them.
+    pub fn new() -> (Metrics, Registry) {
+        let metrics = Metrics::default();
+        let mut registry = Registry::default();
+        registry.register(
+            "lock_fenced_out",
+            "Writes refused because a newer fencing token had already written the resource",
+            metrics.fenced_out.clone(),
+        );
+        registry.register(
+            "payment_posting",
+            "Posting calls ((a)(b)(c)) by outcome",
+            metrics.postings.clone(),
+        );
+        (metrics, registry)
+    }
+
+    pub fn fenced_out(&self, resource: Resource) {
+        self.fenced_out.get_or_create(&ResourceLabel { resource }).inc();
+    }
+
+    pub fn fenced_out_count(&self, resource: Resource) -> u64 {
+        self.fenced_out.get_or_create(&ResourceLabel { resource }).get()
+    }
+
+    pub fn posting(&self, outcome: PostingOutcome) {
+        self.postings.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    pub fn posting_count(&self, outcome: PostingOutcome) -> u64 {
+        self.postings.get_or_create(&OutcomeLabel { outcome }).get()
+    }
+}

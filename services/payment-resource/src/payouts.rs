@@ -1,0 +1,325 @@
+//! Payout lifecycle outside the posting transaction: idempotent creation, reads, keyset listing,
+//! claim/adopt and the executor's state transitions — each one statement, with its zero-row result
+//! classified by a re-read (never by retrying).
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use dlock_common::FencingToken;
+use dlock_common::fencing::FencedOutDetails;
+use dlock_common::metrics::Resource;
+use serde::Serialize;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::error::PaymentError;
+use crate::metrics::Metrics;
+use crate::model::{AccountKind, Payout, PayoutState};
+use crate::posting::report_fenced_out;
+use crate::repo::payout::After;
+use crate::repo::{account, payout};
+use crate::validate;
+
+/// A request for a new payout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewPayout {
+    pub account_id: Uuid,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub idempotency_key: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Claimed {
+    pub payout: Payout,
+    /// The payout was in flight under an older token and is now this holder's to finish.
+    pub adopted: bool,
+    /// This same grant had already claimed it; nothing changed.
+    pub idempotent: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Transitioned {
+    pub payout: Payout,
+    /// The payout was already in the target state; nothing changed.
+    pub idempotent: bool,
+}
+
+/// One page of PENDING payouts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Page {
+    pub items: Vec<Payout>,
+    /// Present when the page was full: pass it as `after` for the next page.
+    pub next_cursor: Option<String>,
+}
+
+pub const DEFAULT_PAGE: i64 = 100;
+pub const MAX_PAGE: i64 = 500;
+
+#[derive(Debug, Clone)]
+pub struct Payouts {
+    pool: PgPool,
+    metrics: Arc<Metrics>,
+}
+
+impl Payouts {
+    pub fn new(pool: PgPool, metrics: Arc<Metrics>) -> Self {
+        Self { pool, metrics }
+    }
+
+    /// Creates a PENDING payout; `(payout, true)` if new, `(payout, false)` for a replay of the same
+    /// request under the same idempotency key.
+    pub async fn create(&self, req: NewPayout) -> Result<(Payout, bool), PaymentError> {
+        validate::currency(&req.currency)?;
+        validate::amount("amountMinor", req.amount_minor)?;
+        validate::idempotency_key(&req.idempotency_key)?;
+        let acct = account::by_id(&self.pool, req.account_id)
+            .await?
+            .ok_or(PaymentError::ReferencedAccountMissing(req.account_id))?;
+        if acct.kind != AccountKind::Customer {
+            return Err(PaymentError::NotCustomerAccount(acct.account_id));
+        }
+        if acct.currency != req.currency {
+            return Err(PaymentError::CurrencyMismatch {
+                account_id: acct.account_id,
+                account_currency: acct.currency,
+                requested: req.currency,
+            });
+        }
+        // A payout that can never be posted (no CREDIT destination) is refused up front.
+        if account::settlement_id(&self.pool, &req.currency).await?.is_none() {
+            return Err(PaymentError::NoSettlementAccount(req.currency));
+        }
+        let inserted = payout::insert(
+            &self.pool,
+            Uuid::new_v4(),
+            req.account_id,
+            req.amount_minor,
+            &req.currency,
+            &req.idempotency_key,
+        )
+        .await?;
+        if let Some(p) = inserted {
+            tracing::info!(event = "payout_created", payout_id = %p.payout_id, account_id = %p.account_id);
+            return Ok((p, true));
+        }
+        // The key is taken: the same request gets the same payout, a different one is a conflict.
+        let existing = payout::by_idempotency_key(&self.pool, &req.idempotency_key)
+            .await?
+            .ok_or(PaymentError::Database(sqlx::Error::RowNotFound))?;
+        if existing.account_id == req.account_id
+            && existing.amount_minor == req.amount_minor
+            && existing.currency == req.currency
+        {
+            Ok((existing, false))
+        } else {
+            Err(PaymentError::IdempotencyConflict {
+                key: req.idempotency_key,
+                payout_id: existing.payout_id,
+            })
+        }
+    }
+
+    pub async fn get(&self, payout_id: Uuid) -> Result<Payout, PaymentError> {
+        payout::by_id(&self.pool, payout_id)
+            .await?
+            .ok_or(PaymentError::UnknownPayout(payout_id))
+    }
+
+    pub async fn list_pending(&self, after: Option<&str>, limit: Option<i64>) -> Result<Page, PaymentError> {
+        let limit = limit.unwrap_or(DEFAULT_PAGE);
+        if !(1..=MAX_PAGE).contains(&limit) {
+            return Err(PaymentError::invalid(
+                "INVALID_LIMIT",
+                format!("limit must be between 1 and {MAX_PAGE}, got {limit}"),
+            ));
+        }
+        let after = after.map(decode_cursor).transpose()?;
+        let items = payout::list_pending(&self.pool, after, limit).await?;
+        let full = i64::try_from(items.len()).is_ok_and(|n| n == limit);
+        let next_cursor = match items.last() {
+            Some(last) if full => Some(encode_cursor(last.created_at, last.payout_id)),
+            _ => None,
+        };
+        Ok(Page { items, next_cursor })
+    }
+
+    /// Claims a PENDING payout, or adopts one an older token left in flight.
+    pub async fn claim(
+        &self,
+        payout_id: Uuid,
+        owner_id: &str,
+        token: FencingToken,
+    ) -> Result<Claimed, PaymentError> {
+        validate::owner_id(owner_id)?;
+        let t = token.get();
+        if let Some(p) = payout::claim(&self.pool, payout_id, owner_id, t).await? {
+            // The first claim makes attempt_count 1 and payouts never return to PENDING, so any
+            // later successful claim is an adoption.
+            let adopted = p.attempt_count > 1;
+            tracing::info!(
+                event = if adopted { "payout_adopted" } else { "payout_claimed" },
+                payout_id = %payout_id,
+                owner_id,
+                token = t,
+                state = %p.state,
+            );
+            return Ok(Claimed {
+                payout: p,
+                adopted,
+                idempotent: false,
+            });
+        }
+        let now = self.get(payout_id).await?;
+        if now.state.is_terminal() {
+            return Err(PaymentError::NotClaimable {
+                payout_id,
+                state: now.state,
+            });
+        }
+        // One token is one grant for all time (C1 §1.4): the same grant asking again changes nothing.
+        if now.claim_token == Some(t) && now.claimed_by.as_deref() == Some(owner_id) {
+            return Ok(Claimed {
+                payout: now,
+                adopted: false,
+                idempotent: true,
+            });
+        }
+        match now.claim_token {
+            Some(claim) if claim >= t => Err(self.fenced_out(&now, t, claim)),
+            _ => Err(PaymentError::NotClaimable {
+                payout_id,
+                state: now.state,
+            }),
+        }
+    }
+
+    /// Moves a claimed payout along one executor edge, fenced by `claim_token <= token`.
+    pub async fn transition(
+        &self,
+        payout_id: Uuid,
+        from: PayoutState,
+        to: PayoutState,
+        token: FencingToken,
+    ) -> Result<Transitioned, PaymentError> {
+        if !PayoutState::can_transition(from, to) {
+            return Err(PaymentError::UnsupportedTransition { from, to });
+        }
+        let t = token.get();
+        if let Some(p) = payout::transition(&self.pool, payout_id, from, to, t).await? {
+            tracing::info!(event = "payout_transitioned", payout_id = %payout_id, %from, %to, token = t);
+            return Ok(Transitioned {
+                payout: p,
+                idempotent: false,
+            });
+        }
+        let now = self.get(payout_id).await?;
+        if let Some(claim) = now.claim_token
+            && claim > t
+        {
+            return Err(self.fenced_out(&now, t, claim));
+        }
+        if now.state == to {
+            return Ok(Transitioned {
+                payout: now,
+                idempotent: true,
+            });
+        }
+        Err(PaymentError::InvalidTransition {
+            payout_id,
+            from,
+            to,
+            state: now.state,
+        })
+    }
+
+    fn fenced_out(&self, p: &Payout, presented: i64, highest: i64) -> PaymentError {
+        let details = FencedOutDetails {
+            presented,
+            highest,
+            resource_type: "payout".to_owned(),
+            resource_id: p.payout_id.to_string(),
+            owner_id: p.claimed_by.clone().unwrap_or_default(),
+        };
+        report_fenced_out(
+            &self.metrics,
+            Resource::payout,
+            &format!("account:{}", p.account_id),
+            &details,
+        );
+        PaymentError::FencedOut(details)
+    }
+}
+
+/// `v1.<created_at as unix microseconds>.<payout_id as 32 hex digits>`. Opaque to clients; parsed
+/// strictly here.
+pub fn encode_cursor(created_at: DateTime<Utc>, payout_id: Uuid) -> String {
+    format!("v1.{}.{}", created_at.timestamp_micros(), payout_id.simple())
+}
+
+pub fn decode_cursor(cursor: &str) -> Result<After, PaymentError> {
+    let bad = || PaymentError::invalid("INVALID_CURSOR", "after is not a cursor this service issued");
+    let mut parts = cursor.split('.');
+    let (Some("v1"), Some(micros), Some(id), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(bad());
+    };
+    if micros.is_empty() || !micros.bytes().all(|b| b.is_ascii_digit() || b == b'-') || id.len() != 32 {
+        return Err(bad());
+    }
+    let micros: i64 = micros.parse().map_err(|_| bad())?;
+    let created_at = DateTime::<Utc>::from_timestamp_micros(micros).ok_or_else(bad)?;
+    let payout_id = Uuid::try_parse(id).map_err(|_| bad())?;
+    Ok(After {
+        created_at,
+        payout_id,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursor_round_trips_to_the_microsecond() {
+        let at = DateTime::<Utc>::from_timestamp_micros(1_746_000_000_123_456).unwrap();
+        let id = Uuid::new_v4();
+        let c = encode_cursor(at, id);
+        assert_eq!(
+            decode_cursor(&c).unwrap(),
+            After {
+                created_at: at,
+                payout_id: id
+            }
+        );
+    }
+
+    #[test]
+    fn cursor_rejects_garbage() {
+        for bad in [
+            "",
+            "v1",
+            "v2.1.00000000000000000000000000000000",
+            "v1..00000000000000000000000000000000",
+            "v1.x.00000000000000000000000000000000",
+            "v1.1.zz",
+            "v1.1.00000000000000000000000000000000.extra",
+            "v1.99999999999999999999.00000000000000000000000000000000",
+        ] {
+            assert!(decode_cursor(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn edges() {
+        use PayoutState::*;
+        assert!(PayoutState::can_transition(Claimed, RailSubmitted));
+        assert!(PayoutState::can_transition(RailAmbiguous, RailAcked));
+        assert!(!PayoutState::can_transition(RailAcked, Posted));
+        assert!(!PayoutState::can_transition(Pending, Claimed));
+        assert!(!PayoutState::can_transition(Posted, Failed));
+    }
+}

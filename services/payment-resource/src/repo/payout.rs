@@ -1,0 +1,143 @@
+//! `payout`: creation, reads, keyset listing, claim/adopt, transitions and statement (c).
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgExecutor};
+use uuid::Uuid;
+
+use crate::model::{Payout, PayoutState};
+use crate::sql;
+
+/// A new PENDING payout. `None`: the idempotency key is taken (the caller reads that payout).
+pub async fn insert<'c>(
+    ex: impl PgExecutor<'c>,
+    payout_id: Uuid,
+    account_id: Uuid,
+    amount_minor: i64,
+    currency: &str,
+    idempotency_key: &str,
+) -> Result<Option<Payout>, sqlx::Error> {
+    sqlx::query_as::<_, Payout>(sql::PAYOUT_INSERT)
+        .bind(payout_id)
+        .bind(account_id)
+        .bind(amount_minor)
+        .bind(currency)
+        .bind(idempotency_key)
+        .fetch_optional(ex)
+        .await
+}
+
+pub async fn by_id<'c>(ex: impl PgExecutor<'c>, payout_id: Uuid) -> Result<Option<Payout>, sqlx::Error> {
+    sqlx::query_as::<_, Payout>(sql::PAYOUT_BY_ID)
+        .bind(payout_id)
+        .fetch_optional(ex)
+        .await
+}
+
+pub async fn by_idempotency_key<'c>(
+    ex: impl PgExecutor<'c>,
+    key: &str,
+) -> Result<Option<Payout>, sqlx::Error> {
+    sqlx::query_as::<_, Payout>(sql::PAYOUT_BY_IDEMPOTENCY_KEY)
+        .bind(key)
+        .fetch_optional(ex)
+        .await
+}
+
+/// Reads and row-locks the payout inside the posting transaction.
+pub async fn for_posting(conn: &mut PgConnection, payout_id: Uuid) -> Result<Option<Payout>, sqlx::Error> {
+    sqlx::query_as::<_, Payout>(sql::PAYOUT_FOR_POSTING)
+        .bind(payout_id)
+        .fetch_optional(conn)
+        .await
+}
+
+/// Claim (PENDING) or adopt (in flight under an older token). `None`: neither applied.
+pub async fn claim<'c>(
+    ex: impl PgExecutor<'c>,
+    payout_id: Uuid,
+    owner_id: &str,
+    token: i64,
+) -> Result<Option<Payout>, sqlx::Error> {
+    sqlx::query_as::<_, Payout>(sql::PAYOUT_CLAIM)
+        .bind(payout_id)
+        .bind(owner_id)
+        .bind(token)
+        .fetch_optional(ex)
+        .await
+}
+
+/// `from → to` if the payout is in `from` and `claim_token <= token`. `None`: it is not.
+pub async fn transition<'c>(
+    ex: impl PgExecutor<'c>,
+    payout_id: Uuid,
+    from: PayoutState,
+    to: PayoutState,
+    token: i64,
+) -> Result<Option<Payout>, sqlx::Error> {
+    sqlx::query_as::<_, Payout>(sql::PAYOUT_TRANSITION)
+        .bind(payout_id)
+        .bind(from.as_str())
+        .bind(to.as_str())
+        .bind(token)
+        .fetch_optional(ex)
+        .await
+}
+
+/// Statement (c) (`stmt` is [`crate::sql::Statements::payout_post`]). `None` is zero rows: not
+/// RAIL_ACKED, or a newer holder has claimed it.
+pub async fn mark_posted(
+    conn: &mut PgConnection,
+    stmt: &'static str,
+    payout_id: Uuid,
+    token: i64,
+) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar::<_, String>(stmt)
+        .bind(payout_id)
+        .bind(token)
+        .fetch_optional(conn)
+        .await
+}
+
+/// RAIL_ACKED → FAILED after a funds rejection. `None`: the payout moved on meanwhile.
+pub async fn fail_unfunded<'c>(
+    ex: impl PgExecutor<'c>,
+    payout_id: Uuid,
+    token: i64,
+) -> Result<Option<Payout>, sqlx::Error> {
+    sqlx::query_as::<_, Payout>(sql::PAYOUT_FAIL_UNFUNDED)
+        .bind(payout_id)
+        .bind(token)
+        .fetch_optional(ex)
+        .await
+}
+
+/// Keyset position: the last (created_at, payout_id) of the previous page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct After {
+    pub created_at: DateTime<Utc>,
+    pub payout_id: Uuid,
+}
+
+/// PENDING payouts, oldest first, `limit` at most, strictly after `after`.
+pub async fn list_pending<'c>(
+    ex: impl PgExecutor<'c>,
+    after: Option<After>,
+    limit: i64,
+) -> Result<Vec<Payout>, sqlx::Error> {
+    match after {
+        None => {
+            sqlx::query_as::<_, Payout>(sql::PAYOUT_LIST_PENDING_FIRST)
+                .bind(limit)
+                .fetch_all(ex)
+                .await
+        }
+        Some(a) => {
+            sqlx::query_as::<_, Payout>(sql::PAYOUT_LIST_PENDING_AFTER)
+                .bind(a.created_at)
+                .bind(a.payout_id)
+                .bind(limit)
+                .fetch_all(ex)
+                .await
+        }
+    }
+}

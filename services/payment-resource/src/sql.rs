@@ -1,0 +1,297 @@
+//! Every paydb statement of payment-resource, each exactly once.
+//!
+//! Statements (a), (b), (c) are C1 §1.6's, bound positionally (sqlx has no named parameters); each
+//! comes in two variants, [`Statements::FENCED`] (the contract) and [`Statements::UNFENCED`] (the
+//! `payment.fencing.enabled=false` kill switch: the same statement without its fence predicate). The
+//! variant is chosen once, at the repository boundary, from [`crate::config::Fencing`]; tests may
+//! build a deliberately broken set to prove that the safety tests can fail (negative controls).
+//!
+//! This service never reads or writes `rail_high_water`: that is rail-proxy's enforcement point, and
+//! the two must stay independent (C1 §1.5).
+
+use crate::config::Fencing;
+
+/// The column list every payout read returns (matches [`crate::model::Payout`]).
+macro_rules! payout_columns {
+    () => {
+        "payout_id, account_id, amount_minor, currency, state, claimed_by, claim_token, \
+         idempotency_key, attempt_count, created_at, updated_at"
+    };
+}
+
+/// The column list every account read returns (matches [`crate::model::Account`]).
+macro_rules! account_columns {
+    () => {
+        "account_id, currency, kind, balance_minor, opening_balance_minor, fence"
+    };
+}
+
+// ---------------------------------------------------------------------------------------------
+// (a) account: debit and advance the fence in one statement.
+// $1 account_id, $2 currency, $3 amount_minor, $4 token. Strict `<`: an equal token loses.
+
+const ACCOUNT_DEBIT_FENCED: &str = "
+UPDATE account
+   SET balance_minor = balance_minor - $3,
+       fence         = $4,
+       updated_at    = now()
+ WHERE account_id    = $1
+   AND currency      = $2
+   AND fence         < $4
+   AND balance_minor >= $3
+RETURNING balance_minor, fence";
+
+const ACCOUNT_DEBIT_UNFENCED: &str = "
+UPDATE account
+   SET balance_minor = balance_minor - $3,
+       fence         = $4,
+       updated_at    = now()
+ WHERE account_id    = $1
+   AND currency      = $2
+   AND balance_minor >= $3
+RETURNING balance_minor, fence";
+
+// (b) ledger leg: only postable while the debited account's fence is at or below our token, i.e. (a)
+// stamped it and nobody has moved it since. `<=`, not `<`: (a) already wrote our own token.
+// $1 entry_id, $2 payout_id, $3 the leg's account, $4 direction, $5 amount_minor, $6 token,
+// $7 the fenced (debited) account. C1 writes the leg onto the fenced account itself (`a.account_id`);
+// our CREDIT leg goes to the settlement account (docs/accounting.md), so the leg's account is bound
+// separately while the fence predicate still reads the debited account. For the DEBIT leg $3 = $7
+// and the statement is C1's.
+
+const LEDGER_LEG_FENCED: &str = "
+INSERT INTO ledger_entry (entry_id, payout_id, account_id, direction, amount_minor, fence)
+SELECT $1, $2, $3, $4, $5, $6
+  FROM account a
+ WHERE a.account_id = $7
+   AND a.fence     <= $6
+RETURNING entry_id";
+
+const LEDGER_LEG_UNFENCED: &str = "
+INSERT INTO ledger_entry (entry_id, payout_id, account_id, direction, amount_minor, fence)
+SELECT $1, $2, $3, $4, $5, $6
+  FROM account a
+ WHERE a.account_id = $7
+RETURNING entry_id";
+
+// (c) payout transition, same transaction, still fenced. $1 payout_id, $2 token.
+
+const PAYOUT_POST_FENCED: &str = "
+UPDATE payout
+   SET state = 'POSTED', updated_at = now()
+ WHERE payout_id = $1 AND state = 'RAIL_ACKED' AND claim_token <= $2
+RETURNING state";
+
+// The token is still bound (so both variants take the same parameters); `$2 > 0` is always true
+// because tokens are validated > 0 before they reach a statement.
+const PAYOUT_POST_UNFENCED: &str = "
+UPDATE payout
+   SET state = 'POSTED', updated_at = now()
+ WHERE payout_id = $1 AND state = 'RAIL_ACKED' AND $2::BIGINT > 0
+RETURNING state";
+
+/// The statement set the posting component runs for (a), (b) and (c).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Statements {
+    pub account_debit: &'static str,
+    pub ledger_leg: &'static str,
+    pub payout_post: &'static str,
+}
+
+impl Statements {
+    /// C1 §1.6, `payment.fencing.enabled=true`.
+    pub const FENCED: Statements = Statements {
+        account_debit: ACCOUNT_DEBIT_FENCED,
+        ledger_leg: LEDGER_LEG_FENCED,
+        payout_post: PAYOUT_POST_FENCED,
+    };
+
+    /// The kill switch: the same statements without their fence predicates (never a sentinel token).
+    pub const UNFENCED: Statements = Statements {
+        account_debit: ACCOUNT_DEBIT_UNFENCED,
+        ledger_leg: LEDGER_LEG_UNFENCED,
+        payout_post: PAYOUT_POST_UNFENCED,
+    };
+
+    pub fn for_fencing(fencing: Fencing) -> Statements {
+        match fencing {
+            Fencing::Enabled => Statements::FENCED,
+            Fencing::Disabled => Statements::UNFENCED,
+        }
+    }
+}
+
+/// The diagnostic read that classifies a zero-row (a); run after the rollback, on a fresh
+/// transaction. $1 account_id.
+pub const ACCOUNT_FENCE_AND_BALANCE: &str = "SELECT fence, balance_minor FROM account WHERE account_id = $1";
+
+// ---------------------------------------------------------------------------------------------
+// accounts
+
+/// $1 account_id, $2 currency, $3 opening balance (also the initial balance), $4 kind. Any unique
+/// conflict (the id, or a second settlement account for the currency) returns zero rows.
+pub const ACCOUNT_INSERT: &str = concat!(
+    "INSERT INTO account (account_id, currency, balance_minor, opening_balance_minor, kind)
+VALUES ($1, $2, $3, $3, $4)
+ON CONFLICT DO NOTHING
+RETURNING ",
+    account_columns!()
+);
+
+pub const ACCOUNT_BY_ID: &str = concat!("SELECT ", account_columns!(), " FROM account WHERE account_id = $1");
+
+/// The account plus its ledger recomputed from `ledger_entry`. The posted-payout sum only matters for
+/// a SETTLEMENT account (its credits must equal it), so the CASE skips that scan for customers.
+pub const ACCOUNT_WITH_LEDGER: &str = "
+SELECT a.account_id, a.currency, a.kind, a.balance_minor, a.opening_balance_minor, a.fence,
+       COALESCE((SELECT SUM(l.amount_minor) FROM ledger_entry l
+                  WHERE l.account_id = a.account_id AND l.direction = 'DEBIT'), 0)::BIGINT
+           AS ledger_debit_minor,
+       COALESCE((SELECT SUM(l.amount_minor) FROM ledger_entry l
+                  WHERE l.account_id = a.account_id AND l.direction = 'CREDIT'), 0)::BIGINT
+           AS ledger_credit_minor,
+       CASE WHEN a.kind = 'SETTLEMENT'
+            THEN COALESCE((SELECT SUM(p.amount_minor) FROM payout p
+                            WHERE p.currency = a.currency AND p.state = 'POSTED'), 0)::BIGINT
+            ELSE 0::BIGINT
+       END AS posted_payouts_minor
+  FROM account a
+ WHERE a.account_id = $1";
+
+/// The CREDIT leg's destination. $1 currency.
+pub const SETTLEMENT_ACCOUNT_ID: &str =
+    "SELECT account_id FROM account WHERE currency = $1 AND kind = 'SETTLEMENT'";
+
+// ---------------------------------------------------------------------------------------------
+// payouts
+
+/// $1 payout_id, $2 account_id, $3 amount_minor, $4 currency, $5 idempotency_key. A repeated key
+/// returns zero rows; the caller compares the stored payout with the request.
+pub const PAYOUT_INSERT: &str = concat!(
+    "INSERT INTO payout (payout_id, account_id, amount_minor, currency, idempotency_key)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING ",
+    payout_columns!()
+);
+
+pub const PAYOUT_BY_ID: &str = concat!("SELECT ", payout_columns!(), " FROM payout WHERE payout_id = $1");
+
+pub const PAYOUT_BY_IDEMPOTENCY_KEY: &str =
+    concat!("SELECT ", payout_columns!(), " FROM payout WHERE idempotency_key = $1");
+
+/// The posting transaction's first read: locks the payout row so that two postings of one payout
+/// serialise (the second then sees POSTED and answers idempotently).
+pub const PAYOUT_FOR_POSTING: &str =
+    concat!("SELECT ", payout_columns!(), " FROM payout WHERE payout_id = $1 FOR UPDATE");
+
+/// Claim or adopt. $1 payout_id, $2 owner, $3 token. PENDING → CLAIMED; a payout in flight under an
+/// older token is adopted by the newer holder (state unchanged) so it can finish a dead holder's
+/// work. Every claim counts an attempt, so `attempt_count > 1` means the payout was adopted.
+pub const PAYOUT_CLAIM: &str = concat!(
+    "UPDATE payout
+   SET state         = CASE WHEN state = 'PENDING' THEN 'CLAIMED' ELSE state END,
+       claimed_by    = $2,
+       claim_token   = $3,
+       attempt_count = attempt_count + 1,
+       updated_at    = now()
+ WHERE payout_id = $1
+   AND (state = 'PENDING'
+        OR (state IN ('CLAIMED','RAIL_SUBMITTED','RAIL_ACKED','RAIL_AMBIGUOUS') AND claim_token < $3))
+RETURNING ",
+    payout_columns!()
+);
+
+/// An executor-driven state change. $1 payout_id, $2 from, $3 to, $4 token; fenced like (c).
+pub const PAYOUT_TRANSITION: &str = concat!(
+    "UPDATE payout
+   SET state = $3, updated_at = now()
+ WHERE payout_id = $1 AND state = $2 AND claim_token <= $4
+RETURNING ",
+    payout_columns!()
+);
+
+/// A funds rejection (zero-row (a) classified as not fenced) fails the payout. $1 payout_id, $2 token.
+pub const PAYOUT_FAIL_UNFUNDED: &str = concat!(
+    "UPDATE payout
+   SET state = 'FAILED', updated_at = now()
+ WHERE payout_id = $1 AND state = 'RAIL_ACKED' AND claim_token <= $2
+RETURNING ",
+    payout_columns!()
+);
+
+/// First page of PENDING payouts, oldest first, over `payout_pending_idx`. $1 limit.
+pub const PAYOUT_LIST_PENDING_FIRST: &str = concat!(
+    "SELECT ",
+    payout_columns!(),
+    " FROM payout
+ WHERE state = 'PENDING'
+ ORDER BY created_at, payout_id
+ LIMIT $1"
+);
+
+/// Next page after the keyset cursor ($1 created_at, $2 payout_id), $3 limit. The extra
+/// `created_at >= $1` lets the single-column partial index bound the scan.
+pub const PAYOUT_LIST_PENDING_AFTER: &str = concat!(
+    "SELECT ",
+    payout_columns!(),
+    " FROM payout
+ WHERE state = 'PENDING'
+   AND created_at >= $1
+   AND (created_at, payout_id) > ($1, $2)
+ ORDER BY created_at, payout_id
+ LIMIT $3"
+);
+
+// ---------------------------------------------------------------------------------------------
+// reconciliation (read-only)
+
+pub const RECON_ACCOUNTS: &str =
+    concat!("SELECT ", account_columns!(), " FROM account ORDER BY account_id");
+
+/// Ledger legs grouped by the account they sit on, the grant (fence) that wrote them and direction.
+pub const RECON_LEDGER_GROUPS: &str = "
+SELECT account_id, fence, direction,
+       COUNT(*)::BIGINT                        AS legs,
+       SUM(amount_minor)::BIGINT               AS amount_minor,
+       array_agg(payout_id ORDER BY payout_id) AS payout_ids
+  FROM ledger_entry
+ GROUP BY account_id, fence, direction
+ ORDER BY account_id, fence, direction";
+
+/// Σ amount of POSTED payouts per currency: what each settlement account's credits must equal.
+pub const RECON_POSTED_BY_CURRENCY: &str = "
+SELECT currency, SUM(amount_minor)::BIGINT AS amount_minor
+  FROM payout
+ WHERE state = 'POSTED'
+ GROUP BY currency
+ ORDER BY currency";
+
+/// Each payout with the shape of its legs: a POSTED payout needs exactly one DEBIT on its account and
+/// one CREDIT on its currency's settlement account, both of its amount and by one grant.
+pub const RECON_PAYOUT_LEGS: &str = "
+SELECT p.payout_id, p.account_id, p.currency, p.amount_minor, p.state,
+       COUNT(l.entry_id)::BIGINT AS legs,
+       (COUNT(*) FILTER (WHERE l.direction = 'DEBIT'
+                           AND l.account_id = p.account_id
+                           AND l.amount_minor = p.amount_minor))::BIGINT AS matching_debits,
+       (COUNT(*) FILTER (WHERE l.direction = 'CREDIT'
+                           AND s.kind = 'SETTLEMENT'
+                           AND s.currency = p.currency
+                           AND l.amount_minor = p.amount_minor))::BIGINT AS matching_credits,
+       COALESCE(array_agg(DISTINCT l.fence ORDER BY l.fence) FILTER (WHERE l.entry_id IS NOT NULL),
+                '{}'::BIGINT[]) AS fences
+  FROM payout p
+  LEFT JOIN ledger_entry l ON l.payout_id = p.payout_id
+  LEFT JOIN account s      ON s.account_id = l.account_id
+ GROUP BY p.payout_id
+ ORDER BY p.payout_id";
+
+// ---------------------------------------------------------------------------------------------
+// readiness
+
+pub const PING: &str = "SELECT 1";
+
+/// Reconciliation reads every table from one snapshot, so a posting committing mid-run cannot show
+/// up as a break.
+pub const RECON_SNAPSHOT: &str = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY";

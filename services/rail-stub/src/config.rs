@@ -1,0 +1,84 @@
+//! What the stub does when nobody says otherwise, and the bounds on it.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Longest added latency accepted from a flag, a header or the admin endpoint (10 minutes).
+pub const MAX_LATENCY_MS: u64 = 600_000;
+/// Longest a TIMEOUT answer may hang (1 hour): long past any caller's timeout, never forever.
+pub const MAX_TIMEOUT_HANG_MS: u64 = 3_600_000;
+
+/// The outcome a first request for an idempotency key gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Pay and answer 200 ACKED.
+    Ack,
+    /// Do not pay; answer 422 REJECTED.
+    Reject,
+    /// Pay, then hang past the caller's timeout: the ambiguous case.
+    Timeout,
+}
+
+impl Mode {
+    /// Case-insensitive `ack|reject|timeout` (header values and admin bodies).
+    pub fn parse(text: &str) -> Option<Self> {
+        match text.to_ascii_lowercase().as_str() {
+            "ack" => Some(Mode::Ack),
+            "reject" => Some(Mode::Reject),
+            "timeout" => Some(Mode::Timeout),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Port 0 picks a free port; [`crate::RunningServer::addr`] reports it.
+    pub listen: SocketAddr,
+    /// Default outcome for a first request.
+    pub mode: Mode,
+    /// Default latency added before every answer.
+    pub latency_ms: u64,
+    /// How long a TIMEOUT answer hangs (it also ends at shutdown).
+    pub timeout_hang_ms: u64,
+    /// Allows per-request outcome headers and `PUT /v1/admin/behaviour`. Never on in production.
+    pub test_mode: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("latency must be at most {MAX_LATENCY_MS} ms, got {0}")]
+    Latency(u64),
+    #[error("timeout hang must be between 1 and {MAX_TIMEOUT_HANG_MS} ms, got {0}")]
+    TimeoutHang(u64),
+}
+
+impl Config {
+    /// Loopback, free port, ACK, no latency, test mode on, a 30 s hang for TIMEOUT.
+    pub fn for_tests() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            mode: Mode::Ack,
+            latency_ms: 0,
+            timeout_hang_ms: 30_000,
+            test_mode: true,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.latency_ms > MAX_LATENCY_MS {
+            return Err(ConfigError::Latency(self.latency_ms));
+        }
+        if self.timeout_hang_ms == 0 || self.timeout_hang_ms > MAX_TIMEOUT_HANG_MS {
+            return Err(ConfigError::TimeoutHang(self.timeout_hang_ms));
+        }
+        Ok(())
+    }
+
+    pub fn timeout_hang(&self) -> Duration {
+        Duration::from_millis(self.timeout_hang_ms)
+    }
+}
