@@ -126,6 +126,8 @@ done
 log "etcd $("$BIN/etcd" --version | sed -n 's/^etcd Version: //p') healthy on 127.0.0.1:$ETCD_PORT"
 
 # ---------------------------------------------------------------- kube-apiserver
+# RBAC only (no Node authorizer: there are no nodes). No endpoint reconciler: it would try to publish
+# 127.0.0.1 as the kubernetes Service's endpoint, which the API rejects as loopback.
 "$BIN/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
     --bind-address 127.0.0.1 \
@@ -140,6 +142,7 @@ log "etcd $("$BIN/etcd" --version | sed -n 's/^etcd Version: //p') healthy on 12
     --service-account-key-file "$PKI/sa.pub" \
     --service-account-signing-key-file "$PKI/sa.key" \
     --service-cluster-ip-range 10.0.0.0/24 \
+    --endpoint-reconciler-type none \
     --allow-privileged=false \
     --profiling=false \
     --v=1 \

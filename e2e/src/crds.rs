@@ -7,9 +7,12 @@ use std::time::Duration;
 
 use crate::{Kubectl, env, eventually};
 
-/// `crds/` at the repository root, written by `cargo run -p dlock-operator --bin crdgen`.
+/// `crds/` at the repository root, written by `cargo run -p dlock-operator --bin crdgen`
+/// (`DLOCK_E2E_CRDS_DIR` points elsewhere, e.g. at `crdgen --out-dir` output of a work in progress).
 pub fn generated_dir() -> PathBuf {
-    env::repo_root().join("crds")
+    std::env::var_os("DLOCK_E2E_CRDS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| env::repo_root().join("crds"))
 }
 
 /// `charts/dlock-operator/crds/`, the copy helm installs.

@@ -50,11 +50,17 @@ pub struct Kubelet {
 }
 
 impl Kubelet {
-    pub fn new(kubectl: &Kubectl, ns: &str) -> Self {
+    /// A stand-in for namespace `ns`, with a fresh, empty local database for each of `histories`
+    /// (the migration Jobs fill them).
+    pub async fn new(kubectl: &Kubectl, ns: &str, histories: &[History]) -> Self {
+        let mut databases = HashMap::new();
+        for h in histories {
+            databases.insert(*h, dlock_testkit::blank(*h).await);
+        }
         Kubelet {
             kubectl: kubectl.clone(),
             ns: ns.to_owned(),
-            databases: HashMap::new(),
+            databases,
             ran: HashSet::new(),
             runs: Vec::new(),
         }
@@ -85,14 +91,14 @@ impl Kubelet {
 
     /// Runs every Job in the namespace that has not run yet and has no terminal status; returns
     /// the runs of this call.
-    pub async fn run_pending_jobs(&mut self) -> Vec<JobRun> {
+    pub fn run_pending_jobs(&mut self) -> Vec<JobRun> {
         let mut done = Vec::new();
         for job in self.kubectl.list(&self.ns, "jobs") {
             let uid = objects::uid(&job).to_owned();
             if self.ran.contains(&uid) || job_finished(&job) {
                 continue;
             }
-            let run = self.run_job(&job).await;
+            let run = self.run_job(&job);
             self.ran.insert(uid);
             self.write_job_status(&job, run.succeeded());
             self.runs.push(run.clone());
@@ -102,14 +108,14 @@ impl Kubelet {
     }
 
     /// One pass of everything: jobs, then workload status.
-    pub async fn step(&mut self) -> Vec<JobRun> {
-        let runs = self.run_pending_jobs().await;
+    pub fn step(&mut self) -> Vec<JobRun> {
+        let runs = self.run_pending_jobs();
         self.workloads_ready();
         runs
     }
 
     /// Executes the Job's container the way its pod would run it.
-    pub async fn run_job(&mut self, job: &Value) -> JobRun {
+    pub fn run_job(&mut self, job: &Value) -> JobRun {
         let name = objects::name(job).to_owned();
         let c = objects::container(job);
         let mut argv: Vec<String> = strings(&c["command"]);
@@ -125,14 +131,9 @@ impl Kubelet {
         let history = history_of(&argv).unwrap_or_else(|| {
             panic!("Job {name}: cannot tell lockdb from paydb in its args {argv:?} (expected a /migrations/<history> dir)")
         });
-        let db = match self.databases.get(&history) {
-            Some(db) => db.clone(),
-            None => {
-                let db = dlock_testkit::blank(history).await;
-                self.databases.insert(history, db.clone());
-                db
-            }
-        };
+        let db = self.databases.get(&history).cloned().unwrap_or_else(|| {
+            panic!("Job {name} migrates {}, but the stand-in has no local database for it", history.name())
+        });
 
         let program = Path::new(&argv[0])
             .file_name()

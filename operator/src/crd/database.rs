@@ -3,7 +3,6 @@
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use kube::KubeSchema;
-use kube::core::{Reason, Rule};
 use serde::{Deserialize, Serialize};
 
 /// Exactly one of `managed` or `external`. The choice is fixed at creation: switching would strand
@@ -65,8 +64,15 @@ pub enum DatabaseMode<'a> {
     External(&'a ExternalDatabase),
 }
 
+/// The volume is fixed at creation (a StatefulSet's claim templates are immutable): resize the PVC
+/// itself instead.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.storageSize == oldSelf.storageSize && has(self.storageClassName) == has(oldSelf.storageClassName) && (!has(self.storageClassName) || self.storageClassName == oldSelf.storageClassName)")
+        .message("storageSize and storageClassName are immutable: resize the PersistentVolumeClaim directly")
+        .reason(Reason::FieldValueForbidden)
+)]
 pub struct ManagedDatabase {
     /// Size of the data volume (a Kubernetes quantity, e.g. 1Gi).
     #[serde(default = "default_storage_size")]

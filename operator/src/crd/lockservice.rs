@@ -1,7 +1,6 @@
 //! `LockService`: a lock-server Deployment over its own lockdb.
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
-use kube::core::{Reason, Rule};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

@@ -2,7 +2,6 @@
 //! fenced by the tokens of one LockService.
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
-use kube::core::{Reason, Rule};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

@@ -1,1 +1,69 @@
-fn main() {}
+//! `dlock`: the local demo, a stack you can explore with curl, and the benchmarks.
+
+mod bench;
+mod lockdemo;
+mod stack;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "dlock", about = "dlock: fenced locks and the payments stack that proves them", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Folder for database data and service logs (default: a fresh temporary folder).
+    #[arg(long, global = true)]
+    run_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start everything on loopback, show fencing at work, print a verdict, stop everything.
+    Demo,
+    /// Start everything on loopback and keep it running; print the endpoints (Ctrl-C stops).
+    Up,
+    /// Benchmarks; results go to stdout (record them in docs/benchmarks.md).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    // The demo narrates on stdout; the services' own JSON logs go to their log files.
+    tracing_subscriber_init();
+    let cli = Cli::parse();
+    let run_dir = match stack::RunDir::new(cli.run_dir) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("dlock: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match cli.command {
+        Command::Demo => lockdemo::run(&run_dir).await,
+        Command::Up => stack::up(&run_dir).await,
+        Command::Bench(cmd) => bench::run(cmd, &run_dir).await,
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(2),
+        Err(e) => {
+            eprintln!("dlock: {e:#}");
+            eprintln!("dlock: logs are in {}", run_dir.path().display());
+            run_dir.keep();
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Only warnings and errors of the CLI itself reach the terminal.
+fn tracing_subscriber_init() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}

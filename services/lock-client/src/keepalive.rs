@@ -117,9 +117,9 @@ mod tests {
         ))
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn keeps_confirming_until_stopped() {
-        let live = lease(300);
+        let live = lease(1_000);
         let stop = CancellationToken::new();
         let (_tx, rx) = watch::channel(false);
         let calls = Arc::new(AtomicU32::new(0));
@@ -130,55 +130,72 @@ mod tests {
                 async { Ok(Utc::now()) }
             }
         }));
-        // Ten TTLs of virtual time.
-        tokio::time::sleep(Duration::from_millis(3000)).await;
+        // Five confirmations span more than one TTL: without them the lease would be gone.
+        let give_up = Instant::now() + Duration::from_secs(20);
+        while calls.load(Ordering::SeqCst) < 5 {
+            assert!(Instant::now() < give_up, "only {} confirmations", calls.load(Ordering::SeqCst));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         assert!(live.check().is_ok());
-        assert!(calls.load(Ordering::SeqCst) >= 25, "{}", calls.load(Ordering::SeqCst));
         stop.cancel();
         assert_eq!(task.await.expect("join"), Ended::Stopped);
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn a_gone_answer_is_lost_at_once() {
-        let live = lease(300);
+        // Last confirmed 25 s into a 60 s lease: the next attempt is due at once, the deadline far.
+        let live = Arc::new(Liveness::new(
+            Duration::from_secs(60),
+            Instant::now() - Duration::from_secs(25),
+            Utc::now(),
+            LossReason::HeartbeatUnconfirmed,
+            None,
+        ));
         let (_tx, rx) = watch::channel(false);
         let ended = run(live.clone(), CancellationToken::new(), rx, || async {
             Err(ClientError::SessionGone {
                 reason: LossReason::SessionGone,
             })
-        })
-        .await;
+        });
+        let ended = tokio::time::timeout(Duration::from_secs(30), ended).await.expect("ended");
         assert_eq!(ended, Ended::Lost(LossReason::SessionGone));
         assert_eq!(live.check(), Err(LossReason::SessionGone));
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn transient_failures_until_the_deadline_are_a_loss() {
-        let live = lease(300);
+        let live = lease(100);
         let deadline = live.deadline();
         let (_tx, rx) = watch::channel(false);
-        let ended = run(live.clone(), CancellationToken::new(), rx, || async {
-            Err(ClientError::Protocol("down".into()))
+        let calls = Arc::new(AtomicU32::new(0));
+        let ended = run(live.clone(), CancellationToken::new(), rx, {
+            let calls = calls.clone();
+            move || {
+                calls.fetch_add(1, Ordering::SeqCst);
+                async { Err(ClientError::Protocol("down".into())) }
+            }
         })
         .await;
         assert_eq!(ended, Ended::Lost(LossReason::RenewalUnconfirmed));
         assert!(Instant::now() >= deadline);
+        assert!(calls.load(Ordering::SeqCst) >= 1);
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn a_hanging_request_is_cut_at_the_deadline() {
-        let live = lease(300);
+        let live = lease(100);
         let (_tx, rx) = watch::channel(false);
         let ended = run(live.clone(), CancellationToken::new(), rx, || {
             std::future::pending::<Result<DateTime<Utc>, ClientError>>()
         })
         .await;
         assert_eq!(ended, Ended::Lost(LossReason::RenewalUnconfirmed));
+        assert!(live.check().is_err());
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn suspended_means_no_attempts_and_a_loss_at_the_deadline() {
-        let live = lease(300);
+        let live = lease(100);
         let (_tx, rx) = watch::channel(true);
         let calls = Arc::new(AtomicU32::new(0));
         let ended = run(live.clone(), CancellationToken::new(), rx, {
@@ -191,5 +208,15 @@ mod tests {
         .await;
         assert_eq!(ended, Ended::Lost(LossReason::RenewalUnconfirmed));
         assert_eq!(calls.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn an_outside_loss_ends_the_loop() {
+        let live = lease(60_000);
+        let (_tx, rx) = watch::channel(false);
+        let task = tokio::spawn(run(live.clone(), CancellationToken::new(), rx, || async { Ok(Utc::now()) }));
+        live.lose(LossReason::SessionEnded);
+        let ended = tokio::time::timeout(Duration::from_secs(30), task).await.expect("ended");
+        assert_eq!(ended.expect("join"), Ended::Lost(LossReason::SessionEnded));
     }
 }

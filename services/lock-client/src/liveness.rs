@@ -154,43 +154,46 @@ mod tests {
 
     use super::*;
 
-    fn lease(ttl_ms: u64, parent: Option<Arc<Liveness>>) -> Arc<Liveness> {
+    fn lease_sent(ttl_ms: u64, ago_ms: u64, parent: Option<Arc<Liveness>>) -> Arc<Liveness> {
         Arc::new(Liveness::new(
             Duration::from_millis(ttl_ms),
-            Instant::now(),
+            Instant::now() - Duration::from_millis(ago_ms),
             Utc::now(),
             LossReason::RenewalUnconfirmed,
             parent,
         ))
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn deadline_is_sent_plus_ttl_minus_margin() {
-        let l = lease(1000, None);
-        let start = l.last_sent();
-        assert_eq!(l.deadline(), start + Duration::from_millis(800));
+        let l = lease_sent(10_000, 0, None);
+        assert_eq!(l.deadline(), l.last_sent() + Duration::from_millis(8_000));
         assert!(l.check().is_ok());
-        tokio::time::advance(Duration::from_millis(799)).await;
-        assert!(l.check().is_ok());
-        tokio::time::advance(Duration::from_millis(1)).await;
-        assert_eq!(l.check(), Err(LossReason::RenewalUnconfirmed));
+        // 7 s into a 10 s lease: still inside the margin.
+        assert!(lease_sent(10_000, 7_000, None).check().is_ok());
+        // 8 s in: the margin starts, the lease is lost.
+        let late = lease_sent(10_000, 8_000, None);
+        assert_eq!(late.check(), Err(LossReason::RenewalUnconfirmed));
         // Lost for good, even if a late confirmation arrives.
-        l.confirm(Instant::now(), Utc::now());
-        assert_eq!(l.check(), Err(LossReason::RenewalUnconfirmed));
+        late.confirm(Instant::now(), Utc::now());
+        assert_eq!(late.check(), Err(LossReason::RenewalUnconfirmed));
+        assert_eq!(late.reason(), Some(LossReason::RenewalUnconfirmed));
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn confirmation_moves_the_deadline_forward_only() {
-        let l = lease(1000, None);
+        let l = lease_sent(10_000, 9_000, None);
         let first = l.last_sent();
-        tokio::time::advance(Duration::from_millis(300)).await;
-        l.confirm(Instant::now(), Utc::now());
-        assert_eq!(l.deadline(), first + Duration::from_millis(1100));
+        let now = Instant::now();
+        l.confirm(now, Utc::now());
+        assert_eq!(l.deadline(), now + Duration::from_millis(8_000));
+        assert!(l.check().is_ok());
+        // An older answer arriving late changes nothing.
         l.confirm(first, Utc::now());
-        assert_eq!(l.deadline(), first + Duration::from_millis(1100));
+        assert_eq!(l.deadline(), now + Duration::from_millis(8_000));
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn parent_loss_voids_child_with_parent_reason() {
         let parent = Arc::new(Liveness::new(
             Duration::from_secs(10),
@@ -199,19 +202,31 @@ mod tests {
             LossReason::HeartbeatUnconfirmed,
             None,
         ));
-        let child = lease(10_000, Some(parent.clone()));
+        let child = lease_sent(10_000, 0, Some(parent.clone()));
         assert!(child.check().is_ok());
         parent.lose(LossReason::SessionGone);
         assert_eq!(child.check(), Err(LossReason::SessionGone));
         assert_eq!(child.lost().await, LossReason::SessionGone);
-        // The child's own later reason does not overwrite what happened first... but the child had
-        // none, so its own loss now records one; the parent's remains visible through `check`.
         assert_eq!(child.reason(), Some(LossReason::SessionGone));
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
+    async fn parent_past_its_deadline_voids_child() {
+        let parent = Arc::new(Liveness::new(
+            Duration::from_secs(10),
+            Instant::now() - Duration::from_secs(9),
+            Utc::now(),
+            LossReason::HeartbeatUnconfirmed,
+            None,
+        ));
+        let child = lease_sent(10_000, 0, Some(parent.clone()));
+        assert_eq!(child.check(), Err(LossReason::HeartbeatUnconfirmed));
+        assert!(child.lost_token().is_cancelled());
+    }
+
+    #[tokio::test]
     async fn first_reason_wins() {
-        let l = lease(1000, None);
+        let l = lease_sent(1000, 0, None);
         l.lose(LossReason::LeaseExpired);
         l.lose(LossReason::RenewalUnconfirmed);
         assert_eq!(l.lost().await, LossReason::LeaseExpired);

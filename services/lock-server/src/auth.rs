@@ -21,7 +21,7 @@ impl FromRequestParts<AppState> for Admin {
         let presented = parts
             .headers
             .get(AUTHORIZATION)
-            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+            .and_then(|v| bearer(v.as_bytes()))
             .ok_or(Error::Unauthorized)?;
         if token_matches(presented, expected.as_bytes()) {
             Ok(Admin)
@@ -29,6 +29,12 @@ impl FromRequestParts<AppState> for Admin {
             Err(Error::Unauthorized)
         }
     }
+}
+
+/// The credentials of `Authorization: Bearer <token>` (the scheme is case-insensitive, RFC 9110).
+fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(7)?;
+    (scheme.eq_ignore_ascii_case(b"bearer ")).then_some(rest)
 }
 
 /// Constant-time in the token's contents (only a length mismatch returns early, which reveals the
@@ -39,7 +45,16 @@ fn token_matches(presented: &[u8], expected: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::token_matches;
+    use super::{bearer, token_matches};
+
+    #[test]
+    fn bearer_scheme() {
+        assert_eq!(bearer(b"Bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer(b"bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer(b"Bearerabc"), None);
+        assert_eq!(bearer(b"Basic abc"), None);
+        assert_eq!(bearer(b"Bear"), None);
+    }
 
     #[test]
     fn matches_only_the_exact_token() {

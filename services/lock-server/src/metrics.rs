@@ -99,13 +99,13 @@ impl Metrics {
         );
         // Every label value is exported from the start (as 0), so rates and alerts need no special case.
         for result in [AcquireResult::granted, AcquireResult::contended] {
-            acquire.get_or_create(&AcquireLabels { result });
+            let _ = acquire.get_or_create(&AcquireLabels { result });
         }
         for stale in [false, true] {
-            release.get_or_create(&ReleaseLabels { stale });
+            let _ = release.get_or_create(&ReleaseLabels { stale });
         }
         for outcome in [RevokeOutcome::revoked, RevokeOutcome::not_held] {
-            revoke.get_or_create(&RevokeLabels { outcome });
+            let _ = revoke.get_or_create(&RevokeLabels { outcome });
         }
         Self {
             registry: Arc::new(registry),

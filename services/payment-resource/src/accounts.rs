@@ -93,7 +93,8 @@ impl Accounts {
         validate::currency(&req.currency)?;
         validate::opening_balance(req.opening_balance_minor)?;
         let id = req.account_id.unwrap_or_else(Uuid::new_v4);
-        let inserted = account::insert(&self.pool, id, &req.currency, req.opening_balance_minor, req.kind).await?;
+        let inserted =
+            account::insert(&self.pool, id, &req.currency, req.opening_balance_minor, req.kind).await?;
         if inserted.is_none() {
             // ON CONFLICT DO NOTHING covers both unique rules; tell them apart by reading.
             return Err(match account::by_id(&self.pool, id).await? {

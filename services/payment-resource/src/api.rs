@@ -142,7 +142,11 @@ async fn create_payout(
             idempotency_key: body.idempotency_key,
         })
         .await?;
-    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     Ok((status, Json(payout)))
 }
 

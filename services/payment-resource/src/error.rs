@@ -17,7 +17,9 @@ pub enum PaymentError {
     FencedOut(FencedOutDetails),
 
     /// A zero-row (a) that was not a fence: the account cannot cover the payout, which is now FAILED.
-    #[error("account {account_id} holds {balance_minor} minor units; payout {payout_id} needs {amount_minor}")]
+    #[error(
+        "account {account_id} holds {balance_minor} minor units; payout {payout_id} needs {amount_minor}"
+    )]
     InsufficientFunds {
         payout_id: Uuid,
         account_id: Uuid,
@@ -115,16 +117,12 @@ impl From<PaymentError> for ApiError {
                 .with("balanceMinor", balance_minor)
                 .with("amountMinor", amount_minor)
                 .with("payoutState", payout_state),
-            PaymentError::NotPostable { payout_id, state } => {
-                ApiError::conflict("NOT_POSTABLE", message)
-                    .with("payoutId", payout_id)
-                    .with("state", state)
-            }
-            PaymentError::NotClaimable { payout_id, state } => {
-                ApiError::conflict("NOT_CLAIMABLE", message)
-                    .with("payoutId", payout_id)
-                    .with("state", state)
-            }
+            PaymentError::NotPostable { payout_id, state } => ApiError::conflict("NOT_POSTABLE", message)
+                .with("payoutId", payout_id)
+                .with("state", state),
+            PaymentError::NotClaimable { payout_id, state } => ApiError::conflict("NOT_CLAIMABLE", message)
+                .with("payoutId", payout_id)
+                .with("state", state),
             PaymentError::InvalidTransition { payout_id, state, .. } => {
                 ApiError::conflict("INVALID_TRANSITION", message)
                     .with("payoutId", payout_id)
@@ -141,7 +139,9 @@ impl From<PaymentError> for ApiError {
             PaymentError::IdempotencyConflict { payout_id, .. } => {
                 ApiError::conflict("IDEMPOTENCY_CONFLICT", message).with("payoutId", payout_id)
             }
-            PaymentError::CurrencyMismatch { .. } => ApiError::new(unprocessable, "CURRENCY_MISMATCH", message),
+            PaymentError::CurrencyMismatch { .. } => {
+                ApiError::new(unprocessable, "CURRENCY_MISMATCH", message)
+            }
             PaymentError::NotCustomerAccount(_) => {
                 ApiError::new(unprocessable, "NOT_A_CUSTOMER_ACCOUNT", message)
             }

@@ -9,7 +9,11 @@ use payment_resource::config::parse_bool;
 use payment_resource::{Config, Fencing};
 
 #[derive(Debug, Parser)]
-#[command(name = "payment-resource", version, about = "dlock's protected resource over paydb")]
+#[command(
+    name = "payment-resource",
+    version,
+    about = "dlock's protected resource over paydb"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

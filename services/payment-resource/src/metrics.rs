@@ -46,6 +46,19 @@ impl Metrics {
             "Posting calls ((a)(b)(c)) by outcome",
             metrics.postings.clone(),
         );
+        // Export every series from the start: a must-be-zero counter should read 0, not be absent.
+        for resource in [Resource::account, Resource::ledger, Resource::payout] {
+            metrics.fenced_out.get_or_create(&ResourceLabel { resource });
+        }
+        for outcome in [
+            PostingOutcome::posted,
+            PostingOutcome::idempotent,
+            PostingOutcome::fenced_out,
+            PostingOutcome::insufficient_funds,
+            PostingOutcome::not_postable,
+        ] {
+            metrics.postings.get_or_create(&OutcomeLabel { outcome });
+        }
         (metrics, registry)
     }
 

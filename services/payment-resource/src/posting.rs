@@ -156,7 +156,10 @@ impl Posting {
                 token,
                 fenced_account_id: p.account_id,
             };
-            if ledger::insert_leg(&mut tx, stmts.ledger_leg, leg).await?.is_none() {
+            if ledger::insert_leg(&mut tx, stmts.ledger_leg, leg)
+                .await?
+                .is_none()
+            {
                 return Err(self.refused_leg(tx, &p, token).await?);
             }
             if let Some(stage) = next_stage {
@@ -293,7 +296,12 @@ impl Posting {
             resource_id,
             owner_id: p.claimed_by.clone().unwrap_or_default(),
         };
-        report_fenced_out(&self.metrics, resource, &format!("account:{}", p.account_id), &details);
+        report_fenced_out(
+            &self.metrics,
+            resource,
+            &format!("account:{}", p.account_id),
+            &details,
+        );
         PaymentError::FencedOut(details)
     }
 }

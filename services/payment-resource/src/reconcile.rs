@@ -131,7 +131,10 @@ pub fn evaluate(
     let account_reports: Vec<AccountReport> = accounts
         .iter()
         .filter_map(|a| {
-            let legs = by_account.get(&a.account_id).map(Vec::as_slice).unwrap_or_default();
+            let legs = by_account
+                .get(&a.account_id)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
             check_account(a, legs, posted.get(a.currency.as_str()).copied().unwrap_or(0))
         })
         .collect();
@@ -386,7 +389,10 @@ mod tests {
             fences: vec![7, 8],
             ..base.clone()
         };
-        assert_eq!(check_payout(&two_grants).map(|b| b.kind), Some(PayoutBreakKind::MalformedLegs));
+        assert_eq!(
+            check_payout(&two_grants).map(|b| b.kind),
+            Some(PayoutBreakKind::MalformedLegs)
+        );
         let none = PayoutLegs {
             legs: 0,
             matching_debits: 0,
@@ -394,11 +400,17 @@ mod tests {
             fences: vec![],
             ..base.clone()
         };
-        assert_eq!(check_payout(&none).map(|b| b.kind), Some(PayoutBreakKind::MissingLegs));
+        assert_eq!(
+            check_payout(&none).map(|b| b.kind),
+            Some(PayoutBreakKind::MissingLegs)
+        );
         let acked = PayoutLegs {
             state: PayoutState::RailAcked,
             ..base
         };
-        assert_eq!(check_payout(&acked).map(|b| b.kind), Some(PayoutBreakKind::UnexpectedLegs));
+        assert_eq!(
+            check_payout(&acked).map(|b| b.kind),
+            Some(PayoutBreakKind::UnexpectedLegs)
+        );
     }
 }

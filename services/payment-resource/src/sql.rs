@@ -138,7 +138,11 @@ RETURNING ",
     account_columns!()
 );
 
-pub const ACCOUNT_BY_ID: &str = concat!("SELECT ", account_columns!(), " FROM account WHERE account_id = $1");
+pub const ACCOUNT_BY_ID: &str = concat!(
+    "SELECT ",
+    account_columns!(),
+    " FROM account WHERE account_id = $1"
+);
 
 /// The account plus its ledger recomputed from `ledger_entry`. The posted-payout sum only matters for
 /// a SETTLEMENT account (its credits must equal it), so the CASE skips that scan for customers.
@@ -177,13 +181,19 @@ RETURNING ",
 
 pub const PAYOUT_BY_ID: &str = concat!("SELECT ", payout_columns!(), " FROM payout WHERE payout_id = $1");
 
-pub const PAYOUT_BY_IDEMPOTENCY_KEY: &str =
-    concat!("SELECT ", payout_columns!(), " FROM payout WHERE idempotency_key = $1");
+pub const PAYOUT_BY_IDEMPOTENCY_KEY: &str = concat!(
+    "SELECT ",
+    payout_columns!(),
+    " FROM payout WHERE idempotency_key = $1"
+);
 
 /// The posting transaction's first read: locks the payout row so that two postings of one payout
 /// serialise (the second then sees POSTED and answers idempotently).
-pub const PAYOUT_FOR_POSTING: &str =
-    concat!("SELECT ", payout_columns!(), " FROM payout WHERE payout_id = $1 FOR UPDATE");
+pub const PAYOUT_FOR_POSTING: &str = concat!(
+    "SELECT ",
+    payout_columns!(),
+    " FROM payout WHERE payout_id = $1 FOR UPDATE"
+);
 
 /// Claim or adopt. $1 payout_id, $2 owner, $3 token. PENDING → CLAIMED; a payout in flight under an
 /// older token is adopted by the newer holder (state unchanged) so it can finish a dead holder's
@@ -246,8 +256,7 @@ pub const PAYOUT_LIST_PENDING_AFTER: &str = concat!(
 // ---------------------------------------------------------------------------------------------
 // reconciliation (read-only)
 
-pub const RECON_ACCOUNTS: &str =
-    concat!("SELECT ", account_columns!(), " FROM account ORDER BY account_id");
+pub const RECON_ACCOUNTS: &str = concat!("SELECT ", account_columns!(), " FROM account ORDER BY account_id");
 
 /// Ledger legs grouped by the account they sit on, the grant (fence) that wrote them and direction.
 pub const RECON_LEDGER_GROUPS: &str = "

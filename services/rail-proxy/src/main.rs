@@ -1,1 +1,60 @@
-fn main() {}
+//! The `rail-proxy` binary: flags (or env) → [`rail_proxy::Config`], serve until SIGTERM/SIGINT.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{ArgAction, Parser};
+use rail_proxy::{Config, RailFence};
+
+#[derive(Debug, Parser)]
+#[command(name = "rail-proxy", about = "Fencing point (d) in front of the payment rail")]
+struct Args {
+    /// paydb URL, connecting as role payapp.
+    #[arg(long, env = "RAIL_PROXY_DATABASE_URL", hide_env_values = true)]
+    database_url: String,
+    /// Address to listen on.
+    #[arg(long, env = "RAIL_PROXY_LISTEN", default_value = "127.0.0.1:8083")]
+    listen: SocketAddr,
+    /// Base URL of the payment rail (e.g. the rail-stub).
+    #[arg(long, env = "RAIL_PROXY_RAIL_URL")]
+    rail_url: String,
+    /// How long the one forward may take before it is recorded as TIMEOUT (ambiguous).
+    #[arg(long, env = "RAIL_PROXY_RAIL_TIMEOUT_MS", default_value_t = 2_000)]
+    rail_timeout_ms: u64,
+    /// rail.proxy.fencing.enabled: `false` skips statement (d) entirely (demo of the corruption).
+    #[arg(long, env = "RAIL_PROXY_FENCING_ENABLED", default_value_t = true, action = ArgAction::Set)]
+    fencing_enabled: bool,
+    /// paydb connection pool size.
+    #[arg(long, env = "RAIL_PROXY_DB_MAX_CONNECTIONS", default_value_t = 10)]
+    db_max_connections: u32,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    dlock_common::telemetry::init("rail-proxy");
+    let args = Args::parse();
+    let mut config = Config::new(args.database_url, args.rail_url);
+    config.listen = args.listen;
+    config.rail_timeout = Duration::from_millis(args.rail_timeout_ms);
+    config.fence = RailFence::from_flag(args.fencing_enabled);
+    config.max_connections = args.db_max_connections;
+    let server = match rail_proxy::spawn(config).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(event = "start_failed", error = %e, "rail-proxy cannot start");
+            return ExitCode::FAILURE;
+        }
+    };
+    dlock_common::serve::shutdown_signal().await;
+    match server.shutdown().await {
+        Ok(()) => {
+            tracing::info!(event = "stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!(event = "serve_failed", error = %e);
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -40,7 +40,9 @@ pub struct PayoutLegs {
 }
 
 pub async fn accounts<'c>(ex: impl PgExecutor<'c>) -> Result<Vec<Account>, sqlx::Error> {
-    sqlx::query_as::<_, Account>(sql::RECON_ACCOUNTS).fetch_all(ex).await
+    sqlx::query_as::<_, Account>(sql::RECON_ACCOUNTS)
+        .fetch_all(ex)
+        .await
 }
 
 pub async fn ledger_groups<'c>(ex: impl PgExecutor<'c>) -> Result<Vec<LedgerGroup>, sqlx::Error> {

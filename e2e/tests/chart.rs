@@ -1,0 +1,222 @@
+//! The Helm chart: its CRDs are the generated ones, it lints, it renders into objects a real API
+//! server accepts, and its RBAC grants what the operator needs and nothing else.
+
+use std::collections::BTreeMap;
+
+use dlock_e2e::{crds, env, helm, rbac, require_cluster};
+
+/// Runs without a cluster: the chart's copy of the CRDs must be byte-identical to `crds/`.
+#[test]
+fn chart_crds_match_generated() {
+    let generated = crds::yaml_files(&crds::generated_dir());
+    let chart = crds::yaml_files(&crds::chart_dir());
+    assert!(
+        !generated.is_empty(),
+        "crds/ is empty: run cargo run -p dlock-operator --bin crdgen"
+    );
+    let problems = crds::diff(&generated, &chart);
+    assert!(
+        problems.is_empty(),
+        "the chart's CRDs are stale (run charts/sync-crds.sh): {problems:?}"
+    );
+}
+
+/// Negative control for the check above: a one-byte edit, a missing file and an extra file are each
+/// reported.
+#[test]
+fn crd_diff_detects_drift() {
+    let generated = crds::yaml_files(&crds::generated_dir());
+    let Some((first, bytes)) = generated.iter().next() else {
+        panic!("crds/ is empty: run cargo run -p dlock-operator --bin crdgen");
+    };
+    assert!(crds::diff(&generated, &generated.clone()).is_empty());
+
+    let mut edited = generated.clone();
+    let mut changed = bytes.clone();
+    changed.push(b'\n');
+    edited.insert(first.clone(), changed);
+    assert_eq!(crds::diff(&generated, &edited).len(), 1, "an edited copy is reported");
+
+    let mut missing = generated.clone();
+    missing.remove(first);
+    assert_eq!(crds::diff(&generated, &missing).len(), 1, "a missing copy is reported");
+
+    let mut extra: BTreeMap<String, Vec<u8>> = generated.clone();
+    extra.insert("stale.yaml".into(), b"kind: CustomResourceDefinition\n".to_vec());
+    assert_eq!(crds::diff(&generated, &extra).len(), 1, "an extra file is reported");
+}
+
+/// `helm lint --strict`, with the defaults and with every optional part switched on.
+#[test]
+fn helm_lint() {
+    let Some(helm_bin) = helm::helm("helm_lint") else {
+        return;
+    };
+    let chart = helm::chart_dir();
+    let chart = chart.to_string_lossy();
+    for sets in [
+        vec![],
+        vec![
+            "--set",
+            "networkPolicy.enabled=true",
+            "--set",
+            "serviceMonitor.enabled=true",
+            "--set",
+            "watchNamespace=payments",
+        ],
+        vec!["--set", "replicaCount=1", "--set", "leaderElection.enabled=false"],
+    ] {
+        let mut args = vec!["lint", "--strict", &chart];
+        args.extend(sets.iter().copied());
+        let (ok, stdout, stderr) = helm::run(&helm_bin, &args);
+        assert!(ok, "helm {}:\n{stdout}\n{stderr}", args.join(" "));
+    }
+}
+
+/// Negative control for the chart's own guard: two replicas without leader election must not render.
+#[test]
+fn chart_refuses_two_active_replicas() {
+    let Some(helm_bin) = helm::helm("chart_refuses_two_active_replicas") else {
+        return;
+    };
+    let chart = helm::chart_dir();
+    let (ok, _, stderr) = helm::run(
+        &helm_bin,
+        &[
+            "template",
+            "x",
+            &chart.to_string_lossy(),
+            "--set",
+            "replicaCount=2",
+            "--set",
+            "leaderElection.enabled=false",
+        ],
+    );
+    assert!(!ok, "rendering must fail");
+    assert!(stderr.contains("two active reconcilers"), "{stderr}");
+}
+
+/// The rendered chart (CRDs included) passes the API server's own validation and admission with
+/// `kubectl apply --dry-run=server`, for the default values and for the all-options variant.
+#[test]
+fn rendered_chart_applies_with_server_dry_run() {
+    let c = require_cluster!("rendered_chart_applies_with_server_dry_run");
+    let Some(helm_bin) = helm::helm("rendered_chart_applies_with_server_dry_run") else {
+        panic!("DLOCK_E2E=1 but helm is missing: run scripts/cluster-tools.sh");
+    };
+    let k = &c.kubectl;
+    let ns = env::unique_name("chart");
+    k.namespace(&ns);
+    for sets in [
+        vec![],
+        vec![("watchNamespace", ns.as_str()), ("networkPolicy.enabled", "true")],
+    ] {
+        let yaml = helm::template(&helm_bin, "dlock-operator", &ns, &sets, &["--include-crds"]);
+        let out = k.run_stdin(&["apply", "--dry-run=server", "-n", &ns, "-f", "-"], &yaml).ok();
+        for kind in [
+            "customresourcedefinition",
+            "serviceaccount",
+            "clusterrole",
+            "deployment",
+            "service",
+        ] {
+            assert!(
+                out.stdout.contains(&format!("{kind}.")) || out.stdout.contains(&format!("{kind}/")),
+                "no {kind} in the dry-run output (values {sets:?}):\n{}",
+                out.stdout
+            );
+        }
+        assert!(out.stdout.contains("(server dry run)"), "{}", out.stdout);
+    }
+    // Negative control: the same check rejects a broken object, so a pass above means something.
+    let broken = helm::template(&helm_bin, "dlock-operator", &ns, &[], &["--show-only", "templates/deployment.yaml"])
+        .replace("containerPort:", "containerPort: -1 #");
+    let out = k.run_stdin(&["apply", "--dry-run=server", "-n", &ns, "-f", "-"], &broken);
+    assert!(!out.success, "a Deployment with containerPort -1 must be rejected: {}", out.stdout);
+}
+
+/// The chart's RBAC, applied for real and probed with `kubectl auth can-i` as the operator's
+/// ServiceAccount: everything the operator needs in its namespace, nothing outside it, and nothing
+/// it has no business doing anywhere.
+#[test]
+fn chart_rbac_is_least_privilege() {
+    let c = require_cluster!("chart_rbac_is_least_privilege");
+    let Some(helm_bin) = helm::helm("chart_rbac_is_least_privilege") else {
+        panic!("DLOCK_E2E=1 but helm is missing: run scripts/cluster-tools.sh");
+    };
+    let k = &c.kubectl;
+    let ns = env::unique_name("rbac");
+    let other = env::unique_name("rbac-other");
+    k.namespace(&other);
+    let scratch = env::Scratch::new("rbac");
+    let id = rbac::install(&c, &helm_bin, &ns, &ns, scratch.path());
+    let user = id.user.as_str();
+    let can = |verb: &str, res: &str, ns: Option<&str>| k.can_i(user, verb, res, ns);
+
+    // What reconciling needs, in the watched namespace.
+    for (verb, res) in [
+        ("watch", "lockservices.dlock.dev"),
+        ("patch", "paymentstacks.dlock.dev"),
+        ("patch", "lockservices.dlock.dev/status"),
+        ("update", "paymentstacks.dlock.dev/status"),
+        ("create", "deployments.apps"),
+        ("patch", "statefulsets.apps"),
+        ("delete", "deployments.apps"),
+        ("create", "jobs.batch"),
+        ("delete", "jobs.batch"),
+        ("create", "services"),
+        ("create", "secrets"),
+        ("get", "secrets"),
+        ("patch", "configmaps"),
+        ("create", "events"),
+        ("create", "events.events.k8s.io"),
+        ("create", "leases.coordination.k8s.io"),
+    ] {
+        assert!(can(verb, res, Some(&ns)), "{user} cannot {verb} {res} in {ns}");
+    }
+    // Only its own Lease can be read or renewed.
+    let lease = format!("leases.coordination.k8s.io/{}-dlock-operator", ns);
+    assert!(can("update", &lease, Some(&ns)), "cannot renew {lease}");
+    assert!(!can("update", "leases.coordination.k8s.io/kube-scheduler", Some(&ns)));
+    // CRDs: read-only, cluster-wide.
+    assert!(can("get", "customresourcedefinitions.apiextensions.k8s.io", None));
+    assert!(!can("delete", "customresourcedefinitions.apiextensions.k8s.io", None));
+    assert!(!can("create", "customresourcedefinitions.apiextensions.k8s.io", None));
+
+    // Never: outside the watched namespace, pods (nothing runs them but controllers), cluster objects,
+    // creating or deleting its own custom resources, RBAC escalation.
+    for (verb, res, where_) in [
+        ("create", "deployments.apps", Some(other.as_str())),
+        ("get", "secrets", Some(other.as_str())),
+        ("list", "lockservices.dlock.dev", Some(other.as_str())),
+        ("create", "pods", Some(ns.as_str())),
+        ("create", "pods/exec", Some(ns.as_str())),
+        ("create", "lockservices.dlock.dev", Some(ns.as_str())),
+        ("delete", "paymentstacks.dlock.dev", Some(ns.as_str())),
+        ("list", "leases.coordination.k8s.io", Some(ns.as_str())),
+        ("delete", "leases.coordination.k8s.io", Some(ns.as_str())),
+        ("create", "roles.rbac.authorization.k8s.io", Some(ns.as_str())),
+        ("create", "clusterrolebindings.rbac.authorization.k8s.io", None),
+        ("get", "nodes", None),
+        ("delete", "namespaces", None),
+    ] {
+        assert!(!can(verb, res, where_), "{user} must not {verb} {res} in {where_:?}");
+    }
+
+    // Negative control: the probe does answer yes outside the grant, for the admin.
+    assert_eq!(k.run(&["auth", "can-i", "get", "nodes"]).stdout.trim(), "yes");
+
+    // Every rule in the rendered ClusterRole carries a comment (the chart documents each grant).
+    let text = std::fs::read_to_string(helm::chart_dir().join("templates/clusterrole.yaml"))
+        .unwrap_or_else(|e| panic!("read clusterrole.yaml: {e}"));
+    let lines: Vec<&str> = text.lines().collect();
+    for (i, l) in lines.iter().enumerate() {
+        if l.trim_start().starts_with("- apiGroups:") {
+            assert!(
+                i > 0 && lines[i - 1].trim_start().starts_with('#'),
+                "clusterrole.yaml line {}: rule without a comment above it",
+                i + 1
+            );
+        }
+    }
+}

@@ -1,0 +1,451 @@
+//! The operator against a real API server: the built `dlock-operator` binary, started with the chart's
+//! own args and authenticated with a token of the chart's ServiceAccount (so it has exactly the
+//! chart's RBAC), watching one namespace per test. Nothing runs pods here, so the tests stand in for
+//! the kubelet (see `dlock_e2e::kubelet`): migration Jobs run their own command against a local
+//! PostgreSQL 16, and workload status is written as the kubelet would once replicas run.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use dlock_e2e::kubelet::{JobRun, Kubelet};
+use dlock_e2e::operator::Operator;
+use dlock_e2e::rbac::Identity;
+use dlock_e2e::wait::eventually_or;
+use dlock_e2e::{Cluster, crds, env, helm, objects, rbac};
+use dlock_testkit::History;
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Kinds of children the operator may create, as `kubectl get` resource names.
+const CHILD_KINDS: &[&str] = &[
+    "deployments.apps",
+    "statefulsets.apps",
+    "jobs.batch",
+    "services",
+    "configmaps",
+    "secrets",
+];
+
+struct Ctx {
+    c: Cluster,
+    ns: String,
+    id: Identity,
+    op: Operator,
+    kubelet: Kubelet,
+    _scratch: env::Scratch,
+}
+
+impl Ctx {
+    async fn start(test: &str, histories: &[History]) -> Option<Ctx> {
+        let c = dlock_e2e::cluster(test)?;
+        let Some(helm_bin) = helm::helm(test) else {
+            panic!("DLOCK_E2E=1 but helm is missing: run scripts/cluster-tools.sh");
+        };
+        crds::install(&c.kubectl);
+        let ns = env::unique_name("op");
+        let scratch = env::Scratch::new(test);
+        let id = rbac::install(&c, &helm_bin, &ns, &ns, scratch.path());
+        let op = Operator::start(&c, &helm_bin, &id, scratch.path());
+        let kubelet = Kubelet::new(&c.kubectl, &ns, histories).await;
+        Some(Ctx {
+            c,
+            ns,
+            id,
+            op,
+            kubelet,
+            _scratch: scratch,
+        })
+    }
+
+    fn k(&self) -> &dlock_e2e::Kubectl {
+        &self.c.kubectl
+    }
+
+    fn apply(&self, obj: &Value) {
+        self.k().apply(&self.ns, obj).ok();
+    }
+
+    fn get(&self, resource: &str, name: &str) -> Option<Value> {
+        self.k().get(Some(&self.ns), resource, name)
+    }
+
+    fn must_get(&self, resource: &str, name: &str) -> Value {
+        self.get(resource, name)
+            .unwrap_or_else(|| panic!("{resource}/{name} does not exist in {}", self.ns))
+    }
+
+    /// Polls `probe`, running the kubelet stand-in before each probe when `drive` is set. Panics on
+    /// timeout with the operator's log.
+    fn wait<T>(&mut self, what: &str, drive: bool, mut probe: impl FnMut(&Ctx) -> Result<T, String>) -> T {
+        let log = self.op.log.clone();
+        eventually_or(
+            what,
+            TIMEOUT,
+            || {
+                if drive {
+                    self.kubelet.step();
+                }
+                probe(self)
+            },
+            || format!("operator log:\n{}", dlock_e2e::operator::tail(&log, 80)),
+        )
+    }
+
+    /// Every child (of the kinds in CHILD_KINDS) in the namespace controlled by `owner`.
+    fn children(&self, owner: &Value) -> Vec<Value> {
+        CHILD_KINDS
+            .iter()
+            .flat_map(|kind| self.k().list(&self.ns, kind))
+            .filter(|o| objects::controlled_by(o, objects::uid(owner)))
+            .collect()
+    }
+
+    fn children_of_kind(&self, owner: &Value, resource: &str) -> Vec<Value> {
+        self.k()
+            .list(&self.ns, resource)
+            .into_iter()
+            .filter(|o| objects::controlled_by(o, objects::uid(owner)))
+            .collect()
+    }
+
+    /// Waits for `Ready=True` at the current generation.
+    fn wait_ready(&mut self, resource: &str, name: &str) -> Value {
+        let (resource, name) = (resource.to_owned(), name.to_owned());
+        self.wait(&format!("{resource}/{name} Ready at its current generation"), true, |cx| {
+            let o = cx.must_get(&resource, &name);
+            if objects::condition_is(&o, "Ready", "True") && objects::observed_current(&o) {
+                Ok(o)
+            } else {
+                Err(format!("status: {}", o["status"]))
+            }
+        })
+    }
+
+    fn failed_runs(&self) -> Vec<&JobRun> {
+        self.kubelet.runs.iter().filter(|r| !r.succeeded()).collect()
+    }
+}
+
+fn lockservice(name: &str, database: Value, replicas: i64) -> Value {
+    json!({
+        "apiVersion": "dlock.dev/v1alpha1",
+        "kind": "LockService",
+        "metadata": {"name": name},
+        "spec": {"database": database, "lockServer": {"replicas": replicas}},
+    })
+}
+
+fn paymentstack(name: &str, lsvc: &str) -> Value {
+    json!({
+        "apiVersion": "dlock.dev/v1alpha1",
+        "kind": "PaymentStack",
+        "metadata": {"name": name},
+        "spec": {
+            "lockServiceRef": {"name": lsvc},
+            "database": {"managed": {}},
+            "paymentResource": {"replicas": 2},
+            "railProxy": {"replicas": 2},
+            "payoutExecutor": {"replicas": 2, "workers": 2},
+            "railStub": {"enabled": true},
+        },
+    })
+}
+
+/// Deployments that would run pods: present with replicas > 0.
+fn running_deployments(ctx: &Ctx, owner: &Value) -> Vec<String> {
+    ctx.children_of_kind(owner, "deployments.apps")
+        .iter()
+        .filter(|d| objects::replicas(d) > 0)
+        .map(|d| objects::name(d).to_owned())
+        .collect()
+}
+
+/// Every child is controlled by `owner` (controller + blockOwnerDeletion, right kind and apiVersion)
+/// and carries the operator's labels naming its instance.
+fn assert_owned_and_labelled(children: &[Value], owner: &Value) {
+    assert!(!children.is_empty(), "{} has no children", objects::describe(owner));
+    for ch in children {
+        let r = objects::controller_ref(ch).unwrap_or_else(|| panic!("{} has no controller ref", objects::describe(ch)));
+        assert_eq!(r["apiVersion"], "dlock.dev/v1alpha1", "{}", objects::describe(ch));
+        assert_eq!(r["kind"], owner["kind"], "{}", objects::describe(ch));
+        assert_eq!(r["name"], owner["metadata"]["name"], "{}", objects::describe(ch));
+        assert_eq!(r["blockOwnerDeletion"], true, "{}", objects::describe(ch));
+        assert_eq!(
+            objects::label(ch, "app.kubernetes.io/managed-by"),
+            Some("dlock-operator"),
+            "{} labels: {}",
+            objects::describe(ch),
+            ch["metadata"]["labels"]
+        );
+        assert_eq!(
+            objects::label(ch, "app.kubernetes.io/instance"),
+            Some(objects::name(owner)),
+            "{} labels: {}",
+            objects::describe(ch),
+            ch["metadata"]["labels"]
+        );
+    }
+}
+
+/// The versioned migrations recorded in a local database (what the Job really applied).
+async fn applied_versions(run: &JobRun) -> Vec<String> {
+    let rows: Vec<Option<String>> = sqlx::query_scalar(
+        "SELECT version FROM flyway_schema_history WHERE success AND version IS NOT NULL ORDER BY installed_rank",
+    )
+    .fetch_all(&run.database.admin_pool().await)
+    .await
+    .unwrap_or_else(|e| panic!("read flyway_schema_history: {e}"));
+    rows.into_iter().flatten().collect()
+}
+
+fn workload_image(ctx: &Ctx) -> String {
+    // The chart's default: image.repository:appVersion, handed to the operator as its workload image.
+    let args = ctx.op.argv.join(" ");
+    args.split_whitespace()
+        .find_map(|a| a.strip_prefix("--image="))
+        .unwrap_or_else(|| panic!("the chart passes no --image= to the operator: {args}"))
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lockservice_managed_migrates_before_serving_then_follows_spec_changes() {
+    let Some(mut ctx) = Ctx::start("lockservice_managed", &[History::Lockdb]).await else {
+        return;
+    };
+    let name = "locks";
+    ctx.apply(&lockservice(name, json!({"managed": {}}), 2));
+
+    // 1. The database and the migration Job appear; lock-server does not run yet.
+    let job = ctx.wait("the lockdb migration Job", false, |cx| {
+        cx.kubelet.workloads_ready(); // the managed PostgreSQL StatefulSet comes up; no Job runs
+        let ls = cx.must_get("lockservice", name);
+        cx.children_of_kind(&ls, "jobs.batch")
+            .into_iter()
+            .next()
+            .ok_or_else(|| format!("no Job yet; status {}", ls["status"]))
+    });
+    let ls = ctx.must_get("lockservice", name);
+    assert_eq!(
+        running_deployments(&ctx, &ls),
+        Vec::<String>::new(),
+        "lock-server must wait for the migration Job"
+    );
+    assert!(!objects::condition_is(&ls, "Ready", "True"), "Ready before migrating: {}", ls["status"]);
+    assert_eq!(ctx.children_of_kind(&ls, "statefulsets.apps").len(), 1, "one managed lockdb");
+
+    // 2. The Job runs for real (its own command, against a local PostgreSQL 16); then everything
+    //    comes up and the LockService is Ready.
+    let ls = ctx.wait_ready("lockservice", name);
+    let failed: Vec<_> = ctx.failed_runs().into_iter().map(|r| (&r.job, &r.stderr)).collect();
+    assert!(failed.is_empty(), "migration runs failed: {failed:?}");
+    let run = ctx
+        .kubelet
+        .runs
+        .iter()
+        .find(|r| r.job == objects::name(&job))
+        .unwrap_or_else(|| panic!("the Job {} never ran", objects::name(&job)))
+        .clone();
+    assert!(run.argv[0].ends_with("dlock-migrate"), "{:?}", run.argv);
+    let versions = applied_versions(&run).await;
+    assert!(versions.len() >= 2, "V1 and V2 applied to lockdb: {versions:?}");
+
+    let deployments = running_deployments(&ctx, &ls);
+    assert_eq!(deployments.len(), 1, "one lock-server Deployment: {deployments:?}");
+    let lock_server = ctx.must_get("deployment", &deployments[0]);
+    assert_eq!(objects::replicas(&lock_server), 2);
+    assert_eq!(ls["status"]["phase"], "Ready");
+    assert_eq!(ls["status"]["migration"]["succeeded"], true, "{}", ls["status"]);
+    assert_eq!(ls["status"]["migration"]["history"], "lockdb");
+    assert!(
+        ls["status"]["endpoints"]["lockServer"].as_str().is_some_and(|e| !e.is_empty()),
+        "endpoint: {}",
+        ls["status"]
+    );
+
+    // 3. Every child is owned and labelled; images come from the chart's workload image.
+    let children = ctx.children(&ls);
+    assert_owned_and_labelled(&children, &ls);
+    let kinds: Vec<&str> = children.iter().map(objects::kind).collect();
+    for kind in ["Deployment", "StatefulSet", "Job", "Service", "Secret"] {
+        assert!(kinds.contains(&kind), "no {kind} among the children: {kinds:?}");
+    }
+    let image = workload_image(&ctx);
+    assert!(objects::images(&lock_server).contains(&image), "lock-server image: {:?}", objects::images(&lock_server));
+    assert!(objects::images(&job).contains(&image), "migration image: {:?}", objects::images(&job));
+
+    // 4. The leader holds the chart's Lease; the operator explains itself with Events.
+    let lease = ctx.must_get("lease", &format!("{}-dlock-operator", ctx.id.release));
+    assert!(lease["spec"]["holderIdentity"].as_str().is_some_and(|h| !h.is_empty()), "{lease}");
+    let events = ctx.k().list(&ctx.ns, "events");
+    assert!(
+        events.iter().any(|e| e["involvedObject"]["name"] == name || e["regarding"]["name"] == name),
+        "no Event about {name}"
+    );
+    let metrics = ctx.op.get("/metrics");
+    assert!(metrics.contains("# EOF") || metrics.contains("# TYPE"), "metrics: {metrics}");
+
+    // 5. Spec changes: more replicas updates the Deployment; a new lease default reaches lock-server.
+    ctx.k()
+        .patch(&ctx.ns, "lockservice", name, &json!({"spec": {"lockServer": {"replicas": 3}, "lease": {"defaultTtlMs": 4321}}}))
+        .ok();
+    let dep = deployments[0].clone();
+    ctx.wait("lock-server scaled to 3 with the new lease TTL", true, |cx| {
+        let d = cx.must_get("deployment", &dep);
+        let ls = cx.must_get("lockservice", name);
+        let config: String = cx.children(&ls).iter().map(Value::to_string).collect();
+        match (objects::replicas(&d), config.contains("4321")) {
+            (3, true) => Ok(()),
+            (r, has) => Err(format!("replicas {r}, lease TTL visible in children: {has}")),
+        }
+    });
+    ctx.wait_ready("lockservice", name);
+    assert!(ctx.op.alive(), "{}", ctx.op.log_tail());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paymentstack_comes_up_behind_its_lockservice_and_drops_disabled_children() {
+    let Some(mut ctx) = Ctx::start("paymentstack", &[History::Lockdb, History::Paydb]).await else {
+        return;
+    };
+    ctx.apply(&lockservice("locks", json!({"managed": {}}), 1));
+    ctx.apply(&paymentstack("pay", "locks"));
+
+    ctx.wait_ready("lockservice", "locks");
+    let ps = ctx.wait_ready("paymentstack", "pay");
+    let failed: Vec<_> = ctx.failed_runs().into_iter().map(|r| (&r.job, &r.stderr)).collect();
+    assert!(failed.is_empty(), "migration runs failed: {failed:?}");
+    let histories: Vec<History> = ctx.kubelet.runs.iter().map(|r| r.history).collect();
+    assert!(histories.contains(&History::Lockdb) && histories.contains(&History::Paydb), "{histories:?}");
+    let paydb_run = ctx
+        .kubelet
+        .runs
+        .iter()
+        .find(|r| r.history == History::Paydb)
+        .cloned()
+        .unwrap_or_else(|| panic!("no paydb migration ran"));
+    assert!(applied_versions(&paydb_run).await.len() >= 2, "paydb migrated");
+    assert_eq!(ps["status"]["migration"]["history"], "paydb");
+
+    let children = ctx.children(&ps);
+    assert_owned_and_labelled(&children, &ps);
+    let deployments = running_deployments(&ctx, &ps);
+    for part in ["payment-resource", "rail-proxy", "payout-executor", "rail-stub"] {
+        assert!(
+            deployments.iter().any(|d| d.contains(part)),
+            "no {part} Deployment among {deployments:?}"
+        );
+    }
+    assert_eq!(ctx.children_of_kind(&ps, "statefulsets.apps").len(), 1, "one managed paydb");
+    // The payments stack is not owned by (or owning) the LockService's children.
+    let ls = ctx.must_get("lockservice", "locks");
+    assert!(ctx.children(&ls).iter().all(|c| !objects::controlled_by(c, objects::uid(&ps))));
+
+    // Spec changes: the rail-stub is switched off (rail-proxy pointed at a real rail instead) and
+    // the executor scaled; the rail-stub's Deployment and Service go, the executor follows.
+    ctx.k()
+        .patch(
+            &ctx.ns,
+            "paymentstack",
+            "pay",
+            &json!({"spec": {
+                "railStub": {"enabled": false},
+                "railProxy": {"railUrl": "http://rail.example.invalid/v1"},
+                "payoutExecutor": {"replicas": 3},
+            }}),
+        )
+        .ok();
+    ctx.wait("rail-stub removed and payout-executor at 3 replicas", true, |cx| {
+        let ps = cx.must_get("paymentstack", "pay");
+        let kids = cx.children(&ps);
+        let stub: Vec<String> = kids
+            .iter()
+            .filter(|o| objects::name(o).contains("rail-stub"))
+            .map(objects::describe)
+            .collect();
+        let executor = kids
+            .iter()
+            .find(|o| objects::kind(o) == "Deployment" && objects::name(o).contains("payout-executor"))
+            .map(objects::replicas);
+        let rail_url_seen = kids.iter().any(|o| o.to_string().contains("rail.example.invalid"));
+        if stub.is_empty() && executor == Some(3) && rail_url_seen {
+            Ok(())
+        } else {
+            Err(format!("rail-stub children {stub:?}, executor replicas {executor:?}, rail URL wired: {rail_url_seen}"))
+        }
+    });
+    ctx.wait_ready("paymentstack", "pay");
+    assert!(ctx.op.alive(), "{}", ctx.op.log_tail());
+}
+
+/// An external lockdb given by a Secret: no database is run, the Job reads the URL from the user's
+/// Secret (which the operator must not take over), and lock-server follows once it succeeded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn external_lockdb_is_migrated_from_the_secret_url() {
+    let Some(mut ctx) = Ctx::start("external_lockdb", &[History::Lockdb]).await else {
+        return;
+    };
+    let secret = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "cloudsql-lockdb"},
+        "stringData": {"url": "postgres://dlock_owner:FAKE@10.10.0.3:5432/lockdb"},
+    });
+    ctx.apply(&secret);
+    ctx.apply(&lockservice(
+        "ext",
+        json!({"external": {"secretRef": {"name": "cloudsql-lockdb", "key": "url"}}}),
+        1,
+    ));
+    let ls = ctx.wait_ready("lockservice", "ext");
+    assert!(ctx.failed_runs().is_empty(), "{:?}", ctx.failed_runs());
+    assert_eq!(ctx.kubelet.runs.len(), 1, "one migration run");
+    assert!(applied_versions(&ctx.kubelet.runs[0]).await.len() >= 2);
+    assert!(ctx.children_of_kind(&ls, "statefulsets.apps").is_empty(), "no database is run for an external lockdb");
+    let s = ctx.must_get("secret", "cloudsql-lockdb");
+    assert!(objects::controller_ref(&s).is_none(), "the user's Secret was taken over: {}", s["metadata"]);
+    assert_eq!(running_deployments(&ctx, &ls).len(), 1);
+}
+
+/// Negative control for the gating: a migration that really fails (dlock-migrate refuses a database
+/// whose applied V1 was edited) leaves lock-server not running and the LockService not Ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_migration_keeps_lock_server_gated() {
+    let Some(mut ctx) = Ctx::start("failed_migration", &[]).await else {
+        return;
+    };
+    // A lockdb whose recorded V1 checksum no longer matches the file: the real migrator refuses it.
+    let db = dlock_testkit::lockdb().await;
+    sqlx::query("UPDATE flyway_schema_history SET checksum = checksum # 1 WHERE version = '1'")
+        .execute(&db.admin_pool().await)
+        .await
+        .unwrap_or_else(|e| panic!("tamper: {e}"));
+    ctx.kubelet.use_database(History::Lockdb, db);
+
+    ctx.apply(&json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "lockdb-url"},
+        "stringData": {"url": "postgres://owner:FAKE@db.example.invalid:5432/lockdb"},
+    }));
+    ctx.apply(&lockservice("broken", json!({"external": {"secretRef": {"name": "lockdb-url"}}}), 2));
+
+    let ls = ctx.wait("the LockService to report the failed migration", true, |cx| {
+        let ls = cx.must_get("lockservice", "broken");
+        let failed = !cx.kubelet.runs.is_empty() && objects::condition_is(&ls, "Ready", "False");
+        let degraded = ls["status"]["phase"] == "Degraded" || objects::condition_is(&ls, "Degraded", "True");
+        if failed && degraded && objects::observed_current(&ls) {
+            Ok(ls)
+        } else {
+            Err(format!("runs {}, status {}", cx.kubelet.runs.len(), ls["status"]))
+        }
+    });
+    let run = &ctx.kubelet.runs[0];
+    assert!(!run.succeeded(), "the tampered database must make dlock-migrate fail");
+    assert!(run.stderr.contains("edited after it was applied"), "{}", run.stderr);
+    assert_eq!(
+        running_deployments(&ctx, &ls),
+        Vec::<String>::new(),
+        "lock-server must not run after a failed migration"
+    );
+    assert_ne!(ls["status"]["migration"]["succeeded"], true, "{}", ls["status"]);
+    assert!(ctx.op.alive(), "{}", ctx.op.log_tail());
+}

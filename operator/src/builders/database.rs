@@ -1,0 +1,358 @@
+//! The database a resource owns: its credentials, the connection URLs derived from them, and for
+//! managed mode a headless Service plus a one-replica PostgreSQL StatefulSet with a data volume.
+//!
+//! Two Secrets per database, with different lifecycles:
+//! - `<owner>-<db>-credentials`: random passwords, created once and never rewritten by reconcile;
+//! - `<owner>-<db>-conn`: the URLs built from those passwords (and, for external mode, from the
+//!   referenced Secret's URL), applied on every reconcile so they follow the external URL.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, ExecAction, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSecurityContext,
+    PodSpec, PodTemplateSpec, Probe, Secret, Service, ServicePort, ServiceSpec, VolumeMount,
+    VolumeResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use rand::Rng;
+use rand::distr::Alphanumeric;
+
+use super::{Owner, POSTGRES_PORT, env, secret_env};
+use crate::crd::{ManagedDatabase, SecretKeyRef};
+
+pub const KEY_APP_PASSWORD: &str = "app-password";
+pub const KEY_POSTGRES_PASSWORD: &str = "postgres-password";
+/// URL of the application role: what the services use.
+pub const KEY_URL: &str = "url";
+/// URL of the owner role (managed mode): what the migration Job uses.
+pub const KEY_ADMIN_URL: &str = "admin-url";
+const PASSWORD_LEN: usize = 32;
+const DATA_MOUNT: &str = "/var/lib/postgresql/data";
+
+/// Which of the two histories a database carries. lockdb and paydb are always separate instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum History {
+    Lockdb,
+    Paydb,
+}
+
+impl History {
+    /// Database name, history folder name and component label.
+    pub fn name(self) -> &'static str {
+        match self {
+            History::Lockdb => "lockdb",
+            History::Paydb => "paydb",
+        }
+    }
+
+    /// The application role the migrations create and the services log in as.
+    pub fn app_role(self) -> &'static str {
+        match self {
+            History::Lockdb => "lockapp",
+            History::Paydb => "payapp",
+        }
+    }
+
+    /// Folder of the history inside the dlock image.
+    pub fn dir(self) -> String {
+        format!("/migrations/{}", self.name())
+    }
+
+    pub fn migration_component(self) -> String {
+        format!("{}-migration", self.name())
+    }
+}
+
+/// Names of one database's children.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DbNames {
+    /// Headless Service and StatefulSet (managed mode).
+    pub server: String,
+    pub credentials_secret: String,
+    pub connection_secret: String,
+}
+
+pub fn names(owner: &Owner, history: History) -> DbNames {
+    DbNames {
+        server: owner.child(history.name()),
+        credentials_secret: owner.child(&format!("{}-credentials", history.name())),
+        connection_secret: owner.child(&format!("{}-conn", history.name())),
+    }
+}
+
+/// Generated passwords. Never logged, never in status or events: they only travel inside Secrets.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub app_password: String,
+    /// The managed server's superuser password; `None` for external databases.
+    pub postgres_password: Option<String>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Credentials(<redacted>)")
+    }
+}
+
+impl Credentials {
+    pub fn generate(managed: bool) -> Credentials {
+        Credentials {
+            app_password: random_password(),
+            postgres_password: managed.then(random_password),
+        }
+    }
+
+    /// Reads the passwords back from an existing credentials Secret. `None` when a key the mode
+    /// needs is missing or not UTF-8 (the Secret was tampered with; the controller reports it).
+    pub fn from_secret(secret: &Secret, managed: bool) -> Option<Credentials> {
+        let data = secret.data.as_ref()?;
+        let read = |key: &str| {
+            data.get(key)
+                .and_then(|v| String::from_utf8(v.0.clone()).ok())
+                .filter(|s| !s.is_empty())
+        };
+        let app_password = read(KEY_APP_PASSWORD)?;
+        let postgres_password = if managed {
+            Some(read(KEY_POSTGRES_PASSWORD)?)
+        } else {
+            None
+        };
+        Some(Credentials {
+            app_password,
+            postgres_password,
+        })
+    }
+}
+
+/// 32 alphanumeric characters (~190 bits), safe inside a URL without escaping.
+fn random_password() -> String {
+    rand::rng()
+        .sample_iter(&Alphanumeric)
+        .take(PASSWORD_LEN)
+        .map(char::from)
+        .collect()
+}
+
+/// The credentials Secret. Created once when absent; reconcile never rewrites it.
+pub fn credentials_secret(owner: &Owner, history: History, credentials: &Credentials) -> Secret {
+    let mut data = BTreeMap::from([(
+        KEY_APP_PASSWORD.to_owned(),
+        ByteString(credentials.app_password.clone().into_bytes()),
+    )]);
+    if let Some(pw) = &credentials.postgres_password {
+        data.insert(KEY_POSTGRES_PASSWORD.to_owned(), ByteString(pw.clone().into_bytes()));
+    }
+    Secret {
+        metadata: owner.meta(names(owner, history).credentials_secret, history.name()),
+        type_: Some("Opaque".into()),
+        data: Some(data),
+        ..Secret::default()
+    }
+}
+
+/// The URLs a database is reached by.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ConnectionUrls {
+    /// As the application role.
+    pub app_url: String,
+    /// As the owner role; only for managed mode (external mode's is the referenced Secret).
+    pub admin_url: Option<String>,
+}
+
+impl std::fmt::Debug for ConnectionUrls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConnectionUrls(<redacted>)")
+    }
+}
+
+/// URLs of a managed database, through its headless Service.
+pub fn managed_urls(owner: &Owner, history: History, credentials: &Credentials) -> ConnectionUrls {
+    let host = format!("{}.{}.svc", names(owner, history).server, owner.namespace);
+    let db = history.name();
+    ConnectionUrls {
+        app_url: format!(
+            "postgres://{}:{}@{host}:{POSTGRES_PORT}/{db}",
+            history.app_role(),
+            credentials.app_password
+        ),
+        admin_url: credentials
+            .postgres_password
+            .as_ref()
+            .map(|pw| format!("postgres://postgres:{pw}@{host}:{POSTGRES_PORT}/{db}")),
+    }
+}
+
+/// Why an external URL cannot be used. Never carries the URL itself (it holds a password).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExternalUrlError {
+    #[error("the URL in the referenced Secret is not a postgres:// or postgresql:// URL with a host")]
+    NotPostgresUrl,
+}
+
+/// The application-role URL of an external database: the owner URL with its user and password
+/// replaced by the app role and the generated password (host, port, database, parameters kept).
+pub fn external_app_url(
+    owner_url: &str,
+    history: History,
+    credentials: &Credentials,
+) -> Result<ConnectionUrls, ExternalUrlError> {
+    let mut url = url::Url::parse(owner_url.trim()).map_err(|_| ExternalUrlError::NotPostgresUrl)?;
+    if !matches!(url.scheme(), "postgres" | "postgresql") || url.host_str().is_none_or(str::is_empty) {
+        return Err(ExternalUrlError::NotPostgresUrl);
+    }
+    url.set_username(history.app_role())
+        .and_then(|()| url.set_password(Some(&credentials.app_password)))
+        .map_err(|()| ExternalUrlError::NotPostgresUrl)?;
+    Ok(ConnectionUrls {
+        app_url: url.into(),
+        admin_url: None,
+    })
+}
+
+/// The connection Secret, applied on every reconcile.
+pub fn connection_secret(owner: &Owner, history: History, urls: &ConnectionUrls) -> Secret {
+    let mut data = BTreeMap::from([(KEY_URL.to_owned(), ByteString(urls.app_url.clone().into_bytes()))]);
+    if let Some(admin) = &urls.admin_url {
+        data.insert(KEY_ADMIN_URL.to_owned(), ByteString(admin.clone().into_bytes()));
+    }
+    Secret {
+        metadata: owner.meta(names(owner, history).connection_secret, history.name()),
+        type_: Some("Opaque".into()),
+        data: Some(data),
+        ..Secret::default()
+    }
+}
+
+/// Where the migration Job reads the owner-role URL from.
+pub fn admin_url_source(owner: &Owner, history: History, external: Option<&SecretKeyRef>) -> SecretKeyRef {
+    match external {
+        Some(r) => r.clone(),
+        None => SecretKeyRef {
+            name: names(owner, history).connection_secret,
+            key: KEY_ADMIN_URL.into(),
+        },
+    }
+}
+
+/// Headless Service giving the StatefulSet's pod a stable DNS name.
+pub fn service(owner: &Owner, history: History) -> Service {
+    let component = history.name();
+    Service {
+        metadata: owner.meta(names(owner, history).server, component),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            selector: Some(owner.selector(component)),
+            ports: Some(vec![ServicePort {
+                name: Some("postgres".into()),
+                port: POSTGRES_PORT,
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    }
+}
+
+/// One PostgreSQL pod with a persistent volume; its superuser password from the credentials Secret.
+pub fn statefulset(owner: &Owner, history: History, spec: &ManagedDatabase) -> StatefulSet {
+    let component = history.name();
+    let names = names(owner, history);
+    let pg_isready = Probe {
+        exec: Some(ExecAction {
+            command: Some(vec![
+                "pg_isready".into(),
+                "-h".into(),
+                "127.0.0.1".into(),
+                "-U".into(),
+                "postgres".into(),
+                "-d".into(),
+                history.name().into(),
+            ]),
+        }),
+        period_seconds: Some(5),
+        failure_threshold: Some(3),
+        ..Probe::default()
+    };
+    let container = Container {
+        name: "postgres".into(),
+        image: Some(spec.image.clone()),
+        env: Some(vec![
+            env("POSTGRES_DB", history.name()),
+            env("POSTGRES_USER", "postgres"),
+            secret_env("POSTGRES_PASSWORD", &names.credentials_secret, KEY_POSTGRES_PASSWORD),
+            // A subdirectory: the volume's root may hold lost+found, which initdb refuses.
+            env("PGDATA", format!("{DATA_MOUNT}/pgdata")),
+        ]),
+        ports: Some(vec![ContainerPort {
+            name: Some("postgres".into()),
+            container_port: POSTGRES_PORT,
+            ..ContainerPort::default()
+        }]),
+        readiness_probe: Some(pg_isready.clone()),
+        liveness_probe: Some(Probe {
+            initial_delay_seconds: Some(30),
+            period_seconds: Some(10),
+            failure_threshold: Some(6),
+            ..pg_isready
+        }),
+        volume_mounts: Some(vec![VolumeMount {
+            name: "data".into(),
+            mount_path: DATA_MOUNT.into(),
+            ..VolumeMount::default()
+        }]),
+        resources: spec.resources.clone(),
+        ..Container::default()
+    };
+    let claim = PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some("data".into()),
+            labels: Some(owner.labels(component)),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            storage_class_name: spec.storage_class_name.clone(),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_owned(),
+                    Quantity(spec.storage_size.clone()),
+                )])),
+                ..VolumeResourceRequirements::default()
+            }),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        ..PersistentVolumeClaim::default()
+    };
+    StatefulSet {
+        metadata: owner.meta(names.server.clone(), component),
+        spec: Some(StatefulSetSpec {
+            replicas: Some(1),
+            service_name: Some(names.server),
+            selector: LabelSelector {
+                match_labels: Some(owner.selector(component)),
+                ..LabelSelector::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(owner.labels(component)),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    containers: vec![container],
+                    // The postgres image's uid/gid: lets it own the volume.
+                    security_context: Some(PodSecurityContext {
+                        fs_group: Some(999),
+                        ..PodSecurityContext::default()
+                    }),
+                    ..PodSpec::default()
+                }),
+            },
+            volume_claim_templates: Some(vec![claim]),
+            ..StatefulSetSpec::default()
+        }),
+        ..StatefulSet::default()
+    }
+}

@@ -1,0 +1,88 @@
+//! Desired children of a LockService: lockdb (managed) → migration Job (once the database is up) →
+//! lock-server (once the Job has succeeded).
+
+use super::database::{self, History};
+use super::migration::{self, JobState};
+use super::workloads::{self, LOCK_SERVER};
+use super::{Child, ChildKind, Desired, Owner, SpecError};
+use crate::crd::{DatabaseMode, LockService};
+
+/// What the controller observed, and its defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Inputs<'a> {
+    /// The operator's `--image`, for components whose spec names none.
+    pub default_image: &'a str,
+    /// Managed: the StatefulSet has a ready pod. External: always true.
+    pub database_ready: bool,
+    pub migration: &'a JobState,
+    /// resourceVersion of the connection Secret (restarts pods when the URL changes).
+    pub db_secret_version: Option<&'a str>,
+}
+
+pub const HISTORY: History = History::Lockdb;
+
+pub fn lock_server_image(ls: &LockService, default_image: &str) -> String {
+    ls.spec
+        .lock_server
+        .image
+        .clone()
+        .unwrap_or_else(|| default_image.to_owned())
+}
+
+/// The migration Job for the current spec (also used to look the Job up before planning).
+pub fn migration_job(
+    ls: &LockService,
+    owner: &Owner,
+    default_image: &str,
+) -> Result<k8s_openapi::api::batch::v1::Job, SpecError> {
+    let external = match ls.spec.database.mode().ok_or(SpecError::DatabaseMode)? {
+        DatabaseMode::Managed(_) => None,
+        DatabaseMode::External(e) => Some(&e.secret_ref),
+    };
+    let image = ls
+        .spec
+        .migration_image
+        .clone()
+        .unwrap_or_else(|| lock_server_image(ls, default_image));
+    let source = database::admin_url_source(owner, HISTORY, external);
+    Ok(migration::job(owner, HISTORY, &image, &source))
+}
+
+pub fn desired(ls: &LockService, owner: &Owner, inputs: &Inputs<'_>) -> Result<Desired, SpecError> {
+    let mut out = Desired::default();
+    let db = database::names(owner, HISTORY);
+    match ls.spec.database.mode().ok_or(SpecError::DatabaseMode)? {
+        DatabaseMode::Managed(managed) => {
+            out.apply.push(Child::Service(database::service(owner, HISTORY)));
+            out.apply
+                .push(Child::StatefulSet(database::statefulset(owner, HISTORY, managed)));
+        }
+        DatabaseMode::External(_) => {
+            out.delete(ChildKind::StatefulSet, db.server.clone());
+            out.delete(ChildKind::Service, db.server);
+        }
+    }
+
+    let job = migration_job(ls, owner, inputs.default_image)?;
+    out.migration_job = job.metadata.name.clone().unwrap_or_default();
+    if inputs.database_ready {
+        out.apply.push(Child::Job(job));
+    }
+
+    // The schema gate: nothing that needs lockdb's tables is created (or changed) before the Job of
+    // the current image has succeeded. Existing Deployments are left as they are meanwhile.
+    if *inputs.migration == JobState::Succeeded {
+        let w = workloads::lock_server(
+            owner,
+            lock_server_image(ls, inputs.default_image),
+            ls.spec.lock_server.replicas,
+            ls.spec.lock_server.resources.clone(),
+            &ls.spec.lease,
+            inputs.db_secret_version,
+        );
+        out.workload(owner, &w);
+        out.endpoints
+            .insert("lockServer".into(), owner.http_url(&owner.child(LOCK_SERVER)));
+    }
+    Ok(out)
+}

@@ -1,0 +1,103 @@
+//! The migration Job: `dlock-migrate` applies one history (lockdb or paydb) and sets the application
+//! role's password. Jobs are immutable, so the name carries a hash of the pod template: a new image (a
+//! new history) gets a new Job, and the same inputs always map to the same Job.
+
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::database::{History, KEY_APP_PASSWORD, names};
+use super::{Owner, secret_env, short_hash};
+use crate::crd::SecretKeyRef;
+
+pub const MIGRATE_BINARY: &str = "dlock-migrate";
+/// Env var the Job hands the application role's password in (dlock-migrate reads it by name, so the
+/// password is never on a command line).
+pub const APP_PASSWORD_ENV: &str = "APP_PASSWORD";
+const BACKOFF_LIMIT: i32 = 4;
+
+/// The Job for `history`, reading the owner-role URL from `admin_url` (a Secret key).
+pub fn job(owner: &Owner, history: History, image: &str, admin_url: &SecretKeyRef) -> Job {
+    let component = history.migration_component();
+    let container = Container {
+        name: "migrate".into(),
+        image: Some(image.into()),
+        // DATABASE_URL comes from the environment (dlock-migrate reads it there): a `--database-url
+        // $(DATABASE_URL)` argument would put the password into the process's command line.
+        command: Some(vec![
+            MIGRATE_BINARY.into(),
+            "--dir".into(),
+            history.dir(),
+            "--app-role".into(),
+            history.app_role().into(),
+            "--app-password-env".into(),
+            APP_PASSWORD_ENV.into(),
+        ]),
+        env: Some(vec![
+            secret_env("DATABASE_URL", &admin_url.name, &admin_url.key),
+            secret_env(
+                APP_PASSWORD_ENV,
+                &names(owner, history).credentials_secret,
+                KEY_APP_PASSWORD,
+            ),
+        ]),
+        ..Container::default()
+    };
+    let template = PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(owner.labels(&component)),
+            ..ObjectMeta::default()
+        }),
+        spec: Some(PodSpec {
+            containers: vec![container],
+            restart_policy: Some("Never".into()),
+            ..PodSpec::default()
+        }),
+    };
+    // serde_json of k8s-openapi types is deterministic (fields in declaration order, maps sorted).
+    let hash = short_hash(serde_json::to_string(&template).unwrap_or_default().as_bytes());
+    Job {
+        metadata: owner.meta(owner.child(&format!("{}-migrate-{hash}", history.name())), &component),
+        spec: Some(JobSpec {
+            backoff_limit: Some(BACKOFF_LIMIT),
+            template,
+            ..JobSpec::default()
+        }),
+        ..Job::default()
+    }
+}
+
+/// Where a migration Job stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobState {
+    /// Not created yet (or deleted by a human, to force a re-run).
+    Absent,
+    Running,
+    Succeeded,
+    /// Terminally failed; the message is the Job's own condition message.
+    Failed(String),
+}
+
+impl JobState {
+    pub fn of(job: Option<&Job>) -> JobState {
+        let Some(job) = job else {
+            return JobState::Absent;
+        };
+        let status = job.status.as_ref();
+        if status.and_then(|s| s.succeeded).unwrap_or(0) >= 1 {
+            return JobState::Succeeded;
+        }
+        let failed = status
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "Failed" && c.status == "True"));
+        match failed {
+            Some(c) => JobState::Failed(
+                c.message
+                    .clone()
+                    .or_else(|| c.reason.clone())
+                    .unwrap_or_else(|| "the migration Job failed".into()),
+            ),
+            None => JobState::Running,
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! Pure functions from a custom resource to the child objects it asks for. No I/O here: the
+//! controllers observe the cluster, call these, and apply the results with server-side apply.
+
+pub mod database;
+pub mod lockservice;
+pub mod migration;
+pub mod paymentstack;
+pub mod workloads;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, SecretKeySelector, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::{Resource, ResourceExt};
+
+/// The one field manager for every server-side apply the operator makes.
+pub const FIELD_MANAGER: &str = "dlock-operator";
+pub const MANAGED_BY: &str = "dlock-operator";
+pub const LABEL_NAME: &str = "app.kubernetes.io/name";
+pub const LABEL_INSTANCE: &str = "app.kubernetes.io/instance";
+pub const LABEL_COMPONENT: &str = "app.kubernetes.io/component";
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+pub const LABEL_PART_OF: &str = "app.kubernetes.io/part-of";
+pub const LABEL_OWNER_KIND: &str = "dlock.dev/owner-kind";
+/// Every dlock HTTP service listens here inside its pod.
+pub const HTTP_PORT: i32 = 8080;
+pub const LISTEN_ADDR: &str = "0.0.0.0:8080";
+pub const POSTGRES_PORT: i32 = 5432;
+
+/// The parent of a set of children: its identity, and the controller owner reference every child carries.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Owner {
+    pub name: String,
+    pub namespace: String,
+    pub kind: String,
+    pub owner_ref: OwnerReference,
+}
+
+impl Owner {
+    /// `None` when the object lacks a namespace, name or uid (not yet persisted).
+    pub fn of<K>(obj: &K) -> Option<Owner>
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        Some(Owner {
+            name: obj.meta().name.clone()?,
+            namespace: obj.namespace()?,
+            kind: K::kind(&()).into_owned(),
+            owner_ref: obj.controller_owner_ref(&())?,
+        })
+    }
+
+    /// The standard labels of one child.
+    pub fn labels(&self, component: &str) -> BTreeMap<String, String> {
+        let mut labels = self.selector(component);
+        labels.insert(LABEL_MANAGED_BY.into(), MANAGED_BY.into());
+        labels.insert(LABEL_PART_OF.into(), "dlock".into());
+        labels.insert(LABEL_OWNER_KIND.into(), self.kind.clone());
+        labels
+    }
+
+    /// The stable subset used as Deployment/StatefulSet selectors (selectors are immutable).
+    pub fn selector(&self, component: &str) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (LABEL_NAME.into(), component.into()),
+            (LABEL_INSTANCE.into(), self.name.clone()),
+            (LABEL_COMPONENT.into(), component.into()),
+        ])
+    }
+
+    /// Label selector (as a string) for every child of this owner with one component.
+    pub fn component_selector(&self, component: &str) -> String {
+        format!(
+            "{LABEL_INSTANCE}={},{LABEL_COMPONENT}={component},{LABEL_OWNER_KIND}={},{LABEL_MANAGED_BY}={MANAGED_BY}",
+            self.name, self.kind
+        )
+    }
+
+    /// Metadata of one child: name, namespace, labels, controller owner reference.
+    pub fn meta(&self, name: impl Into<String>, component: &str) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(self.namespace.clone()),
+            labels: Some(self.labels(component)),
+            owner_references: Some(vec![self.owner_ref.clone()]),
+            ..ObjectMeta::default()
+        }
+    }
+
+    /// `<owner>-<suffix>`, the name of one child.
+    pub fn child(&self, suffix: &str) -> String {
+        format!("{}-{suffix}", self.name)
+    }
+
+    /// In-cluster URL of one of the owner's HTTP Services.
+    pub fn http_url(&self, service: &str) -> String {
+        format!("http://{service}.{}.svc:{HTTP_PORT}", self.namespace)
+    }
+}
+
+/// A plain environment variable (never a secret: those go through [`secret_env`]).
+pub fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        value_from: None,
+    }
+}
+
+/// An environment variable read from a Secret key, so no credential appears in any pod spec.
+pub fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.into(),
+                key: key.into(),
+                optional: Some(false),
+            }),
+            ..EnvVarSource::default()
+        }),
+    }
+}
+
+/// FNV-1a over `bytes`, as 8 hex digits: a short, stable content hash for child names (Jobs are
+/// immutable, so a new template needs a new name). Stable across Rust versions, unlike `DefaultHasher`.
+pub fn short_hash(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{:08x}", (h >> 32) ^ (h & 0xffff_ffff))
+}
+
+/// One child object to server-side apply.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Child {
+    Service(Service),
+    StatefulSet(StatefulSet),
+    Job(Job),
+    Deployment(Deployment),
+}
+
+impl Child {
+    pub fn kind(&self) -> ChildKind {
+        match self {
+            Child::Service(_) => ChildKind::Service,
+            Child::StatefulSet(_) => ChildKind::StatefulSet,
+            Child::Job(_) => ChildKind::Job,
+            Child::Deployment(_) => ChildKind::Deployment,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        let meta = match self {
+            Child::Service(o) => &o.metadata,
+            Child::StatefulSet(o) => &o.metadata,
+            Child::Job(o) => &o.metadata,
+            Child::Deployment(o) => &o.metadata,
+        };
+        meta.name.as_deref().unwrap_or_default()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ChildKind {
+    Service,
+    StatefulSet,
+    Job,
+    Deployment,
+}
+
+/// A child the spec no longer asks for: deleted if present.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ChildRef {
+    pub kind: ChildKind,
+    pub name: String,
+}
+
+/// Everything one reconcile should converge to, given what was observed.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Desired {
+    /// Applied in order (database before Job before Deployments).
+    pub apply: Vec<Child>,
+    pub delete: Vec<ChildRef>,
+    /// The migration Job of the current inputs; every other migration Job of the owner is stale.
+    pub migration_job: String,
+    /// Service URLs to publish in status, by component (camelCase).
+    pub endpoints: BTreeMap<String, String>,
+}
+
+impl Desired {
+    pub fn deployments(&self) -> impl Iterator<Item = &Deployment> {
+        self.apply.iter().filter_map(|c| match c {
+            Child::Deployment(d) => Some(d),
+            _ => None,
+        })
+    }
+
+    pub fn find(&self, kind: ChildKind, name: &str) -> Option<&Child> {
+        self.apply.iter().find(|c| c.kind() == kind && c.name() == name)
+    }
+
+    fn delete(&mut self, kind: ChildKind, name: String) {
+        self.delete.push(ChildRef { kind, name });
+    }
+
+    /// A workload's Deployment, and its Service when it serves HTTP (else the Service is deleted).
+    fn workload(&mut self, owner: &Owner, w: &workloads::Workload) {
+        self.apply.push(Child::Deployment(workloads::deployment(owner, w)));
+        if w.serves_http {
+            self.apply.push(Child::Service(workloads::service(owner, w.component)));
+        }
+    }
+
+    /// A workload the spec no longer asks for.
+    fn drop_workload(&mut self, owner: &Owner, component: &str) {
+        self.delete(ChildKind::Deployment, owner.child(component));
+        self.delete(ChildKind::Service, owner.child(component));
+    }
+}
+
+/// A spec the controller cannot act on (only objects that bypassed the CRD's CEL rules can be).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("spec.database must set exactly one of managed or external")]
+    DatabaseMode,
+    #[error("spec.railProxy.railUrl is required unless spec.railStub.enabled is true")]
+    RailUrl,
+}
+
+impl SpecError {
+    pub fn reason(&self) -> &'static str {
+        "InvalidSpec"
+    }
+}

@@ -1,0 +1,140 @@
+//! Desired children of a PaymentStack: paydb (managed) → migration Job (once the database is up) →
+//! payment-resource, rail-proxy and payout-executor (once the Job has succeeded and the LockService
+//! is Ready). The optional rail-stub needs neither and follows `spec.railStub.enabled` alone.
+
+use super::database::{self, History};
+use super::migration::{self, JobState};
+use super::workloads::{self, ExecutorTargets, PAYMENT_RESOURCE, RAIL_PROXY, RAIL_STUB};
+use super::{Child, ChildKind, Desired, Owner, SpecError};
+use crate::crd::{DatabaseMode, LeaseSpec, PaymentStack};
+
+pub const HISTORY: History = History::Paydb;
+
+/// What the stack needs from its LockService.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LockServiceView {
+    /// `Ready=True` and an endpoint published.
+    pub ready: bool,
+    pub endpoint: Option<String>,
+    pub lease: LeaseSpec,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Inputs<'a> {
+    pub default_image: &'a str,
+    pub database_ready: bool,
+    pub migration: &'a JobState,
+    pub db_secret_version: Option<&'a str>,
+    /// `None` when the referenced LockService does not exist.
+    pub lock_service: Option<&'a LockServiceView>,
+}
+
+fn image(spec_image: &Option<String>, default_image: &str) -> String {
+    spec_image.clone().unwrap_or_else(|| default_image.to_owned())
+}
+
+pub fn migration_job(
+    ps: &PaymentStack,
+    owner: &Owner,
+    default_image: &str,
+) -> Result<k8s_openapi::api::batch::v1::Job, SpecError> {
+    let external = match ps.spec.database.mode().ok_or(SpecError::DatabaseMode)? {
+        DatabaseMode::Managed(_) => None,
+        DatabaseMode::External(e) => Some(&e.secret_ref),
+    };
+    let image = ps
+        .spec
+        .migration_image
+        .clone()
+        .unwrap_or_else(|| image(&ps.spec.payment_resource.image, default_image));
+    let source = database::admin_url_source(owner, HISTORY, external);
+    Ok(migration::job(owner, HISTORY, &image, &source))
+}
+
+/// The rail rail-proxy forwards to: the spec's URL, else the in-cluster stub.
+pub fn rail_url(ps: &PaymentStack, owner: &Owner) -> Result<String, SpecError> {
+    match (&ps.spec.rail_proxy.rail_url, ps.spec.rail_stub.enabled) {
+        (Some(url), _) => Ok(url.clone()),
+        (None, true) => Ok(owner.http_url(&owner.child(RAIL_STUB))),
+        (None, false) => Err(SpecError::RailUrl),
+    }
+}
+
+pub fn desired(ps: &PaymentStack, owner: &Owner, inputs: &Inputs<'_>) -> Result<Desired, SpecError> {
+    let spec = &ps.spec;
+    let mut out = Desired::default();
+    let db = database::names(owner, HISTORY);
+    match spec.database.mode().ok_or(SpecError::DatabaseMode)? {
+        DatabaseMode::Managed(managed) => {
+            out.apply.push(Child::Service(database::service(owner, HISTORY)));
+            out.apply
+                .push(Child::StatefulSet(database::statefulset(owner, HISTORY, managed)));
+        }
+        DatabaseMode::External(_) => {
+            out.delete(ChildKind::StatefulSet, db.server.clone());
+            out.delete(ChildKind::Service, db.server);
+        }
+    }
+    let rail_url = rail_url(ps, owner)?;
+
+    let job = migration_job(ps, owner, inputs.default_image)?;
+    out.migration_job = job.metadata.name.clone().unwrap_or_default();
+    if inputs.database_ready {
+        out.apply.push(Child::Job(job));
+    }
+
+    if spec.rail_stub.enabled {
+        let w = workloads::rail_stub(image(&spec.rail_stub.image, inputs.default_image), spec.rail_stub.mode);
+        out.workload(owner, &w);
+        out.endpoints.insert("railStub".into(), owner.http_url(&owner.child(RAIL_STUB)));
+    } else {
+        out.drop_workload(owner, RAIL_STUB);
+    }
+
+    let lock_service = inputs
+        .lock_service
+        .filter(|ls| ls.ready)
+        .and_then(|ls| ls.endpoint.as_deref().map(|e| (e, &ls.lease)));
+    // The schema gate, and the lock-service gate: held back (existing ones left as they are) until
+    // the current Job has succeeded and the LockService is Ready.
+    if let (JobState::Succeeded, Some((lock_server_url, lease))) = (inputs.migration, lock_service) {
+        let payment_resource = workloads::payment_resource(
+            owner,
+            image(&spec.payment_resource.image, inputs.default_image),
+            spec.payment_resource.replicas,
+            spec.payment_resource.resources.clone(),
+            &spec.kill_switches,
+            inputs.db_secret_version,
+        );
+        let rail_proxy = workloads::rail_proxy(
+            owner,
+            image(&spec.rail_proxy.image, inputs.default_image),
+            spec.rail_proxy.replicas,
+            spec.rail_proxy.resources.clone(),
+            &rail_url,
+            &spec.kill_switches,
+            inputs.db_secret_version,
+        );
+        let targets = ExecutorTargets {
+            lock_server_url: lock_server_url.to_owned(),
+            payment_resource_url: owner.http_url(&owner.child(PAYMENT_RESOURCE)),
+            rail_proxy_url: owner.http_url(&owner.child(RAIL_PROXY)),
+        };
+        let executor = workloads::payout_executor(
+            image(&spec.payout_executor.image, inputs.default_image),
+            spec.payout_executor.replicas,
+            spec.payout_executor.workers,
+            spec.payout_executor.resources.clone(),
+            &targets,
+            lease,
+        );
+        out.workload(owner, &payment_resource);
+        out.workload(owner, &rail_proxy);
+        out.workload(owner, &executor);
+        out.endpoints
+            .insert("paymentResource".into(), targets.payment_resource_url);
+        out.endpoints.insert("railProxy".into(), targets.rail_proxy_url);
+        out.endpoints.insert("lockServer".into(), targets.lock_server_url);
+    }
+    Ok(out)
+}

@@ -1,0 +1,278 @@
+//! Deployments and Services of the dlock binaries. Each container runs the binary of the same name
+//! from the dlock image, listens on 0.0.0.0:8080 (except payout-executor, which serves nothing), and
+//! reads DATABASE_URL from the connection Secret, never from a plain env value.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EnvVar, HTTPGetAction, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+    Service, ServicePort, ServiceSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::database::{History, KEY_URL, names};
+use super::{HTTP_PORT, LISTEN_ADDR, Owner, env, secret_env};
+use crate::crd::{KillSwitches, LeaseSpec, RailStubMode};
+
+pub const LOCK_SERVER: &str = "lock-server";
+pub const PAYMENT_RESOURCE: &str = "payment-resource";
+pub const RAIL_PROXY: &str = "rail-proxy";
+pub const RAIL_STUB: &str = "rail-stub";
+pub const PAYOUT_EXECUTOR: &str = "payout-executor";
+
+/// Env keys of the contracts' kill switches (`payment.fencing.enabled`, `rail.proxy.fencing.enabled`).
+pub const PAYMENT_FENCING_ENV: &str = "PAYMENT_FENCING_ENABLED";
+pub const RAIL_PROXY_FENCING_ENV: &str = "RAIL_PROXY_FENCING_ENABLED";
+/// Lease defaults from the LockService, for the lock server and its clients.
+pub const LEASE_TTL_ENV: &str = "DLOCK_LEASE_TTL_MS";
+pub const SESSION_TTL_ENV: &str = "DLOCK_SESSION_TTL_MS";
+/// Pod-template annotation carrying the connection Secret's resourceVersion, so pods restart when the
+/// URL they read at start-up changes.
+pub const DB_SECRET_VERSION_ANNOTATION: &str = "dlock.dev/database-secret-version";
+
+/// What one Deployment runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Workload {
+    pub component: &'static str,
+    pub image: String,
+    pub replicas: i32,
+    pub args: Vec<String>,
+    pub env: Vec<EnvVar>,
+    pub resources: Option<ResourceRequirements>,
+    /// Serves HTTP on [`HTTP_PORT`] with `/healthz` and `/readyz` (and so gets probes and a Service).
+    pub serves_http: bool,
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl Workload {
+    /// `DATABASE_URL` from the connection Secret of `history`, plus the annotation that restarts pods
+    /// when that Secret changes.
+    fn with_database(mut self, owner: &Owner, history: History, secret_version: Option<&str>) -> Self {
+        self.env
+            .push(secret_env("DATABASE_URL", &names(owner, history).connection_secret, KEY_URL));
+        if let Some(v) = secret_version {
+            self.annotations
+                .insert(DB_SECRET_VERSION_ANNOTATION.into(), v.to_owned());
+        }
+        self
+    }
+}
+
+pub fn lock_server(
+    owner: &Owner,
+    image: String,
+    replicas: i32,
+    resources: Option<ResourceRequirements>,
+    lease: &LeaseSpec,
+    db_secret_version: Option<&str>,
+) -> Workload {
+    Workload {
+        component: LOCK_SERVER,
+        image,
+        replicas,
+        args: vec!["--listen".into(), LISTEN_ADDR.into()],
+        env: lease_env(lease),
+        resources,
+        serves_http: true,
+        annotations: BTreeMap::new(),
+    }
+    .with_database(owner, History::Lockdb, db_secret_version)
+}
+
+pub fn payment_resource(
+    owner: &Owner,
+    image: String,
+    replicas: i32,
+    resources: Option<ResourceRequirements>,
+    kill_switches: &KillSwitches,
+    db_secret_version: Option<&str>,
+) -> Workload {
+    Workload {
+        component: PAYMENT_RESOURCE,
+        image,
+        replicas,
+        args: vec!["serve".into(), "--listen".into(), LISTEN_ADDR.into()],
+        env: vec![env(
+            PAYMENT_FENCING_ENV,
+            kill_switches.payment_fencing_enabled.to_string(),
+        )],
+        resources,
+        serves_http: true,
+        annotations: BTreeMap::new(),
+    }
+    .with_database(owner, History::Paydb, db_secret_version)
+}
+
+pub fn rail_proxy(
+    owner: &Owner,
+    image: String,
+    replicas: i32,
+    resources: Option<ResourceRequirements>,
+    rail_url: &str,
+    kill_switches: &KillSwitches,
+    db_secret_version: Option<&str>,
+) -> Workload {
+    Workload {
+        component: RAIL_PROXY,
+        image,
+        replicas,
+        args: vec![
+            "--listen".into(),
+            LISTEN_ADDR.into(),
+            "--rail-url".into(),
+            rail_url.into(),
+        ],
+        env: vec![env(
+            RAIL_PROXY_FENCING_ENV,
+            kill_switches.rail_proxy_fencing_enabled.to_string(),
+        )],
+        resources,
+        serves_http: true,
+        annotations: BTreeMap::new(),
+    }
+    .with_database(owner, History::Paydb, db_secret_version)
+}
+
+pub fn rail_stub(image: String, mode: Option<RailStubMode>) -> Workload {
+    Workload {
+        component: RAIL_STUB,
+        image,
+        replicas: 1,
+        args: vec![
+            "--listen".into(),
+            LISTEN_ADDR.into(),
+            "--mode".into(),
+            mode.unwrap_or(RailStubMode::Ack).as_str().into(),
+        ],
+        env: Vec::new(),
+        resources: None,
+        serves_http: true,
+        annotations: BTreeMap::new(),
+    }
+}
+
+/// URLs payout-executor talks to. It has no database credentials at all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecutorTargets {
+    pub lock_server_url: String,
+    pub payment_resource_url: String,
+    pub rail_proxy_url: String,
+}
+
+pub fn payout_executor(
+    image: String,
+    replicas: i32,
+    workers: i32,
+    resources: Option<ResourceRequirements>,
+    targets: &ExecutorTargets,
+    lease: &LeaseSpec,
+) -> Workload {
+    Workload {
+        component: PAYOUT_EXECUTOR,
+        image,
+        replicas,
+        args: vec![
+            "--lock-server-url".into(),
+            targets.lock_server_url.clone(),
+            "--payment-resource-url".into(),
+            targets.payment_resource_url.clone(),
+            "--rail-proxy-url".into(),
+            targets.rail_proxy_url.clone(),
+            "--workers".into(),
+            workers.to_string(),
+        ],
+        env: lease_env(lease),
+        resources,
+        serves_http: false,
+        annotations: BTreeMap::new(),
+    }
+}
+
+fn lease_env(lease: &LeaseSpec) -> Vec<EnvVar> {
+    vec![
+        env(LEASE_TTL_ENV, lease.default_ttl_ms.to_string()),
+        env(SESSION_TTL_ENV, lease.session_ttl_ms.to_string()),
+    ]
+}
+
+fn http_probe(path: &str, period: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("http".into()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(period),
+        ..Probe::default()
+    }
+}
+
+/// The Deployment of one workload, named `<owner>-<component>`.
+pub fn deployment(owner: &Owner, w: &Workload) -> Deployment {
+    let container = Container {
+        name: w.component.into(),
+        image: Some(w.image.clone()),
+        command: Some(vec![w.component.into()]),
+        args: Some(w.args.clone()),
+        env: (!w.env.is_empty()).then(|| w.env.clone()),
+        ports: w.serves_http.then(|| {
+            vec![ContainerPort {
+                name: Some("http".into()),
+                container_port: HTTP_PORT,
+                ..ContainerPort::default()
+            }]
+        }),
+        readiness_probe: w.serves_http.then(|| http_probe("/readyz", 5)),
+        liveness_probe: w.serves_http.then(|| Probe {
+            initial_delay_seconds: Some(10),
+            ..http_probe("/healthz", 10)
+        }),
+        resources: w.resources.clone(),
+        ..Container::default()
+    };
+    Deployment {
+        metadata: owner.meta(owner.child(w.component), w.component),
+        spec: Some(DeploymentSpec {
+            replicas: Some(w.replicas),
+            selector: LabelSelector {
+                match_labels: Some(owner.selector(w.component)),
+                ..LabelSelector::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(owner.labels(w.component)),
+                    annotations: (!w.annotations.is_empty()).then(|| w.annotations.clone()),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    containers: vec![container],
+                    // payout-executor and friends must drain on SIGTERM (release locks, finish posting).
+                    termination_grace_period_seconds: Some(30),
+                    ..PodSpec::default()
+                }),
+            },
+            ..DeploymentSpec::default()
+        }),
+        ..Deployment::default()
+    }
+}
+
+/// The ClusterIP Service in front of one HTTP workload.
+pub fn service(owner: &Owner, component: &str) -> Service {
+    Service {
+        metadata: owner.meta(owner.child(component), component),
+        spec: Some(ServiceSpec {
+            selector: Some(owner.selector(component)),
+            ports: Some(vec![ServicePort {
+                name: Some("http".into()),
+                port: HTTP_PORT,
+                target_port: Some(IntOrString::String("http".into())),
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    }
+}

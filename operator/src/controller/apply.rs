@@ -1,0 +1,111 @@
+//! The controllers' writes: server-side apply of children (one field manager, forced), deletes of
+//! children the spec no longer asks for, create-once Secrets, and status patches.
+
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::error::{Error, Result};
+use crate::builders::{Child, ChildKind, ChildRef, FIELD_MANAGER};
+
+fn apply_params() -> PatchParams {
+    PatchParams::apply(FIELD_MANAGER).force()
+}
+
+/// Server-side apply of one namespaced object; returns the object as stored (status included).
+pub async fn apply<K>(client: &Client, namespace: &str, obj: &K) -> Result<K>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Serialize + DeserializeOwned + Clone + std::fmt::Debug,
+{
+    let name = obj.meta().name.clone().ok_or(Error::MissingObjectKey)?;
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    Ok(api.patch(&name, &apply_params(), &Patch::Apply(obj)).await?)
+}
+
+/// The stored result of applying one child; Deployments are kept for their availability.
+pub enum Applied {
+    Deployment(Box<Deployment>),
+    Other,
+}
+
+pub async fn apply_child(client: &Client, namespace: &str, child: &Child) -> Result<Applied> {
+    Ok(match child {
+        Child::Service(o) => apply(client, namespace, o).await.map(|_| Applied::Other)?,
+        Child::StatefulSet(o) => apply(client, namespace, o).await.map(|_| Applied::Other)?,
+        Child::Job(o) => apply(client, namespace, o).await.map(|_| Applied::Other)?,
+        Child::Deployment(o) => Applied::Deployment(Box::new(apply(client, namespace, o).await?)),
+    })
+}
+
+/// Deletes a child if it exists; `true` when something was deleted. Background propagation, so a
+/// Job's or Deployment's pods go with it.
+pub async fn delete_child(client: &Client, namespace: &str, child: &ChildRef) -> Result<bool> {
+    match child.kind {
+        ChildKind::Service => delete::<Service>(client, namespace, &child.name).await,
+        ChildKind::StatefulSet => delete::<StatefulSet>(client, namespace, &child.name).await,
+        ChildKind::Job => delete::<Job>(client, namespace, &child.name).await,
+        ChildKind::Deployment => delete::<Deployment>(client, namespace, &child.name).await,
+    }
+}
+
+async fn delete<K>(client: &Client, namespace: &str, name: &str) -> Result<bool>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deletes every migration Job matching `selector` except `keep`; returns the names deleted.
+pub async fn delete_stale_jobs(client: &Client, namespace: &str, selector: &str, keep: &str) -> Result<Vec<String>> {
+    let api: Api<Job> = Api::namespaced(client.clone(), namespace);
+    let jobs = api.list(&ListParams::default().labels(selector)).await?;
+    let mut deleted = Vec::new();
+    for job in jobs.items {
+        let Some(name) = job.metadata.name else { continue };
+        if name != keep && delete::<Job>(client, namespace, &name).await? {
+            deleted.push(name);
+        }
+    }
+    Ok(deleted)
+}
+
+/// Creates `secret` unless a Secret of that name exists; returns the stored one and whether it was
+/// created now. Never updates an existing Secret: generated passwords are not rotated by reconcile.
+pub async fn create_secret_once(client: &Client, namespace: &str, secret: &Secret) -> Result<(Secret, bool)> {
+    let name = secret.metadata.name.clone().ok_or(Error::MissingObjectKey)?;
+    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    if let Some(existing) = api.get_opt(&name).await? {
+        return Ok((existing, false));
+    }
+    match api.create(&PostParams::default(), secret).await {
+        Ok(created) => Ok((created, true)),
+        // Lost a race with ourselves (a previous leader): keep whatever is there.
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok((api.get(&name).await?, false)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Server-side apply of `.status` only.
+pub async fn patch_status<K>(client: &Client, namespace: &str, name: &str, status: &impl Serialize) -> Result<()>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    let body = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
+    api.patch_status(name, &apply_params(), &Patch::Apply(&body)).await?;
+    Ok(())
+}

@@ -1,0 +1,280 @@
+//! The reconcilers, one per kind, and what they share: the context, the error policy with
+//! per-object exponential backoff, instrumentation (metrics, Warning events) and the run loops.
+//!
+//! Each reconcile is level-based: observe the cluster, compute the desired children with the pure
+//! builders, server-side apply them, delete what the spec no longer asks for, write status.
+
+pub mod apply;
+pub mod database;
+pub mod error;
+pub mod lockservice;
+pub mod migration;
+pub mod paymentstack;
+pub mod status;
+pub mod steps;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use kube::api::Api;
+use kube::core::DeserializeGuard;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+
+pub use error::{Error, Result};
+
+use crate::builders::{LABEL_MANAGED_BY, MANAGED_BY};
+use crate::crd::{LockService, PaymentStack};
+use crate::metrics::Metrics;
+
+/// How often a healthy object is looked at again even without any watch event.
+const REQUEUE_READY: Duration = Duration::from_secs(300);
+/// How often an object that is still converging is looked at again.
+const REQUEUE_PROGRESSING: Duration = Duration::from_secs(15);
+/// How often an object blocked on a human (bad Secret, failed migration) is looked at again.
+const REQUEUE_BLOCKED: Duration = Duration::from_secs(60);
+const BACKOFF_BASE: Duration = Duration::from_secs(2);
+const BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+/// Settings the controllers take from the operator's flags.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The dlock image, for components whose spec names none.
+    pub default_image: String,
+    /// Namespace to watch; all when `None`.
+    pub namespace: Option<String>,
+}
+
+/// State shared by every reconcile. Passed explicitly; no globals.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub metrics: Metrics,
+    pub settings: Settings,
+    /// Consecutive failures per object, for the error policy's backoff.
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    pub fn new(client: Client, metrics: Metrics, settings: Settings, instance: Option<String>) -> Context {
+        let reporter = Reporter {
+            controller: crate::builders::FIELD_MANAGER.into(),
+            instance,
+        };
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            metrics,
+            settings,
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Publishes an Event; failures are logged, never fatal (Events are explanations, not state).
+    pub async fn publish(&self, regarding: &ObjectReference, type_: EventType, reason: &str, note: String) {
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, regarding).await {
+            tracing::warn!(event = "event_publish_failed", reason, error = %e);
+        }
+    }
+
+    fn record_failure(&self, key: &str) -> u32 {
+        let mut map = self.failures.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = map.entry(key.to_owned()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    fn record_success(&self, key: &str) {
+        let mut map = self.failures.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.remove(key);
+    }
+}
+
+/// Exponential backoff: 2 s, 4 s, 8 s … capped at 5 minutes.
+pub fn backoff(failures: u32) -> Duration {
+    let exp = failures.saturating_sub(1).min(16);
+    BACKOFF_BASE.saturating_mul(1u32 << exp).min(BACKOFF_MAX)
+}
+
+fn key_of<K: Resource<DynamicType = ()>>(obj: &K) -> String {
+    format!(
+        "{}/{}/{}",
+        K::kind(&()),
+        obj.meta().namespace.as_deref().unwrap_or_default(),
+        obj.meta().name.as_deref().unwrap_or_default()
+    )
+}
+
+fn reference_of<K: Resource<DynamicType = ()>>(obj: &K) -> ObjectReference {
+    obj.object_ref(&())
+}
+
+/// Runs one reconcile of a possibly malformed object with metrics, logs and Warning events. A
+/// malformed object is reported and skipped; it never stops the watch.
+async fn instrumented<K, F, Fut>(guard: Arc<DeserializeGuard<K>>, ctx: Arc<Context>, run: F) -> Result<Action>
+where
+    K: Resource<DynamicType = ()> + Clone,
+    F: FnOnce(K, Arc<Context>) -> Fut,
+    Fut: std::future::Future<Output = Result<Action>>,
+{
+    let kind: &'static str = if K::kind(&()) == "LockService" {
+        "LockService"
+    } else {
+        "PaymentStack"
+    };
+    let _timer = ctx.metrics.reconcile_started(kind);
+    let obj = match &guard.0 {
+        Ok(obj) => obj.clone(),
+        Err(invalid) => {
+            tracing::warn!(
+                event = "invalid_object",
+                kind,
+                namespace = invalid.metadata.namespace.as_deref().unwrap_or_default(),
+                name = invalid.metadata.name.as_deref().unwrap_or_default(),
+                error = %invalid.error,
+                "cannot read the object; skipping it until it changes"
+            );
+            ctx.metrics.reconcile_failed(kind, "invalid_object");
+            let regarding = ObjectReference {
+                api_version: Some(K::api_version(&()).into_owned()),
+                kind: Some(kind.into()),
+                name: invalid.metadata.name.clone(),
+                namespace: invalid.metadata.namespace.clone(),
+                uid: invalid.metadata.uid.clone(),
+                ..ObjectReference::default()
+            };
+            ctx.publish(&regarding, EventType::Warning, "InvalidObject", invalid.error.clone())
+                .await;
+            return Ok(Action::await_change());
+        }
+    };
+    let key = key_of(&obj);
+    let regarding = reference_of(&obj);
+    let name = obj.name_any();
+    let namespace = obj.namespace().unwrap_or_default();
+    let result = run(obj, ctx.clone()).await;
+    match &result {
+        Ok(_) => ctx.record_success(&key),
+        Err(e) => {
+            ctx.metrics.reconcile_failed(kind, e.metric_label());
+            tracing::warn!(event = "reconcile_failed", kind, namespace, name, error = %e);
+            ctx.publish(&regarding, EventType::Warning, "ReconcileFailed", e.to_string())
+                .await;
+        }
+    }
+    result
+}
+
+/// The error policy of both controllers: retry with per-object exponential backoff.
+fn error_policy<K: Resource<DynamicType = ()>>(obj: Arc<DeserializeGuard<K>>, _error: &Error, ctx: Arc<Context>) -> Action {
+    let key = match &obj.0 {
+        Ok(o) => key_of(o),
+        Err(_) => return Action::await_change(),
+    };
+    Action::requeue(backoff(ctx.record_failure(&key)))
+}
+
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<DynamicType = ()>,
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Only the operator's own children are watched.
+fn children() -> watcher::Config {
+    watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"))
+}
+
+fn log_outcome<K: Resource, E: std::fmt::Display>(res: std::result::Result<(ObjectRef<K>, Action), E>) {
+    match res {
+        Ok((obj, _)) => tracing::debug!(event = "reconciled", object = %obj),
+        // Reconcile errors were logged where they happened; these are watch/queue errors.
+        Err(e) => tracing::debug!(event = "controller_error", error = %e),
+    }
+}
+
+/// Runs both controllers until `shutdown` resolves.
+pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
+    let client = ctx.client.clone();
+    let ns = ctx.settings.namespace.clone();
+    let ns = ns.as_deref();
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let stop = move |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    let lock_services = Controller::new(api::<DeserializeGuard<LockService>>(&client, ns), watcher::Config::default())
+        .owns(api::<StatefulSet>(&client, ns), children())
+        .owns(api::<Service>(&client, ns), children())
+        .owns(api::<Job>(&client, ns), children())
+        .owns(api::<Deployment>(&client, ns), children())
+        .graceful_shutdown_on(stop(rx.clone()))
+        .run(
+            |obj, ctx| instrumented(obj, ctx, |ls, ctx| async move { lockservice::reconcile(&ls, &ctx).await }),
+            error_policy,
+            ctx.clone(),
+        )
+        .for_each(|res| async move { log_outcome(res) });
+
+    let stacks = Controller::new(api::<DeserializeGuard<PaymentStack>>(&client, ns), watcher::Config::default());
+    let store = stacks.store();
+    let stacks = stacks
+        .owns(api::<StatefulSet>(&client, ns), children())
+        .owns(api::<Service>(&client, ns), children())
+        .owns(api::<Job>(&client, ns), children())
+        .owns(api::<Deployment>(&client, ns), children())
+        // A LockService change (e.g. it became Ready) re-reconciles the stacks that reference it.
+        .watches(
+            api::<DeserializeGuard<LockService>>(&client, ns),
+            watcher::Config::default(),
+            move |ls| {
+                let name = ls.meta().name.clone();
+                let namespace = ls.meta().namespace.clone();
+                store
+                    .state()
+                    .iter()
+                    .filter_map(|ps| ps.0.as_ref().ok())
+                    .filter(|ps| {
+                        Some(&ps.spec.lock_service_ref.name) == name.as_ref() && ps.meta().namespace == namespace
+                    })
+                    .map(|ps| ObjectRef::from_obj(ps).erase())
+                    .map(|r| ObjectRef::new_with(&r.name, ()).within(r.namespace.as_deref().unwrap_or_default()))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .graceful_shutdown_on(stop(rx))
+        .run(
+            |obj, ctx| instrumented(obj, ctx, |ps, ctx| async move { paymentstack::reconcile(&ps, &ctx).await }),
+            error_policy,
+            ctx.clone(),
+        )
+        .for_each(|res| async move { log_outcome(res) });
+
+    tracing::info!(event = "controllers_started");
+    let signal = async move {
+        shutdown.await;
+        let _ = tx.send(true);
+    };
+    tokio::join!(lock_services, stacks, signal);
+    tracing::info!(event = "controllers_stopped");
+}

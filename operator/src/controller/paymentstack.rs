@@ -1,0 +1,114 @@
+//! The PaymentStack reconciler: paydb → migration Job → payment-resource, rail-proxy and
+//! payout-executor, once the referenced LockService is Ready; plus the optional rail-stub.
+
+use kube::api::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::Resource;
+
+use super::error::{Error, Result};
+use super::lockservice::needs_version;
+use super::status::{Blocked, Observation};
+use super::{Context, database, migration, steps};
+use crate::builders::Owner;
+use crate::builders::paymentstack::{self as plan, HISTORY, Inputs, LockServiceView};
+use crate::crd::{LockService, PaymentStack};
+
+/// The three Deployments that wait for the schema and the LockService.
+const GATED_DEPLOYMENTS: usize = 3;
+
+pub async fn reconcile(ps: &PaymentStack, ctx: &Context) -> Result<Action> {
+    let owner = Owner::of(ps).ok_or(Error::MissingObjectKey)?;
+    let regarding = ps.object_ref(&());
+    let previous = ps.status.as_ref();
+    let mut obs = Observation::default();
+
+    let lock_service = lock_service_view(ctx, &owner.namespace, &ps.spec.lock_service_ref.name).await?;
+    obs.waiting = match &lock_service {
+        None => Some(Blocked::new(
+            "LockServiceNotFound",
+            format!("LockService {} does not exist in this namespace", ps.spec.lock_service_ref.name),
+        )),
+        Some(v) if !v.ready || v.endpoint.is_none() => Some(Blocked::new(
+            "WaitingForLockService",
+            format!("LockService {} is not Ready yet", ps.spec.lock_service_ref.name),
+        )),
+        Some(_) => None,
+    };
+
+    let db = match database::resolve(ctx, &owner, HISTORY, &ps.spec.database).await? {
+        Ok(db) => db,
+        Err(blocked) => {
+            obs.blocked = Some(blocked);
+            return steps::finish(ctx, ps, previous, &regarding, &obs, HISTORY, None, None).await;
+        }
+    };
+    if db.credentials_created {
+        ctx.publish(
+            &regarding,
+            EventType::Normal,
+            "CredentialsCreated",
+            format!("generated the {} passwords into a Secret", HISTORY.name()),
+        )
+        .await;
+    }
+    obs.database_ready = db.ready;
+
+    let job = match plan::migration_job(ps, &owner, &ctx.settings.default_image) {
+        Ok(job) => job,
+        Err(e) => {
+            obs.blocked = Some(Blocked::new(e.reason(), e.to_string()));
+            return steps::finish(ctx, ps, previous, &regarding, &obs, HISTORY, None, None).await;
+        }
+    };
+    let job_name = job.metadata.name.clone().unwrap_or_default();
+    let job_state = migration::observe(&ctx.client, &owner.namespace, &job_name).await?;
+
+    let inputs = Inputs {
+        default_image: &ctx.settings.default_image,
+        database_ready: db.ready,
+        migration: &job_state,
+        db_secret_version: db.secret_version.as_deref(),
+        lock_service: lock_service.as_ref(),
+    };
+    let desired = match plan::desired(ps, &owner, &inputs) {
+        Ok(d) => d,
+        Err(e) => {
+            obs.blocked = Some(Blocked::new(e.reason(), e.to_string()));
+            return steps::finish(ctx, ps, previous, &regarding, &obs, HISTORY, None, None).await;
+        }
+    };
+    obs.deployments = steps::act(ctx, &owner, &regarding, HISTORY, &desired, &job_state).await?;
+    obs.expected_deployments = GATED_DEPLOYMENTS + usize::from(ps.spec.rail_stub.enabled);
+    obs.migration = Some(job_state.clone());
+
+    let applied_version = if needs_version(previous, &job_name, &job_state) {
+        migration::applied_version(&ctx.client, &owner.namespace, &job_name).await
+    } else {
+        None
+    };
+    steps::finish(
+        ctx,
+        ps,
+        previous,
+        &regarding,
+        &obs,
+        HISTORY,
+        Some(&desired),
+        applied_version,
+    )
+    .await
+}
+
+async fn lock_service_view(ctx: &Context, namespace: &str, name: &str) -> Result<Option<LockServiceView>> {
+    let api: Api<LockService> = Api::namespaced(ctx.client.clone(), namespace);
+    Ok(api.get_opt(name).await?.map(|ls| {
+        let status = ls.status.as_ref();
+        LockServiceView {
+            ready: status.is_some_and(|s| s.is_ready())
+                && status.and_then(|s| s.observed_generation) == ls.metadata.generation,
+            endpoint: status.and_then(|s| s.endpoints.get("lockServer").cloned()),
+            lease: ls.spec.lease.clone(),
+        }
+    }))
+}

@@ -1,0 +1,206 @@
+//! From observations to status: the phase, the three standard conditions, and the migration block.
+//! Pure functions; the reconcilers patch the result with server-side apply.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::builders::migration::JobState;
+use crate::crd::status::{CONDITION_DEGRADED, CONDITION_PROGRESSING, CONDITION_READY};
+use crate::crd::{DlockStatus, MigrationStatus, Phase};
+
+/// Something a human must fix (or wait for) before the controller can go on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blocked {
+    /// CamelCase reason, shared by the condition and the Event.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Blocked {
+    pub fn new(reason: &'static str, message: impl Into<String>) -> Blocked {
+        Blocked {
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// Availability of one Deployment the controller applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeploymentHealth {
+    pub name: String,
+    pub desired: i32,
+    pub available: i32,
+    pub updated: i32,
+    /// The Deployment controller has seen the latest spec.
+    pub observed: bool,
+}
+
+impl DeploymentHealth {
+    pub fn of(d: &Deployment) -> DeploymentHealth {
+        let status = d.status.as_ref();
+        let generation = d.metadata.generation.unwrap_or(0);
+        DeploymentHealth {
+            name: d.metadata.name.clone().unwrap_or_default(),
+            desired: d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+            available: status.and_then(|s| s.available_replicas).unwrap_or(0),
+            updated: status.and_then(|s| s.updated_replicas).unwrap_or(0),
+            observed: status.and_then(|s| s.observed_generation).unwrap_or(0) >= generation,
+        }
+    }
+
+    pub fn is_available(&self) -> bool {
+        self.observed && self.available >= self.desired && self.updated >= self.desired
+    }
+}
+
+/// Everything the status is computed from.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Observation {
+    /// A configuration problem (invalid spec, unusable external database, tampered Secret).
+    pub blocked: Option<Blocked>,
+    pub database_ready: bool,
+    pub migration: Option<JobState>,
+    /// A dependency that is not there yet (the LockService of a PaymentStack).
+    pub waiting: Option<Blocked>,
+    /// Deployments applied this round (empty while the schema gate holds them back).
+    pub deployments: Vec<DeploymentHealth>,
+    /// How many Deployments the spec asks for once past the gates.
+    pub expected_deployments: usize,
+}
+
+/// The verdict: phase plus one (status, reason, message) per condition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assessment {
+    pub phase: Phase,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Assessment {
+    fn new(phase: Phase, reason: &'static str, message: impl Into<String>) -> Assessment {
+        Assessment {
+            phase,
+            reason,
+            message: message.into(),
+        }
+    }
+
+    /// Warnings for `Degraded`, normal events otherwise.
+    pub fn is_warning(&self) -> bool {
+        self.phase == Phase::Degraded
+    }
+}
+
+pub fn assess(obs: &Observation) -> Assessment {
+    if let Some(b) = &obs.blocked {
+        return Assessment::new(Phase::Degraded, b.reason, b.message.clone());
+    }
+    if let Some(JobState::Failed(msg)) = &obs.migration {
+        return Assessment::new(
+            Phase::Degraded,
+            "MigrationFailed",
+            format!("the migration Job failed: {msg}; fix the cause, then delete the Job to retry"),
+        );
+    }
+    if !obs.database_ready {
+        return Assessment::new(Phase::Pending, "WaitingForDatabase", "waiting for the database to accept connections");
+    }
+    match &obs.migration {
+        Some(JobState::Succeeded) => {}
+        _ => {
+            return Assessment::new(
+                Phase::Migrating,
+                "Migrating",
+                "the migration Job is running; Deployments that need the schema wait for it",
+            );
+        }
+    }
+    if let Some(w) = &obs.waiting {
+        return Assessment::new(Phase::Pending, w.reason, w.message.clone());
+    }
+    let unavailable: Vec<&str> = obs
+        .deployments
+        .iter()
+        .filter(|d| !d.is_available())
+        .map(|d| d.name.as_str())
+        .collect();
+    if !unavailable.is_empty() || obs.deployments.len() < obs.expected_deployments {
+        return Assessment::new(
+            Phase::Pending,
+            "RollingOut",
+            format!("waiting for Deployments to become available: {}", unavailable.join(", ")),
+        );
+    }
+    Assessment::new(Phase::Ready, "Ready", "all components are available")
+}
+
+/// The migration block of the status. The applied version is kept from the previous status while
+/// the Job is the same one; `read_version` supplies it when it is not known yet.
+pub fn migration_status(
+    previous: Option<&MigrationStatus>,
+    history: &str,
+    job_name: &str,
+    state: &JobState,
+    read_version: Option<i64>,
+) -> MigrationStatus {
+    let same_job = previous.is_some_and(|p| p.job_name.as_deref() == Some(job_name));
+    let known = previous.filter(|_| same_job).and_then(|p| p.applied_version);
+    let applied_version = match state {
+        JobState::Succeeded => known.or(read_version),
+        // A new Job is running or failed: the database still carries what the last one applied.
+        _ => previous.and_then(|p| p.applied_version),
+    };
+    MigrationStatus {
+        history: history.to_owned(),
+        job_name: Some(job_name.to_owned()),
+        applied_version,
+        succeeded: *state == JobState::Succeeded,
+    }
+}
+
+/// The new status. A condition keeps its `lastTransitionTime` while its status is unchanged.
+pub fn build(
+    previous: Option<&DlockStatus>,
+    generation: Option<i64>,
+    assessment: &Assessment,
+    endpoints: BTreeMap<String, String>,
+    migration: Option<MigrationStatus>,
+    now: Timestamp,
+) -> DlockStatus {
+    let ready = assessment.phase == Phase::Ready;
+    let degraded = assessment.phase == Phase::Degraded;
+    let progressing = !ready && !degraded;
+    let cond = |type_: &str, on: bool, reason: &str| {
+        let status = if on { "True" } else { "False" };
+        let since = previous
+            .and_then(|p| p.condition(type_))
+            .filter(|c| c.status == status)
+            .map(|c| c.last_transition_time.clone())
+            .unwrap_or(Time(now));
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: assessment.message.clone(),
+            observed_generation: generation,
+            last_transition_time: since,
+        }
+    };
+    let reason = assessment.reason;
+    DlockStatus {
+        observed_generation: generation,
+        phase: assessment.phase,
+        conditions: vec![
+            cond(CONDITION_READY, ready, reason),
+            cond(CONDITION_PROGRESSING, progressing, if progressing { reason } else { "Idle" }),
+            cond(CONDITION_DEGRADED, degraded, if degraded { reason } else { "AsExpected" }),
+        ],
+        endpoints,
+        migration,
+        actions: previous.map(|p| p.actions.clone()).unwrap_or_default(),
+    }
+}

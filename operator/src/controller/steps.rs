@@ -1,0 +1,156 @@
+//! Steps 3 and 4 shared by both reconcilers: apply the desired children and delete the rest, then
+//! write status and explain what changed with Events.
+
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::jiff::Timestamp;
+use kube::Resource;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use serde::de::DeserializeOwned;
+
+use super::apply::{self, Applied};
+use super::error::Result;
+use super::status::{self, Assessment, DeploymentHealth, Observation};
+use super::{Context, REQUEUE_BLOCKED, REQUEUE_PROGRESSING, REQUEUE_READY};
+use crate::builders::database::History;
+use crate::builders::migration::JobState;
+use crate::builders::{ChildKind, Desired, Owner};
+use crate::crd::{DlockStatus, Phase};
+
+/// Applies `desired` in order, deletes what it no longer asks for and stale migration Jobs.
+/// Returns the health of the Deployments applied.
+pub async fn act(
+    ctx: &Context,
+    owner: &Owner,
+    regarding: &ObjectReference,
+    history: History,
+    desired: &Desired,
+    job_before: &JobState,
+) -> Result<Vec<DeploymentHealth>> {
+    let client = &ctx.client;
+    let ns = &owner.namespace;
+    let mut deployments = Vec::new();
+    for child in &desired.apply {
+        if let Applied::Deployment(d) = apply::apply_child(client, ns, child).await? {
+            deployments.push(DeploymentHealth::of(&d));
+        }
+        if child.kind() == ChildKind::Job && *job_before == JobState::Absent {
+            tracing::info!(event = "migration_started", namespace = %ns, owner = %owner.name, job = child.name());
+            ctx.publish(
+                regarding,
+                EventType::Normal,
+                "MigrationStarted",
+                format!("created migration Job {} for {}", child.name(), history.name()),
+            )
+            .await;
+        }
+    }
+    for gone in &desired.delete {
+        if apply::delete_child(client, ns, gone).await? {
+            tracing::info!(event = "child_deleted", namespace = %ns, owner = %owner.name, kind = ?gone.kind, name = %gone.name);
+            ctx.publish(
+                regarding,
+                EventType::Normal,
+                "ChildDeleted",
+                format!("deleted {:?} {}: the spec no longer asks for it", gone.kind, gone.name),
+            )
+            .await;
+        }
+    }
+    let selector = owner.component_selector(&history.migration_component());
+    for job in apply::delete_stale_jobs(client, ns, &selector, &desired.migration_job).await? {
+        tracing::info!(event = "stale_migration_job_deleted", namespace = %ns, owner = %owner.name, job = %job);
+        ctx.publish(
+            regarding,
+            EventType::Normal,
+            "StaleMigrationJobDeleted",
+            format!("deleted migration Job {job}: superseded by {}", desired.migration_job),
+        )
+        .await;
+    }
+    Ok(deployments)
+}
+
+/// Writes the status computed from `obs` (only when it changed), publishes an Event when the verdict
+/// changed, and picks the requeue interval.
+#[allow(clippy::too_many_arguments)]
+pub async fn finish<K>(
+    ctx: &Context,
+    obj: &K,
+    previous: Option<&DlockStatus>,
+    regarding: &ObjectReference,
+    obs: &Observation,
+    history: History,
+    desired: Option<&Desired>,
+    applied_version: Option<i64>,
+) -> Result<Action>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
+{
+    let assessment = status::assess(obs);
+    let migration = match (desired, &obs.migration) {
+        (Some(d), Some(state)) => Some(status::migration_status(
+            previous.and_then(|p| p.migration.as_ref()),
+            history.name(),
+            &d.migration_job,
+            state,
+            applied_version,
+        )),
+        _ => previous.and_then(|p| p.migration.clone()),
+    };
+    let endpoints = desired
+        .map(|d| d.endpoints.clone())
+        .filter(|e| !e.is_empty())
+        .or_else(|| previous.map(|p| p.endpoints.clone()))
+        .unwrap_or_default();
+    let new = status::build(
+        previous,
+        obj.meta().generation,
+        &assessment,
+        endpoints,
+        migration,
+        Timestamp::now(),
+    );
+    let ns = obj.meta().namespace.clone().unwrap_or_default();
+    let name = obj.meta().name.clone().unwrap_or_default();
+    if previous != Some(&new) {
+        apply::patch_status::<K>(&ctx.client, &ns, &name, &new).await?;
+    }
+    announce(ctx, regarding, previous, &assessment, &ns, &name).await;
+    Ok(match assessment.phase {
+        Phase::Ready => Action::requeue(REQUEUE_READY),
+        Phase::Degraded => Action::requeue(REQUEUE_BLOCKED),
+        Phase::Pending | Phase::Migrating => Action::requeue(REQUEUE_PROGRESSING),
+    })
+}
+
+/// One Event (and log line) per change of verdict, not per reconcile.
+async fn announce(
+    ctx: &Context,
+    regarding: &ObjectReference,
+    previous: Option<&DlockStatus>,
+    assessment: &Assessment,
+    namespace: &str,
+    name: &str,
+) {
+    let before = previous
+        .and_then(|p| p.condition(crate::crd::status::CONDITION_READY))
+        .map(|c| (c.reason.as_str(), c.message.as_str()));
+    if before == Some((assessment.reason, assessment.message.as_str())) {
+        return;
+    }
+    let phase = assessment.phase.to_string();
+    if assessment.is_warning() {
+        tracing::warn!(event = "phase_changed", namespace, name, phase, reason = assessment.reason, message = %assessment.message);
+    } else {
+        tracing::info!(event = "phase_changed", namespace, name, phase, reason = assessment.reason, message = %assessment.message);
+    }
+    let type_ = if assessment.is_warning() {
+        EventType::Warning
+    } else {
+        EventType::Normal
+    };
+    ctx.publish(regarding, type_, assessment.reason, assessment.message.clone())
+        .await;
+}

@@ -1,0 +1,287 @@
+//! The CRDs as the apiserver will see them: committed files fresh, names and columns, defaults, and
+//! every CEL rule evaluated (with kube's client-side CEL evaluator) on objects it must accept and
+//! objects it must reject.
+
+use kube::CustomResourceExt;
+use kube::core::cel::Validator;
+use serde_json::{Value, json};
+
+use super::*;
+
+fn schema<K: CustomResourceExt>() -> Value {
+    let crd = K::crd();
+    serde_json::to_value(
+        crd.spec.versions[0]
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+/// Removes every `x-kubernetes-validations` (the negative control: the same objects then pass).
+fn strip_rules(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            map.remove("x-kubernetes-validations");
+            map.values_mut().for_each(strip_rules);
+        }
+        Value::Array(items) => items.iter_mut().for_each(strip_rules),
+        _ => {}
+    }
+}
+
+fn check(schema: &Value, obj: &Value, old: Option<&Value>) -> Result<(), String> {
+    Validator::new().validate(schema, obj, old).map_err(|e| e.to_string())
+}
+
+fn lock_service(name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "dlock.dev/v1alpha1", "kind": "LockService", "metadata": {"name": name}, "spec": spec})
+}
+
+fn payment_stack(name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "dlock.dev/v1alpha1", "kind": "PaymentStack", "metadata": {"name": name}, "spec": spec})
+}
+
+fn stack_spec() -> Value {
+    json!({"lockServiceRef": {"name": "locks"}, "database": {"managed": {}}, "railStub": {"enabled": true}})
+}
+
+fn rejects(schema: &Value, obj: &Value, old: Option<&Value>, needle: &str) {
+    match check(schema, obj, old) {
+        Ok(()) => panic!("accepted an object the CRD must reject ({needle}): {obj}"),
+        Err(e) => assert!(e.contains(needle), "rejected for another reason: {e}"),
+    }
+    // Negative control: without the CEL rules the same object passes, so the rule did the rejecting.
+    let mut bare = schema.clone();
+    strip_rules(&mut bare);
+    check(&bare, obj, old).unwrap();
+}
+
+#[test]
+fn committed_crd_files_match_the_types() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds");
+    for (file, crd) in all() {
+        let want = to_yaml(&crd).unwrap();
+        let have = std::fs::read_to_string(dir.join(file)).unwrap_or_default();
+        assert!(
+            have == want,
+            "crds/{file} is stale: run `cargo run -p dlock-operator --bin crdgen` and commit the result"
+        );
+    }
+}
+
+#[test]
+fn names_scope_subresource_and_columns() {
+    let ls = LockService::crd();
+    assert_eq!(ls.metadata.name.as_deref(), Some("lockservices.dlock.dev"));
+    assert_eq!(ls.spec.scope, "Namespaced");
+    assert_eq!(ls.spec.names.short_names, Some(vec!["lsvc".to_owned()]));
+    let ps = PaymentStack::crd();
+    assert_eq!(ps.metadata.name.as_deref(), Some("paymentstacks.dlock.dev"));
+    assert_eq!(ps.spec.scope, "Namespaced");
+    assert_eq!(ps.spec.names.short_names, Some(vec!["pstack".to_owned()]));
+    for crd in [&ls, &ps] {
+        let v = &crd.spec.versions[0];
+        assert_eq!(v.name, "v1alpha1");
+        assert!(v.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
+        let columns: Vec<&str> = v
+            .additional_printer_columns
+            .iter()
+            .flatten()
+            .map(|c| c.name.as_str())
+            .collect();
+        for want in ["Phase", "Ready", "Age"] {
+            assert!(columns.contains(&want), "{want} missing from {columns:?}");
+        }
+    }
+    let ls_columns = serde_json::to_string(&ls.spec.versions[0].additional_printer_columns).unwrap();
+    assert!(ls_columns.contains(".status.endpoints.lockServer"));
+}
+
+#[test]
+fn minimal_objects_get_the_documented_defaults() {
+    let ls: LockServiceSpec = serde_json::from_value(json!({"database": {"managed": {}}})).unwrap();
+    let managed = ls.database.managed.as_ref().unwrap();
+    assert_eq!(managed.image, "postgres:16");
+    assert_eq!(managed.storage_size, "1Gi");
+    assert_eq!(ls.backend, Backend::Postgres);
+    assert_eq!(ls.lock_server.replicas, 2);
+    assert_eq!(ls.lock_server.image, None);
+    assert_eq!((ls.lease.default_ttl_ms, ls.lease.session_ttl_ms), (10_000, 30_000));
+
+    let ps: PaymentStackSpec = serde_json::from_value(json!({
+        "lockServiceRef": {"name": "locks"},
+        "database": {"external": {"secretRef": {"name": "paydb-url"}}},
+        "railProxy": {"railUrl": "https://rail.example"}
+    }))
+    .unwrap();
+    assert_eq!(ps.database.external.as_ref().unwrap().secret_ref.key, "url");
+    assert!(ps.kill_switches.payment_fencing_enabled);
+    assert!(ps.kill_switches.rail_proxy_fencing_enabled);
+    assert!(!ps.rail_stub.enabled);
+    assert_eq!(ps.payout_executor.workers, 4);
+
+    // The schema carries the same defaults, so `kubectl get -o yaml` shows them.
+    let s = schema::<PaymentStack>();
+    let kill = &s["properties"]["spec"]["properties"]["killSwitches"]["properties"];
+    assert_eq!(kill["paymentFencingEnabled"]["default"], json!(true));
+    assert_eq!(kill["railProxyFencingEnabled"]["default"], json!(true));
+}
+
+#[test]
+fn valid_objects_pass_every_rule() {
+    let ls = schema::<LockService>();
+    check(&ls, &lock_service("locks", json!({"database": {"managed": {}}})), None).unwrap();
+    check(
+        &ls,
+        &lock_service(
+            "locks",
+            json!({"database": {"external": {"secretRef": {"name": "cloudsql"}}}, "backend": "postgres"}),
+        ),
+        None,
+    )
+    .unwrap();
+    let ps = schema::<PaymentStack>();
+    check(&ps, &payment_stack("pay", stack_spec()), None).unwrap();
+    let mut external_rail = stack_spec();
+    external_rail["railStub"] = json!({"enabled": false});
+    external_rail["railProxy"] = json!({"railUrl": "https://rail.example"});
+    check(&ps, &payment_stack("pay", external_rail), None).unwrap();
+}
+
+#[test]
+fn database_must_be_exactly_one_of_managed_or_external() {
+    let s = schema::<LockService>();
+    let both = json!({"database": {"managed": {}, "external": {"secretRef": {"name": "x"}}}});
+    rejects(&s, &lock_service("locks", both), None, "exactly one");
+    rejects(&s, &lock_service("locks", json!({"database": {}})), None, "exactly one");
+    let ps = schema::<PaymentStack>();
+    let mut spec = stack_spec();
+    spec["database"] = json!({});
+    rejects(&ps, &payment_stack("pay", spec), None, "exactly one");
+}
+
+#[test]
+fn database_mode_is_immutable() {
+    let s = schema::<LockService>();
+    let managed = lock_service("locks", json!({"database": {"managed": {}}}));
+    let external = lock_service("locks", json!({"database": {"external": {"secretRef": {"name": "x"}}}}));
+    rejects(&s, &external, Some(&managed), "immutable");
+    rejects(&s, &managed, Some(&external), "immutable");
+    // Changing something else in the same mode is fine.
+    let new_image = lock_service("locks", json!({"database": {"managed": {"image": "postgres:16.4"}}}));
+    check(&s, &new_image, Some(&managed)).unwrap();
+}
+
+#[test]
+fn managed_volume_is_immutable_and_a_quantity() {
+    let s = schema::<LockService>();
+    let small = lock_service("locks", json!({"database": {"managed": {"storageSize": "1Gi"}}}));
+    let big = lock_service("locks", json!({"database": {"managed": {"storageSize": "5Gi"}}}));
+    rejects(&s, &big, Some(&small), "immutable");
+    let classed = lock_service(
+        "locks",
+        json!({"database": {"managed": {"storageSize": "1Gi", "storageClassName": "fast"}}}),
+    );
+    rejects(&s, &classed, Some(&small), "immutable");
+    let junk = lock_service("locks", json!({"database": {"managed": {"storageSize": "lots"}}}));
+    rejects(&s, &junk, None, "quantity");
+}
+
+#[test]
+fn external_secret_ref_needs_a_name() {
+    let s = schema::<LockService>();
+    let empty = lock_service("locks", json!({"database": {"external": {"secretRef": {"name": ""}}}}));
+    rejects(&s, &empty, None, "secretRef.name");
+}
+
+#[test]
+fn etcd_backend_is_reserved() {
+    let s = schema::<LockService>();
+    let etcd = lock_service("locks", json!({"database": {"managed": {}}, "backend": "etcd"}));
+    rejects(&s, &etcd, None, "reserved");
+}
+
+#[test]
+fn names_longer_than_child_names_allow_are_rejected() {
+    let long = "a".repeat(37);
+    rejects(
+        &schema::<LockService>(),
+        &lock_service(&long, json!({"database": {"managed": {}}})),
+        None,
+        "36",
+    );
+    rejects(&schema::<PaymentStack>(), &payment_stack(&long, stack_spec()), None, "36");
+    check(
+        &schema::<LockService>(),
+        &lock_service(&"a".repeat(36), json!({"database": {"managed": {}}})),
+        None,
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_stack_must_name_its_lock_service_and_keep_it() {
+    let s = schema::<PaymentStack>();
+    let mut spec = stack_spec();
+    spec["lockServiceRef"] = json!({"name": ""});
+    rejects(&s, &payment_stack("pay", spec), None, "must name a LockService");
+
+    let mut other = stack_spec();
+    other["lockServiceRef"] = json!({"name": "other-locks"});
+    let old = payment_stack("pay", stack_spec());
+    rejects(&s, &payment_stack("pay", other), Some(&old), "immutable");
+}
+
+#[test]
+fn rail_url_is_required_without_the_stub() {
+    let s = schema::<PaymentStack>();
+    let mut spec = stack_spec();
+    spec["railStub"] = json!({"enabled": false});
+    rejects(&s, &payment_stack("pay", spec.clone()), None, "railUrl is required");
+    spec.as_object_mut().unwrap().remove("railStub");
+    rejects(&s, &payment_stack("pay", spec), None, "railUrl is required");
+}
+
+/// Bounds the CEL evaluator does not check (plain OpenAPI), asserted on the schema itself.
+#[test]
+fn replica_worker_and_ttl_bounds() {
+    let ls = schema::<LockService>();
+    let spec = &ls["properties"]["spec"]["properties"];
+    let replicas = &spec["lockServer"]["properties"]["replicas"];
+    assert_eq!((replicas["minimum"].as_i64(), replicas["maximum"].as_i64()), (Some(0), Some(20)));
+    for ttl in ["defaultTtlMs", "sessionTtlMs"] {
+        let t = &spec["lease"]["properties"][ttl];
+        let (min, max) = (t["minimum"].as_i64().unwrap(), t["maximum"].as_i64().unwrap());
+        assert_eq!((min, max), (lockservice::MIN_LEASE_TTL_MS, lockservice::MAX_LEASE_TTL_MS));
+        // Never a TTL the lock API would refuse.
+        assert!(min >= dlock_common::validate::MIN_TTL_MS && max <= dlock_common::validate::MAX_TTL_MS);
+    }
+    let ps = schema::<PaymentStack>();
+    let spec = &ps["properties"]["spec"]["properties"];
+    for component in ["paymentResource", "railProxy", "payoutExecutor"] {
+        let r = &spec[component]["properties"]["replicas"];
+        assert_eq!((r["minimum"].as_i64(), r["maximum"].as_i64()), (Some(0), Some(20)), "{component}");
+    }
+    let w = &spec["payoutExecutor"]["properties"]["workers"];
+    assert_eq!((w["minimum"].as_i64(), w["maximum"].as_i64()), (Some(1), Some(64)));
+    assert_eq!(lockservice::MAX_REPLICAS, 20);
+}
+
+#[test]
+fn status_has_room_for_actions_and_standard_conditions() {
+    for s in [schema::<LockService>(), schema::<PaymentStack>()] {
+        let status = &s["properties"]["status"]["properties"];
+        for field in ["observedGeneration", "phase", "conditions", "endpoints", "migration", "actions"] {
+            assert!(status.get(field).is_some(), "status.{field} missing");
+        }
+        let phases = status["phase"]["enum"].as_array().unwrap();
+        assert_eq!(phases.len(), 4);
+        let condition = &status["conditions"]["items"]["properties"];
+        for field in ["type", "status", "reason", "message", "lastTransitionTime"] {
+            assert!(condition.get(field).is_some(), "condition.{field} missing");
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! The local stack: PostgreSQL 16 servers and dlock's services as processes on loopback.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{Context, Result};
+use dlock_testkit::procs::{Service, Spec};
+use dlock_testkit::{History, PgServer, migrations_dir};
+use sqlx::Connection;
+
+/// Where data and logs go; removed at the end unless something failed or the user named it.
+pub struct RunDir {
+    path: PathBuf,
+    keep: AtomicBool,
+}
+
+impl RunDir {
+    pub fn new(given: Option<PathBuf>) -> Result<Self> {
+        let (path, keep) = match given {
+            Some(p) => (p, true),
+            None => (std::env::temp_dir().join(format!("dlock-run-{}", std::process::id())), false),
+        };
+        std::fs::create_dir_all(&path).with_context(|| format!("create {}", path.display()))?;
+        Ok(Self { path, keep: AtomicBool::new(keep) })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn keep(&self) {
+        self.keep.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        if !self.keep.load(Ordering::Relaxed) {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// Prints one progress line.
+pub fn step(msg: impl AsRef<str>) {
+    println!("  · {}", msg.as_ref());
+}
+
+/// A PostgreSQL 16 server holding one migrated database.
+pub struct Database {
+    pub server: PgServer,
+    pub history: History,
+}
+
+impl Database {
+    pub async fn start(history: History) -> Result<Self> {
+        let server = tokio::task::spawn_blocking(move || PgServer::start(&format!("demo-{}", history.name())))
+            .await
+            .context("start postgres")??;
+        let admin = server.url("postgres", "postgres");
+        let mut conn = sqlx::PgConnection::connect(&admin).await.context("connect as postgres")?;
+        sqlx::query(match history {
+            History::Lockdb => "CREATE DATABASE lockdb",
+            History::Paydb => "CREATE DATABASE paydb",
+        })
+        .execute(&mut conn)
+        .await?;
+        let mut db = sqlx::PgConnection::connect(&server.url("postgres", history.name())).await?;
+        let files = dlock_migrate::load_dir(&migrations_dir(history))?;
+        let report = dlock_migrate::migrate(&mut db, &files).await?;
+        step(format!(
+            "{}: PostgreSQL 16 on 127.0.0.1:{} (pid {}), migrations applied: {}",
+            history.name(),
+            server.port,
+            server.pid,
+            report.applied.join(", ")
+        ));
+        Ok(Self { server, history })
+    }
+
+    /// URL as the owning service's role (lockapp / payapp).
+    pub fn app_url(&self) -> String {
+        self.server.url(self.history.app_role(), self.history.name())
+    }
+}
+
+pub async fn lock_server(db: &Database, run_dir: &Path, extra: &[&str]) -> Result<Service> {
+    let spec = Spec::new("lock-server", "lock-server")?
+        .args(["--database-url", &db.app_url(), "--listen", "127.0.0.1:{port}"])
+        .args(extra.iter().copied())
+        .env("DLOCK_ADMIN_TOKEN", "demo-admin-token");
+    let svc = Service::start(spec, run_dir).await?;
+    step(format!("lock-server on {} (pid {})", svc.url(), svc.pid()));
+    Ok(svc)
+}
+
+/// `dlock up`: the stack stays up until Ctrl-C.
+pub async fn up(run_dir: &RunDir) -> Result<bool> {
+    println!("Starting the dlock stack on loopback (data and logs in {})", run_dir.path().display());
+    let lockdb = Database::start(History::Lockdb).await?;
+    let ls = lock_server(&lockdb, run_dir.path(), &[]).await?;
+    println!();
+    println!("lockdb          {}", lockdb.app_url());
+    println!("lock-server     {}   (admin token: demo-admin-token)", ls.url());
+    println!();
+    println!("Try:");
+    println!(
+        "  curl -s -XPOST {}/v1/sessions -H 'content-type: application/json' -d '{{\"ownerId\":\"me\",\"ttlMs\":60000}}'",
+        ls.url()
+    );
+    println!("  curl -s {}/metrics", ls.url());
+    println!("Ctrl-C stops everything.");
+    dlock_common::serve::shutdown_signal().await;
+    Ok(true)
+}

@@ -1,0 +1,194 @@
+//! Shared set-up for the integration tests: a fresh migrated paydb per test (real PostgreSQL 16),
+//! accounts with fresh ids, payouts driven to RAIL_ACKED through the library, and snapshots of
+//! everything a write could touch.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::sync::Arc;
+
+use dlock_common::FencingToken;
+use dlock_testkit::TestDb;
+use payment_resource::accounts::{Accounts, NewAccount};
+use payment_resource::metrics::Metrics;
+use payment_resource::model::{AccountKind, Payout, PayoutState};
+use payment_resource::payouts::{NewPayout, Payouts};
+use payment_resource::posting::Posting;
+use payment_resource::sql::Statements;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// The seeded EUR settlement account (R__seed_synthetic_accounts.sql).
+pub const EUR_SETTLEMENT: Uuid = Uuid::from_u128(0x0000_0000_0000_4000_8000_0000_0000_0901);
+
+pub struct Fixture {
+    pub db: TestDb,
+    /// As payapp, like the service.
+    pub pool: PgPool,
+    /// As postgres, for inspection and for competing writes.
+    pub admin: PgPool,
+    pub metrics: Arc<Metrics>,
+    pub accounts: Accounts,
+    pub payouts: Payouts,
+}
+
+pub async fn fixture() -> Fixture {
+    let db = dlock_testkit::paydb().await;
+    let pool = db.app_pool().await;
+    let admin = db.admin_pool().await;
+    let (metrics, _registry) = Metrics::new();
+    let metrics = Arc::new(metrics);
+    Fixture {
+        accounts: Accounts::new(pool.clone()),
+        payouts: Payouts::new(pool.clone(), metrics.clone()),
+        db,
+        pool,
+        admin,
+        metrics,
+    }
+}
+
+pub fn tok(t: i64) -> FencingToken {
+    FencingToken::new(t).expect("test tokens are > 0")
+}
+
+impl Fixture {
+    pub fn posting(&self, statements: Statements) -> Posting {
+        Posting::new(self.pool.clone(), statements, self.metrics.clone())
+    }
+
+    /// A fresh EUR customer account.
+    pub async fn customer(&self, opening: i64) -> Uuid {
+        self.accounts
+            .create(NewAccount {
+                account_id: None,
+                currency: "EUR".into(),
+                opening_balance_minor: opening,
+                kind: AccountKind::Customer,
+            })
+            .await
+            .expect("create account")
+            .account_id
+    }
+
+    pub async fn pending(&self, account: Uuid, amount: i64) -> Payout {
+        self.payouts
+            .create(NewPayout {
+                account_id: account,
+                amount_minor: amount,
+                currency: "EUR".into(),
+                idempotency_key: format!("key-{}", Uuid::new_v4()),
+            })
+            .await
+            .expect("create payout")
+            .0
+    }
+
+    /// A payout claimed with `token` and walked to RAIL_ACKED, as the executor would.
+    pub async fn acked(&self, account: Uuid, amount: i64, token: i64) -> Payout {
+        let p = self.pending(account, amount).await;
+        self.payouts
+            .claim(p.payout_id, &format!("worker-{token}"), tok(token))
+            .await
+            .expect("claim");
+        self.payouts
+            .transition(
+                p.payout_id,
+                PayoutState::Claimed,
+                PayoutState::RailSubmitted,
+                tok(token),
+            )
+            .await
+            .expect("submit");
+        self.payouts
+            .transition(
+                p.payout_id,
+                PayoutState::RailSubmitted,
+                PayoutState::RailAcked,
+                tok(token),
+            )
+            .await
+            .expect("ack")
+            .payout
+    }
+
+    pub async fn account(&self, id: Uuid) -> AccountRow {
+        sqlx::query_as::<_, AccountRow>(
+            "SELECT balance_minor, fence, opening_balance_minor FROM account WHERE account_id = $1",
+        )
+        .bind(id)
+        .fetch_one(&self.admin)
+        .await
+        .expect("account row")
+    }
+
+    pub async fn payout_state(&self, id: Uuid) -> String {
+        sqlx::query_scalar::<_, String>("SELECT state FROM payout WHERE payout_id = $1")
+            .bind(id)
+            .fetch_one(&self.admin)
+            .await
+            .expect("payout row")
+    }
+
+    pub async fn legs(&self, payout: Uuid) -> Vec<LegRow> {
+        sqlx::query_as::<_, LegRow>(
+            "SELECT account_id, direction, amount_minor, fence FROM ledger_entry
+              WHERE payout_id = $1 ORDER BY direction DESC",
+        )
+        .bind(payout)
+        .fetch_all(&self.admin)
+        .await
+        .expect("legs")
+    }
+
+    pub async fn ledger_rows(&self) -> i64 {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM ledger_entry")
+            .fetch_one(&self.admin)
+            .await
+            .expect("count")
+    }
+
+    /// Everything a write could have changed, in one comparable value.
+    pub async fn snapshot(&self) -> Snapshot {
+        sqlx::query_as::<_, Snapshot>(
+            "SELECT (SELECT count(*) FROM account) AS accounts,
+                    (SELECT count(*) FROM payout) AS payouts,
+                    (SELECT count(*) FROM ledger_entry) AS ledger_entries,
+                    (SELECT count(*) FROM rail_submission) AS rail_submissions,
+                    (SELECT COALESCE(string_agg(account_id::text || ':' || balance_minor || ':' || fence
+                                                || ':' || opening_balance_minor || ':' || kind, ','
+                                                ORDER BY account_id), '') FROM account) AS account_rows,
+                    (SELECT COALESCE(string_agg(payout_id::text || ':' || state || ':'
+                                                || COALESCE(claim_token::text, '-') || ':'
+                                                || COALESCE(claimed_by, '-') || ':' || attempt_count
+                                                || ':' || amount_minor, ',' ORDER BY payout_id), '')
+                       FROM payout) AS payout_rows",
+        )
+        .fetch_one(&self.admin)
+        .await
+        .expect("snapshot")
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct AccountRow {
+    pub balance_minor: i64,
+    pub fence: i64,
+    pub opening_balance_minor: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct LegRow {
+    pub account_id: Uuid,
+    pub direction: String,
+    pub amount_minor: i64,
+    pub fence: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Snapshot {
+    pub accounts: i64,
+    pub payouts: i64,
+    pub ledger_entries: i64,
+    pub rail_submissions: i64,
+    pub account_rows: String,
+    pub payout_rows: String,
+}

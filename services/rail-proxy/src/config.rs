@@ -1,0 +1,86 @@
+//! rail-proxy's configuration, including the `rail.proxy.fencing.enabled` kill switch.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::sql;
+
+/// Bounds on the rail timeout: long enough to be meaningful, short enough to never hang a worker.
+pub const MIN_RAIL_TIMEOUT_MS: u64 = 1;
+pub const MAX_RAIL_TIMEOUT_MS: u64 = 600_000;
+
+/// Whether (d) runs. Off is a distinct code path that skips (d) entirely — never a sentinel token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RailFence {
+    /// Run (d) before forwarding. `statement` is [`sql::HIGH_WATER`]; it is a field only so that the
+    /// negative-control tests can substitute a deliberately broken variant.
+    Enforced { statement: &'static str },
+    /// `rail.proxy.fencing.enabled=false`: forward without consulting or advancing the high-water mark.
+    Disabled,
+}
+
+impl RailFence {
+    pub fn from_flag(enabled: bool) -> Self {
+        if enabled {
+            RailFence::Enforced {
+                statement: sql::HIGH_WATER,
+            }
+        } else {
+            RailFence::Disabled
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// paydb, as role payapp.
+    pub database_url: String,
+    /// Port 0 picks a free port; [`crate::RunningServer::addr`] reports it.
+    pub listen: SocketAddr,
+    /// Base URL of the rail (`http://host:port`); `/v1/payments` is appended.
+    pub rail_url: String,
+    /// How long the one forward may take before it is recorded as TIMEOUT (ambiguous).
+    pub rail_timeout: Duration,
+    pub fence: RailFence,
+    pub max_connections: u32,
+    /// How long a request waits for a paydb connection before answering 503.
+    pub db_acquire_timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("rail timeout must be between {MIN_RAIL_TIMEOUT_MS} and {MAX_RAIL_TIMEOUT_MS} ms, got {0} ms")]
+    RailTimeout(u128),
+    #[error("rail url must be an absolute http(s) URL: {0}")]
+    RailUrl(String),
+    #[error("database url is not a PostgreSQL URL: {0}")]
+    DatabaseUrl(String),
+    #[error("max connections must be at least 1")]
+    MaxConnections,
+}
+
+impl Config {
+    /// Defaults for everything but the two addresses: fencing on, 2 s rail timeout.
+    pub fn new(database_url: impl Into<String>, rail_url: impl Into<String>) -> Self {
+        Self {
+            database_url: database_url.into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            rail_url: rail_url.into(),
+            rail_timeout: Duration::from_millis(2_000),
+            fence: RailFence::from_flag(true),
+            max_connections: 10,
+            db_acquire_timeout: Duration::from_secs(5),
+        }
+    }
+
+    pub fn validate_timeout(&self) -> Result<(), ConfigError> {
+        let ms = self.rail_timeout.as_millis();
+        if ms < u128::from(MIN_RAIL_TIMEOUT_MS) || ms > u128::from(MAX_RAIL_TIMEOUT_MS) {
+            return Err(ConfigError::RailTimeout(ms));
+        }
+        if self.max_connections == 0 {
+            return Err(ConfigError::MaxConnections);
+        }
+        Ok(())
+    }
+}

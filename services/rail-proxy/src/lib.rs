@@ -1,0 +1,128 @@
+//! rail-proxy: fencing enforcement point (d) in front of the payment rail.
+//!
+//! `POST /v1/submissions` with `X-Fencing-Token: t` runs C1 statement (d) on the payout's account:
+//! if a token at least as high already submitted for that account, it records a `FENCED`
+//! `rail_submission`, counts `rail_duplicate_attempted` and `lock_fenced_out{resource=rail}`, and
+//! answers 409 without forwarding. Otherwise it records the payout's one forwardable attempt
+//! (`rail_submission_attempt_uidx`), forwards it once with the payout's idempotency key, and records
+//! ACKED / REJECTED / TIMEOUT. An ambiguous TIMEOUT is resolved by asking the rail, never by
+//! submitting again.
+//!
+//! - [`config`]: settings and the `rail.proxy.fencing.enabled` kill switch;
+//! - [`sql`]: every statement, once; [`rail`]: the rail client;
+//! - [`proxy`]: the flow; [`error`]: outcomes mapped to HTTP; [`api`]: routes; [`metrics`]: counters.
+
+pub mod api;
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod proxy;
+pub mod rail;
+pub mod sql;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use prometheus_client::registry::Registry;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{Config, ConfigError, RailFence};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("invalid configuration: {0}")]
+    Config(#[from] ConfigError),
+    #[error("cannot listen: {0}")]
+    Bind(#[from] std::io::Error),
+}
+
+/// A rail-proxy serving in the background of this process.
+#[derive(Debug)]
+pub struct RunningServer {
+    addr: SocketAddr,
+    shutdown: CancellationToken,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl RunningServer {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://<addr>`, no trailing slash.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting and waits for in-flight requests (each bounded by the rail timeout).
+    pub async fn shutdown(self) -> std::io::Result<()> {
+        self.shutdown.cancel();
+        self.task.await.map_err(std::io::Error::other)?
+    }
+}
+
+/// Connects to paydb lazily (so `/readyz` can report it down), binds, and serves until
+/// [`RunningServer::shutdown`].
+pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
+    config.validate_timeout()?;
+    let options: PgConnectOptions = config
+        .database_url
+        .parse()
+        .map_err(|_| ConfigError::DatabaseUrl(redact(&config.database_url)))?;
+    let pool = PgPoolOptions::new()
+        .max_connections(config.max_connections)
+        .acquire_timeout(config.db_acquire_timeout)
+        .connect_lazy_with(options);
+    let rail = rail::Rail::new(&config.rail_url, config.rail_timeout)?;
+
+    match config.fence {
+        RailFence::Enforced { statement } if statement == sql::HIGH_WATER => {}
+        RailFence::Enforced { .. } => tracing::warn!(
+            event = "rail_fence_statement_substituted",
+            "statement (d) is not the contract's; only negative-control tests do this"
+        ),
+        RailFence::Disabled => tracing::warn!(
+            event = "rail_fencing_disabled",
+            key = "rail.proxy.fencing.enabled",
+            "RAIL FENCING IS OFF: statement (d) is skipped and stale tokens reach the rail"
+        ),
+    }
+
+    let mut registry = Registry::default();
+    let metrics = metrics::Metrics::register(&mut registry);
+    let proxy = Arc::new(proxy::Proxy {
+        pool,
+        rail,
+        fence: config.fence,
+        metrics,
+    });
+    let app = api::router(proxy, Arc::new(registry));
+
+    let listener = dlock_common::serve::bind(config.listen).await?;
+    let addr = listener.local_addr()?;
+    tracing::info!(
+        event = "rail_proxy_started",
+        %addr,
+        rail_url = %config.rail_url,
+        rail_timeout_ms = config.rail_timeout.as_millis() as u64,
+        fencing_enabled = !matches!(config.fence, RailFence::Disabled)
+    );
+    let shutdown = CancellationToken::new();
+    let stop = shutdown.clone();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await
+    });
+    Ok(RunningServer { addr, shutdown, task })
+}
+
+/// The URL without its password, for error messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => format!("{}://***{}", &url[..scheme], &url[at..]),
+        _ => url.to_owned(),
+    }
+}

@@ -1,0 +1,212 @@
+//! The submission flow: (d), the one attempt, the one forward, the recorded outcome; and the
+//! resolution of ambiguous attempts by asking the rail. The fencing token is always a parameter.
+
+use dlock_common::FencingToken;
+use dlock_common::fencing::FencedOutDetails;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::config::RailFence;
+use crate::error::ProxyError;
+use crate::metrics::{Metrics, SubmissionOutcome};
+use crate::rail::{Forwarded, Lookup, Rail};
+use crate::sql::{self, Outcome, Payout, Submission};
+
+#[derive(Debug)]
+pub struct Proxy {
+    pub pool: PgPool,
+    pub rail: Rail,
+    pub fence: RailFence,
+    pub metrics: Metrics,
+}
+
+impl Proxy {
+    async fn payout(&self, payout_id: Uuid) -> Result<Payout, ProxyError> {
+        sql::select_payout(&self.pool, payout_id)
+            .await?
+            .ok_or(ProxyError::UnknownPayout(payout_id))
+    }
+
+    /// `POST /v1/submissions`. Forwards at most once per payout, and only past (d).
+    ///
+    /// `payout.claim_token` is deliberately not compared with `token`: it is written by
+    /// payment-resource, and this enforcement point must not depend on the other one's state
+    /// (C1 §1.5). The per-account mark (d) and the one-attempt index are the whole check.
+    pub async fn submit(&self, payout_id: Uuid, token: FencingToken) -> Result<Submission, ProxyError> {
+        let payout = self.payout(payout_id).await?;
+        match self.fence {
+            RailFence::Enforced { statement } => self.check_high_water(statement, &payout, token).await?,
+            RailFence::Disabled => {}
+        }
+
+        let Some(attempt) = sql::insert_attempt(&self.pool, &payout, token.get()).await? else {
+            // An attempt exists; it may be in flight, answered, or ambiguous. Never a second forward.
+            let existing = sql::select_attempt(&self.pool, payout_id).await?;
+            let Some(existing) = existing else {
+                // The conflicting row cannot vanish (payapp has no DELETE); treat as a fault.
+                return Err(ProxyError::Db(sqlx::Error::RowNotFound));
+            };
+            self.metrics.submission(SubmissionOutcome::duplicate_attempt);
+            tracing::warn!(
+                event = "rail_attempt_exists",
+                payout_id = %payout_id,
+                account_id = %payout.account_id,
+                presented = token.get(),
+                existing_submission_id = %existing.submission_id,
+                existing_outcome = existing.outcome.as_deref().unwrap_or("NULL"),
+                "payout already has a rail attempt; not forwarding"
+            );
+            return Err(ProxyError::DuplicateAttempt(Box::new(existing)));
+        };
+
+        let forwarded = self.rail.forward(&payout).await;
+        let (outcome, reference) = match &forwarded {
+            Forwarded::Acked { rail_reference } => (Outcome::Acked, Some(rail_reference.as_str())),
+            Forwarded::Rejected { .. } => (Outcome::Rejected, None),
+            Forwarded::Ambiguous { .. } => (Outcome::Timeout, None),
+        };
+        self.log_forwarded(&payout, token, &forwarded);
+        self.metrics.submission(match outcome {
+            Outcome::Acked => SubmissionOutcome::acked,
+            Outcome::Rejected => SubmissionOutcome::rejected,
+            Outcome::Timeout => SubmissionOutcome::timeout,
+        });
+        // If this write fails the attempt stays NULL: the caller sees an error, a retry gets
+        // DUPLICATE_ATTEMPT, and resolve asks the rail. Nothing is ever forwarded twice.
+        match sql::record_forward_outcome(&self.pool, attempt.submission_id, outcome, reference).await? {
+            Some(recorded) => Ok(recorded),
+            // A resolution recorded the rail's answer first; that record stands.
+            None => sql::select_attempt(&self.pool, payout_id)
+                .await?
+                .ok_or(ProxyError::Db(sqlx::Error::RowNotFound)),
+        }
+    }
+
+    /// (d) in its own transaction, together with the FENCED audit row it decides.
+    async fn check_high_water(
+        &self,
+        statement: &'static str,
+        payout: &Payout,
+        token: FencingToken,
+    ) -> Result<(), ProxyError> {
+        let mut tx = self.pool.begin().await?;
+        if sql::high_water(&mut *tx, statement, payout.account_id, token.get())
+            .await?
+            .is_some()
+        {
+            tx.commit().await?;
+            return Ok(());
+        }
+        let highest = sql::select_high_water(&mut *tx, payout.account_id)
+            .await?
+            .unwrap_or(token.get());
+        let fenced = sql::insert_fenced(&mut *tx, payout, token.get()).await?;
+        tx.commit().await?;
+
+        let details = FencedOutDetails {
+            presented: token.get(),
+            highest,
+            resource_type: "rail".to_owned(),
+            resource_id: payout.account_id.to_string(),
+            owner_id: payout.claimed_by.clone().unwrap_or_default(),
+        };
+        self.metrics.fenced();
+        tracing::warn!(
+            event = "duplicate_rail_submission_attempted",
+            payout_id = %payout.payout_id,
+            account_id = %payout.account_id,
+            presented = details.presented,
+            highest = details.highest,
+            owner_id = %details.owner_id,
+            submission_id = %fenced.submission_id,
+            "a token not above the rail high-water mark tried to submit; not forwarded"
+        );
+        Err(ProxyError::FencedOut {
+            details,
+            submission: Box::new(fenced),
+        })
+    }
+
+    fn log_forwarded(&self, payout: &Payout, token: FencingToken, forwarded: &Forwarded) {
+        match forwarded {
+            Forwarded::Acked { rail_reference } => tracing::info!(
+                event = "rail_submission_acked",
+                payout_id = %payout.payout_id,
+                account_id = %payout.account_id,
+                presented = token.get(),
+                rail_reference = %rail_reference
+            ),
+            Forwarded::Rejected { reason } => tracing::info!(
+                event = "rail_submission_rejected",
+                payout_id = %payout.payout_id,
+                account_id = %payout.account_id,
+                presented = token.get(),
+                reason = %reason
+            ),
+            Forwarded::Ambiguous { detail } => tracing::warn!(
+                event = "rail_submission_ambiguous",
+                payout_id = %payout.payout_id,
+                account_id = %payout.account_id,
+                presented = token.get(),
+                detail = %detail,
+                "recorded TIMEOUT; resolve by asking the rail, never by resubmitting"
+            ),
+        }
+    }
+
+    /// `GET /v1/submissions/{payoutId}`: the attempt and every FENCED refusal, oldest first.
+    pub async fn submissions(&self, payout_id: Uuid) -> Result<(Payout, Vec<Submission>), ProxyError> {
+        let payout = self.payout(payout_id).await?;
+        let rows = sql::select_submissions(&self.pool, payout_id).await?;
+        Ok((payout, rows))
+    }
+
+    /// `POST /v1/submissions/{payoutId}/resolve`: records the rail's real outcome on an ambiguous
+    /// or unanswered attempt. Never submits. The token is required and logged but not compared:
+    /// resolving only records what the rail already did, so it cannot move money, and an executor
+    /// adopting a dead holder's payout must be able to do it.
+    pub async fn resolve(&self, payout_id: Uuid, token: FencingToken) -> Result<Submission, ProxyError> {
+        let payout = self.payout(payout_id).await?;
+        let attempt = sql::select_attempt(&self.pool, payout_id)
+            .await?
+            .ok_or(ProxyError::NoAttempt(payout_id))?;
+        if matches!(attempt.outcome.as_deref(), Some("ACKED" | "REJECTED")) {
+            return Ok(attempt);
+        }
+        let (outcome, reference) = match self.rail.lookup(&payout.idempotency_key).await {
+            Lookup::Acked { rail_reference } => (Outcome::Acked, Some(rail_reference)),
+            Lookup::Rejected { .. } => (Outcome::Rejected, None),
+            Lookup::Unknown => {
+                tracing::warn!(
+                    event = "rail_outcome_unknown",
+                    payout_id = %payout_id,
+                    presented = token.get(),
+                    "the rail has no record of this payment; the attempt stays unresolved"
+                );
+                return Err(ProxyError::RailOutcomeUnknown(Box::new(attempt)));
+            }
+            Lookup::Unavailable { detail } => return Err(ProxyError::RailUnavailable(detail)),
+        };
+        let resolved =
+            match sql::record_resolution(&self.pool, attempt.submission_id, outcome, reference.as_deref()).await? {
+                Some(r) => r,
+                // Resolved concurrently (or the slow forward answered): the stored answer stands.
+                None => sql::select_attempt(&self.pool, payout_id)
+                    .await?
+                    .ok_or(ProxyError::NoAttempt(payout_id))?,
+            };
+        tracing::info!(
+            event = "rail_submission_resolved",
+            payout_id = %payout_id,
+            account_id = %payout.account_id,
+            presented = token.get(),
+            previous_outcome = attempt.outcome.as_deref().unwrap_or("NULL"),
+            outcome = resolved.outcome.as_deref().unwrap_or("NULL")
+        );
+        Ok(resolved)
+    }
+
+    pub async fn ready(&self) -> Result<(), ProxyError> {
+        Ok(sql::ping(&self.pool).await?)
+    }
+}

@@ -1,0 +1,161 @@
+//! The rail as rail-proxy sees it: one forward per attempt, and a lookup for ambiguous ones.
+//!
+//! Only a clear `200 ACKED` or `422 REJECTED` is an answer. Everything else — our timeout, a
+//! connection error, a 5xx, a 504, an unexpected status or body — may or may not have moved money,
+//! so it is recorded as TIMEOUT (ambiguous) and resolved later by asking, never by resubmitting.
+
+use std::time::Duration;
+
+use reqwest::{StatusCode, Url};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::config::ConfigError;
+use crate::sql::Payout;
+
+#[derive(Debug, Clone)]
+pub struct Rail {
+    client: reqwest::Client,
+    payments: Url,
+}
+
+/// What one forward produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Forwarded {
+    Acked { rail_reference: String },
+    Rejected { reason: String },
+    Ambiguous { detail: String },
+}
+
+/// What asking the rail about an idempotency key produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    Acked { rail_reference: String },
+    Rejected { reason: String },
+    /// The rail has no record of the key (yet): still unknown, nothing to record.
+    Unknown,
+    /// We could not get an answer at all.
+    Unavailable { detail: String },
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PaymentOrder<'a> {
+    idempotency_key: &'a str,
+    payout_id: Uuid,
+    account_id: Uuid,
+    amount_minor: i64,
+    currency: &'a str,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RailAnswer {
+    status: String,
+    rail_reference: Option<String>,
+    reason: Option<String>,
+}
+
+impl RailAnswer {
+    fn acked_reference(&self) -> Option<String> {
+        (self.status == "ACKED").then(|| self.rail_reference.clone()).flatten()
+    }
+
+    fn rejected_reason(&self) -> Option<String> {
+        (self.status == "REJECTED").then(|| self.reason.clone().unwrap_or_default())
+    }
+}
+
+impl Rail {
+    pub fn new(base_url: &str, timeout: Duration) -> Result<Self, ConfigError> {
+        let bad = || ConfigError::RailUrl(base_url.to_owned());
+        let mut payments = Url::parse(base_url).map_err(|_| bad())?;
+        if !matches!(payments.scheme(), "http" | "https") {
+            return Err(bad());
+        }
+        payments
+            .path_segments_mut()
+            .map_err(|_| bad())?
+            .pop_if_empty()
+            .extend(["v1", "payments"]);
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .build()
+            .map_err(|_| bad())?;
+        Ok(Self { client, payments })
+    }
+
+    /// Forwards the payout once. Never retried: a retry is a second submission.
+    pub async fn forward(&self, payout: &Payout) -> Forwarded {
+        let order = PaymentOrder {
+            idempotency_key: &payout.idempotency_key,
+            payout_id: payout.payout_id,
+            account_id: payout.account_id,
+            amount_minor: payout.amount_minor,
+            currency: payout.currency.trim_end(),
+        };
+        let response = match self.client.post(self.payments.clone()).json(&order).send().await {
+            Ok(r) => r,
+            Err(e) => {
+                return Forwarded::Ambiguous {
+                    detail: describe(&e),
+                };
+            }
+        };
+        let status = response.status();
+        let answer = response.json::<RailAnswer>().await.ok();
+        match (status, answer) {
+            (StatusCode::OK, Some(a)) if a.acked_reference().is_some() => Forwarded::Acked {
+                rail_reference: a.acked_reference().unwrap_or_default(),
+            },
+            (StatusCode::UNPROCESSABLE_ENTITY, Some(a)) if a.rejected_reason().is_some() => Forwarded::Rejected {
+                reason: a.rejected_reason().unwrap_or_default(),
+            },
+            (status, _) => Forwarded::Ambiguous {
+                detail: format!("rail answered {status}"),
+            },
+        }
+    }
+
+    /// Asks the rail what became of an idempotency key. Never submits.
+    pub async fn lookup(&self, idempotency_key: &str) -> Lookup {
+        let mut url = self.payments.clone();
+        if let Ok(mut segments) = url.path_segments_mut() {
+            segments.push(idempotency_key);
+        }
+        let response = match self.client.get(url).send().await {
+            Ok(r) => r,
+            Err(e) => {
+                return Lookup::Unavailable {
+                    detail: describe(&e),
+                };
+            }
+        };
+        let status = response.status();
+        if status == StatusCode::NOT_FOUND {
+            return Lookup::Unknown;
+        }
+        match (status, response.json::<RailAnswer>().await.ok()) {
+            (StatusCode::OK, Some(a)) => match (a.acked_reference(), a.rejected_reason()) {
+                (Some(rail_reference), _) => Lookup::Acked { rail_reference },
+                (None, Some(reason)) => Lookup::Rejected { reason },
+                (None, None) => Lookup::Unavailable {
+                    detail: format!("rail reported status {:?}", a.status),
+                },
+            },
+            (status, _) => Lookup::Unavailable {
+                detail: format!("rail answered {status}"),
+            },
+        }
+    }
+}
+
+fn describe(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        "no answer within the rail timeout".to_owned()
+    } else if e.is_connect() {
+        format!("cannot connect to the rail: {e}")
+    } else {
+        format!("rail request failed: {e}")
+    }
+}

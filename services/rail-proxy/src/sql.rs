@@ -1,0 +1,227 @@
+//! Every statement rail-proxy runs, each exactly once, and the thin functions that run them.
+//!
+//! rail-proxy writes only `rail_submission` and `rail_high_water` (C1 §1.5: nothing else writes
+//! `rail_high_water`); it reads `payout` to learn the account, amount, currency and idempotency key.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgExecutor;
+use uuid::Uuid;
+
+/// Statement (d) of C1 §1.6, verbatim: advance the per-account high-water mark, strictly.
+/// Zero rows: a token at least as high has already submitted for this account.
+pub const HIGH_WATER: &str = "\
+INSERT INTO rail_high_water (account_id, highest_token, updated_at)
+VALUES ($1, $2, now())
+ON CONFLICT (account_id) DO UPDATE
+   SET highest_token = EXCLUDED.highest_token,
+       updated_at    = now()
+ WHERE rail_high_water.highest_token < EXCLUDED.highest_token
+RETURNING highest_token";
+
+/// After (d) returned zero rows: the mark that refused us (for the 409 body). (d) locked the row,
+/// so this reads the value that decided, or a later, higher one.
+const SELECT_HIGH_WATER: &str = "SELECT highest_token FROM rail_high_water WHERE account_id = $1";
+
+const SELECT_PAYOUT: &str = "\
+SELECT payout_id, account_id, amount_minor, currency, claimed_by, claim_token, idempotency_key
+  FROM payout
+ WHERE payout_id = $1";
+
+/// The audit row of a refusal by (d). Excluded from `rail_submission_attempt_uidx`, so any number
+/// of them may exist beside the one forwardable attempt.
+const INSERT_FENCED: &str = "\
+INSERT INTO rail_submission (submission_id, payout_id, idempotency_key, presented_token, outcome, resolved_at)
+VALUES ($1, $2, $3, $4, 'FENCED', now())
+RETURNING submission_id, payout_id, idempotency_key, presented_token, outcome, rail_reference,
+          submitted_at, resolved_at";
+
+/// The one forwardable attempt per payout (outcome NULL until the rail answers).
+/// `rail_submission_attempt_uidx` decides: if an attempt exists, zero rows and we never forward.
+const INSERT_ATTEMPT: &str = "\
+INSERT INTO rail_submission (submission_id, payout_id, idempotency_key, presented_token)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (payout_id) WHERE outcome IS DISTINCT FROM 'FENCED' DO NOTHING
+RETURNING submission_id, payout_id, idempotency_key, presented_token, outcome, rail_reference,
+          submitted_at, resolved_at";
+
+const SELECT_ATTEMPT: &str = "\
+SELECT submission_id, payout_id, idempotency_key, presented_token, outcome, rail_reference,
+       submitted_at, resolved_at
+  FROM rail_submission
+ WHERE payout_id = $1 AND outcome IS DISTINCT FROM 'FENCED'";
+
+const SELECT_SUBMISSIONS: &str = "\
+SELECT submission_id, payout_id, idempotency_key, presented_token, outcome, rail_reference,
+       submitted_at, resolved_at
+  FROM rail_submission
+ WHERE payout_id = $1
+ ORDER BY submitted_at, submission_id";
+
+/// What the rail answered to the one forward. Only an unanswered attempt can take it, so a
+/// resolution that raced ahead of a slow answer is never overwritten.
+const RECORD_FORWARD_OUTCOME: &str = "\
+UPDATE rail_submission
+   SET outcome = $2, rail_reference = $3, resolved_at = now()
+ WHERE submission_id = $1 AND outcome IS NULL
+RETURNING submission_id, payout_id, idempotency_key, presented_token, outcome, rail_reference,
+          submitted_at, resolved_at";
+
+/// The real outcome learned by asking the rail, for an ambiguous (TIMEOUT) or unanswered attempt.
+const RECORD_RESOLUTION: &str = "\
+UPDATE rail_submission
+   SET outcome = $2, rail_reference = $3, resolved_at = now()
+ WHERE submission_id = $1 AND (outcome IS NULL OR outcome = 'TIMEOUT')
+RETURNING submission_id, payout_id, idempotency_key, presented_token, outcome, rail_reference,
+          submitted_at, resolved_at";
+
+const PING: &str = "SELECT 1";
+
+/// The payout fields rail-proxy needs. It never writes payout.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Payout {
+    pub payout_id: Uuid,
+    pub account_id: Uuid,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub claimed_by: Option<String>,
+    pub claim_token: Option<i64>,
+    pub idempotency_key: String,
+}
+
+/// One `rail_submission` row, as the API returns it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[serde(rename_all = "camelCase")]
+pub struct Submission {
+    pub submission_id: Uuid,
+    pub payout_id: Uuid,
+    pub idempotency_key: String,
+    pub presented_token: i64,
+    /// NULL while the forward is in flight (or if we crashed mid-forward); then ACKED, REJECTED,
+    /// TIMEOUT (ambiguous, resolvable) or FENCED (refused by (d), never forwarded).
+    pub outcome: Option<String>,
+    pub rail_reference: Option<String>,
+    pub submitted_at: DateTime<Utc>,
+    pub resolved_at: Option<DateTime<Utc>>,
+}
+
+/// The outcomes rail-proxy records (`rail_outcome_ck`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Acked,
+    Rejected,
+    Timeout,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Acked => "ACKED",
+            Outcome::Rejected => "REJECTED",
+            Outcome::Timeout => "TIMEOUT",
+        }
+    }
+}
+
+pub async fn select_payout<'e>(db: impl PgExecutor<'e>, payout_id: Uuid) -> sqlx::Result<Option<Payout>> {
+    sqlx::query_as(SELECT_PAYOUT).bind(payout_id).fetch_optional(db).await
+}
+
+/// Runs (d). `statement` is [`HIGH_WATER`] in production; tests pass a deliberately broken
+/// variant to prove the test would notice. `Some(token)` = advanced, `None` = refused.
+pub async fn high_water<'e>(
+    db: impl PgExecutor<'e>,
+    statement: &'static str,
+    account_id: Uuid,
+    token: i64,
+) -> sqlx::Result<Option<i64>> {
+    sqlx::query_scalar(statement)
+        .bind(account_id)
+        .bind(token)
+        .fetch_optional(db)
+        .await
+}
+
+pub async fn select_high_water<'e>(db: impl PgExecutor<'e>, account_id: Uuid) -> sqlx::Result<Option<i64>> {
+    sqlx::query_scalar(SELECT_HIGH_WATER)
+        .bind(account_id)
+        .fetch_optional(db)
+        .await
+}
+
+pub async fn insert_fenced<'e>(
+    db: impl PgExecutor<'e>,
+    payout: &Payout,
+    token: i64,
+) -> sqlx::Result<Submission> {
+    sqlx::query_as(INSERT_FENCED)
+        .bind(Uuid::new_v4())
+        .bind(payout.payout_id)
+        .bind(&payout.idempotency_key)
+        .bind(token)
+        .fetch_one(db)
+        .await
+}
+
+/// `None`: a forwardable attempt already exists for this payout.
+pub async fn insert_attempt<'e>(
+    db: impl PgExecutor<'e>,
+    payout: &Payout,
+    token: i64,
+) -> sqlx::Result<Option<Submission>> {
+    sqlx::query_as(INSERT_ATTEMPT)
+        .bind(Uuid::new_v4())
+        .bind(payout.payout_id)
+        .bind(&payout.idempotency_key)
+        .bind(token)
+        .fetch_optional(db)
+        .await
+}
+
+pub async fn select_attempt<'e>(db: impl PgExecutor<'e>, payout_id: Uuid) -> sqlx::Result<Option<Submission>> {
+    sqlx::query_as(SELECT_ATTEMPT)
+        .bind(payout_id)
+        .fetch_optional(db)
+        .await
+}
+
+pub async fn select_submissions<'e>(db: impl PgExecutor<'e>, payout_id: Uuid) -> sqlx::Result<Vec<Submission>> {
+    sqlx::query_as(SELECT_SUBMISSIONS)
+        .bind(payout_id)
+        .fetch_all(db)
+        .await
+}
+
+/// `None`: the attempt was no longer unanswered (a resolution got there first).
+pub async fn record_forward_outcome<'e>(
+    db: impl PgExecutor<'e>,
+    submission_id: Uuid,
+    outcome: Outcome,
+    rail_reference: Option<&str>,
+) -> sqlx::Result<Option<Submission>> {
+    sqlx::query_as(RECORD_FORWARD_OUTCOME)
+        .bind(submission_id)
+        .bind(outcome.as_str())
+        .bind(rail_reference)
+        .fetch_optional(db)
+        .await
+}
+
+/// `None`: the attempt is already resolved (ACKED or REJECTED).
+pub async fn record_resolution<'e>(
+    db: impl PgExecutor<'e>,
+    submission_id: Uuid,
+    outcome: Outcome,
+    rail_reference: Option<&str>,
+) -> sqlx::Result<Option<Submission>> {
+    sqlx::query_as(RECORD_RESOLUTION)
+        .bind(submission_id)
+        .bind(outcome.as_str())
+        .bind(rail_reference)
+        .fetch_optional(db)
+        .await
+}
+
+pub async fn ping<'e>(db: impl PgExecutor<'e>) -> sqlx::Result<()> {
+    sqlx::query(PING).execute(db).await.map(|_| ())
+}

@@ -1,0 +1,760 @@
+//! rail-proxy against a real PostgreSQL 16 paydb (dlock-testkit) and an in-process rail-stub.
+//!
+//! Payouts are set up by inserting account and payout rows as the superuser; the proxy itself runs
+//! as payapp, exactly as deployed.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use dlock_testkit::TestDb;
+use rail_proxy::{Config, RailFence, RunningServer};
+use reqwest::{Client, StatusCode};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+const TOKEN: &str = "X-Fencing-Token";
+
+struct Harness {
+    _db: TestDb,
+    admin: PgPool,
+    stub: rail_stub::RunningServer,
+    proxy: RunningServer,
+    http: Client,
+}
+
+struct Payout {
+    id: Uuid,
+    key: String,
+}
+
+impl Harness {
+    async fn start(fence: RailFence) -> Self {
+        Self::start_with(fence, |_| {}).await
+    }
+
+    async fn start_with(fence: RailFence, tweak: impl FnOnce(&mut Config)) -> Self {
+        let db = dlock_testkit::paydb().await;
+        let admin = db.admin_pool().await;
+        let stub = rail_stub::spawn(rail_stub::Config::for_tests())
+            .await
+            .expect("stub starts");
+        let mut config = Config::new(db.app_url(), stub.url());
+        config.fence = fence;
+        config.max_connections = 4;
+        tweak(&mut config);
+        let proxy = rail_proxy::spawn(config).await.expect("proxy starts");
+        Self {
+            _db: db,
+            admin,
+            stub,
+            proxy,
+            http: Client::new(),
+        }
+    }
+
+    async fn stop(self) {
+        self.proxy.shutdown().await.expect("proxy stops");
+        self.stub.shutdown().await.expect("stub stops");
+    }
+
+    async fn account(&self) -> Uuid {
+        let id = Uuid::new_v4();
+        sqlx::query("INSERT INTO account (account_id, currency, balance_minor) VALUES ($1, 'EUR', 1000000)")
+            .bind(id)
+            .execute(&self.admin)
+            .await
+            .unwrap();
+        id
+    }
+
+    /// A payout CLAIMED by `owner` with `claim_token`.
+    async fn payout(&self, account: Uuid, amount: i64, claim_token: i64, owner: &str) -> Payout {
+        let id = Uuid::new_v4();
+        let key = format!("payout-{id}");
+        sqlx::query(
+            "INSERT INTO payout (payout_id, account_id, amount_minor, currency, state, claimed_by, claim_token, idempotency_key)
+             VALUES ($1, $2, $3, 'EUR', 'CLAIMED', $4, $5, $6)",
+        )
+        .bind(id)
+        .bind(account)
+        .bind(amount)
+        .bind(owner)
+        .bind(claim_token)
+        .bind(&key)
+        .execute(&self.admin)
+        .await
+        .unwrap();
+        Payout { id, key }
+    }
+
+    async fn submit_raw(&self, body: Value, token: Option<&str>) -> (StatusCode, Value) {
+        let mut req = self
+            .http
+            .post(format!("{}/v1/submissions", self.proxy.url()))
+            .json(&body);
+        if let Some(t) = token {
+            req = req.header(TOKEN, t);
+        }
+        let resp = req.send().await.unwrap();
+        (resp.status(), resp.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn submit(&self, payout: &Payout, token: i64) -> (StatusCode, Value) {
+        self.submit_raw(json!({"payoutId": payout.id}), Some(&token.to_string()))
+            .await
+    }
+
+    async fn resolve(&self, payout: Uuid, token: Option<&str>) -> (StatusCode, Value) {
+        let mut req = self
+            .http
+            .post(format!("{}/v1/submissions/{payout}/resolve", self.proxy.url()));
+        if let Some(t) = token {
+            req = req.header(TOKEN, t);
+        }
+        let resp = req.send().await.unwrap();
+        (resp.status(), resp.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn list(&self, payout: &str) -> (StatusCode, Value) {
+        let resp = self
+            .http
+            .get(format!("{}/v1/submissions/{payout}", self.proxy.url()))
+            .send()
+            .await
+            .unwrap();
+        (resp.status(), resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// The stub's ground truth.
+    async fn rail(&self) -> Value {
+        self.http
+            .get(format!("{}/v1/received", self.stub.url()))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    async fn rail_requests(&self) -> usize {
+        self.rail().await["requests"].as_array().map_or(0, Vec::len)
+    }
+
+    async fn stub_mode(&self, mode: &str) {
+        let resp = self
+            .http
+            .put(format!("{}/v1/admin/behaviour", self.stub.url()))
+            .json(&json!({"mode": mode, "latencyMs": 0}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+    }
+
+    async fn count(&self, table_sql: &'static str) -> i64 {
+        sqlx::query_scalar(table_sql).fetch_one(&self.admin).await.unwrap()
+    }
+
+    async fn submissions_rows(&self) -> i64 {
+        self.count("SELECT count(*) FROM rail_submission").await
+    }
+
+    async fn high_water_rows(&self) -> i64 {
+        self.count("SELECT count(*) FROM rail_high_water").await
+    }
+
+    async fn high_water(&self, account: Uuid) -> Option<i64> {
+        sqlx::query_scalar("SELECT highest_token FROM rail_high_water WHERE account_id = $1")
+            .bind(account)
+            .fetch_optional(&self.admin)
+            .await
+            .unwrap()
+    }
+
+    /// (outcome, resolved_at is set, presented_token, rail_reference) per row, oldest first.
+    async fn rows_for(&self, payout: Uuid) -> Vec<(Option<String>, bool, i64, Option<String>)> {
+        sqlx::query_as(
+            "SELECT outcome, resolved_at IS NOT NULL, presented_token, rail_reference
+               FROM rail_submission WHERE payout_id = $1 ORDER BY submitted_at, submission_id",
+        )
+        .bind(payout)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap()
+    }
+
+    async fn metrics(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.proxy.url()))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    /// The value of the series whose text before the value is exactly `series`.
+    async fn metric(&self, series: &str) -> u64 {
+        let text = self.metrics().await;
+        text.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+            .map(|v| v.trim().parse().expect("integer counter"))
+            .unwrap_or(0)
+    }
+}
+
+const DUPLICATE: &str = "rail_duplicate_attempted_total";
+const FENCED_RAIL: &str = "lock_fenced_out_total{resource=\"rail\"}";
+
+#[tokio::test]
+async fn first_submission_for_an_account_forwards_once_and_records_acked() {
+    let h = Harness::start(RailFence::from_flag(true)).await;
+    let account = h.account().await;
+    let p = h.payout(account, 2_500, 10, "worker-a").await;
+
+    let (status, body) = h.submit(&p, 10).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["outcome"], "ACKED");
+    assert_eq!(body["payoutId"], json!(p.id));
+    assert_eq!(body["presentedToken"], 10);
+    assert!(body["resolvedAt"].is_string());
+
+    let rail = h.rail().await;
+    assert_eq!(rail["requests"].as_array().map(Vec::len), Some(1));
+    let sent = &rail["requests"][0];
+    assert_eq!(sent["idempotencyKey"], json!(p.key));
+    assert_eq!(sent["payoutId"], json!(p.id));
+    assert_eq!(sent["accountId"], json!(account));
+    assert_eq!(sent["amountMinor"], 2_500);
+    assert_eq!(rail["perKey"][&p.key]["paid"], 1);
+    assert_eq!(body["railReference"], rail_reference(&h, &p.key).await);
+
+    assert_eq!(
+        h.rows_for(p.id).await,
+        vec![(
+            Some("ACKED".to_owned()),
+            true,
+            10,
+            body["railReference"].as_str().map(str::to_owned)
+        )]
+    );
+    assert_eq!(h.high_water(account).await, Some(10));
+    assert_eq!(h.metric("rail_proxy_submissions_total{outcome=\"acked\"}").await, 1);
+    assert_eq!(h.metric(FENCED_RAIL).await, 0);
+    h.stop().await;
+}
+
+async fn rail_reference(h: &Harness, key: &str) -> Value {
+    let p: Value = h
+        .http
+        .get(format!("{}/v1/payments/{key}", h.stub.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    p["railReference"].clone()
+}
+
+#[tokio::test]
+async fn a_lower_token_after_a_higher_one_is_fenced_recorded_and_not_forwarded() {
+    let h = Harness::start(RailFence::from_flag(true)).await;
+    let account = h.account().await;
+    let current = h.payout(account, 100, 10, "worker-new").await;
+    let stale = h.payout(account, 200, 5, "worker-stale").await;
+    assert_eq!(h.submit(&current, 10).await.0, StatusCode::OK);
+    assert_eq!(h.rail_requests().await, 1);
+    let (dup_before, fenced_before) = (h.metric(DUPLICATE).await, h.metric(FENCED_RAIL).await);
+    assert_eq!((dup_before, fenced_before), (0, 0));
+
+    let (status, body) = h.submit(&stale, 5).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["code"], "FENCED_OUT");
+    assert_eq!(body["presented"], 5);
+    assert_eq!(body["highest"], 10);
+    assert_eq!(body["resourceType"], "rail");
+    assert_eq!(body["resourceId"], json!(account.to_string()));
+    assert_eq!(body["ownerId"], "worker-stale");
+    assert!(body["message"].as_str().is_some_and(|m| !m.is_empty()));
+
+    assert_eq!(h.rail_requests().await, 1, "the stale submission must not reach the rail");
+    assert_eq!(h.rows_for(stale.id).await, vec![(Some("FENCED".to_owned()), true, 5, None)]);
+    assert_eq!(h.high_water(account).await, Some(10));
+    assert_eq!(h.metric(DUPLICATE).await, dup_before + 1);
+    assert_eq!(h.metric(FENCED_RAIL).await, fenced_before + 1);
+    assert_eq!(h.metric("rail_proxy_submissions_total{outcome=\"fenced\"}").await, 1);
+
+    // The adopter's view lists the refusal.
+    let (st, list) = h.list(&stale.id.to_string()).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(list["submissions"][0]["outcome"], "FENCED");
+    assert_eq!(list["submissions"][0]["submissionId"], body["submissionId"]);
+    h.stop().await;
+}
+
+/// What the equal-token scenario left behind.
+struct EqualTokenEvidence {
+    second: (StatusCode, Value),
+    rail_requests: usize,
+    fenced_rows: i64,
+}
+
+/// Two payouts of one account submitted with the same token: the second must be fenced (strict <).
+async fn equal_token_scenario(fence: RailFence) -> EqualTokenEvidence {
+    let h = Harness::start(fence).await;
+    let account = h.account().await;
+    let first = h.payout(account, 100, 7, "worker-a").await;
+    let second = h.payout(account, 300, 7, "worker-a").await;
+    assert_eq!(h.submit(&first, 7).await.0, StatusCode::OK);
+    let second = h.submit(&second, 7).await;
+    let evidence = EqualTokenEvidence {
+        second,
+        rail_requests: h.rail_requests().await,
+        fenced_rows: h
+            .count("SELECT count(*) FROM rail_submission WHERE outcome = 'FENCED'")
+            .await,
+    };
+    h.stop().await;
+    evidence
+}
+
+/// The invariants the equal-token test asserts, as a list of violations (empty = safe).
+fn equal_token_violations(e: &EqualTokenEvidence) -> Vec<&'static str> {
+    let mut v = Vec::new();
+    if e.second.0 != StatusCode::CONFLICT || e.second.1["code"] != "FENCED_OUT" {
+        v.push("the equal token was not refused with 409 FENCED_OUT");
+    }
+    if e.second.1["presented"] != 7 || e.second.1["highest"] != 7 {
+        v.push("the refusal does not report presented = highest = 7");
+    }
+    if e.rail_requests != 1 {
+        v.push("the equal token was forwarded to the rail");
+    }
+    if e.fenced_rows != 1 {
+        v.push("no FENCED audit row was recorded");
+    }
+    v
+}
+
+#[tokio::test]
+async fn an_equal_token_is_fenced_too() {
+    let e = equal_token_scenario(RailFence::from_flag(true)).await;
+    assert_eq!(equal_token_violations(&e), Vec::<&str>::new());
+}
+
+/// Negative control: (d) with `<=` instead of `<` (test code only) must make the test above fail.
+#[tokio::test]
+async fn negative_control_le_in_d_lets_the_equal_token_through() {
+    let broken: &'static str = Box::leak(
+        rail_proxy::sql::HIGH_WATER
+            .replace(
+                "rail_high_water.highest_token < EXCLUDED.highest_token",
+                "rail_high_water.highest_token <= EXCLUDED.highest_token",
+            )
+            .into_boxed_str(),
+    );
+    assert_ne!(broken, rail_proxy::sql::HIGH_WATER, "the broken variant must differ");
+    let e = equal_token_scenario(RailFence::Enforced { statement: broken }).await;
+    let violations = equal_token_violations(&e);
+    assert!(
+        violations.contains(&"the equal token was forwarded to the rail"),
+        "{violations:?}"
+    );
+    assert_eq!(e.second.0, StatusCode::OK);
+    assert_eq!(e.rail_requests, 2);
+}
+
+#[tokio::test]
+async fn a_second_forwardable_attempt_is_blocked_by_the_index_even_with_a_higher_token() {
+    let h = Harness::start(RailFence::from_flag(true)).await;
+    let account = h.account().await;
+    let p = h.payout(account, 900, 10, "worker-a").await;
+    let (_, first) = h.submit(&p, 10).await;
+    assert_eq!(first["outcome"], "ACKED");
+
+    let (status, body) = h.submit(&p, 11).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["code"], "DUPLICATE_ATTEMPT");
+    assert_eq!(body["outcome"], "ACKED");
+    assert_eq!(body["submissionId"], first["submissionId"]);
+    assert_eq!(body["railReference"], first["railReference"]);
+    assert_eq!(h.rail_requests().await, 1, "never forwarded twice");
+    assert_eq!(h.rows_for(p.id).await.len(), 1);
+    // (d) ran in its own transaction and passed: the higher token's mark stands.
+    assert_eq!(h.high_water(account).await, Some(11));
+    assert_eq!(h.metric(DUPLICATE).await, 0, "an existing attempt is not a fencing refusal");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn concurrent_submissions_for_one_payout_forward_exactly_once() {
+    let h = Harness::start(RailFence::from_flag(true)).await;
+    let account = h.account().await;
+    let p = h.payout(account, 50, 1, "worker-a").await;
+    let results = futures::future::join_all((1..=8).map(|t| h.submit(&p, t))).await;
+    let ok = results.iter().filter(|(s, _)| *s == StatusCode::OK).count();
+    let fenced = results
+        .iter()
+        .filter(|(s, b)| *s == StatusCode::CONFLICT && b["code"] == "FENCED_OUT")
+        .count();
+    let duplicate = results
+        .iter()
+        .filter(|(s, b)| *s == StatusCode::CONFLICT && b["code"] == "DUPLICATE_ATTEMPT")
+        .count();
+    assert_eq!(ok, 1, "{results:?}");
+    assert_eq!(ok + fenced + duplicate, 8, "{results:?}");
+    assert_eq!(h.rail_requests().await, 1);
+    let rows = h.rows_for(p.id).await;
+    assert_eq!(rows.iter().filter(|r| r.0.as_deref() != Some("FENCED")).count(), 1);
+    assert_eq!(
+        rows.iter().filter(|r| r.0.as_deref() == Some("FENCED")).count(),
+        fenced
+    );
+    assert_eq!(h.metric(DUPLICATE).await, fenced as u64);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_rail_rejection_is_recorded_rejected() {
+    let h = Harness::start(RailFence::from_flag(true)).await;
+    h.stub_mode("reject").await;
+    let account = h.account().await;
+    let p = h.payout(account, 100, 3, "worker-a").await;
+    let (status, body) = h.submit(&p, 3).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["outcome"], "REJECTED");
+    assert_eq!(body["railReference"], Value::Null);
+    assert_eq!(h.rows_for(p.id).await, vec![(Some("REJECTED".to_owned()), true, 3, None)]);
+    assert_eq!(h.rail().await["perKey"][&p.key]["paid"], 0);
+    assert_eq!(h.metric("rail_proxy_submissions_total{outcome=\"rejected\"}").await, 1);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_timeout_is_recorded_then_resolved_by_asking_without_resubmitting() {
+    let h = Harness::start_with(RailFence::from_flag(true), |c| {
+        c.rail_timeout = Duration::from_millis(500);
+    })
+    .await;
+    h.stub_mode("timeout").await;
+    let account = h.account().await;
+    let p = h.payout(account, 4_200, 20, "worker-a").await;
+
+    let (status, body) = h.submit(&p, 20).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["outcome"], "TIMEOUT");
+    assert!(body["resolvedAt"].is_string(), "TIMEOUT is recorded with resolved_at");
+    assert_eq!(h.rows_for(p.id).await, vec![(Some("TIMEOUT".to_owned()), true, 20, None)]);
+    // The money moved at the rail although we never heard.
+    assert_eq!(h.rail().await["perKey"][&p.key]["paid"], 1);
+
+    // Submitting again is refused, not forwarded.
+    let (status, again) = h.submit(&p, 21).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(again["code"], "DUPLICATE_ATTEMPT");
+    assert_eq!(again["outcome"], "TIMEOUT");
+
+    let (status, resolved) = h.resolve(p.id, Some("21")).await;
+    assert_eq!(status, StatusCode::OK, "{resolved}");
+    assert_eq!(resolved["outcome"], "ACKED");
+    assert_eq!(resolved["submissionId"], body["submissionId"]);
+    assert_eq!(resolved["railReference"], rail_reference(&h, &p.key).await);
+    assert!(resolved["railReference"].is_string());
+    let rows = h.rows_for(p.id).await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].0.as_deref(), rows[0].1), (Some("ACKED"), true));
+
+    // Resolving again changes nothing and asks nothing new of the rail.
+    let (status, twice) = h.resolve(p.id, Some("21")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(twice, resolved);
+    let rail = h.rail().await;
+    assert_eq!(rail["requests"].as_array().map(Vec::len), Some(1), "received exactly once");
+    assert_eq!(rail["perKey"][&p.key]["paid"], 1);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn an_attempt_left_unanswered_by_a_crash_is_resolved_from_the_rail() {
+    let h = Harness::start(RailFence::from_flag(true)).await;
+    let account = h.account().await;
+    let p = h.payout(account, 700, 30, "worker-dead").await;
+    // The proxy crashed after recording the attempt: outcome NULL, resolved_at NULL.
+    sqlx::query(
+        "INSERT INTO rail_submission (submission_id, payout_id, idempotency_key, presented_token)
+         VALUES ($1, $2, $3, 30)",
+    )
+    .bind(Uuid::new_v4())
+    .bind(p.id)
+    .bind(&p.key)
+    .execute(&h.admin)
+    .await
+    .unwrap();
+
+    // The rail has no record yet: nothing is recorded, the attempt stays open.
+    let (status, body) = h.resolve(p.id, Some("31")).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["code"], "RAIL_OUTCOME_UNKNOWN");
+    assert_eq!(h.rows_for(p.id).await, vec![(None, false, 30, None)]);
+
+    // A new holder's submission does not forward either.
+    let (status, dup) = h.submit(&p, 31).await;
+    assert_eq!((status, dup["code"].as_str()), (StatusCode::CONFLICT, Some("DUPLICATE_ATTEMPT")));
+    assert_eq!(dup["outcome"], Value::Null);
+    assert_eq!(h.rail_requests().await, 0);
+
+    // The crashed forward had in fact reached the rail.
+    let resp = h
+        .http
+        .post(format!("{}/v1/payments", h.stub.url()))
+        .json(&json!({
+            "idempotencyKey": p.key, "payoutId": p.id, "accountId": account,
+            "amountMinor": 700, "currency": "EUR",
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+
+    let (status, resolved) = h.resolve(p.id, Some("31")).await;
+    assert_eq!(status, StatusCode::OK, "{resolved}");
+    assert_eq!(resolved["outcome"], "ACKED");
+    assert_eq!(resolved["railReference"], rail_reference(&h, &p.key).await);
+    assert_eq!(h.rail_requests().await, 1);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn an_unreachable_rail_is_ambiguous_not_rejected() {
+    // Port 1 on loopback: nothing listens there.
+    let h = Harness::start_with(RailFence::from_flag(true), |c| {
+        c.rail_url = "http://127.0.0.1:1".to_owned();
+    })
+    .await;
+    let account = h.account().await;
+    let p = h.payout(account, 100, 4, "worker-a").await;
+    let (status, body) = h.submit(&p, 4).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["outcome"], "TIMEOUT");
+    let (status, body) = h.resolve(p.id, Some("4")).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert_eq!(body["code"], "RAIL_UNAVAILABLE");
+    assert_eq!(h.rows_for(p.id).await, vec![(Some("TIMEOUT".to_owned()), true, 4, None)]);
+    h.stop().await;
+}
+
+/// The kill switch's evidence: with (d) skipped, the stale token reaches the rail.
+#[tokio::test]
+async fn kill_switch_off_forwards_the_stale_token() {
+    let h = Harness::start(RailFence::from_flag(false)).await;
+    let account = h.account().await;
+    let current = h.payout(account, 100, 10, "worker-new").await;
+    let stale = h.payout(account, 200, 5, "worker-stale").await;
+    assert_eq!(h.submit(&current, 10).await.0, StatusCode::OK);
+    let (status, body) = h.submit(&stale, 5).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["outcome"], "ACKED");
+
+    let rail = h.rail().await;
+    let keys: Vec<&str> = rail["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["idempotencyKey"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, [current.key.as_str(), stale.key.as_str()], "the stale token was forwarded");
+    assert_eq!(h.high_water_rows().await, 0, "(d) is skipped entirely");
+    assert_eq!(
+        h.count("SELECT count(*) FROM rail_submission WHERE outcome = 'FENCED'")
+            .await,
+        0
+    );
+    assert_eq!(h.metric(DUPLICATE).await, 0);
+    // The one-attempt index is not part of the kill switch.
+    let (status, dup) = h.submit(&stale, 11).await;
+    assert_eq!((status, dup["code"].as_str()), (StatusCode::CONFLICT, Some("DUPLICATE_ATTEMPT")));
+    assert_eq!(h.rail_requests().await, 2);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn bad_input_is_a_4xx_with_a_code_and_writes_nothing() {
+    let h = Harness::start(RailFence::from_flag(true)).await;
+    let account = h.account().await;
+    let p = h.payout(account, 100, 5, "worker-a").await;
+    let good = json!({"payoutId": p.id});
+
+    for token in [
+        None,
+        Some(""),
+        Some("0"),
+        Some("-1"),
+        Some("abc"),
+        Some("1.5"),
+        Some("+5"),
+        Some("9223372036854775808"),
+    ] {
+        let (status, body) = h.submit_raw(good.clone(), token).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{token:?}");
+        assert_eq!(body["code"], "INVALID_TOKEN", "{token:?}");
+        assert!(body["message"].as_str().is_some_and(|m| !m.is_empty()));
+    }
+    for (body, code) in [
+        (json!({"payoutId": "nope"}), "INVALID_PAYOUT_ID"),
+        (json!({"payoutId": 42}), "INVALID_FIELD"),
+        (json!({}), "INVALID_FIELD"),
+        (json!({"payoutId": p.id, "token": 5}), "INVALID_FIELD"),
+    ] {
+        let (status, resp) = h.submit_raw(body.clone(), Some("5")).await;
+        assert_eq!((status, resp["code"].as_str()), (StatusCode::BAD_REQUEST, Some(code)), "{body}");
+    }
+    let (status, body) = h.submit_raw(json!({"payoutId": Uuid::new_v4()}), Some("5")).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("UNKNOWN_PAYOUT")));
+    let resp = h
+        .http
+        .post(format!("{}/v1/submissions", h.proxy.url()))
+        .header(TOKEN, "5")
+        .header("content-type", "application/json")
+        .body("{\"payoutId\":")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(resp.json::<Value>().await.unwrap()["code"], "MALFORMED_JSON");
+    let resp = h
+        .http
+        .post(format!("{}/v1/submissions", h.proxy.url()))
+        .header(TOKEN, "5")
+        .body(good.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+
+    // The other endpoints.
+    let (status, body) = h.list("nope").await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("INVALID_PAYOUT_ID")));
+    let (status, body) = h.list(&Uuid::new_v4().to_string()).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("UNKNOWN_PAYOUT")));
+    let (status, body) = h.resolve(p.id, None).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("INVALID_TOKEN")));
+    let (status, body) = h.resolve(p.id, Some("0")).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("INVALID_TOKEN")));
+    let (status, body) = h.resolve(Uuid::new_v4(), Some("5")).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("UNKNOWN_PAYOUT")));
+    let (status, body) = h.resolve(p.id, Some("5")).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("NO_ATTEMPT")));
+    let (status, body) = h.list(&p.id.to_string()).await;
+    assert_eq!((status, body["submissions"].clone()), (StatusCode::OK, json!([])));
+
+    assert_eq!(h.submissions_rows().await, 0);
+    assert_eq!(h.high_water_rows().await, 0);
+    assert_eq!(h.rail_requests().await, 0);
+    assert_eq!(h.metric(FENCED_RAIL).await, 0);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn health_readiness_and_an_unreachable_paydb() {
+    let h = Harness::start(RailFence::from_flag(true)).await;
+    for (path, text) in [("/healthz", "ok"), ("/readyz", "ready")] {
+        let resp = h.http.get(format!("{}{path}", h.proxy.url())).send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.text().await.unwrap(), text);
+    }
+    let metrics = h.metrics().await;
+    for series in [DUPLICATE, FENCED_RAIL] {
+        assert!(metrics.lines().any(|l| l == format!("{series} 0")), "{series} in\n{metrics}");
+    }
+
+    let mut down = Config::new("postgres://payapp@127.0.0.1:1/paydb", h.stub.url());
+    down.db_acquire_timeout = Duration::from_millis(300);
+    let proxy = rail_proxy::spawn(down).await.expect("starts without the database");
+    let resp = h.http.get(format!("{}/readyz", proxy.url())).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(resp.json::<Value>().await.unwrap()["code"], "UNAVAILABLE");
+    let resp = h
+        .http
+        .post(format!("{}/v1/submissions", proxy.url()))
+        .header(TOKEN, "5")
+        .json(&json!({"payoutId": Uuid::new_v4()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    proxy.shutdown().await.unwrap();
+
+    for bad in [
+        Config::new("postgres://payapp@127.0.0.1:1/paydb", "not a url"),
+        Config::new("postgres://payapp@127.0.0.1:1/paydb", "ftp://rail"),
+        Config::new("mysql://nope", h.stub.url()),
+        {
+            let mut c = Config::new("postgres://payapp@127.0.0.1:1/paydb", h.stub.url());
+            c.rail_timeout = Duration::ZERO;
+            c
+        },
+    ] {
+        let shown = format!("{} {}", bad.database_url, bad.rail_url);
+        assert!(rail_proxy::spawn(bad).await.is_err(), "{shown}");
+    }
+    h.stop().await;
+}
+
+/// `(METHOD, /path)` pairs under `paths:` of an OpenAPI document we write ourselves
+/// (two-space indentation), enough to compare with the router without a YAML dependency.
+fn openapi_routes(doc: &str) -> BTreeSet<(String, String)> {
+    let mut out = BTreeSet::new();
+    let mut in_paths = false;
+    let mut path: Option<String> = None;
+    for line in doc.lines() {
+        if !line.starts_with(' ') && !line.is_empty() {
+            in_paths = line.trim_end() == "paths:";
+            continue;
+        }
+        if !in_paths {
+            continue;
+        }
+        if let Some(p) = line.strip_prefix("  /") {
+            path = Some(format!("/{}", p.trim_end().trim_end_matches(':')));
+        } else if let Some(m) = line.strip_prefix("    ").and_then(|m| m.strip_suffix(':'))
+            && ["get", "post", "put", "delete", "patch"].contains(&m)
+        {
+            out.insert((m.to_uppercase(), path.clone().expect("method before path")));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_openapi_document_matches_the_router() {
+    let h = Harness::start(RailFence::from_flag(true)).await;
+    let served = h
+        .http
+        .get(format!("{}/openapi.yaml", h.proxy.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(served.status(), StatusCode::OK);
+    let documented = openapi_routes(&served.text().await.unwrap());
+    let routed: BTreeSet<(String, String)> = rail_proxy::api::ROUTES
+        .iter()
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect();
+    assert_eq!(documented, routed);
+    for (method, path) in &routed {
+        let url = format!("{}{}", h.proxy.url(), path.replace("{payoutId}", "probe"));
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let resp = h.http.request(method.clone(), url).send().await.unwrap();
+        let status = resp.status();
+        let code = resp.json::<Value>().await.ok().map(|v| v["code"].clone());
+        assert_ne!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+        assert_ne!(code, Some(json!("NOT_FOUND")), "{method} {path}");
+    }
+    let resp = h.http.get(format!("{}/v1/nothing", h.proxy.url())).send().await.unwrap();
+    assert_eq!(resp.json::<Value>().await.unwrap()["code"], "NOT_FOUND");
+    h.stop().await;
+}
