@@ -61,13 +61,10 @@ pub fn rendered_of_kind(kubectl: &crate::Kubectl, yaml: &str, kind: &str) -> Vec
     let out = kubectl
         .run_stdin(&["create", "--dry-run=client", "-o", "json", "-f", "-"], yaml)
         .ok();
-    let v = out.json();
-    let items = match v.get("items") {
-        Some(Value::Array(items)) => items.clone(),
-        _ => vec![v],
-    };
-    items
-        .into_iter()
+    // One JSON document per object, concatenated.
+    serde_json::Deserializer::from_str(&out.stdout)
+        .into_iter::<Value>()
+        .map(|v| v.unwrap_or_else(|e| panic!("kubectl printed bad JSON ({e}):\n{}", out.stdout)))
         .filter(|o| o.get("kind").and_then(Value::as_str) == Some(kind))
         .collect()
 }

@@ -154,9 +154,17 @@ impl Kubectl {
         self.run_stdin(&["apply", "-f", "-"], &ns.to_string()).ok();
     }
 
-    /// `kubectl auth can-i VERB RESOURCE [-n NS] --as USER`: `true` for "yes".
+    /// `kubectl auth can-i VERB RESOURCE [-n NS] --as USER`: `true` for "yes". RESOURCE may be
+    /// `type/name`; a subresource is written `type#sub` (e.g. `lockservices.dlock.dev#status`).
     pub fn can_i(&self, user: &str, verb: &str, resource: &str, ns: Option<&str>) -> bool {
+        let (resource, sub) = match resource.split_once('#') {
+            Some((r, s)) => (r, Some(s)),
+            None => (resource, None),
+        };
         let mut args = vec!["auth", "can-i", verb, resource, "--as", user];
+        if let Some(sub) = sub {
+            args.extend(["--subresource", sub]);
+        }
         if let Some(ns) = ns {
             args.extend(["-n", ns]);
         }

@@ -3,6 +3,7 @@
 //! operator under test therefore has exactly the rights the chart grants, not the admin's.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -52,12 +53,20 @@ pub fn install(cluster: &Cluster, helm_bin: &PathBuf, ns: &str, release: &str, d
         .to_owned();
     assert!(!token.is_empty(), "kubectl create token printed nothing");
 
+    // The RBAC authorizer works from a watch cache: wait until the new bindings are in effect.
+    let user = format!("system:serviceaccount:{ns}:{service_account}");
+    crate::eventually("the chart's RBAC to take effect", Duration::from_secs(30), || {
+        let ready = k.can_i(&user, "watch", "lockservices.dlock.dev", Some(ns))
+            && k.can_i(&user, "get", "customresourcedefinitions.apiextensions.k8s.io", None);
+        if ready { Ok(()) } else { Err(format!("{user} not yet authorized")) }
+    });
+
     let kubeconfig = dir.join("operator.kubeconfig");
     write_token_kubeconfig(cluster, &token, &format!("{ns}-{service_account}"), &kubeconfig);
     Identity {
         namespace: ns.to_owned(),
         release: release.to_owned(),
-        user: format!("system:serviceaccount:{ns}:{service_account}"),
+        user,
         service_account,
         kubeconfig,
     }

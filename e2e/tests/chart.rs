@@ -145,6 +145,8 @@ fn chart_rbac_is_least_privilege() {
         panic!("DLOCK_E2E=1 but helm is missing: run scripts/cluster-tools.sh");
     };
     let k = &c.kubectl;
+    // `kubectl auth can-i` resolves resource names through discovery: the CRDs must exist.
+    crds::install(k);
     let ns = env::unique_name("rbac");
     let other = env::unique_name("rbac-other");
     k.namespace(&other);
@@ -157,8 +159,8 @@ fn chart_rbac_is_least_privilege() {
     for (verb, res) in [
         ("watch", "lockservices.dlock.dev"),
         ("patch", "paymentstacks.dlock.dev"),
-        ("patch", "lockservices.dlock.dev/status"),
-        ("update", "paymentstacks.dlock.dev/status"),
+        ("patch", "lockservices.dlock.dev#status"),
+        ("update", "paymentstacks.dlock.dev#status"),
         ("create", "deployments.apps"),
         ("patch", "statefulsets.apps"),
         ("delete", "deployments.apps"),
@@ -190,7 +192,8 @@ fn chart_rbac_is_least_privilege() {
         ("get", "secrets", Some(other.as_str())),
         ("list", "lockservices.dlock.dev", Some(other.as_str())),
         ("create", "pods", Some(ns.as_str())),
-        ("create", "pods/exec", Some(ns.as_str())),
+        ("create", "pods#exec", Some(ns.as_str())),
+        ("update", "deployments.apps#status", Some(ns.as_str())),
         ("create", "lockservices.dlock.dev", Some(ns.as_str())),
         ("delete", "paymentstacks.dlock.dev", Some(ns.as_str())),
         ("list", "leases.coordination.k8s.io", Some(ns.as_str())),

@@ -238,3 +238,6 @@ impl SpecError {
         "InvalidSpec"
     }
 }
+
+#[cfg(test)]
+mod tests;

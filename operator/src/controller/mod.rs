@@ -278,3 +278,6 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     tokio::join!(lock_services, stacks, signal);
     tracing::info!(event = "controllers_stopped");
 }
+
+#[cfg(test)]
+mod tests;

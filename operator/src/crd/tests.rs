@@ -245,16 +245,23 @@ fn rail_url_is_required_without_the_stub() {
     rejects(&s, &payment_stack("pay", spec), None, "railUrl is required");
 }
 
+/// `minimum`/`maximum` of an integer property (OpenAPI keeps them as numbers; schemars writes `20.0`).
+#[allow(clippy::cast_possible_truncation)]
+fn bounds(prop: &Value) -> (i64, i64) {
+    let n = |k: &str| prop[k].as_f64().unwrap_or_else(|| panic!("no {k} in {prop}")) as i64;
+    (n("minimum"), n("maximum"))
+}
+
 /// Bounds the CEL evaluator does not check (plain OpenAPI), asserted on the schema itself.
 #[test]
 fn replica_worker_and_ttl_bounds() {
     let ls = schema::<LockService>();
     let spec = &ls["properties"]["spec"]["properties"];
     let replicas = &spec["lockServer"]["properties"]["replicas"];
-    assert_eq!((replicas["minimum"].as_i64(), replicas["maximum"].as_i64()), (Some(0), Some(20)));
+    assert_eq!(bounds(replicas), (0, 20));
     for ttl in ["defaultTtlMs", "sessionTtlMs"] {
         let t = &spec["lease"]["properties"][ttl];
-        let (min, max) = (t["minimum"].as_i64().unwrap(), t["maximum"].as_i64().unwrap());
+        let (min, max) = bounds(t);
         assert_eq!((min, max), (lockservice::MIN_LEASE_TTL_MS, lockservice::MAX_LEASE_TTL_MS));
         // Never a TTL the lock API would refuse.
         assert!(min >= dlock_common::validate::MIN_TTL_MS && max <= dlock_common::validate::MAX_TTL_MS);
@@ -263,10 +270,10 @@ fn replica_worker_and_ttl_bounds() {
     let spec = &ps["properties"]["spec"]["properties"];
     for component in ["paymentResource", "railProxy", "payoutExecutor"] {
         let r = &spec[component]["properties"]["replicas"];
-        assert_eq!((r["minimum"].as_i64(), r["maximum"].as_i64()), (Some(0), Some(20)), "{component}");
+        assert_eq!(bounds(r), (0, 20), "{component}");
     }
     let w = &spec["payoutExecutor"]["properties"]["workers"];
-    assert_eq!((w["minimum"].as_i64(), w["maximum"].as_i64()), (Some(1), Some(64)));
+    assert_eq!(bounds(w), (1, 64));
     assert_eq!(lockservice::MAX_REPLICAS, 20);
 }
 

@@ -237,7 +237,9 @@ impl LockApi {
             .send()
             .await?;
         read(response).await.map_err(|e| match e {
-            ClientError::Api { status, code, .. } if status == StatusCode::GONE && code == "LEASE_EXPIRED" => {
+            ClientError::Api { status, code, .. }
+                if status == StatusCode::GONE && code == "LEASE_EXPIRED" =>
+            {
                 ClientError::LockLost {
                     key: key.to_owned(),
                     token,
@@ -300,7 +302,10 @@ mod tests {
         );
         // A base with a path prefix keeps it.
         let api = LockApi::new("http://h:1/lock", &ClientConfig::default()).expect("url");
-        assert_eq!(api.url(&["v1", "sessions"]).as_str(), "http://h:1/lock/v1/sessions");
+        assert_eq!(
+            api.url(&["v1", "sessions"]).as_str(),
+            "http://h:1/lock/v1/sessions"
+        );
     }
 
     #[test]

@@ -38,7 +38,11 @@ mod tests {
         let mut ceiling = FIRST;
         for _ in 0..20 {
             let d = b.next_delay();
-            assert!(d >= ceiling / 2 && d <= ceiling, "{d:?} outside [{:?}, {ceiling:?}]", ceiling / 2);
+            assert!(
+                d >= ceiling / 2 && d <= ceiling,
+                "{d:?} outside [{:?}, {ceiling:?}]",
+                ceiling / 2
+            );
             ceiling = (ceiling * 2).min(CAP);
         }
         assert_eq!(b.ceiling, CAP);

@@ -133,7 +133,11 @@ mod tests {
         // Five confirmations span more than one TTL: without them the lease would be gone.
         let give_up = Instant::now() + Duration::from_secs(20);
         while calls.load(Ordering::SeqCst) < 5 {
-            assert!(Instant::now() < give_up, "only {} confirmations", calls.load(Ordering::SeqCst));
+            assert!(
+                Instant::now() < give_up,
+                "only {} confirmations",
+                calls.load(Ordering::SeqCst)
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(live.check().is_ok());
@@ -157,7 +161,9 @@ mod tests {
                 reason: LossReason::SessionGone,
             })
         });
-        let ended = tokio::time::timeout(Duration::from_secs(30), ended).await.expect("ended");
+        let ended = tokio::time::timeout(Duration::from_secs(30), ended)
+            .await
+            .expect("ended");
         assert_eq!(ended, Ended::Lost(LossReason::SessionGone));
         assert_eq!(live.check(), Err(LossReason::SessionGone));
     }
@@ -214,9 +220,13 @@ mod tests {
     async fn an_outside_loss_ends_the_loop() {
         let live = lease(60_000);
         let (_tx, rx) = watch::channel(false);
-        let task = tokio::spawn(run(live.clone(), CancellationToken::new(), rx, || async { Ok(Utc::now()) }));
+        let task = tokio::spawn(run(live.clone(), CancellationToken::new(), rx, || async {
+            Ok(Utc::now())
+        }));
         live.lose(LossReason::SessionEnded);
-        let ended = tokio::time::timeout(Duration::from_secs(30), task).await.expect("ended");
+        let ended = tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .expect("ended");
         assert_eq!(ended.expect("join"), Ended::Lost(LossReason::SessionEnded));
     }
 }

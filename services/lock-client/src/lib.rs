@@ -43,7 +43,9 @@ use std::time::Duration;
 pub use api::{ClientConfig, LockApi, LockGrant, LockState, LockStatus};
 pub use dlock_common::FencingToken;
 pub use dlock_common::fencing::FencedOutDetails;
-pub use error::{ClientError, FencedOut, LossReason, error_from_body, error_from_response, fenced_out_from_body};
+pub use error::{
+    ClientError, FencedOut, LossReason, error_from_body, error_from_response, fenced_out_from_body,
+};
 pub use handle::{LockHandle, ReleaseOutcome};
 pub use session::Session;
 

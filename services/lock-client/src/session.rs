@@ -149,7 +149,9 @@ impl Session {
 
     /// Acquires `key`, waiting up to `max_wait` while another holder has it: a 409 `CONTENDED` is
     /// retried with a small jittered backoff; when `max_wait` has elapsed (with one last attempt at
-    /// the end) the answer is [`ClientError::Contended`]. Other errors return at once.
+    /// the end) the answer is [`ClientError::Contended`]. Other errors return at once. `max_wait`
+    /// bounds the waiting between attempts; one attempt in flight is bounded by the request timeout
+    /// (it is not cut short, since the server may already have granted it).
     pub async fn acquire(
         &self,
         key: &str,

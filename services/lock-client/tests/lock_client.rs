@@ -17,7 +17,10 @@ async fn background_renewal_keeps_the_lock_past_several_ttls() {
     let s1 = env.session("worker-1").await;
     let s2 = env.session("worker-2").await;
     let lease = Duration::from_millis(600);
-    let h1 = s1.acquire("account:renew", lease, Duration::ZERO).await.expect("granted");
+    let h1 = s1
+        .acquire("account:renew", lease, Duration::ZERO)
+        .await
+        .expect("granted");
     let acquired_at = h1.acquired_at();
     assert_eq!(h1.key(), "account:renew");
     assert_eq!(h1.owner_id(), "worker-1");
@@ -33,7 +36,11 @@ async fn background_renewal_keeps_the_lock_past_several_ttls() {
             s2.try_acquire("account:renew", lease).await,
             Err(ClientError::Contended { .. })
         ));
-        assert!(h1.ensure_held().is_ok(), "lost while renewing: {:?}", h1.loss_reason());
+        assert!(
+            h1.ensure_held().is_ok(),
+            "lost while renewing: {:?}",
+            h1.loss_reason()
+        );
         let held_for = status.expires_at.expect("expiry") - acquired_at;
         held_for > chrono::Duration::from_std(lease * 5).expect("duration")
     })
@@ -51,7 +58,10 @@ async fn bounded_wait_returns_contended_while_another_holder_keeps_the_lock() {
     let env = Env::start().await;
     let s1 = env.session("holder").await;
     let s2 = env.session("waiter").await;
-    let h1 = s1.acquire("account:busy", LONG, Duration::ZERO).await.expect("granted");
+    let h1 = s1
+        .acquire("account:busy", LONG, Duration::ZERO)
+        .await
+        .expect("granted");
 
     let max_wait = Duration::from_millis(400);
     let started = Instant::now();
@@ -59,7 +69,10 @@ async fn bounded_wait_returns_contended_while_another_holder_keeps_the_lock() {
         .acquire("account:busy", LONG, max_wait)
         .await
         .expect_err("must not be granted");
-    assert!(matches!(&err, ClientError::Contended { key } if key == "account:busy"), "{err}");
+    assert!(
+        matches!(&err, ClientError::Contended { key } if key == "account:busy"),
+        "{err}"
+    );
     assert!(!err.is_terminal());
     // It did wait (and retried), rather than giving up at the first 409.
     assert!(started.elapsed() >= max_wait);
@@ -79,7 +92,10 @@ async fn bounded_wait_succeeds_when_the_holder_releases_during_the_wait() {
     let env = Env::start().await;
     let s1 = env.session("holder").await;
     let s2 = env.session("waiter").await;
-    let h1 = s1.acquire("account:handover", LONG, Duration::ZERO).await.expect("granted");
+    let h1 = s1
+        .acquire("account:handover", LONG, Duration::ZERO)
+        .await
+        .expect("granted");
     let t1 = h1.token();
 
     let contended_before = env.metric("lock_acquire_total{result=\"contended\"}").await;
@@ -106,7 +122,10 @@ async fn a_paused_holder_is_told_it_lost_the_lock_when_it_is_taken_over() {
     let env = Env::start().await;
     let s1 = env.session("paused").await;
     let s2 = env.session("successor").await;
-    let h1 = s1.acquire("account:pause", SHORT, Duration::ZERO).await.expect("granted");
+    let h1 = s1
+        .acquire("account:pause", SHORT, Duration::ZERO)
+        .await
+        .expect("granted");
     let lost = h1.lost_token();
 
     let h2 = pause_and_takeover(&env, h1, &s2, "account:pause")
@@ -122,15 +141,23 @@ async fn loss_details_of_a_paused_holder() {
     let env = Env::start().await;
     let s1 = env.session("paused").await;
     let s2 = env.session("successor").await;
-    let h1 = s1.acquire("account:pause2", SHORT, Duration::ZERO).await.expect("granted");
+    let h1 = s1
+        .acquire("account:pause2", SHORT, Duration::ZERO)
+        .await
+        .expect("granted");
     h1.suspend_renewal();
     let reason = within("the loss notification", h1.lost()).await;
     assert_eq!(reason, LossReason::RenewalUnconfirmed);
-    let h2 = s2.acquire("account:pause2", LONG, WAIT_LIMIT).await.expect("taken over");
+    let h2 = s2
+        .acquire("account:pause2", LONG, WAIT_LIMIT)
+        .await
+        .expect("taken over");
     match h1.ensure_held() {
         Err(e @ ClientError::LockLost { .. }) => {
             assert!(e.is_terminal());
-            let ClientError::LockLost { key, token, reason } = e else { unreachable!() };
+            let ClientError::LockLost { key, token, reason } = e else {
+                unreachable!()
+            };
             assert_eq!(key, "account:pause2");
             assert_eq!(token, h1.token());
             assert_eq!(reason, LossReason::RenewalUnconfirmed);
@@ -209,7 +236,10 @@ async fn a_session_closed_server_side_voids_its_handles() {
         Err(ClientError::SessionGone { .. })
     ));
     // The cascade released both locks: another session gets them at once, with newer tokens.
-    let a2 = s2.acquire("account:a", LONG, Duration::ZERO).await.expect("a is free");
+    let a2 = s2
+        .acquire("account:a", LONG, Duration::ZERO)
+        .await
+        .expect("a is free");
     assert!(a2.token() > b.token());
     assert_eq!(a.release().await.expect("release"), ReleaseOutcome::Stale);
     // Closing what is already gone says so.
@@ -221,11 +251,20 @@ async fn a_session_whose_heartbeats_stop_is_lost_reaped_and_its_locks_freed() {
     let env = Env::start().await;
     let s1 = env.client.open_session("worker-1", SHORT).await.expect("session");
     let s2 = env.session("worker-2").await;
-    let h1 = s1.acquire("account:reaped", LONG, Duration::ZERO).await.expect("granted");
+    let h1 = s1
+        .acquire("account:reaped", LONG, Duration::ZERO)
+        .await
+        .expect("granted");
     s1.suspend_heartbeat();
 
-    assert_eq!(within("session loss", s1.lost()).await, LossReason::HeartbeatUnconfirmed);
-    assert_eq!(within("handle loss", h1.lost()).await, LossReason::HeartbeatUnconfirmed);
+    assert_eq!(
+        within("session loss", s1.lost()).await,
+        LossReason::HeartbeatUnconfirmed
+    );
+    assert_eq!(
+        within("handle loss", h1.lost()).await,
+        LossReason::HeartbeatUnconfirmed
+    );
     assert!(h1.is_lost());
     // The server's reaper removes the expired session; the cascade frees the key.
     let h2 = s2
@@ -246,18 +285,28 @@ async fn a_session_whose_heartbeats_stop_is_lost_reaped_and_its_locks_freed() {
 async fn dropping_or_closing_the_session_voids_handles() {
     let env = Env::start().await;
     let s1 = env.session("worker-1").await;
-    let h1 = s1.acquire("account:dropped", LONG, Duration::ZERO).await.expect("granted");
+    let h1 = s1
+        .acquire("account:dropped", LONG, Duration::ZERO)
+        .await
+        .expect("granted");
     drop(s1);
     assert_eq!(within("handle loss", h1.lost()).await, LossReason::SessionEnded);
     assert!(h1.ensure_held().is_err());
 
     let s2 = env.session("worker-2").await;
-    let h2 = s2.acquire("account:closed", LONG, Duration::ZERO).await.expect("granted");
+    let h2 = s2
+        .acquire("account:closed", LONG, Duration::ZERO)
+        .await
+        .expect("granted");
     assert!(s2.close().await.expect("close"));
     assert_eq!(h2.loss_reason(), Some(LossReason::SessionEnded));
     // The cascade released the lock server-side.
     assert_eq!(env.holder_token("account:closed").await, None);
-    assert_eq!(env.session_rows().await, 1, "only the dropped session remains until it is reaped");
+    assert_eq!(
+        env.session_rows().await,
+        1,
+        "only the dropped session remains until it is reaped"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -265,14 +314,20 @@ async fn dropping_a_handle_stops_renewal_and_the_lease_lapses() {
     let env = Env::start().await;
     let s1 = env.session("worker-1").await;
     let s2 = env.session("worker-2").await;
-    let h1 = s1.acquire("account:lapse", SHORT, Duration::ZERO).await.expect("granted");
+    let h1 = s1
+        .acquire("account:lapse", SHORT, Duration::ZERO)
+        .await
+        .expect("granted");
     let t1 = h1.token();
     let lost = h1.lost_token();
     drop(h1);
     assert!(lost.is_cancelled(), "tasks watching the handle are told at once");
     // No release was sent, so the key frees only when the unrenewed lease lapses.
     assert_eq!(env.holder_token("account:lapse").await, Some(t1));
-    let h2 = s2.acquire("account:lapse", LONG, WAIT_LIMIT).await.expect("lapsed");
+    let h2 = s2
+        .acquire("account:lapse", LONG, WAIT_LIMIT)
+        .await
+        .expect("lapsed");
     assert!(h2.token() > t1);
 }
 
@@ -284,12 +339,18 @@ async fn the_server_out_of_reach_means_the_lock_is_lost_by_its_deadline() {
         .expect("lock-server starts");
     let client = dlock_client::LockClient::new(&server.base_url()).expect("client");
     let s1 = client.open_session("worker-1", LONG).await.expect("session");
-    let h1 = s1.acquire("account:partition", SHORT, Duration::ZERO).await.expect("granted");
+    let h1 = s1
+        .acquire("account:partition", SHORT, Duration::ZERO)
+        .await
+        .expect("granted");
     // Take the server away: renewals can no longer be confirmed.
     server.shutdown().await.expect("shutdown");
     let reason = within("the loss notification", h1.lost()).await;
     assert_eq!(reason, LossReason::RenewalUnconfirmed);
-    assert!(Instant::now() >= h1.valid_until(), "declared lost only once the deadline had passed");
+    assert!(
+        Instant::now() >= h1.valid_until(),
+        "declared lost only once the deadline had passed"
+    );
     assert!(h1.is_lost());
     // The session's own deadline is far away: it is not lost (yet).
     assert!(s1.check().is_ok());
@@ -311,19 +372,34 @@ async fn tokens_strictly_increase_across_keys_sessions_and_reentry() {
     let b = s2.acquire("account:y", LONG, Duration::ZERO).await.expect("y");
     tokens.push(b.token());
     // Re-entry from the same session: a new, higher token, and the older handle loses its lease.
-    let a_again = s1.acquire("account:x", LONG, Duration::ZERO).await.expect("re-entry");
+    let a_again = s1
+        .acquire("account:x", LONG, Duration::ZERO)
+        .await
+        .expect("re-entry");
     tokens.push(a_again.token());
-    assert_eq!(within("the re-entered handle's loss", a.lost()).await, LossReason::LeaseExpired);
+    assert_eq!(
+        within("the re-entered handle's loss", a.lost()).await,
+        LossReason::LeaseExpired
+    );
     assert_eq!(a.release().await.expect("stale"), ReleaseOutcome::Stale);
     // Release and acquire again: the counter does not live on the row.
-    assert_eq!(a_again.release().await.expect("release"), ReleaseOutcome::Released);
-    let c = s2.acquire("account:x", LONG, Duration::ZERO).await.expect("x again");
+    assert_eq!(
+        a_again.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let c = s2
+        .acquire("account:x", LONG, Duration::ZERO)
+        .await
+        .expect("x again");
     tokens.push(c.token());
     // A takeover of a lapsed lease.
     let short = s1.acquire("account:z", SHORT, Duration::ZERO).await.expect("z");
     tokens.push(short.token());
     short.suspend_renewal();
-    let taken = s2.acquire("account:z", LONG, WAIT_LIMIT).await.expect("z taken over");
+    let taken = s2
+        .acquire("account:z", LONG, WAIT_LIMIT)
+        .await
+        .expect("z taken over");
     tokens.push(taken.token());
 
     assert!(
@@ -348,7 +424,11 @@ async fn bad_input_is_refused_before_anything_is_sent() {
             other => panic!("{owner:?} {ttl:?}: expected {code}, got {other:?}"),
         }
     }
-    assert_eq!(env.session_rows().await, sessions_before, "no session was written");
+    assert_eq!(
+        env.session_rows().await,
+        sessions_before,
+        "no session was written"
+    );
 
     let s = env.session("worker").await;
     let long_key = "k".repeat(257);
@@ -400,12 +480,14 @@ async fn fake_account_resource() -> (std::net::SocketAddr, tokio::task::JoinHand
         let token = FencingToken::from_headers(&headers)?;
         const FENCE: i64 = 9;
         if token.get() <= FENCE {
-            return Err(ApiError::conflict(FENCED_OUT, "a newer holder already wrote this account")
-                .with("presented", token.get())
-                .with("highest", FENCE)
-                .with("resourceType", "account")
-                .with("resourceId", "acc-1")
-                .with("ownerId", "worker-1"));
+            return Err(
+                ApiError::conflict(FENCED_OUT, "a newer holder already wrote this account")
+                    .with("presented", token.get())
+                    .with("highest", FENCE)
+                    .with("resourceType", "account")
+                    .with("resourceId", "acc-1")
+                    .with("ownerId", "worker-1"),
+            );
         }
         Ok("ok")
     }
@@ -450,7 +532,10 @@ async fn a_fenced_out_answer_from_a_protected_resource_becomes_the_terminal_erro
     // A bad token is a plain, non-terminal API error — never read as 0 and fenced out.
     let bad = post("0").await.expect("answer");
     let e = dlock_client::error_from_response(bad).await;
-    assert!(matches!(&e, ClientError::Api { status, code, .. } if *status == 400 && code == "INVALID_TOKEN"), "{e:?}");
+    assert!(
+        matches!(&e, ClientError::Api { status, code, .. } if *status == 400 && code == "INVALID_TOKEN"),
+        "{e:?}"
+    );
     assert!(!e.is_terminal());
     assert_eq!(post("10").await.expect("answer").status(), 200);
     server.abort();

@@ -44,7 +44,10 @@ async fn a_client_without_a_local_deadline_still_believes_it_holds_the_lock() {
     let s2 = env.session("successor").await;
 
     // Control: the real handle.
-    let h1 = s1.acquire("account:real", SHORT, Duration::ZERO).await.expect("granted");
+    let h1 = s1
+        .acquire("account:real", SHORT, Duration::ZERO)
+        .await
+        .expect("granted");
     pause_and_takeover(&env, h1, &s2, "account:real")
         .await
         .expect("the real client holds the invariant");
@@ -62,7 +65,10 @@ async fn acquire_without_nextval_in_do_update_hands_out_the_old_token() {
     let env = Env::start_with(acquire_without_nextval_in_update()).await;
     let s1 = env.session("paused").await;
     let s2 = env.session("successor").await;
-    let h1 = s1.acquire("account:broken", SHORT, Duration::ZERO).await.expect("granted");
+    let h1 = s1
+        .acquire("account:broken", SHORT, Duration::ZERO)
+        .await
+        .expect("granted");
     let violation = pause_and_takeover(&env, h1, &s2, "account:broken")
         .await
         .expect_err("the broken acquire must be caught");
@@ -74,7 +80,10 @@ async fn release_by_key_alone_lets_the_stale_holder_delete_the_new_grant() {
     let env = Env::start_with(release_by_key_alone()).await;
     let s1 = env.session("paused").await;
     let s2 = env.session("successor").await;
-    let h1 = s1.acquire("account:broken", SHORT, Duration::ZERO).await.expect("granted");
+    let h1 = s1
+        .acquire("account:broken", SHORT, Duration::ZERO)
+        .await
+        .expect("granted");
     let violation = pause_and_takeover(&env, h1, &s2, "account:broken")
         .await
         .expect_err("the broken release must be caught");

@@ -63,7 +63,10 @@ impl Config {
         if self.pool_max_connections == 0 {
             return Err(ConfigError::PoolSize);
         }
-        if self.reaper_interval.is_some_and(|i| i < Duration::from_millis(10)) {
+        if self
+            .reaper_interval
+            .is_some_and(|i| i < Duration::from_millis(10))
+        {
             return Err(ConfigError::ReaperInterval);
         }
         Ok(())
@@ -176,7 +179,11 @@ mod tests {
     use clap::Parser;
 
     fn cli(args: &[&str]) -> Cli {
-        let mut all = vec!["lock-server", "--database-url", "postgres://lockapp@127.0.0.1/lockdb"];
+        let mut all = vec![
+            "lock-server",
+            "--database-url",
+            "postgres://lockapp@127.0.0.1/lockdb",
+        ];
         all.extend_from_slice(args);
         Cli::try_parse_from(all).unwrap()
     }

@@ -25,6 +25,6 @@ pub use config::{Cli, Config, ConfigError};
 pub use error::Error;
 pub use repo::Repo;
 pub use routes::{RouteSpec, app, routes};
-pub use server::{RunningServer, StartError, run, run_until, spawn, spawn_with_statements};
+pub use server::{RunningServer, StartError, run, spawn, spawn_with_statements};
 pub use sql::Statements;
 pub use state::AppState;

@@ -39,19 +39,28 @@ impl Table {
     }
 
     fn get<H: Handler<T, AppState>, T: 'static>(mut self, path: &'static str, h: H) -> Self {
-        self.routes.push(RouteSpec { method: Method::GET, path });
+        self.routes.push(RouteSpec {
+            method: Method::GET,
+            path,
+        });
         self.router = self.router.route(path, get(h));
         self
     }
 
     fn post<H: Handler<T, AppState>, T: 'static>(mut self, path: &'static str, h: H) -> Self {
-        self.routes.push(RouteSpec { method: Method::POST, path });
+        self.routes.push(RouteSpec {
+            method: Method::POST,
+            path,
+        });
         self.router = self.router.route(path, post(h));
         self
     }
 
     fn delete<H: Handler<T, AppState>, T: 'static>(mut self, path: &'static str, h: H) -> Self {
-        self.routes.push(RouteSpec { method: Method::DELETE, path });
+        self.routes.push(RouteSpec {
+            method: Method::DELETE,
+            path,
+        });
         self.router = self.router.route(path, delete(h));
         self
     }
@@ -100,8 +109,11 @@ async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Res
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "unmatched".to_owned());
     let response = next.run(req).await;
-    state
-        .metrics()
-        .observe_http(method.as_str(), &route, response.status().as_u16(), started.elapsed());
+    state.metrics().observe_http(
+        method.as_str(),
+        &route,
+        response.status().as_u16(),
+        started.elapsed(),
+    );
     response
 }

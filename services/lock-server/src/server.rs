@@ -1,7 +1,6 @@
 //! Starting the server: in-process on an ephemeral port ([`spawn`], for tests, the client library's
 //! tests and the demo) or until SIGTERM ([`run`], for the binary).
 
-use std::future::Future;
 use std::net::SocketAddr;
 
 use sqlx::PgPool;
@@ -119,16 +118,15 @@ pub async fn spawn_with_statements(config: Config, stmts: Statements) -> Result<
     })
 }
 
-/// Serves until SIGTERM/SIGINT, then drains in-flight requests, stops the reaper and closes the pool.
+/// Serves until SIGTERM/SIGINT (the binary), then lets in-flight requests finish, stops the reaper
+/// and closes the pool.
 pub async fn run(config: Config) -> Result<(), StartError> {
-    run_until(config, dlock_common::serve::shutdown_signal()).await
-}
-
-/// [`run`] with a caller-chosen shutdown signal.
-pub async fn run_until(config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), StartError> {
     config.validate()?;
     if config.admin_token.is_none() {
-        tracing::warn!(event = "admin_disabled", "no admin token configured; admin endpoints answer 403");
+        tracing::warn!(
+            event = "admin_disabled",
+            "no admin token configured; admin endpoints answer 403"
+        );
     }
     let state = AppState::new(pool(&config)?, config.admin_token.clone());
     let listener = dlock_common::serve::bind(config.listen).await?;
@@ -136,14 +134,11 @@ pub async fn run_until(config: Config, shutdown: impl Future<Output = ()> + Send
     let reaper = config
         .reaper_interval
         .map(|every| reaper::spawn(state.clone(), every, cancel.child_token()));
-    let served = axum::serve(listener, app(state.clone()))
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let served = dlock_common::serve::run(listener, app(state.clone())).await;
     cancel.cancel();
     if let Some(reaper) = reaper {
         reaper.await?;
     }
     state.repo().pool().close().await;
-    tracing::info!(event = "stopped");
     Ok(served?)
 }

@@ -20,7 +20,13 @@ struct Case {
     code: &'static str,
 }
 
-fn case(name: &'static str, method: Method, path: impl Into<String>, status: u16, code: &'static str) -> Case {
+fn case(
+    name: &'static str,
+    method: Method,
+    path: impl Into<String>,
+    status: u16,
+    code: &'static str,
+) -> Case {
     Case {
         name,
         method,
@@ -109,145 +115,533 @@ async fn every_bad_input_is_a_4xx_with_a_code_and_writes_nothing() {
 
     let mut cases = vec![
         // POST /v1/sessions
-        case("session: no content type", Method::POST, "/v1/sessions", 415, "UNSUPPORTED_MEDIA_TYPE")
-            .content_type(None)
-            .json(json!({"ownerId": "w", "ttlMs": 1000})),
-        case("session: text/plain", Method::POST, "/v1/sessions", 415, "UNSUPPORTED_MEDIA_TYPE")
-            .content_type(Some("text/plain"))
-            .json(json!({"ownerId": "w", "ttlMs": 1000})),
-        case("session: no body", Method::POST, "/v1/sessions", 400, "MALFORMED_JSON"),
-        case("session: truncated JSON", Method::POST, "/v1/sessions", 400, "MALFORMED_JSON").body("{"),
-        case("session: not JSON", Method::POST, "/v1/sessions", 400, "MALFORMED_JSON").body("ownerId=w"),
-        case("session: array", Method::POST, "/v1/sessions", 400, "INVALID_FIELD").body("[]"),
-        case("session: null", Method::POST, "/v1/sessions", 400, "INVALID_FIELD").body("null"),
-        case("session: missing ttlMs", Method::POST, "/v1/sessions", 400, "INVALID_FIELD")
-            .json(json!({"ownerId": "w"})),
-        case("session: missing ownerId", Method::POST, "/v1/sessions", 400, "INVALID_FIELD")
-            .json(json!({"ttlMs": 1000})),
-        case("session: ttl as string", Method::POST, "/v1/sessions", 400, "INVALID_FIELD")
-            .json(json!({"ownerId": "w", "ttlMs": "1000"})),
-        case("session: ttl fractional", Method::POST, "/v1/sessions", 400, "INVALID_FIELD")
-            .body(r#"{"ownerId":"w","ttlMs":1.5}"#),
-        case("session: ttl 1e30", Method::POST, "/v1/sessions", 400, "INVALID_FIELD")
-            .body(r#"{"ownerId":"w","ttlMs":1e30}"#),
-        case("session: ttl > i64", Method::POST, "/v1/sessions", 400, "INVALID_FIELD")
-            .body(r#"{"ownerId":"w","ttlMs":9223372036854775808}"#),
-        case("session: unknown field", Method::POST, "/v1/sessions", 400, "INVALID_FIELD")
-            .json(json!({"ownerId": "w", "ttlMs": 1000, "expiresAt": "2030-01-01T00:00:00Z"})),
-        case("session: owner as number", Method::POST, "/v1/sessions", 400, "INVALID_FIELD")
-            .json(json!({"ownerId": 7, "ttlMs": 1000})),
-        case("session: empty owner", Method::POST, "/v1/sessions", 400, "INVALID_OWNER_ID")
-            .json(json!({"ownerId": "", "ttlMs": 1000})),
-        case("session: owner leading space", Method::POST, "/v1/sessions", 400, "INVALID_OWNER_ID")
-            .json(json!({"ownerId": " w", "ttlMs": 1000})),
-        case("session: owner newline", Method::POST, "/v1/sessions", 400, "INVALID_OWNER_ID")
-            .json(json!({"ownerId": "a\nb", "ttlMs": 1000})),
-        case("session: owner NUL", Method::POST, "/v1/sessions", 400, "INVALID_OWNER_ID")
-            .json(json!({"ownerId": "a\u{0}b", "ttlMs": 1000})),
-        case("session: owner too long", Method::POST, "/v1/sessions", 400, "INVALID_OWNER_ID")
-            .json(json!({"ownerId": long_owner, "ttlMs": 1000})),
-        case("session: body too large", Method::POST, "/v1/sessions", 400, "MALFORMED_JSON")
-            .json(json!({"ownerId": "w".repeat(100_000), "ttlMs": 1000})),
+        case(
+            "session: no content type",
+            Method::POST,
+            "/v1/sessions",
+            415,
+            "UNSUPPORTED_MEDIA_TYPE",
+        )
+        .content_type(None)
+        .json(json!({"ownerId": "w", "ttlMs": 1000})),
+        case(
+            "session: text/plain",
+            Method::POST,
+            "/v1/sessions",
+            415,
+            "UNSUPPORTED_MEDIA_TYPE",
+        )
+        .content_type(Some("text/plain"))
+        .json(json!({"ownerId": "w", "ttlMs": 1000})),
+        case(
+            "session: no body",
+            Method::POST,
+            "/v1/sessions",
+            400,
+            "MALFORMED_JSON",
+        ),
+        case(
+            "session: truncated JSON",
+            Method::POST,
+            "/v1/sessions",
+            400,
+            "MALFORMED_JSON",
+        )
+        .body("{"),
+        case(
+            "session: not JSON",
+            Method::POST,
+            "/v1/sessions",
+            400,
+            "MALFORMED_JSON",
+        )
+        .body("ownerId=w"),
+        case(
+            "session: array",
+            Method::POST,
+            "/v1/sessions",
+            400,
+            "INVALID_FIELD",
+        )
+        .body("[]"),
+        case(
+            "session: null",
+            Method::POST,
+            "/v1/sessions",
+            400,
+            "INVALID_FIELD",
+        )
+        .body("null"),
+        case(
+            "session: missing ttlMs",
+            Method::POST,
+            "/v1/sessions",
+            400,
+            "INVALID_FIELD",
+        )
+        .json(json!({"ownerId": "w"})),
+        case(
+            "session: missing ownerId",
+            Method::POST,
+            "/v1/sessions",
+            400,
+            "INVALID_FIELD",
+        )
+        .json(json!({"ttlMs": 1000})),
+        case(
+            "session: ttl as string",
+            Method::POST,
+            "/v1/sessions",
+            400,
+            "INVALID_FIELD",
+        )
+        .json(json!({"ownerId": "w", "ttlMs": "1000"})),
+        case(
+            "session: ttl fractional",
+            Method::POST,
+            "/v1/sessions",
+            400,
+            "INVALID_FIELD",
+        )
+        .body(r#"{"ownerId":"w","ttlMs":1.5}"#),
+        case(
+            "session: ttl 1e30",
+            Method::POST,
+            "/v1/sessions",
+            400,
+            "INVALID_FIELD",
+        )
+        .body(r#"{"ownerId":"w","ttlMs":1e30}"#),
+        case(
+            "session: ttl > i64",
+            Method::POST,
+            "/v1/sessions",
+            400,
+            "INVALID_FIELD",
+        )
+        .body(r#"{"ownerId":"w","ttlMs":9223372036854775808}"#),
+        case(
+            "session: unknown field",
+            Method::POST,
+            "/v1/sessions",
+            400,
+            "INVALID_FIELD",
+        )
+        .json(json!({"ownerId": "w", "ttlMs": 1000, "expiresAt": "2030-01-01T00:00:00Z"})),
+        case(
+            "session: owner as number",
+            Method::POST,
+            "/v1/sessions",
+            400,
+            "INVALID_FIELD",
+        )
+        .json(json!({"ownerId": 7, "ttlMs": 1000})),
+        case(
+            "session: empty owner",
+            Method::POST,
+            "/v1/sessions",
+            400,
+            "INVALID_OWNER_ID",
+        )
+        .json(json!({"ownerId": "", "ttlMs": 1000})),
+        case(
+            "session: owner leading space",
+            Method::POST,
+            "/v1/sessions",
+            400,
+            "INVALID_OWNER_ID",
+        )
+        .json(json!({"ownerId": " w", "ttlMs": 1000})),
+        case(
+            "session: owner newline",
+            Method::POST,
+            "/v1/sessions",
+            400,
+            "INVALID_OWNER_ID",
+        )
+        .json(json!({"ownerId": "a\nb", "ttlMs": 1000})),
+        case(
+            "session: owner NUL",
+            Method::POST,
+            "/v1/sessions",
+            400,
+            "INVALID_OWNER_ID",
+        )
+        .json(json!({"ownerId": "a\u{0}b", "ttlMs": 1000})),
+        case(
+            "session: owner too long",
+            Method::POST,
+            "/v1/sessions",
+            400,
+            "INVALID_OWNER_ID",
+        )
+        .json(json!({"ownerId": long_owner, "ttlMs": 1000})),
+        case(
+            "session: body too large",
+            Method::POST,
+            "/v1/sessions",
+            400,
+            "MALFORMED_JSON",
+        )
+        .json(json!({"ownerId": "w".repeat(100_000), "ttlMs": 1000})),
         // POST /v1/sessions/{id}/heartbeat
-        case("heartbeat: bad uuid", Method::POST, "/v1/sessions/not-a-uuid/heartbeat", 400, "INVALID_PATH")
-            .json(json!({"ttlMs": 1000})),
-        case("heartbeat: ttl 9", Method::POST, format!("/v1/sessions/{s}/heartbeat"), 400, "INVALID_TTL")
-            .json(json!({"ttlMs": 9})),
-        case("heartbeat: ttl negative", Method::POST, format!("/v1/sessions/{s}/heartbeat"), 400, "INVALID_TTL")
-            .json(json!({"ttlMs": -1000})),
-        case("heartbeat: no body", Method::POST, format!("/v1/sessions/{s}/heartbeat"), 400, "MALFORMED_JSON"),
-        case("heartbeat: unknown field", Method::POST, format!("/v1/sessions/{s}/heartbeat"), 400, "INVALID_FIELD")
-            .json(json!({"ttlMs": 1000, "sessionId": s})),
+        case(
+            "heartbeat: bad uuid",
+            Method::POST,
+            "/v1/sessions/not-a-uuid/heartbeat",
+            400,
+            "INVALID_PATH",
+        )
+        .json(json!({"ttlMs": 1000})),
+        case(
+            "heartbeat: ttl 9",
+            Method::POST,
+            format!("/v1/sessions/{s}/heartbeat"),
+            400,
+            "INVALID_TTL",
+        )
+        .json(json!({"ttlMs": 9})),
+        case(
+            "heartbeat: ttl negative",
+            Method::POST,
+            format!("/v1/sessions/{s}/heartbeat"),
+            400,
+            "INVALID_TTL",
+        )
+        .json(json!({"ttlMs": -1000})),
+        case(
+            "heartbeat: no body",
+            Method::POST,
+            format!("/v1/sessions/{s}/heartbeat"),
+            400,
+            "MALFORMED_JSON",
+        ),
+        case(
+            "heartbeat: unknown field",
+            Method::POST,
+            format!("/v1/sessions/{s}/heartbeat"),
+            400,
+            "INVALID_FIELD",
+        )
+        .json(json!({"ttlMs": 1000, "sessionId": s})),
         // DELETE /v1/sessions/{id}
-        case("close: bad uuid", Method::DELETE, "/v1/sessions/nope", 400, "INVALID_PATH"),
-        case("close: uuid with suffix", Method::DELETE, format!("/v1/sessions/{s}x"), 400, "INVALID_PATH"),
+        case(
+            "close: bad uuid",
+            Method::DELETE,
+            "/v1/sessions/nope",
+            400,
+            "INVALID_PATH",
+        ),
+        case(
+            "close: uuid with suffix",
+            Method::DELETE,
+            format!("/v1/sessions/{s}x"),
+            400,
+            "INVALID_PATH",
+        ),
         // POST /v1/locks/{key}/acquire
-        case("acquire: key too long", Method::POST, format!("/v1/locks/{long_key}/acquire"), 400, "INVALID_LOCK_KEY")
-            .json(ok_acquire.clone()),
-        case("acquire: key newline", Method::POST, "/v1/locks/a%0Ab/acquire", 400, "INVALID_LOCK_KEY")
-            .json(ok_acquire.clone()),
-        case("acquire: key leading space", Method::POST, "/v1/locks/%20a/acquire", 400, "INVALID_LOCK_KEY")
-            .json(ok_acquire.clone()),
-        case("acquire: key NUL", Method::POST, "/v1/locks/a%00/acquire", 400, "INVALID_LOCK_KEY")
-            .json(ok_acquire.clone()),
-        case("acquire: key not UTF-8", Method::POST, "/v1/locks/%FF/acquire", 400, "INVALID_PATH")
-            .json(ok_acquire.clone()),
-        case("acquire: empty key", Method::POST, "/v1/locks//acquire", 400, "INVALID_LOCK_KEY").json(ok_acquire.clone()),
-        case("acquire: session not a uuid", Method::POST, "/v1/locks/k2/acquire", 400, "INVALID_FIELD")
-            .json(json!({"sessionId": "nope", "ownerId": "w", "ttlMs": 1000})),
-        case("acquire: missing session", Method::POST, "/v1/locks/k2/acquire", 400, "INVALID_FIELD")
-            .json(json!({"ownerId": "w", "ttlMs": 1000})),
-        case("acquire: empty owner", Method::POST, "/v1/locks/k2/acquire", 400, "INVALID_OWNER_ID")
-            .json(json!({"sessionId": s, "ownerId": "", "ttlMs": 1000})),
-        case("acquire: ttl 0", Method::POST, "/v1/locks/k2/acquire", 400, "INVALID_TTL")
-            .json(json!({"sessionId": s, "ownerId": "w", "ttlMs": 0})),
-        case("acquire: ttl above a day", Method::POST, "/v1/locks/k2/acquire", 400, "INVALID_TTL")
-            .json(json!({"sessionId": s, "ownerId": "w", "ttlMs": 86_400_001})),
-        case("acquire: ttl i64::MAX", Method::POST, "/v1/locks/k2/acquire", 400, "INVALID_TTL")
-            .json(json!({"sessionId": s, "ownerId": "w", "ttlMs": i64::MAX})),
-        case("acquire: client-sent token", Method::POST, "/v1/locks/k2/acquire", 400, "INVALID_FIELD")
-            .json(json!({"sessionId": s, "ownerId": "w", "ttlMs": 1000, "fencingToken": 99})),
-        case("acquire: malformed", Method::POST, "/v1/locks/k2/acquire", 400, "MALFORMED_JSON").body(r#"{"ttlMs": 10"#),
+        case(
+            "acquire: key too long",
+            Method::POST,
+            format!("/v1/locks/{long_key}/acquire"),
+            400,
+            "INVALID_LOCK_KEY",
+        )
+        .json(ok_acquire.clone()),
+        case(
+            "acquire: key newline",
+            Method::POST,
+            "/v1/locks/a%0Ab/acquire",
+            400,
+            "INVALID_LOCK_KEY",
+        )
+        .json(ok_acquire.clone()),
+        case(
+            "acquire: key leading space",
+            Method::POST,
+            "/v1/locks/%20a/acquire",
+            400,
+            "INVALID_LOCK_KEY",
+        )
+        .json(ok_acquire.clone()),
+        case(
+            "acquire: key NUL",
+            Method::POST,
+            "/v1/locks/a%00/acquire",
+            400,
+            "INVALID_LOCK_KEY",
+        )
+        .json(ok_acquire.clone()),
+        case(
+            "acquire: key not UTF-8",
+            Method::POST,
+            "/v1/locks/%FF/acquire",
+            400,
+            "INVALID_PATH",
+        )
+        .json(ok_acquire.clone()),
+        case(
+            "acquire: empty key",
+            Method::POST,
+            "/v1/locks//acquire",
+            400,
+            "INVALID_LOCK_KEY",
+        )
+        .json(ok_acquire.clone()),
+        case(
+            "acquire: session not a uuid",
+            Method::POST,
+            "/v1/locks/k2/acquire",
+            400,
+            "INVALID_FIELD",
+        )
+        .json(json!({"sessionId": "nope", "ownerId": "w", "ttlMs": 1000})),
+        case(
+            "acquire: missing session",
+            Method::POST,
+            "/v1/locks/k2/acquire",
+            400,
+            "INVALID_FIELD",
+        )
+        .json(json!({"ownerId": "w", "ttlMs": 1000})),
+        case(
+            "acquire: empty owner",
+            Method::POST,
+            "/v1/locks/k2/acquire",
+            400,
+            "INVALID_OWNER_ID",
+        )
+        .json(json!({"sessionId": s, "ownerId": "", "ttlMs": 1000})),
+        case(
+            "acquire: ttl 0",
+            Method::POST,
+            "/v1/locks/k2/acquire",
+            400,
+            "INVALID_TTL",
+        )
+        .json(json!({"sessionId": s, "ownerId": "w", "ttlMs": 0})),
+        case(
+            "acquire: ttl above a day",
+            Method::POST,
+            "/v1/locks/k2/acquire",
+            400,
+            "INVALID_TTL",
+        )
+        .json(json!({"sessionId": s, "ownerId": "w", "ttlMs": 86_400_001})),
+        case(
+            "acquire: ttl i64::MAX",
+            Method::POST,
+            "/v1/locks/k2/acquire",
+            400,
+            "INVALID_TTL",
+        )
+        .json(json!({"sessionId": s, "ownerId": "w", "ttlMs": i64::MAX})),
+        case(
+            "acquire: client-sent token",
+            Method::POST,
+            "/v1/locks/k2/acquire",
+            400,
+            "INVALID_FIELD",
+        )
+        .json(json!({"sessionId": s, "ownerId": "w", "ttlMs": 1000, "fencingToken": 99})),
+        case(
+            "acquire: malformed",
+            Method::POST,
+            "/v1/locks/k2/acquire",
+            400,
+            "MALFORMED_JSON",
+        )
+        .body(r#"{"ttlMs": 10"#),
         // renew: bad key, bad ttl with a valid token (must not extend the lease)
-        case("renew: bad key", Method::POST, "/v1/locks/%0A/renew", 400, "INVALID_LOCK_KEY")
-            .header("X-Fencing-Token", t.to_string())
-            .json(json!({"ttlMs": 1000})),
-        case("renew: ttl 0 with the valid token", Method::POST, "/v1/locks/k/renew", 400, "INVALID_TTL")
-            .header("X-Fencing-Token", t.to_string())
-            .json(json!({"ttlMs": 0})),
-        case("renew: no body", Method::POST, "/v1/locks/k/renew", 400, "MALFORMED_JSON")
-            .header("X-Fencing-Token", t.to_string()),
+        case(
+            "renew: bad key",
+            Method::POST,
+            "/v1/locks/%0A/renew",
+            400,
+            "INVALID_LOCK_KEY",
+        )
+        .header("X-Fencing-Token", t.to_string())
+        .json(json!({"ttlMs": 1000})),
+        case(
+            "renew: ttl 0 with the valid token",
+            Method::POST,
+            "/v1/locks/k/renew",
+            400,
+            "INVALID_TTL",
+        )
+        .header("X-Fencing-Token", t.to_string())
+        .json(json!({"ttlMs": 0})),
+        case(
+            "renew: no body",
+            Method::POST,
+            "/v1/locks/k/renew",
+            400,
+            "MALFORMED_JSON",
+        )
+        .header("X-Fencing-Token", t.to_string()),
         // release: bad key
-        case("release: bad key", Method::POST, "/v1/locks/%20k/release", 400, "INVALID_LOCK_KEY")
-            .header("X-Fencing-Token", t.to_string()),
+        case(
+            "release: bad key",
+            Method::POST,
+            "/v1/locks/%20k/release",
+            400,
+            "INVALID_LOCK_KEY",
+        )
+        .header("X-Fencing-Token", t.to_string()),
         // GET /v1/locks/{key}
-        case("read: bad key", Method::GET, "/v1/locks/a%09b", 400, "INVALID_LOCK_KEY"),
+        case(
+            "read: bad key",
+            Method::GET,
+            "/v1/locks/a%09b",
+            400,
+            "INVALID_LOCK_KEY",
+        ),
         // admin revoke
-        case("revoke: no auth", Method::POST, "/v1/admin/locks/k/revoke", 401, "UNAUTHORIZED")
-            .json(json!({"operator": "a", "reason": "r"})),
-        case("revoke: wrong token", Method::POST, "/v1/admin/locks/k/revoke", 401, "UNAUTHORIZED")
-            .header("Authorization", "Bearer nope")
-            .json(json!({"operator": "a", "reason": "r"})),
-        case("revoke: token as Basic", Method::POST, "/v1/admin/locks/k/revoke", 401, "UNAUTHORIZED")
-            .header("Authorization", format!("Basic {ADMIN_TOKEN}"))
-            .json(json!({"operator": "a", "reason": "r"})),
-        case("revoke: no space after scheme", Method::POST, "/v1/admin/locks/k/revoke", 401, "UNAUTHORIZED")
-            .header("Authorization", format!("Bearer{ADMIN_TOKEN}"))
-            .json(json!({"operator": "a", "reason": "r"})),
-        case("revoke: no auth, bad body", Method::POST, "/v1/admin/locks/k/revoke", 401, "UNAUTHORIZED")
-            .body("{"),
-        case("revoke: token with a suffix", Method::POST, "/v1/admin/locks/k/revoke", 401, "UNAUTHORIZED")
-            .header("Authorization", format!("Bearer {ADMIN_TOKEN}x"))
-            .json(json!({"operator": "a", "reason": "r"})),
-        case("revoke: malformed", Method::POST, "/v1/admin/locks/k/revoke", 400, "MALFORMED_JSON")
-            .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
-            .body("{"),
-        case("revoke: empty operator", Method::POST, "/v1/admin/locks/k/revoke", 400, "INVALID_FIELD")
-            .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
-            .json(json!({"operator": "", "reason": "r"})),
-        case("revoke: blank reason", Method::POST, "/v1/admin/locks/k/revoke", 400, "INVALID_FIELD")
-            .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
-            .json(json!({"operator": "a", "reason": "  "})),
-        case("revoke: reason too long", Method::POST, "/v1/admin/locks/k/revoke", 400, "INVALID_FIELD")
-            .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
-            .json(json!({"operator": "a", "reason": "r".repeat(1025)})),
-        case("revoke: missing reason", Method::POST, "/v1/admin/locks/k/revoke", 400, "INVALID_FIELD")
-            .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
-            .json(json!({"operator": "a"})),
-        case("revoke: bad request id", Method::POST, "/v1/admin/locks/k/revoke", 400, "INVALID_FIELD")
-            .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
-            .json(json!({"operator": "a", "reason": "r", "requestId": ""})),
-        case("revoke: bad key", Method::POST, "/v1/admin/locks/%0A/revoke", 400, "INVALID_LOCK_KEY")
-            .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
-            .json(json!({"operator": "a", "reason": "r"})),
+        case(
+            "revoke: no auth",
+            Method::POST,
+            "/v1/admin/locks/k/revoke",
+            401,
+            "UNAUTHORIZED",
+        )
+        .json(json!({"operator": "a", "reason": "r"})),
+        case(
+            "revoke: wrong token",
+            Method::POST,
+            "/v1/admin/locks/k/revoke",
+            401,
+            "UNAUTHORIZED",
+        )
+        .header("Authorization", "Bearer nope")
+        .json(json!({"operator": "a", "reason": "r"})),
+        case(
+            "revoke: token as Basic",
+            Method::POST,
+            "/v1/admin/locks/k/revoke",
+            401,
+            "UNAUTHORIZED",
+        )
+        .header("Authorization", format!("Basic {ADMIN_TOKEN}"))
+        .json(json!({"operator": "a", "reason": "r"})),
+        case(
+            "revoke: no space after scheme",
+            Method::POST,
+            "/v1/admin/locks/k/revoke",
+            401,
+            "UNAUTHORIZED",
+        )
+        .header("Authorization", format!("Bearer{ADMIN_TOKEN}"))
+        .json(json!({"operator": "a", "reason": "r"})),
+        case(
+            "revoke: no auth, bad body",
+            Method::POST,
+            "/v1/admin/locks/k/revoke",
+            401,
+            "UNAUTHORIZED",
+        )
+        .body("{"),
+        case(
+            "revoke: token with a suffix",
+            Method::POST,
+            "/v1/admin/locks/k/revoke",
+            401,
+            "UNAUTHORIZED",
+        )
+        .header("Authorization", format!("Bearer {ADMIN_TOKEN}x"))
+        .json(json!({"operator": "a", "reason": "r"})),
+        case(
+            "revoke: malformed",
+            Method::POST,
+            "/v1/admin/locks/k/revoke",
+            400,
+            "MALFORMED_JSON",
+        )
+        .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .body("{"),
+        case(
+            "revoke: empty operator",
+            Method::POST,
+            "/v1/admin/locks/k/revoke",
+            400,
+            "INVALID_FIELD",
+        )
+        .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .json(json!({"operator": "", "reason": "r"})),
+        case(
+            "revoke: blank reason",
+            Method::POST,
+            "/v1/admin/locks/k/revoke",
+            400,
+            "INVALID_FIELD",
+        )
+        .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .json(json!({"operator": "a", "reason": "  "})),
+        case(
+            "revoke: reason too long",
+            Method::POST,
+            "/v1/admin/locks/k/revoke",
+            400,
+            "INVALID_FIELD",
+        )
+        .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .json(json!({"operator": "a", "reason": "r".repeat(1025)})),
+        case(
+            "revoke: missing reason",
+            Method::POST,
+            "/v1/admin/locks/k/revoke",
+            400,
+            "INVALID_FIELD",
+        )
+        .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .json(json!({"operator": "a"})),
+        case(
+            "revoke: bad request id",
+            Method::POST,
+            "/v1/admin/locks/k/revoke",
+            400,
+            "INVALID_FIELD",
+        )
+        .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .json(json!({"operator": "a", "reason": "r", "requestId": ""})),
+        case(
+            "revoke: bad key",
+            Method::POST,
+            "/v1/admin/locks/%0A/revoke",
+            400,
+            "INVALID_LOCK_KEY",
+        )
+        .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .json(json!({"operator": "a", "reason": "r"})),
         // routing
         case("unknown route", Method::GET, "/v1/nope", 404, "NOT_FOUND"),
         case("unknown root", Method::POST, "/", 404, "NOT_FOUND"),
-        case("wrong method", Method::GET, "/v1/locks/k/acquire", 405, "METHOD_NOT_ALLOWED"),
-        case("wrong method on sessions", Method::PUT, "/v1/sessions", 405, "METHOD_NOT_ALLOWED"),
-        case("wrong method on a lock", Method::DELETE, "/v1/locks/k", 405, "METHOD_NOT_ALLOWED"),
+        case(
+            "wrong method",
+            Method::GET,
+            "/v1/locks/k/acquire",
+            405,
+            "METHOD_NOT_ALLOWED",
+        ),
+        case(
+            "wrong method on sessions",
+            Method::PUT,
+            "/v1/sessions",
+            405,
+            "METHOD_NOT_ALLOWED",
+        ),
+        case(
+            "wrong method on a lock",
+            Method::DELETE,
+            "/v1/locks/k",
+            405,
+            "METHOD_NOT_ALLOWED",
+        ),
     ];
-    cases.extend(token_cases("renew: bad token", "/v1/locks/k/renew", Some(r#"{"ttlMs":1000}"#)));
+    cases.extend(token_cases(
+        "renew: bad token",
+        "/v1/locks/k/renew",
+        Some(r#"{"ttlMs":1000}"#),
+    ));
     cases.extend(token_cases("release: bad token", "/v1/locks/k/release", None));
 
     let before = snapshot(&db.admin).await;
@@ -262,7 +656,13 @@ async fn every_bad_input_is_a_4xx_with_a_code_and_writes_nothing() {
             ));
         }
     }
-    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
     let after = snapshot(&db.admin).await;
     assert_eq!(after, before, "a rejected request wrote to lockdb");
 

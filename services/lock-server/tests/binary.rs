@@ -17,7 +17,14 @@ const BIN: &str = env!("CARGO_BIN_EXE_lock-server");
 async fn serves_with_env_config_and_exits_cleanly_on_sigterm() {
     let db = lockdb().await;
     let mut child = Command::new(BIN)
-        .args(["--listen", "127.0.0.1:0", "--reaper-interval-ms", "50", "--db-pool-size", "4"])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--reaper-interval-ms",
+            "50",
+            "--db-pool-size",
+            "4",
+        ])
         .env("DATABASE_URL", db.db.app_url())
         .env("DLOCK_ADMIN_TOKEN", ADMIN_TOKEN)
         .env_remove("DLOCK_LOG_FORMAT")
@@ -31,15 +38,17 @@ async fn serves_with_env_config_and_exits_cleanly_on_sigterm() {
     let (tx, rx) = mpsc::channel::<Value>();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                if tx.send(v).is_err() {
-                    break;
-                }
+            if let Ok(v) = serde_json::from_str::<Value>(&line)
+                && tx.send(v).is_err()
+            {
+                break;
             }
         }
     });
     let next_event = |name: &str| loop {
-        let v = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|e| panic!("no {name} event: {e}"));
+        let v = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("no {name} event: {e}"));
         if v["event"] == name {
             return v;
         }
@@ -74,7 +83,12 @@ async fn serves_with_env_config_and_exits_cleanly_on_sigterm() {
 #[test]
 fn refuses_an_invalid_configuration_with_exit_code_2() {
     let out = Command::new(BIN)
-        .args(["--database-url", "postgres://lockapp@127.0.0.1:1/lockdb", "--reaper-interval-ms", "5"])
+        .args([
+            "--database-url",
+            "postgres://lockapp@127.0.0.1:1/lockdb",
+            "--reaper-interval-ms",
+            "5",
+        ])
         .env_remove("DLOCK_ADMIN_TOKEN")
         .output()
         .unwrap();

@@ -34,7 +34,10 @@ async fn acquire_grants_a_free_key_with_a_lock_grant_body() {
         let t = r.body[f].as_str().unwrap();
         assert!(chrono::DateTime::parse_from_rfc3339(t).is_ok(), "{f}: {t}");
     }
-    assert_eq!(entry(&db.app, "account:42").await.unwrap().fencing_token, r.token());
+    assert_eq!(
+        entry(&db.app, "account:42").await.unwrap().fencing_token,
+        r.token()
+    );
     srv.shutdown().await.unwrap();
 }
 
@@ -78,7 +81,9 @@ async fn acquire_with_an_unknown_session_is_410_session_gone_not_500() {
 async fn keys_with_slashes_and_spaces_round_trip_percent_encoded() {
     let (db, srv, api) = setup().await;
     let s = api.open_session("w1", LONG_TTL_MS).await;
-    let r = api.acquire("tenant%2Faccount%3A7%20x", s, "w1", LONG_TTL_MS).await;
+    let r = api
+        .acquire("tenant%2Faccount%3A7%20x", s, "w1", LONG_TTL_MS)
+        .await;
     assert_eq!(r.status, StatusCode::OK, "{r:?}");
     assert_eq!(r.body["lockKey"], "tenant/account:7 x");
     assert!(entry(&db.app, "tenant/account:7 x").await.is_some());
@@ -115,7 +120,11 @@ async fn renew_after_lapse_is_lease_expired_counts_session_lost_and_does_not_res
 
     let r = api.renew("k", t, LONG_TTL_MS).await;
     assert_eq!((r.status, r.code()), (StatusCode::GONE, "LEASE_EXPIRED"), "{r:?}");
-    assert_eq!(entry(&db.app, "k").await.unwrap(), before, "the lapsed row was not touched");
+    assert_eq!(
+        entry(&db.app, "k").await.unwrap(),
+        before,
+        "the lapsed row was not touched"
+    );
     assert_eq!(api.get("/v1/locks/k").await.body["state"], "EXPIRED");
     assert_eq!(metric(&api.metrics().await, "lock_session_lost_total"), 1.0);
     assert_eq!(srv.state().metrics().session_lost.get(), 1);
@@ -129,11 +138,17 @@ async fn release_then_stale_release_is_200_stale_true() {
     let t = api.acquire("k", s, "w1", LONG_TTL_MS).await.token();
     let r = api.release("k", t).await;
     assert_eq!(r.status, StatusCode::OK);
-    assert_eq!(r.body, json!({"lockKey": "k", "fencingToken": t, "released": true, "stale": false}));
+    assert_eq!(
+        r.body,
+        json!({"lockKey": "k", "fencingToken": t, "released": true, "stale": false})
+    );
     assert!(entry(&db.app, "k").await.is_none());
     let r = api.release("k", t).await;
     assert_eq!(r.status, StatusCode::OK);
-    assert_eq!(r.body, json!({"lockKey": "k", "fencingToken": t, "released": false, "stale": true}));
+    assert_eq!(
+        r.body,
+        json!({"lockKey": "k", "fencingToken": t, "released": false, "stale": true})
+    );
     let m = api.metrics().await;
     assert_eq!(metric(&m, "lock_release_total{stale=\"false\"}"), 1.0);
     assert_eq!(metric(&m, "lock_release_total{stale=\"true\"}"), 1.0);
@@ -192,7 +207,10 @@ async fn closing_a_session_cascades_to_its_locks() {
     let r = api.close_session(s).await;
     assert_eq!(r.body, json!({"sessionId": s, "closed": true}));
     assert_eq!(count(&db.app, "SELECT count(*) FROM lock_entry").await, 0);
-    assert_eq!(api.get("/v1/locks/a").await.body, json!({"lockKey": "a", "state": "FREE"}));
+    assert_eq!(
+        api.get("/v1/locks/a").await.body,
+        json!({"lockKey": "a", "state": "FREE"})
+    );
     let r = api.close_session(s).await;
     assert_eq!(r.body, json!({"sessionId": s, "closed": false}));
     // The void handle: renew fails, release is stale.
@@ -253,7 +271,9 @@ async fn thirty_two_concurrent_http_acquirers_get_exactly_one_grant() {
 #[tokio::test]
 async fn pause_and_return_the_returning_holder_changes_nothing() {
     let (db, srv, api) = setup().await;
-    scenario_pause_and_return(&api, &db.admin, "account:7").await.unwrap();
+    scenario_pause_and_return(&api, &db.admin, "account:7")
+        .await
+        .unwrap();
     srv.shutdown().await.unwrap();
 }
 
@@ -268,7 +288,11 @@ async fn force_revoke_requires_the_bearer_token_and_reports_the_outcome() {
 
     for bearer in [None, Some("wrong"), Some("test-admin-token-7f3"), Some("")] {
         let r = api.revoke("account:9", bearer, body.clone()).await;
-        assert_eq!((r.status, r.code()), (StatusCode::UNAUTHORIZED, "UNAUTHORIZED"), "{bearer:?}");
+        assert_eq!(
+            (r.status, r.code()),
+            (StatusCode::UNAUTHORIZED, "UNAUTHORIZED"),
+            "{bearer:?}"
+        );
     }
     let r = reply(
         api.http
@@ -291,21 +315,41 @@ async fn force_revoke_requires_the_bearer_token_and_reports_the_outcome() {
         json!({"outcome": "REVOKED", "lockKey": "account:9", "previousOwner": "w1",
                "previousToken": t, "requestId": "req-1"})
     );
-    let audit: (String, String, i64, String, String) = sqlx::query_as(
-        "SELECT lock_key, prev_owner, prev_token, operator, reason FROM lock_revocation",
-    )
-    .fetch_one(&db.app)
-    .await
-    .unwrap();
-    assert_eq!(audit, ("account:9".into(), "w1".into(), t, "alice".into(), "stuck payout".into()));
+    let audit: (String, String, i64, String, String) =
+        sqlx::query_as("SELECT lock_key, prev_owner, prev_token, operator, reason FROM lock_revocation")
+            .fetch_one(&db.app)
+            .await
+            .unwrap();
+    assert_eq!(
+        audit,
+        (
+            "account:9".into(),
+            "w1".into(),
+            t,
+            "alice".into(),
+            "stuck payout".into()
+        )
+    );
 
     // The revoked holder's renew fails.
-    assert_eq!(api.renew("account:9", t, LONG_TTL_MS).await.code(), "LEASE_EXPIRED");
+    assert_eq!(
+        api.renew("account:9", t, LONG_TTL_MS).await.code(),
+        "LEASE_EXPIRED"
+    );
 
     // NOT_HELD when free; nothing appended.
     let r = api.revoke("account:9", Some(ADMIN_TOKEN), body.clone()).await;
-    assert_eq!(r.body, json!({"outcome": "NOT_HELD", "lockKey": "account:9", "requestId": "req-1"}));
-    let r = api.revoke("never", Some(ADMIN_TOKEN), json!({"operator": "a", "reason": "r"})).await;
+    assert_eq!(
+        r.body,
+        json!({"outcome": "NOT_HELD", "lockKey": "account:9", "requestId": "req-1"})
+    );
+    let r = api
+        .revoke(
+            "never",
+            Some(ADMIN_TOKEN),
+            json!({"operator": "a", "reason": "r"}),
+        )
+        .await;
     assert_eq!(r.body, json!({"outcome": "NOT_HELD", "lockKey": "never"}));
     assert_eq!(count(&db.app, "SELECT count(*) FROM lock_revocation").await, 1);
 
@@ -325,8 +369,14 @@ async fn force_revoke_without_a_configured_token_is_403_admin_disabled() {
     let s = api.open_session("w1", LONG_TTL_MS).await;
     api.acquire("k", s, "w1", LONG_TTL_MS).await.token();
     for bearer in [None, Some(ADMIN_TOKEN), Some("")] {
-        let r = api.revoke("k", bearer, json!({"operator": "a", "reason": "r"})).await;
-        assert_eq!((r.status, r.code()), (StatusCode::FORBIDDEN, "ADMIN_DISABLED"), "{r:?}");
+        let r = api
+            .revoke("k", bearer, json!({"operator": "a", "reason": "r"}))
+            .await;
+        assert_eq!(
+            (r.status, r.code()),
+            (StatusCode::FORBIDDEN, "ADMIN_DISABLED"),
+            "{r:?}"
+        );
     }
     assert!(entry(&db.app, "k").await.is_some());
     srv.shutdown().await.unwrap();
@@ -337,17 +387,26 @@ async fn force_revoke_without_a_configured_token_is_403_admin_disabled() {
 #[tokio::test]
 async fn read_reports_free_held_and_expired_without_the_session_id() {
     let (db, srv, api) = setup().await;
-    assert_eq!(api.get("/v1/locks/k").await.body, json!({"lockKey": "k", "state": "FREE"}));
+    assert_eq!(
+        api.get("/v1/locks/k").await.body,
+        json!({"lockKey": "k", "state": "FREE"})
+    );
     let s = api.open_session("w1", LONG_TTL_MS).await;
     let t = api.acquire("k", s, "w1", LONG_TTL_MS).await.token();
     let v = api.get("/v1/locks/k").await;
-    assert_eq!((v.body["state"].as_str(), v.body["fencingToken"].as_i64()), (Some("HELD"), Some(t)));
+    assert_eq!(
+        (v.body["state"].as_str(), v.body["fencingToken"].as_i64()),
+        (Some("HELD"), Some(t))
+    );
     assert_eq!(v.body["ownerId"], "w1");
     assert!(v.body.get("sessionId").is_none());
     let t2 = api.acquire("e", s, "w1", SHORT_TTL_MS).await.token();
     await_lease_lapsed(&db.admin, "e").await;
     let v = api.get("/v1/locks/e").await;
-    assert_eq!((v.body["state"].as_str(), v.body["fencingToken"].as_i64()), (Some("EXPIRED"), Some(t2)));
+    assert_eq!(
+        (v.body["state"].as_str(), v.body["fencingToken"].as_i64()),
+        (Some("EXPIRED"), Some(t2))
+    );
     srv.shutdown().await.unwrap();
 }
 
@@ -355,16 +414,23 @@ async fn read_reports_free_held_and_expired_without_the_session_id() {
 async fn healthz_readyz_metrics_and_openapi_are_served() {
     let (_db, srv, api) = setup().await;
     let h = api.http.get(api.url("/healthz")).send().await.unwrap();
-    assert_eq!((h.status(), h.text().await.unwrap().as_str()), (StatusCode::OK, "ok"));
+    assert_eq!(
+        (h.status(), h.text().await.unwrap().as_str()),
+        (StatusCode::OK, "ok")
+    );
     let r = api.http.get(api.url("/readyz")).send().await.unwrap();
-    assert_eq!((r.status(), r.text().await.unwrap().as_str()), (StatusCode::OK, "ready"));
+    assert_eq!(
+        (r.status(), r.text().await.unwrap().as_str()),
+        (StatusCode::OK, "ready")
+    );
     let o = api.http.get(api.url("/openapi.yaml")).send().await.unwrap();
     assert_eq!(o.status(), StatusCode::OK);
     assert!(o.text().await.unwrap().starts_with("openapi: 3.1"));
 
     let s = api.open_session("w1", LONG_TTL_MS).await;
     api.acquire("k", s, "w1", LONG_TTL_MS).await.token();
-    api.acquire("k", api.open_session("w2", LONG_TTL_MS).await, "w2", LONG_TTL_MS).await;
+    api.acquire("k", api.open_session("w2", LONG_TTL_MS).await, "w2", LONG_TTL_MS)
+        .await;
     let m = api.metrics().await;
     assert_eq!(metric(&m, "lock_acquire_total{result=\"granted\"}"), 1.0);
     assert_eq!(metric(&m, "lock_acquire_total{result=\"contended\"}"), 1.0);
@@ -373,24 +439,41 @@ async fn healthz_readyz_metrics_and_openapi_are_served() {
     // The histogram is labelled by route template, never by the raw path (which holds the key).
     let acquire_count = "http_request_duration_seconds_count{method=\"POST\",route=\"/v1/locks/{key}/acquire\",status=\"200\"}";
     assert_eq!(metric(&m, acquire_count), 1.0);
-    assert!(!m.contains("route=\"/v1/locks/k/"), "raw path used as a label:\n{m}");
+    assert!(
+        !m.contains("route=\"/v1/locks/k/"),
+        "raw path used as a label:\n{m}"
+    );
     srv.shutdown().await.unwrap();
 }
 
 #[tokio::test]
 async fn readyz_is_503_when_lockdb_does_not_answer() {
     // A port nothing listens on: bind one, note it, close it.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let mut cfg = lock_server::Config::new(format!("postgres://lockapp@127.0.0.1:{port}/lockdb"));
     cfg.pool_acquire_timeout = Duration::from_millis(500);
     cfg.reaper_interval = None;
     let srv = lock_server::spawn(cfg).await.unwrap();
     let api = Api::new(&srv);
     let r = api.get("/readyz").await;
-    assert_eq!((r.status, r.code()), (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE"), "{r:?}");
+    assert_eq!(
+        (r.status, r.code()),
+        (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE"),
+        "{r:?}"
+    );
     assert_eq!(api.get("/healthz").await.status, StatusCode::OK);
     // A request that needs the database is 503 too, not 500.
-    let r = api.post_json("/v1/sessions", json!({"ownerId": "w", "ttlMs": 1000})).await;
-    assert_eq!((r.status, r.code()), (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE"), "{r:?}");
+    let r = api
+        .post_json("/v1/sessions", json!({"ownerId": "w", "ttlMs": 1000}))
+        .await;
+    assert_eq!(
+        (r.status, r.code()),
+        (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE"),
+        "{r:?}"
+    );
     srv.shutdown().await.unwrap();
 }

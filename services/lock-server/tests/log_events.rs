@@ -66,12 +66,21 @@ async fn each_outcome_logs_its_contract_event() {
     lock_server::reaper::reap_once(srv.state()).await.unwrap();
     api.heartbeat(gone, LONG_TTL_MS).await; // session_lost
     let t3 = api.acquire("r", s1, "w1", LONG_TTL_MS).await.token();
-    api.revoke("r", Some(ADMIN_TOKEN), json!({"operator": "ops", "reason": "test", "requestId": "q1"}))
-        .await;
+    api.revoke(
+        "r",
+        Some(ADMIN_TOKEN),
+        json!({"operator": "ops", "reason": "test", "requestId": "q1"}),
+    )
+    .await;
     srv.shutdown().await.unwrap();
 
     let granted = captured.named("lock_granted");
-    assert!(granted.iter().any(|e| e["lock_key"] == "k" && e["fencing_token"] == t2), "{granted:?}");
+    assert!(
+        granted
+            .iter()
+            .any(|e| e["lock_key"] == "k" && e["fencing_token"] == t2),
+        "{granted:?}"
+    );
     let contended = captured.named("lock_contended");
     assert!(contended.iter().any(|e| e["lock_key"] == "k"), "{contended:?}");
     assert!(
@@ -81,17 +90,33 @@ async fn each_outcome_logs_its_contract_event() {
 
     let expired = captured.named("lease_expired");
     assert_eq!(expired.len(), 1, "{expired:?}");
-    assert_eq!((&expired[0]["lock_key"], &expired[0]["fencing_token"]), (&json!("k"), &json!(t1)));
+    assert_eq!(
+        (&expired[0]["lock_key"], &expired[0]["fencing_token"]),
+        (&json!("k"), &json!(t1))
+    );
     assert_eq!(expired[0]["level"], "WARN");
 
     let released = captured.named("lock_released");
-    assert!(released.iter().any(|e| e["fencing_token"] == t1 && e["stale"] == true), "{released:?}");
-    assert!(released.iter().any(|e| e["fencing_token"] == t2 && e["stale"] == false), "{released:?}");
+    assert!(
+        released
+            .iter()
+            .any(|e| e["fencing_token"] == t1 && e["stale"] == true),
+        "{released:?}"
+    );
+    assert!(
+        released
+            .iter()
+            .any(|e| e["fencing_token"] == t2 && e["stale"] == false),
+        "{released:?}"
+    );
 
     let reaped = captured.named("sessions_reaped");
     assert!(reaped.iter().any(|e| e["deleted"] == 1), "{reaped:?}");
     let lost = captured.named("session_lost");
-    assert!(lost.iter().any(|e| e["session_id"] == gone.to_string()), "{lost:?}");
+    assert!(
+        lost.iter().any(|e| e["session_id"] == gone.to_string()),
+        "{lost:?}"
+    );
 
     let revoked = captured.named("lock_revoked");
     assert!(

@@ -18,16 +18,34 @@ async fn repos(broken: Statements) -> (Db, Repo, Repo) {
 fn broken_variants_differ_from_c1_in_exactly_the_named_field() {
     let a = acquire_without_nextval_in_update();
     assert_ne!(a.acquire, Statements::C1.acquire);
-    assert_eq!(Statements { acquire: Statements::C1.acquire, ..a }, Statements::C1);
+    assert_eq!(
+        Statements {
+            acquire: Statements::C1.acquire,
+            ..a
+        },
+        Statements::C1
+    );
     // The VALUES branch still draws from the sequence: only the DO UPDATE one is gone.
     assert_eq!(a.acquire.matches("nextval('fencing_token_seq')").count(), 1);
 
     let r = release_by_key_alone();
-    assert_eq!(Statements { release: Statements::C1.release, ..r }, Statements::C1);
+    assert_eq!(
+        Statements {
+            release: Statements::C1.release,
+            ..r
+        },
+        Statements::C1
+    );
     assert!(!r.release.contains("fencing_token ="));
 
     let n = renew_without_expiry_check();
-    assert_eq!(Statements { renew: Statements::C1.renew, ..n }, Statements::C1);
+    assert_eq!(
+        Statements {
+            renew: Statements::C1.renew,
+            ..n
+        },
+        Statements::C1
+    );
     assert!(!n.renew.contains("> now()"));
 }
 
@@ -36,7 +54,9 @@ fn broken_variants_differ_from_c1_in_exactly_the_named_field() {
 #[tokio::test]
 async fn control_acquire_without_nextval_in_do_update_breaks_strictly_higher_takeover_tokens() {
     let (_db, good, bad) = repos(acquire_without_nextval_in_update()).await;
-    let (t1, t2) = scenario_takeover_token(&good, "account:c1").await.expect("C1 holds");
+    let (t1, t2) = scenario_takeover_token(&good, "account:c1")
+        .await
+        .expect("C1 holds");
     assert!(t2 > t1);
     let violation = scenario_takeover_token(&bad, "account:broken")
         .await
@@ -49,19 +69,26 @@ async fn control_acquire_without_nextval_in_do_update_breaks_strictly_higher_tak
 #[tokio::test]
 async fn control_release_by_key_alone_deletes_the_current_holders_grant() {
     let (_db, good, bad) = repos(release_by_key_alone()).await;
-    scenario_stale_release(&good, "account:c1").await.expect("C1 holds");
+    scenario_stale_release(&good, "account:c1")
+        .await
+        .expect("C1 holds");
     let violation = scenario_stale_release(&bad, "account:broken")
         .await
         .expect_err("the broken release must delete the current holder's grant");
     eprintln!("negative control reported: {violation}");
-    assert!(violation.contains("released=true") && violation.contains("None"), "{violation}");
+    assert!(
+        violation.contains("released=true") && violation.contains("None"),
+        "{violation}"
+    );
 }
 
 /// (iii) Renew without `expires_at > now()`: a lapsed lease is renewed (resurrected).
 #[tokio::test]
 async fn control_renew_without_expiry_check_resurrects_a_lapsed_lease() {
     let (_db, good, bad) = repos(renew_without_expiry_check()).await;
-    scenario_lapsed_renew(&good, "account:c1").await.expect("C1 holds");
+    scenario_lapsed_renew(&good, "account:c1")
+        .await
+        .expect("C1 holds");
     let violation = scenario_lapsed_renew(&bad, "account:broken")
         .await
         .expect_err("the broken renew must resurrect the lapsed lease");

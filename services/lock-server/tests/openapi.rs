@@ -9,7 +9,9 @@ use common::*;
 use reqwest::{Method, StatusCode};
 use serde_yaml::Value;
 
-const HTTP_METHODS: [&str; 8] = ["get", "put", "post", "delete", "options", "head", "patch", "trace"];
+const HTTP_METHODS: [&str; 8] = [
+    "get", "put", "post", "delete", "options", "head", "patch", "trace",
+];
 
 fn document() -> Value {
     serde_yaml::from_str(lock_server::api::OPENAPI_YAML).expect("the OpenAPI document is valid YAML")
@@ -77,8 +79,14 @@ fn every_served_route_is_documented_and_every_documented_route_is_served() {
     let documented = documented();
     let undocumented: Vec<_> = served.difference(&documented).collect();
     let unserved: Vec<_> = documented.difference(&served).collect();
-    assert!(undocumented.is_empty(), "served but not in the OpenAPI document: {undocumented:?}");
-    assert!(unserved.is_empty(), "in the OpenAPI document but not served: {unserved:?}");
+    assert!(
+        undocumented.is_empty(),
+        "served but not in the OpenAPI document: {undocumented:?}"
+    );
+    assert!(
+        unserved.is_empty(),
+        "in the OpenAPI document but not served: {unserved:?}"
+    );
     assert_eq!(served.len(), 12);
 }
 
@@ -113,7 +121,9 @@ async fn every_documented_operation_reaches_a_handler() {
 async fn the_served_document_is_the_file() {
     let db = lockdb().await;
     let srv = server(&db.db).await;
-    let resp = reqwest::get(format!("{}/openapi.yaml", srv.base_url())).await.unwrap();
+    let resp = reqwest::get(format!("{}/openapi.yaml", srv.base_url()))
+        .await
+        .unwrap();
     assert_eq!(resp.headers()["content-type"], "application/yaml");
     assert_eq!(resp.text().await.unwrap(), lock_server::api::OPENAPI_YAML);
     srv.shutdown().await.unwrap();

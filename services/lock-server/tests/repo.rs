@@ -19,7 +19,11 @@ async fn repo() -> (Db, Repo) {
 async fn acquire_free_key_is_granted() {
     let (db, repo) = repo().await;
     let s = session(&repo, "w1").await;
-    let g = repo.acquire("account:1", "w1", s, LONG_TTL_SECS).await.unwrap().expect("granted");
+    let g = repo
+        .acquire("account:1", "w1", s, LONG_TTL_SECS)
+        .await
+        .unwrap()
+        .expect("granted");
     assert!(g.fencing_token > 0);
     assert_eq!((g.owner_id.as_str(), g.session_id), ("w1", s));
     assert!(g.expires_at > g.acquired_at);
@@ -41,11 +45,20 @@ async fn acquire_same_session_reentry_is_granted_with_a_new_higher_token() {
     let (db, repo) = repo().await;
     let s = session(&repo, "w1").await;
     let g1 = repo.acquire("k", "w1", s, LONG_TTL_SECS).await.unwrap().unwrap();
-    let g2 = repo.acquire("k", "w1", s, LONG_TTL_SECS).await.unwrap().expect("re-entry granted");
+    let g2 = repo
+        .acquire("k", "w1", s, LONG_TTL_SECS)
+        .await
+        .unwrap()
+        .expect("re-entry granted");
     assert!(g2.fencing_token > g1.fencing_token);
     assert_eq!(entry(&db.app, "k").await.unwrap().fencing_token, g2.fencing_token);
     // The old token is void: renew with it fails, release with it is stale.
-    assert!(repo.renew("k", g1.fencing_token, LONG_TTL_SECS).await.unwrap().is_none());
+    assert!(
+        repo.renew("k", g1.fencing_token, LONG_TTL_SECS)
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert!(!repo.release("k", g1.fencing_token).await.unwrap());
 }
 
@@ -57,8 +70,18 @@ async fn acquire_held_by_a_live_different_holder_is_contended_and_changes_nothin
     let g1 = repo.acquire("k", "w1", s1, LONG_TTL_SECS).await.unwrap().unwrap();
     let before = entry(&db.app, "k").await.unwrap();
     // A different session, and the same owner id in a different session: both contended.
-    assert!(repo.acquire("k", "w2", s2, LONG_TTL_SECS).await.unwrap().is_none());
-    assert!(repo.acquire("k", "w1", s2, LONG_TTL_SECS).await.unwrap().is_none());
+    assert!(
+        repo.acquire("k", "w2", s2, LONG_TTL_SECS)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        repo.acquire("k", "w1", s2, LONG_TTL_SECS)
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert_eq!(entry(&db.app, "k").await.unwrap(), before);
     assert_eq!(before.fencing_token, g1.fencing_token);
 }
@@ -78,7 +101,11 @@ async fn renew_of_a_live_lease_extends_it() {
     let (db, repo) = repo().await;
     let s = session(&repo, "w1").await;
     let g = repo.acquire("k", "w1", s, 30.0).await.unwrap().unwrap();
-    let r = repo.renew("k", g.fencing_token, LONG_TTL_SECS).await.unwrap().expect("renewed");
+    let r = repo
+        .renew("k", g.fencing_token, LONG_TTL_SECS)
+        .await
+        .unwrap()
+        .expect("renewed");
     assert_eq!(r.fencing_token, g.fencing_token);
     assert!(r.expires_at > g.expires_at);
     assert_eq!(entry(&db.app, "k").await.unwrap().expires_at, r.expires_at);
@@ -95,11 +122,20 @@ async fn renew_by_an_older_token_after_takeover_fails_and_leaves_the_new_grant_a
     let (db, repo) = repo().await;
     let s1 = session(&repo, "w1").await;
     let s2 = session(&repo, "w2").await;
-    let g1 = repo.acquire("k", "w1", s1, SHORT_TTL_SECS).await.unwrap().unwrap();
+    let g1 = repo
+        .acquire("k", "w1", s1, SHORT_TTL_SECS)
+        .await
+        .unwrap()
+        .unwrap();
     await_lease_lapsed(&db.app, "k").await;
     let g2 = repo.acquire("k", "w2", s2, LONG_TTL_SECS).await.unwrap().unwrap();
     let before = entry(&db.app, "k").await.unwrap();
-    assert!(repo.renew("k", g1.fencing_token, LONG_TTL_SECS).await.unwrap().is_none());
+    assert!(
+        repo.renew("k", g1.fencing_token, LONG_TTL_SECS)
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert_eq!(entry(&db.app, "k").await.unwrap(), before);
     assert_eq!(before.fencing_token, g2.fencing_token);
 }
@@ -135,7 +171,11 @@ async fn release_with_a_token_of_another_key_is_stale() {
 async fn heartbeat_extends_a_live_session() {
     let (db, repo) = repo().await;
     let s = repo.create_session("w1", 30.0).await.unwrap();
-    let e = repo.heartbeat(s.session_id, LONG_TTL_SECS).await.unwrap().expect("extended");
+    let e = repo
+        .heartbeat(s.session_id, LONG_TTL_SECS)
+        .await
+        .unwrap()
+        .expect("extended");
     assert!(e > s.expires_at);
     let stored: chrono::DateTime<chrono::Utc> =
         sqlx::query_scalar("SELECT expires_at FROM lock_session WHERE session_id = $1")
@@ -149,13 +189,22 @@ async fn heartbeat_extends_a_live_session() {
 #[tokio::test]
 async fn heartbeat_on_a_reaped_session_finds_zero_rows() {
     let (db, repo) = repo().await;
-    let s = repo.create_session("w1", SHORT_TTL_SECS).await.unwrap().session_id;
+    let s = repo
+        .create_session("w1", SHORT_TTL_SECS)
+        .await
+        .unwrap()
+        .session_id;
     await_session_lapsed(&db.app, s).await;
     // Lapsed but not yet reaped: already zero rows (expires_at > now() is false).
     assert!(repo.heartbeat(s, LONG_TTL_SECS).await.unwrap().is_none());
     assert_eq!(repo.reap().await.unwrap(), 1);
     assert!(repo.heartbeat(s, LONG_TTL_SECS).await.unwrap().is_none());
-    assert!(repo.heartbeat(Uuid::new_v4(), LONG_TTL_SECS).await.unwrap().is_none());
+    assert!(
+        repo.heartbeat(Uuid::new_v4(), LONG_TTL_SECS)
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 // ---- tokens: one global sequence (C1 §1.7) -----------------------------------------------------
@@ -195,21 +244,44 @@ async fn closing_a_session_releases_its_locks_by_cascade() {
     assert!(repo.close_session(s1).await.unwrap());
     assert!(entry(&db.app, "a").await.is_none());
     assert!(entry(&db.app, "b").await.is_none());
-    assert_eq!(entry(&db.app, "c").await.unwrap().fencing_token, other.fencing_token);
-    assert!(!repo.close_session(s1).await.unwrap(), "second close finds nothing");
+    assert_eq!(
+        entry(&db.app, "c").await.unwrap().fencing_token,
+        other.fencing_token
+    );
+    assert!(
+        !repo.close_session(s1).await.unwrap(),
+        "second close finds nothing"
+    );
 }
 
 #[tokio::test]
 async fn the_reaper_deletes_expired_sessions_and_their_locks_only() {
     let (db, repo) = repo().await;
-    let short = repo.create_session("w1", SHORT_TTL_SECS).await.unwrap().session_id;
+    let short = repo
+        .create_session("w1", SHORT_TTL_SECS)
+        .await
+        .unwrap()
+        .session_id;
     let long = session(&repo, "w2").await;
-    repo.acquire("a", "w1", short, LONG_TTL_SECS).await.unwrap().unwrap();
-    let kept = repo.acquire("b", "w2", long, LONG_TTL_SECS).await.unwrap().unwrap();
+    repo.acquire("a", "w1", short, LONG_TTL_SECS)
+        .await
+        .unwrap()
+        .unwrap();
+    let kept = repo
+        .acquire("b", "w2", long, LONG_TTL_SECS)
+        .await
+        .unwrap()
+        .unwrap();
     await_session_lapsed(&db.app, short).await;
     assert_eq!(repo.reap().await.unwrap(), 1);
-    assert!(entry(&db.app, "a").await.is_none(), "the lapsed session's lock went with it");
-    assert_eq!(entry(&db.app, "b").await.unwrap().fencing_token, kept.fencing_token);
+    assert!(
+        entry(&db.app, "a").await.is_none(),
+        "the lapsed session's lock went with it"
+    );
+    assert_eq!(
+        entry(&db.app, "b").await.unwrap().fencing_token,
+        kept.fencing_token
+    );
     assert_eq!(count(&db.app, "SELECT count(*) FROM lock_session").await, 1);
     assert_eq!(repo.reap().await.unwrap(), 0);
 }
@@ -231,7 +303,10 @@ async fn thirty_two_concurrent_acquirers_of_one_key_get_exactly_one_grant() {
             let barrier = barrier.clone();
             tokio::spawn(async move {
                 barrier.wait().await;
-                repo.acquire("hot", &owner, s, LONG_TTL_SECS).await.unwrap().map(|g| (owner, g))
+                repo.acquire("hot", &owner, s, LONG_TTL_SECS)
+                    .await
+                    .unwrap()
+                    .map(|g| (owner, g))
             })
         })
         .collect();
@@ -243,7 +318,10 @@ async fn thirty_two_concurrent_acquirers_of_one_key_get_exactly_one_grant() {
     }
     assert_eq!(grants.len(), 1, "exactly one grant: {grants:?}");
     let row = entry(&db.app, "hot").await.unwrap();
-    assert_eq!((row.owner_id.as_str(), row.fencing_token), (grants[0].0.as_str(), grants[0].1.fencing_token));
+    assert_eq!(
+        (row.owner_id.as_str(), row.fencing_token),
+        (grants[0].0.as_str(), grants[0].1.fencing_token)
+    );
     assert_eq!(count(&db.app, "SELECT count(*) FROM lock_entry").await, 1);
 }
 
@@ -254,21 +332,35 @@ async fn revoke_deletes_the_live_grant_and_appends_one_audit_row() {
     let (db, repo) = repo().await;
     let s = session(&repo, "w1").await;
     let g = repo.acquire("k", "w1", s, LONG_TTL_SECS).await.unwrap().unwrap();
-    let r = repo.revoke("k", "ops@example", "stuck holder").await.unwrap().expect("revoked");
+    let r = repo
+        .revoke("k", "ops@example", "stuck holder")
+        .await
+        .unwrap()
+        .expect("revoked");
     assert_eq!((r.owner_id.as_str(), r.fencing_token), ("w1", g.fencing_token));
     assert!(entry(&db.app, "k").await.is_none());
-    let audit: (String, String, i64, String, String) = sqlx::query_as(
-        "SELECT lock_key, prev_owner, prev_token, operator, reason FROM lock_revocation",
-    )
-    .fetch_one(&db.app)
-    .await
-    .unwrap();
+    let audit: (String, String, i64, String, String) =
+        sqlx::query_as("SELECT lock_key, prev_owner, prev_token, operator, reason FROM lock_revocation")
+            .fetch_one(&db.app)
+            .await
+            .unwrap();
     assert_eq!(
         audit,
-        ("k".into(), "w1".into(), g.fencing_token, "ops@example".into(), "stuck holder".into())
+        (
+            "k".into(),
+            "w1".into(),
+            g.fencing_token,
+            "ops@example".into(),
+            "stuck holder".into()
+        )
     );
     // The revoked holder's renew fails; a second revoke finds nothing and writes nothing.
-    assert!(repo.renew("k", g.fencing_token, LONG_TTL_SECS).await.unwrap().is_none());
+    assert!(
+        repo.renew("k", g.fencing_token, LONG_TTL_SECS)
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert!(repo.revoke("k", "ops", "again").await.unwrap().is_none());
     assert_eq!(count(&db.app, "SELECT count(*) FROM lock_revocation").await, 1);
 }
@@ -278,7 +370,10 @@ async fn revoke_of_a_free_or_lapsed_key_is_not_held_and_writes_nothing() {
     let (db, repo) = repo().await;
     assert!(repo.revoke("free", "ops", "r").await.unwrap().is_none());
     let s = session(&repo, "w1").await;
-    repo.acquire("lapsed", "w1", s, SHORT_TTL_SECS).await.unwrap().unwrap();
+    repo.acquire("lapsed", "w1", s, SHORT_TTL_SECS)
+        .await
+        .unwrap()
+        .unwrap();
     await_lease_lapsed(&db.app, "lapsed").await;
     assert!(repo.revoke("lapsed", "ops", "r").await.unwrap().is_none());
     assert_eq!(count(&db.app, "SELECT count(*) FROM lock_revocation").await, 0);

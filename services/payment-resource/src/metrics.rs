@@ -48,7 +48,7 @@ impl Metrics {
         );
         // Export every series from the start: a must-be-zero counter should read 0, not be absent.
         for resource in [Resource::account, Resource::ledger, Resource::payout] {
-            metrics.fenced_out.get_or_create(&ResourceLabel { resource });
+            let _ = metrics.fenced_out.get_or_create(&ResourceLabel { resource });
         }
         for outcome in [
             PostingOutcome::posted,
@@ -57,7 +57,7 @@ impl Metrics {
             PostingOutcome::insufficient_funds,
             PostingOutcome::not_postable,
         ] {
-            metrics.postings.get_or_create(&OutcomeLabel { outcome });
+            let _ = metrics.postings.get_or_create(&OutcomeLabel { outcome });
         }
         (metrics, registry)
     }

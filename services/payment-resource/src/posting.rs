@@ -143,8 +143,8 @@ impl Posting {
 
         // (b), DEBIT then CREDIT: two statements, never collapsed, so each leg is fenced on its own.
         let legs = [
-            (Direction::Debit, p.account_id, Some(Stage::BetweenLegs)),
-            (Direction::Credit, settlement, Some(Stage::BeforeC)),
+            (Direction::Debit, p.account_id, Stage::BetweenLegs),
+            (Direction::Credit, settlement, Stage::BeforeC),
         ];
         for (direction, leg_account, next_stage) in legs {
             let leg = Leg {
@@ -162,9 +162,7 @@ impl Posting {
             {
                 return Err(self.refused_leg(tx, &p, token).await?);
             }
-            if let Some(stage) = next_stage {
-                self.hook(stage, &mut tx).await;
-            }
+            self.hook(next_stage, &mut tx).await;
         }
 
         // (c)

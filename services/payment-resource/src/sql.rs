@@ -6,7 +6,7 @@
 //! variant is chosen once, at the repository boundary, from [`crate::config::Fencing`]; tests may
 //! build a deliberately broken set to prove that the safety tests can fail (negative controls).
 //!
-//! This service never reads or writes `rail_high_water`: that is rail-proxy's enforcement point, and
+//! This service never reads or writes rail-proxy's high-water table: that is rail-proxy's enforcement point, and
 //! the two must stay independent (C1 §1.5).
 
 use crate::config::Fencing;
@@ -82,12 +82,11 @@ UPDATE payout
  WHERE payout_id = $1 AND state = 'RAIL_ACKED' AND claim_token <= $2
 RETURNING state";
 
-// The token is still bound (so both variants take the same parameters); `$2 > 0` is always true
-// because tokens are validated > 0 before they reach a statement.
+// The token is still bound (both variants take the same parameters) but unused here.
 const PAYOUT_POST_UNFENCED: &str = "
 UPDATE payout
    SET state = 'POSTED', updated_at = now()
- WHERE payout_id = $1 AND state = 'RAIL_ACKED' AND $2::BIGINT > 0
+ WHERE payout_id = $1 AND state = 'RAIL_ACKED'
 RETURNING state";
 
 /// The statement set the posting component runs for (a), (b) and (c).

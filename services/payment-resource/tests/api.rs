@@ -566,6 +566,17 @@ async fn kill_switch_off_server_accepts_the_stale_token() {
     assert_eq!((&v["balanceMinor"], &v["fence"]), (&json!(8_100), &json!(5)));
 }
 
+/// (name, method, path, X-Fencing-Token, JSON body, expected status, expected code)
+type Case = (
+    String,
+    Method,
+    String,
+    Option<String>,
+    Option<String>,
+    u16,
+    &'static str,
+);
+
 /// Bad input on every endpoint: a 4xx with the expected code and a message, and nothing written.
 #[tokio::test]
 async fn bad_input_on_every_endpoint_is_rejected_with_a_code_and_writes_nothing() {
@@ -584,7 +595,7 @@ async fn bad_input_on_every_endpoint_is_rejected_with_a_code_and_writes_nothing(
         )
     };
     let ok_key = "fresh-key";
-    let mut cases: Vec<(String, Method, String, Option<String>, Option<String>, u16, &str)> = vec![
+    let mut cases: Vec<Case> = vec![
         // POST /v1/accounts
         (
             "malformed json".into(),

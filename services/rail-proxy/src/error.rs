@@ -58,10 +58,12 @@ impl From<ProxyError> for ApiError {
             ProxyError::RailOutcomeUnknown(attempt) => {
                 ApiError::conflict("RAIL_OUTCOME_UNKNOWN", message).with("attempt", &*attempt)
             }
-            ProxyError::RailUnavailable(_) => ApiError::new(StatusCode::BAD_GATEWAY, "RAIL_UNAVAILABLE", message),
-            ProxyError::Db(e @ (sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed)) => {
-                ApiError::unavailable(e)
+            ProxyError::RailUnavailable(_) => {
+                ApiError::new(StatusCode::BAD_GATEWAY, "RAIL_UNAVAILABLE", message)
             }
+            ProxyError::Db(
+                e @ (sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed),
+            ) => ApiError::unavailable(e),
             ProxyError::Db(e) => ApiError::internal(e),
         }
     }

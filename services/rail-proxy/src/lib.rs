@@ -67,10 +67,14 @@ impl RunningServer {
 /// [`RunningServer::shutdown`].
 pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
     config.validate_timeout()?;
-    let options: PgConnectOptions = config
-        .database_url
-        .parse()
-        .map_err(|_| ConfigError::DatabaseUrl(redact(&config.database_url)))?;
+    // sqlx ignores the scheme when parsing; insist on it so a wrong URL fails at start.
+    let url = &config.database_url;
+    let options: PgConnectOptions = ["postgres://", "postgresql://"]
+        .iter()
+        .any(|scheme| url.starts_with(scheme))
+        .then(|| url.parse().ok())
+        .flatten()
+        .ok_or_else(|| ConfigError::DatabaseUrl(redact(url)))?;
     let pool = PgPoolOptions::new()
         .max_connections(config.max_connections)
         .acquire_timeout(config.db_acquire_timeout)
@@ -124,5 +128,30 @@ fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => format!("{}://***{}", &url[..scheme], &url[at..]),
         _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_the_password() {
+        assert_eq!(
+            redact("postgres://payapp:secret@db:5432/paydb"),
+            "postgres://***@db:5432/paydb"
+        );
+        assert_eq!(redact("postgres://db/paydb"), "postgres://db/paydb");
+    }
+
+    #[test]
+    fn the_kill_switch_is_a_distinct_variant_not_a_token() {
+        assert_eq!(
+            RailFence::from_flag(true),
+            RailFence::Enforced {
+                statement: sql::HIGH_WATER
+            }
+        );
+        assert_eq!(RailFence::from_flag(false), RailFence::Disabled);
     }
 }

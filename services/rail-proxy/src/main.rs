@@ -11,7 +11,7 @@ use rail_proxy::{Config, RailFence};
 #[command(name = "rail-proxy", about = "Fencing point (d) in front of the payment rail")]
 struct Args {
     /// paydb URL, connecting as role payapp.
-    #[arg(long, env = "RAIL_PROXY_DATABASE_URL", hide_env_values = true)]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: String,
     /// Address to listen on.
     #[arg(long, env = "RAIL_PROXY_LISTEN", default_value = "127.0.0.1:8083")]
@@ -41,6 +41,10 @@ async fn main() -> ExitCode {
     config.max_connections = args.db_max_connections;
     let server = match rail_proxy::spawn(config).await {
         Ok(s) => s,
+        Err(e @ rail_proxy::StartError::Config(_)) => {
+            tracing::error!(event = "config_invalid", error = %e, "rail-proxy cannot start");
+            return ExitCode::from(2);
+        }
         Err(e) => {
             tracing::error!(event = "start_failed", error = %e, "rail-proxy cannot start");
             return ExitCode::FAILURE;

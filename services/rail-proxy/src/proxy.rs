@@ -188,7 +188,9 @@ impl Proxy {
             Lookup::Unavailable { detail } => return Err(ProxyError::RailUnavailable(detail)),
         };
         let resolved =
-            match sql::record_resolution(&self.pool, attempt.submission_id, outcome, reference.as_deref()).await? {
+            match sql::record_resolution(&self.pool, attempt.submission_id, outcome, reference.as_deref())
+                .await?
+            {
                 Some(r) => r,
                 // Resolved concurrently (or the slow forward answered): the stored answer stands.
                 None => sql::select_attempt(&self.pool, payout_id)

@@ -30,12 +30,18 @@ pub enum Forwarded {
 /// What asking the rail about an idempotency key produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lookup {
-    Acked { rail_reference: String },
-    Rejected { reason: String },
+    Acked {
+        rail_reference: String,
+    },
+    Rejected {
+        reason: String,
+    },
     /// The rail has no record of the key (yet): still unknown, nothing to record.
     Unknown,
     /// We could not get an answer at all.
-    Unavailable { detail: String },
+    Unavailable {
+        detail: String,
+    },
 }
 
 #[derive(Debug, Serialize)]
@@ -58,7 +64,9 @@ struct RailAnswer {
 
 impl RailAnswer {
     fn acked_reference(&self) -> Option<String> {
-        (self.status == "ACKED").then(|| self.rail_reference.clone()).flatten()
+        (self.status == "ACKED")
+            .then(|| self.rail_reference.clone())
+            .flatten()
     }
 
     fn rejected_reason(&self) -> Option<String> {
@@ -97,21 +105,17 @@ impl Rail {
         let response = match self.client.post(self.payments.clone()).json(&order).send().await {
             Ok(r) => r,
             Err(e) => {
-                return Forwarded::Ambiguous {
-                    detail: describe(&e),
-                };
+                return Forwarded::Ambiguous { detail: describe(&e) };
             }
         };
         let status = response.status();
         let answer = response.json::<RailAnswer>().await.ok();
-        match (status, answer) {
-            (StatusCode::OK, Some(a)) if a.acked_reference().is_some() => Forwarded::Acked {
-                rail_reference: a.acked_reference().unwrap_or_default(),
-            },
-            (StatusCode::UNPROCESSABLE_ENTITY, Some(a)) if a.rejected_reason().is_some() => Forwarded::Rejected {
-                reason: a.rejected_reason().unwrap_or_default(),
-            },
-            (status, _) => Forwarded::Ambiguous {
+        let acked = answer.as_ref().and_then(RailAnswer::acked_reference);
+        let rejected = answer.as_ref().and_then(RailAnswer::rejected_reason);
+        match (status, acked, rejected) {
+            (StatusCode::OK, Some(rail_reference), _) => Forwarded::Acked { rail_reference },
+            (StatusCode::UNPROCESSABLE_ENTITY, _, Some(reason)) => Forwarded::Rejected { reason },
+            (status, _, _) => Forwarded::Ambiguous {
                 detail: format!("rail answered {status}"),
             },
         }
@@ -126,9 +130,7 @@ impl Rail {
         let response = match self.client.get(url).send().await {
             Ok(r) => r,
             Err(e) => {
-                return Lookup::Unavailable {
-                    detail: describe(&e),
-                };
+                return Lookup::Unavailable { detail: describe(&e) };
             }
         };
         let status = response.status();
@@ -157,5 +159,56 @@ fn describe(e: &reqwest::Error) -> String {
         format!("cannot connect to the rail: {e}")
     } else {
         format!("rail request failed: {e}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payments_url_is_appended_to_the_base_path() {
+        let t = Duration::from_secs(1);
+        for (base, want) in [
+            ("http://rail:8090", "http://rail:8090/v1/payments"),
+            ("http://rail:8090/", "http://rail:8090/v1/payments"),
+            ("https://rail/prefix", "https://rail/prefix/v1/payments"),
+            ("https://rail/prefix/", "https://rail/prefix/v1/payments"),
+        ] {
+            let rail = Rail::new(base, t).expect(base);
+            assert_eq!(rail.payments.as_str(), want);
+        }
+        for bad in [
+            "",
+            "rail:8090",
+            "ftp://rail",
+            "mailto:ops@example.com",
+            "not a url",
+        ] {
+            assert!(Rail::new(bad, t).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn only_a_clear_answer_is_an_answer() {
+        let acked = RailAnswer {
+            status: "ACKED".into(),
+            rail_reference: Some("r1".into()),
+            reason: None,
+        };
+        assert_eq!(acked.acked_reference().as_deref(), Some("r1"));
+        assert_eq!(acked.rejected_reason(), None);
+        let acked_without_reference = RailAnswer {
+            status: "ACKED".into(),
+            rail_reference: None,
+            reason: None,
+        };
+        assert_eq!(acked_without_reference.acked_reference(), None);
+        let other = RailAnswer {
+            status: "PENDING".into(),
+            rail_reference: Some("r2".into()),
+            reason: Some("x".into()),
+        };
+        assert_eq!((other.acked_reference(), other.rejected_reason()), (None, None));
     }
 }

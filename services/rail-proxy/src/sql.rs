@@ -124,7 +124,10 @@ impl Outcome {
 }
 
 pub async fn select_payout<'e>(db: impl PgExecutor<'e>, payout_id: Uuid) -> sqlx::Result<Option<Payout>> {
-    sqlx::query_as(SELECT_PAYOUT).bind(payout_id).fetch_optional(db).await
+    sqlx::query_as(SELECT_PAYOUT)
+        .bind(payout_id)
+        .fetch_optional(db)
+        .await
 }
 
 /// Runs (d). `statement` is [`HIGH_WATER`] in production; tests pass a deliberately broken
@@ -178,14 +181,20 @@ pub async fn insert_attempt<'e>(
         .await
 }
 
-pub async fn select_attempt<'e>(db: impl PgExecutor<'e>, payout_id: Uuid) -> sqlx::Result<Option<Submission>> {
+pub async fn select_attempt<'e>(
+    db: impl PgExecutor<'e>,
+    payout_id: Uuid,
+) -> sqlx::Result<Option<Submission>> {
     sqlx::query_as(SELECT_ATTEMPT)
         .bind(payout_id)
         .fetch_optional(db)
         .await
 }
 
-pub async fn select_submissions<'e>(db: impl PgExecutor<'e>, payout_id: Uuid) -> sqlx::Result<Vec<Submission>> {
+pub async fn select_submissions<'e>(
+    db: impl PgExecutor<'e>,
+    payout_id: Uuid,
+) -> sqlx::Result<Vec<Submission>> {
     sqlx::query_as(SELECT_SUBMISSIONS)
         .bind(payout_id)
         .fetch_all(db)

@@ -154,7 +154,10 @@ impl Harness {
     }
 
     async fn count(&self, table_sql: &'static str) -> i64 {
-        sqlx::query_scalar(table_sql).fetch_one(&self.admin).await.unwrap()
+        sqlx::query_scalar(table_sql)
+            .fetch_one(&self.admin)
+            .await
+            .unwrap()
     }
 
     async fn submissions_rows(&self) -> i64 {
@@ -242,7 +245,10 @@ async fn first_submission_for_an_account_forwards_once_and_records_acked() {
         )]
     );
     assert_eq!(h.high_water(account).await, Some(10));
-    assert_eq!(h.metric("rail_proxy_submissions_total{outcome=\"acked\"}").await, 1);
+    assert_eq!(
+        h.metric("rail_proxy_submissions_total{outcome=\"acked\"}").await,
+        1
+    );
     assert_eq!(h.metric(FENCED_RAIL).await, 0);
     h.stop().await;
 }
@@ -281,12 +287,22 @@ async fn a_lower_token_after_a_higher_one_is_fenced_recorded_and_not_forwarded()
     assert_eq!(body["ownerId"], "worker-stale");
     assert!(body["message"].as_str().is_some_and(|m| !m.is_empty()));
 
-    assert_eq!(h.rail_requests().await, 1, "the stale submission must not reach the rail");
-    assert_eq!(h.rows_for(stale.id).await, vec![(Some("FENCED".to_owned()), true, 5, None)]);
+    assert_eq!(
+        h.rail_requests().await,
+        1,
+        "the stale submission must not reach the rail"
+    );
+    assert_eq!(
+        h.rows_for(stale.id).await,
+        vec![(Some("FENCED".to_owned()), true, 5, None)]
+    );
     assert_eq!(h.high_water(account).await, Some(10));
     assert_eq!(h.metric(DUPLICATE).await, dup_before + 1);
     assert_eq!(h.metric(FENCED_RAIL).await, fenced_before + 1);
-    assert_eq!(h.metric("rail_proxy_submissions_total{outcome=\"fenced\"}").await, 1);
+    assert_eq!(
+        h.metric("rail_proxy_submissions_total{outcome=\"fenced\"}").await,
+        1
+    );
 
     // The adopter's view lists the refusal.
     let (st, list) = h.list(&stale.id.to_string()).await;
@@ -357,7 +373,11 @@ async fn negative_control_le_in_d_lets_the_equal_token_through() {
             )
             .into_boxed_str(),
     );
-    assert_ne!(broken, rail_proxy::sql::HIGH_WATER, "the broken variant must differ");
+    assert_ne!(
+        broken,
+        rail_proxy::sql::HIGH_WATER,
+        "the broken variant must differ"
+    );
     let e = equal_token_scenario(RailFence::Enforced { statement: broken }).await;
     let violations = equal_token_violations(&e);
     assert!(
@@ -386,7 +406,11 @@ async fn a_second_forwardable_attempt_is_blocked_by_the_index_even_with_a_higher
     assert_eq!(h.rows_for(p.id).await.len(), 1);
     // (d) ran in its own transaction and passed: the higher token's mark stands.
     assert_eq!(h.high_water(account).await, Some(11));
-    assert_eq!(h.metric(DUPLICATE).await, 0, "an existing attempt is not a fencing refusal");
+    assert_eq!(
+        h.metric(DUPLICATE).await,
+        0,
+        "an existing attempt is not a fencing refusal"
+    );
     h.stop().await;
 }
 
@@ -409,7 +433,10 @@ async fn concurrent_submissions_for_one_payout_forward_exactly_once() {
     assert_eq!(ok + fenced + duplicate, 8, "{results:?}");
     assert_eq!(h.rail_requests().await, 1);
     let rows = h.rows_for(p.id).await;
-    assert_eq!(rows.iter().filter(|r| r.0.as_deref() != Some("FENCED")).count(), 1);
+    assert_eq!(
+        rows.iter().filter(|r| r.0.as_deref() != Some("FENCED")).count(),
+        1
+    );
     assert_eq!(
         rows.iter().filter(|r| r.0.as_deref() == Some("FENCED")).count(),
         fenced
@@ -428,9 +455,16 @@ async fn a_rail_rejection_is_recorded_rejected() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["outcome"], "REJECTED");
     assert_eq!(body["railReference"], Value::Null);
-    assert_eq!(h.rows_for(p.id).await, vec![(Some("REJECTED".to_owned()), true, 3, None)]);
+    assert_eq!(
+        h.rows_for(p.id).await,
+        vec![(Some("REJECTED".to_owned()), true, 3, None)]
+    );
     assert_eq!(h.rail().await["perKey"][&p.key]["paid"], 0);
-    assert_eq!(h.metric("rail_proxy_submissions_total{outcome=\"rejected\"}").await, 1);
+    assert_eq!(
+        h.metric("rail_proxy_submissions_total{outcome=\"rejected\"}")
+            .await,
+        1
+    );
     h.stop().await;
 }
 
@@ -447,8 +481,14 @@ async fn a_timeout_is_recorded_then_resolved_by_asking_without_resubmitting() {
     let (status, body) = h.submit(&p, 20).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["outcome"], "TIMEOUT");
-    assert!(body["resolvedAt"].is_string(), "TIMEOUT is recorded with resolved_at");
-    assert_eq!(h.rows_for(p.id).await, vec![(Some("TIMEOUT".to_owned()), true, 20, None)]);
+    assert!(
+        body["resolvedAt"].is_string(),
+        "TIMEOUT is recorded with resolved_at"
+    );
+    assert_eq!(
+        h.rows_for(p.id).await,
+        vec![(Some("TIMEOUT".to_owned()), true, 20, None)]
+    );
     // The money moved at the rail although we never heard.
     assert_eq!(h.rail().await["perKey"][&p.key]["paid"], 1);
 
@@ -473,7 +513,11 @@ async fn a_timeout_is_recorded_then_resolved_by_asking_without_resubmitting() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(twice, resolved);
     let rail = h.rail().await;
-    assert_eq!(rail["requests"].as_array().map(Vec::len), Some(1), "received exactly once");
+    assert_eq!(
+        rail["requests"].as_array().map(Vec::len),
+        Some(1),
+        "received exactly once"
+    );
     assert_eq!(rail["perKey"][&p.key]["paid"], 1);
     h.stop().await;
 }
@@ -503,7 +547,10 @@ async fn an_attempt_left_unanswered_by_a_crash_is_resolved_from_the_rail() {
 
     // A new holder's submission does not forward either.
     let (status, dup) = h.submit(&p, 31).await;
-    assert_eq!((status, dup["code"].as_str()), (StatusCode::CONFLICT, Some("DUPLICATE_ATTEMPT")));
+    assert_eq!(
+        (status, dup["code"].as_str()),
+        (StatusCode::CONFLICT, Some("DUPLICATE_ATTEMPT"))
+    );
     assert_eq!(dup["outcome"], Value::Null);
     assert_eq!(h.rail_requests().await, 0);
 
@@ -543,7 +590,10 @@ async fn an_unreachable_rail_is_ambiguous_not_rejected() {
     let (status, body) = h.resolve(p.id, Some("4")).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
     assert_eq!(body["code"], "RAIL_UNAVAILABLE");
-    assert_eq!(h.rows_for(p.id).await, vec![(Some("TIMEOUT".to_owned()), true, 4, None)]);
+    assert_eq!(
+        h.rows_for(p.id).await,
+        vec![(Some("TIMEOUT".to_owned()), true, 4, None)]
+    );
     h.stop().await;
 }
 
@@ -566,7 +616,11 @@ async fn kill_switch_off_forwards_the_stale_token() {
         .iter()
         .map(|r| r["idempotencyKey"].as_str().unwrap())
         .collect();
-    assert_eq!(keys, [current.key.as_str(), stale.key.as_str()], "the stale token was forwarded");
+    assert_eq!(
+        keys,
+        [current.key.as_str(), stale.key.as_str()],
+        "the stale token was forwarded"
+    );
     assert_eq!(h.high_water_rows().await, 0, "(d) is skipped entirely");
     assert_eq!(
         h.count("SELECT count(*) FROM rail_submission WHERE outcome = 'FENCED'")
@@ -576,7 +630,10 @@ async fn kill_switch_off_forwards_the_stale_token() {
     assert_eq!(h.metric(DUPLICATE).await, 0);
     // The one-attempt index is not part of the kill switch.
     let (status, dup) = h.submit(&stale, 11).await;
-    assert_eq!((status, dup["code"].as_str()), (StatusCode::CONFLICT, Some("DUPLICATE_ATTEMPT")));
+    assert_eq!(
+        (status, dup["code"].as_str()),
+        (StatusCode::CONFLICT, Some("DUPLICATE_ATTEMPT"))
+    );
     assert_eq!(h.rail_requests().await, 2);
     h.stop().await;
 }
@@ -610,10 +667,17 @@ async fn bad_input_is_a_4xx_with_a_code_and_writes_nothing() {
         (json!({"payoutId": p.id, "token": 5}), "INVALID_FIELD"),
     ] {
         let (status, resp) = h.submit_raw(body.clone(), Some("5")).await;
-        assert_eq!((status, resp["code"].as_str()), (StatusCode::BAD_REQUEST, Some(code)), "{body}");
+        assert_eq!(
+            (status, resp["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some(code)),
+            "{body}"
+        );
     }
     let (status, body) = h.submit_raw(json!({"payoutId": Uuid::new_v4()}), Some("5")).await;
-    assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("UNKNOWN_PAYOUT")));
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("UNKNOWN_PAYOUT"))
+    );
     let resp = h
         .http
         .post(format!("{}/v1/submissions", h.proxy.url()))
@@ -637,17 +701,35 @@ async fn bad_input_is_a_4xx_with_a_code_and_writes_nothing() {
 
     // The other endpoints.
     let (status, body) = h.list("nope").await;
-    assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("INVALID_PAYOUT_ID")));
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("INVALID_PAYOUT_ID"))
+    );
     let (status, body) = h.list(&Uuid::new_v4().to_string()).await;
-    assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("UNKNOWN_PAYOUT")));
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("UNKNOWN_PAYOUT"))
+    );
     let (status, body) = h.resolve(p.id, None).await;
-    assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("INVALID_TOKEN")));
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("INVALID_TOKEN"))
+    );
     let (status, body) = h.resolve(p.id, Some("0")).await;
-    assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("INVALID_TOKEN")));
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("INVALID_TOKEN"))
+    );
     let (status, body) = h.resolve(Uuid::new_v4(), Some("5")).await;
-    assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("UNKNOWN_PAYOUT")));
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("UNKNOWN_PAYOUT"))
+    );
     let (status, body) = h.resolve(p.id, Some("5")).await;
-    assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("NO_ATTEMPT")));
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("NO_ATTEMPT"))
+    );
     let (status, body) = h.list(&p.id.to_string()).await;
     assert_eq!((status, body["submissions"].clone()), (StatusCode::OK, json!([])));
 
@@ -662,19 +744,34 @@ async fn bad_input_is_a_4xx_with_a_code_and_writes_nothing() {
 async fn health_readiness_and_an_unreachable_paydb() {
     let h = Harness::start(RailFence::from_flag(true)).await;
     for (path, text) in [("/healthz", "ok"), ("/readyz", "ready")] {
-        let resp = h.http.get(format!("{}{path}", h.proxy.url())).send().await.unwrap();
+        let resp = h
+            .http
+            .get(format!("{}{path}", h.proxy.url()))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
         assert_eq!(resp.text().await.unwrap(), text);
     }
     let metrics = h.metrics().await;
     for series in [DUPLICATE, FENCED_RAIL] {
-        assert!(metrics.lines().any(|l| l == format!("{series} 0")), "{series} in\n{metrics}");
+        assert!(
+            metrics.lines().any(|l| l == format!("{series} 0")),
+            "{series} in\n{metrics}"
+        );
     }
 
     let mut down = Config::new("postgres://payapp@127.0.0.1:1/paydb", h.stub.url());
     down.db_acquire_timeout = Duration::from_millis(300);
-    let proxy = rail_proxy::spawn(down).await.expect("starts without the database");
-    let resp = h.http.get(format!("{}/readyz", proxy.url())).send().await.unwrap();
+    let proxy = rail_proxy::spawn(down)
+        .await
+        .expect("starts without the database");
+    let resp = h
+        .http
+        .get(format!("{}/readyz", proxy.url()))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(resp.json::<Value>().await.unwrap()["code"], "UNAVAILABLE");
     let resp = h
@@ -754,7 +851,12 @@ async fn the_openapi_document_matches_the_router() {
         assert_ne!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
         assert_ne!(code, Some(json!("NOT_FOUND")), "{method} {path}");
     }
-    let resp = h.http.get(format!("{}/v1/nothing", h.proxy.url())).send().await.unwrap();
+    let resp = h
+        .http
+        .get(format!("{}/v1/nothing", h.proxy.url()))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.json::<Value>().await.unwrap()["code"], "NOT_FOUND");
     h.stop().await;
 }

@@ -148,7 +148,9 @@ pub fn overrides(headers: &HeaderMap, test_mode: bool) -> Result<(Option<Mode>, 
                 _ => {
                     return Err(ApiError::bad_request(
                         "INVALID_LATENCY",
-                        format!("{LATENCY_HEADER} must be a whole number of milliseconds in 0..={MAX_LATENCY_MS}"),
+                        format!(
+                            "{LATENCY_HEADER} must be a whole number of milliseconds in 0..={MAX_LATENCY_MS}"
+                        ),
                     ));
                 }
             }
@@ -180,7 +182,15 @@ mod tests {
     fn amounts_are_positive_integers_only() {
         assert_eq!(code(payment(body(json!(1), "EUR"))), "OK");
         assert_eq!(code(payment(body(json!(i64::MAX), "EUR"))), "OK");
-        for bad in [json!(0), json!(-1), json!(1.5), json!(1.0), json!("5"), json!(u64::MAX), json!(null)] {
+        for bad in [
+            json!(0),
+            json!(-1),
+            json!(1.5),
+            json!(1.0),
+            json!("5"),
+            json!(u64::MAX),
+            json!(null),
+        ] {
             assert_eq!(code(payment(body(bad.clone(), "EUR"))), "INVALID_AMOUNT", "{bad}");
         }
     }
@@ -205,7 +215,10 @@ mod tests {
     fn headers_need_test_mode() {
         let mut h = HeaderMap::new();
         h.insert(OUTCOME_HEADER, "reject".parse().unwrap());
-        assert_eq!(overrides(&h, false).err().map(|e| e.status), Some(StatusCode::FORBIDDEN));
+        assert_eq!(
+            overrides(&h, false).err().map(|e| e.status),
+            Some(StatusCode::FORBIDDEN)
+        );
         assert_eq!(overrides(&h, true).ok(), Some((Some(Mode::Reject), None)));
         h.insert(LATENCY_HEADER, "-5".parse().unwrap());
         assert_eq!(overrides(&h, true).err().map(|e| e.code), Some("INVALID_LATENCY"));

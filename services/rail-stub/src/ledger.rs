@@ -271,7 +271,13 @@ mod tests {
         let mut l = ledger(Mode::Ack);
         let p = Uuid::new_v4();
         let first = l.receive(req("k1", p), None, None, Utc::now());
-        assert!(matches!(first.decision, Decision::First { answer: Mode::Ack, .. }));
+        assert!(matches!(
+            first.decision,
+            Decision::First {
+                answer: Mode::Ack,
+                ..
+            }
+        ));
         // A repeat asking for a rejection still gets the recorded ACK and pays nothing.
         let again = l.receive(req("k1", p), Some(Mode::Reject), None, Utc::now());
         match again.decision {
@@ -289,7 +295,13 @@ mod tests {
     fn timeout_pays_and_reject_does_not() {
         let mut l = ledger(Mode::Timeout);
         let r = l.receive(req("t", Uuid::new_v4()), None, None, Utc::now());
-        assert!(matches!(r.decision, Decision::First { answer: Mode::Timeout, .. }));
+        assert!(matches!(
+            r.decision,
+            Decision::First {
+                answer: Mode::Timeout,
+                ..
+            }
+        ));
         let paid = l.payment("t").map(|p| (p.status, p.timed_out));
         assert_eq!(paid, Some((PaymentStatus::Acked, true)));
         l.receive(req("r", Uuid::new_v4()), Some(Mode::Reject), None, Utc::now());

@@ -39,6 +39,10 @@ async fn main() -> ExitCode {
     };
     let server = match rail_stub::spawn(config).await {
         Ok(s) => s,
+        Err(e @ rail_stub::StartError::Config(_)) => {
+            tracing::error!(event = "config_invalid", error = %e, "rail-stub cannot start");
+            return ExitCode::from(2);
+        }
         Err(e) => {
             tracing::error!(event = "start_failed", error = %e, "rail-stub cannot start");
             return ExitCode::FAILURE;

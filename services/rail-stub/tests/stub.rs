@@ -23,7 +23,12 @@ fn payment(key: &str) -> Value {
     })
 }
 
-async fn post(client: &Client, s: &RunningServer, body: &Value, headers: &[(&str, &str)]) -> (StatusCode, Value) {
+async fn post(
+    client: &Client,
+    s: &RunningServer,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> (StatusCode, Value) {
     let mut req = client.post(format!("{}/v1/payments", s.url())).json(body);
     for (k, v) in headers {
         req = req.header(*k, *v);
@@ -148,7 +153,10 @@ async fn per_request_outcomes_in_test_mode() {
 #[tokio::test]
 async fn a_timeout_pays_then_hangs_past_the_caller_and_the_lookup_says_acked() {
     let (s, c) = start(Config::for_tests()).await;
-    let impatient = Client::builder().timeout(Duration::from_millis(300)).build().unwrap();
+    let impatient = Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
     let key = "payout/7 timeout";
     let err = impatient
         .post(format!("{}/v1/payments", s.url()))
@@ -209,7 +217,10 @@ async fn the_default_mode_comes_from_config_and_the_admin_endpoint_in_test_mode(
     let mut config = Config::for_tests();
     config.mode = Mode::Reject;
     let (s, c) = start(config).await;
-    assert_eq!(post(&c, &s, &payment("a"), &[]).await.0, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        post(&c, &s, &payment("a"), &[]).await.0,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
 
     let resp = c
         .put(format!("{}/v1/admin/behaviour", s.url()))
@@ -219,7 +230,10 @@ async fn the_default_mode_comes_from_config_and_the_admin_endpoint_in_test_mode(
         .unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     let b: Value = resp.json().await.unwrap();
-    assert_eq!((b["mode"].clone(), b["latencyMs"].clone()), (json!("ack"), json!(5)));
+    assert_eq!(
+        (b["mode"].clone(), b["latencyMs"].clone()),
+        (json!("ack"), json!(5))
+    );
     assert_eq!(post(&c, &s, &payment("b"), &[]).await.0, StatusCode::OK);
 
     for (bad, code) in [
@@ -268,7 +282,11 @@ async fn test_controls_are_forbidden_outside_test_mode() {
     assert_eq!(resp.status(), StatusCode::FORBIDDEN);
     assert_eq!(resp.json::<Value>().await.unwrap()["code"], "TEST_MODE_DISABLED");
 
-    assert_eq!(received(&c, &s).await["requests"], json!([]), "refused requests record nothing");
+    assert_eq!(
+        received(&c, &s).await["requests"],
+        json!([]),
+        "refused requests record nothing"
+    );
     // The default still applies and is unchanged.
     assert_eq!(post(&c, &s, &payment("z"), &[]).await.0, StatusCode::OK);
     s.shutdown().await.unwrap();
@@ -290,14 +308,23 @@ async fn bad_input_is_a_4xx_with_a_code_and_records_nothing() {
         (with("amountMinor", json!(-5)), "INVALID_AMOUNT"),
         (with("amountMinor", json!(12.5)), "INVALID_AMOUNT"),
         (with("amountMinor", json!("100")), "INVALID_AMOUNT"),
-        (with("amountMinor", json!(9_223_372_036_854_775_808u64)), "INVALID_AMOUNT"),
+        (
+            with("amountMinor", json!(9_223_372_036_854_775_808u64)),
+            "INVALID_AMOUNT",
+        ),
         (with("currency", json!("eur")), "INVALID_CURRENCY"),
         (with("currency", json!("EURO")), "INVALID_CURRENCY"),
         (with("payoutId", json!("not-a-uuid")), "INVALID_PAYOUT_ID"),
         (with("accountId", json!("")), "INVALID_ACCOUNT_ID"),
         (with("idempotencyKey", json!("")), "INVALID_IDEMPOTENCY_KEY"),
-        (with("idempotencyKey", json!("k".repeat(201))), "INVALID_IDEMPOTENCY_KEY"),
-        (with("idempotencyKey", json!("a\u{7}b")), "INVALID_IDEMPOTENCY_KEY"),
+        (
+            with("idempotencyKey", json!("k".repeat(201))),
+            "INVALID_IDEMPOTENCY_KEY",
+        ),
+        (
+            with("idempotencyKey", json!("a\u{7}b")),
+            "INVALID_IDEMPOTENCY_KEY",
+        ),
         (with("extra", json!(1)), "INVALID_FIELD"),
         (missing, "INVALID_FIELD"),
     ];
@@ -342,7 +369,11 @@ async fn bad_input_is_a_4xx_with_a_code_and_records_nothing() {
 #[tokio::test]
 async fn lookups_and_key_reuse() {
     let (s, c) = start(Config::for_tests()).await;
-    let resp = c.get(format!("{}/v1/payments/nope", s.url())).send().await.unwrap();
+    let resp = c
+        .get(format!("{}/v1/payments/nope", s.url()))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), StatusCode::NOT_FOUND);
     assert_eq!(resp.json::<Value>().await.unwrap()["code"], "UNKNOWN_PAYMENT");
 

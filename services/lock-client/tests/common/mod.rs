@@ -63,7 +63,10 @@ impl Env {
     }
 
     pub async fn session(&self, owner: &str) -> Session {
-        self.client.open_session(owner, LONG).await.expect("session opens")
+        self.client
+            .open_session(owner, LONG)
+            .await
+            .expect("session opens")
     }
 
     /// The key's current token as the server sees it, if held (live).
@@ -259,6 +262,7 @@ pub async fn pause_and_takeover(
             h2.token()
         ));
     }
-    h2.ensure_held().map_err(|e| format!("the new holder lost the lock: {e}"))?;
+    h2.ensure_held()
+        .map_err(|e| format!("the new holder lost the lock: {e}"))?;
     Ok(h2)
 }

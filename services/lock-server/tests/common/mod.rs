@@ -146,9 +146,11 @@ pub async fn snapshot(admin: &PgPool) -> Snapshot {
             .await
             .unwrap();
     Snapshot {
-        sessions: rows("SELECT coalesce(json_agg(t ORDER BY session_id)::text, '[]') FROM lock_session t").await,
+        sessions: rows("SELECT coalesce(json_agg(t ORDER BY session_id)::text, '[]') FROM lock_session t")
+            .await,
         entries: rows("SELECT coalesce(json_agg(t ORDER BY lock_key)::text, '[]') FROM lock_entry t").await,
-        revocations: rows("SELECT coalesce(json_agg(t ORDER BY id)::text, '[]') FROM lock_revocation t").await,
+        revocations: rows("SELECT coalesce(json_agg(t ORDER BY id)::text, '[]') FROM lock_revocation t")
+            .await,
         seq_last_value,
         seq_is_called,
     }
@@ -194,7 +196,10 @@ pub fn renew_without_expiry_check() -> Statements {
 
 /// Opens a session for `owner` with a long TTL.
 pub async fn session(repo: &Repo, owner: &str) -> Uuid {
-    repo.create_session(owner, LONG_TTL_SECS).await.unwrap().session_id
+    repo.create_session(owner, LONG_TTL_SECS)
+        .await
+        .unwrap()
+        .session_id
 }
 
 /// Takeover of a genuinely expired lease must yield a strictly higher token (INV-04).
@@ -202,7 +207,11 @@ pub async fn session(repo: &Repo, owner: &str) -> Uuid {
 pub async fn scenario_takeover_token(repo: &Repo, key: &str) -> Result<(i64, i64), String> {
     let s1 = session(repo, "w1").await;
     let s2 = session(repo, "w2").await;
-    let g1 = repo.acquire(key, "w1", s1, SHORT_TTL_SECS).await.unwrap().expect("w1 granted");
+    let g1 = repo
+        .acquire(key, "w1", s1, SHORT_TTL_SECS)
+        .await
+        .unwrap()
+        .expect("w1 granted");
     await_lease_lapsed(repo.pool(), key).await;
     let g2 = repo
         .acquire(key, "w2", s2, LONG_TTL_SECS)
@@ -223,9 +232,17 @@ pub async fn scenario_takeover_token(repo: &Repo, key: &str) -> Result<(i64, i64
 pub async fn scenario_stale_release(repo: &Repo, key: &str) -> Result<(), String> {
     let s1 = session(repo, "w1").await;
     let s2 = session(repo, "w2").await;
-    let g1 = repo.acquire(key, "w1", s1, SHORT_TTL_SECS).await.unwrap().expect("w1 granted");
+    let g1 = repo
+        .acquire(key, "w1", s1, SHORT_TTL_SECS)
+        .await
+        .unwrap()
+        .expect("w1 granted");
     await_lease_lapsed(repo.pool(), key).await;
-    let g2 = repo.acquire(key, "w2", s2, LONG_TTL_SECS).await.unwrap().expect("w2 granted");
+    let g2 = repo
+        .acquire(key, "w2", s2, LONG_TTL_SECS)
+        .await
+        .unwrap()
+        .expect("w2 granted");
     let released = repo.release(key, g1.fencing_token).await.unwrap();
     let current = entry(repo.pool(), key).await;
     let intact = current
@@ -244,11 +261,17 @@ pub async fn scenario_stale_release(repo: &Repo, key: &str) -> Result<(), String
 /// resurrect the row.
 pub async fn scenario_lapsed_renew(repo: &Repo, key: &str) -> Result<(), String> {
     let s1 = session(repo, "w1").await;
-    let g1 = repo.acquire(key, "w1", s1, SHORT_TTL_SECS).await.unwrap().expect("w1 granted");
+    let g1 = repo
+        .acquire(key, "w1", s1, SHORT_TTL_SECS)
+        .await
+        .unwrap()
+        .expect("w1 granted");
     await_lease_lapsed(repo.pool(), key).await;
     let renewed = repo.renew(key, g1.fencing_token, LONG_TTL_SECS).await.unwrap();
     let row = repo.read(key).await.unwrap();
-    let still_expired = row.as_ref().is_some_and(|r| r.expired && r.expires_at == g1.expires_at);
+    let still_expired = row
+        .as_ref()
+        .is_some_and(|r| r.expired && r.expires_at == g1.expires_at);
     match (&renewed, still_expired) {
         (None, true) => Ok(()),
         _ => Err(format!(
@@ -293,7 +316,9 @@ impl Reply {
     }
 
     pub fn token(&self) -> i64 {
-        self.body["fencingToken"].as_i64().unwrap_or_else(|| panic!("no fencingToken in {self:?}"))
+        self.body["fencingToken"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("no fencingToken in {self:?}"))
     }
 }
 
@@ -317,7 +342,9 @@ impl Api {
     }
 
     pub async fn open_session(&self, owner: &str, ttl_ms: i64) -> Uuid {
-        let r = self.post_json("/v1/sessions", json!({"ownerId": owner, "ttlMs": ttl_ms})).await;
+        let r = self
+            .post_json("/v1/sessions", json!({"ownerId": owner, "ttlMs": ttl_ms}))
+            .await;
         assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
         r.body["sessionId"].as_str().unwrap().parse().unwrap()
     }
@@ -362,8 +389,11 @@ impl Api {
     }
 
     pub async fn heartbeat(&self, session: Uuid, ttl_ms: i64) -> Reply {
-        self.post_json(&format!("/v1/sessions/{session}/heartbeat"), json!({"ttlMs": ttl_ms}))
-            .await
+        self.post_json(
+            &format!("/v1/sessions/{session}/heartbeat"),
+            json!({"ttlMs": ttl_ms}),
+        )
+        .await
     }
 
     pub async fn close_session(&self, session: Uuid) -> Reply {
@@ -436,7 +466,8 @@ pub async fn scenario_pause_and_return(api: &Api, admin: &PgPool, key: &str) -> 
     }
 
     let view = api.get(&format!("/v1/locks/{key}")).await;
-    if view.body["state"] != "HELD" || view.body["ownerId"] != "w2" || view.body["fencingToken"] != json!(t2) {
+    if view.body["state"] != "HELD" || view.body["ownerId"] != "w2" || view.body["fencingToken"] != json!(t2)
+    {
         violations.push(format!("W2's grant (token {t2}) is not intact: {view:?}"));
     }
     let renew2 = api.renew(key, t2, LONG_TTL_MS).await;

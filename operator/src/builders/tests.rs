@@ -1,0 +1,674 @@
+//! The builders as pure functions: a resource in, the children it asks for out.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Container, EnvVar, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::json;
+
+use super::database::{self, Credentials, History};
+use super::migration::{self, JobState};
+use super::paymentstack::LockServiceView;
+use super::workloads::{PAYMENT_FENCING_ENV, RAIL_PROXY_FENCING_ENV};
+use super::{Child, ChildKind, ChildRef, Desired, Owner, lockservice, paymentstack, short_hash};
+use crate::crd::{LeaseSpec, LockService, LockServiceSpec, PaymentStack, PaymentStackSpec};
+
+const IMAGE: &str = "registry.example/dlock:1.2.3";
+
+fn meta(name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some("pay".into()),
+        uid: Some(format!("uid-{name}")),
+        generation: Some(1),
+        ..ObjectMeta::default()
+    }
+}
+
+fn lock_service(spec: serde_json::Value) -> LockService {
+    let spec: LockServiceSpec = serde_json::from_value(spec).unwrap();
+    LockService {
+        metadata: meta("locks"),
+        spec,
+        status: None,
+    }
+}
+
+fn stack(spec: serde_json::Value) -> PaymentStack {
+    let spec: PaymentStackSpec = serde_json::from_value(spec).unwrap();
+    PaymentStack {
+        metadata: meta("shop"),
+        spec,
+        status: None,
+    }
+}
+
+fn managed_ls() -> LockService {
+    lock_service(json!({"database": {"managed": {"storageClassName": "fast"}}, "lockServer": {"replicas": 3}}))
+}
+
+fn default_stack() -> PaymentStack {
+    stack(json!({
+        "lockServiceRef": {"name": "locks"},
+        "database": {"managed": {}},
+        "railStub": {"enabled": true, "mode": "timeout"},
+        "payoutExecutor": {"replicas": 1, "workers": 7},
+    }))
+}
+
+fn ls_inputs<'a>(migration: &'a JobState) -> lockservice::Inputs<'a> {
+    lockservice::Inputs {
+        default_image: IMAGE,
+        database_ready: true,
+        migration,
+        db_secret_version: Some("42"),
+    }
+}
+
+fn ready_lock_service() -> LockServiceView {
+    LockServiceView {
+        ready: true,
+        endpoint: Some("http://locks-lock-server.pay.svc:8080".into()),
+        lease: LeaseSpec {
+            default_ttl_ms: 5000,
+            session_ttl_ms: 20000,
+        },
+    }
+}
+
+fn ps_inputs<'a>(migration: &'a JobState, ls: Option<&'a LockServiceView>) -> paymentstack::Inputs<'a> {
+    paymentstack::Inputs {
+        default_image: IMAGE,
+        database_ready: true,
+        migration,
+        db_secret_version: Some("7"),
+        lock_service: ls,
+    }
+}
+
+fn containers(child: &Child) -> Vec<Container> {
+    let spec = match child {
+        Child::StatefulSet(s) => s.spec.as_ref().map(|s| &s.template),
+        Child::Job(j) => j.spec.as_ref().map(|s| &s.template),
+        Child::Deployment(d) => d.spec.as_ref().map(|s| &s.template),
+        Child::Service(_) => None,
+    };
+    spec.and_then(|t| t.spec.as_ref())
+        .map(|p| p.containers.clone())
+        .unwrap_or_default()
+}
+
+fn env_of<'a>(c: &'a Container, name: &str) -> Option<&'a EnvVar> {
+    c.env.iter().flatten().find(|e| e.name == name)
+}
+
+fn secret_ref(e: &EnvVar) -> (String, String) {
+    let r = e
+        .value_from
+        .as_ref()
+        .and_then(|v| v.secret_key_ref.as_ref())
+        .unwrap_or_else(|| panic!("{} is not read from a Secret", e.name));
+    assert!(e.value.is_none(), "{} has a plain value too", e.name);
+    (r.name.clone(), r.key.clone())
+}
+
+fn deployment<'a>(d: &'a Desired, name: &str) -> &'a Deployment {
+    match d.find(ChildKind::Deployment, name) {
+        Some(Child::Deployment(dep)) => dep,
+        _ => panic!("no Deployment {name} in {:?}", d.apply.iter().map(Child::name).collect::<Vec<_>>()),
+    }
+}
+
+fn all_children(d: &Desired) -> impl Iterator<Item = (&str, ObjectMeta)> {
+    d.apply.iter().map(|c| {
+        let m = match c {
+            Child::Service(o) => o.metadata.clone(),
+            Child::StatefulSet(o) => o.metadata.clone(),
+            Child::Job(o) => o.metadata.clone(),
+            Child::Deployment(o) => o.metadata.clone(),
+        };
+        (c.name(), m)
+    })
+}
+
+#[test]
+fn every_child_has_a_controller_owner_reference_and_the_standard_labels() {
+    let ls = managed_ls();
+    let owner = Owner::of(&ls).unwrap();
+    let d = lockservice::desired(&ls, &owner, &ls_inputs(&JobState::Succeeded)).unwrap();
+    let ps = default_stack();
+    let ps_owner = Owner::of(&ps).unwrap();
+    let view = ready_lock_service();
+    let p = paymentstack::desired(&ps, &ps_owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
+    let creds = Credentials::generate(true);
+    let secrets: Vec<(String, ObjectMeta)> = [
+        database::credentials_secret(&owner, History::Lockdb, &creds),
+        database::connection_secret(
+            &owner,
+            History::Lockdb,
+            &database::managed_urls(&owner, History::Lockdb, &creds),
+        ),
+    ]
+    .into_iter()
+    .map(|s: Secret| (s.metadata.name.clone().unwrap(), s.metadata))
+    .collect();
+
+    let mut checked = 0;
+    for (owner, (name, m)) in all_children(&d)
+        .map(|(n, m)| (("LockService", "locks"), (n.to_owned(), m)))
+        .chain(all_children(&p).map(|(n, m)| (("PaymentStack", "shop"), (n.to_owned(), m))))
+        .chain(secrets.into_iter().map(|s| (("LockService", "locks"), s)))
+    {
+        let refs = m.owner_references.unwrap_or_default();
+        assert_eq!(refs.len(), 1, "{name}");
+        let r = &refs[0];
+        assert_eq!((r.kind.as_str(), r.name.as_str()), owner, "{name}");
+        assert_eq!(r.api_version, "dlock.dev/v1alpha1");
+        assert_eq!(r.uid, format!("uid-{}", owner.1));
+        assert_eq!(r.controller, Some(true), "{name}");
+        assert_eq!(m.namespace.as_deref(), Some("pay"));
+        let labels = m.labels.unwrap_or_default();
+        assert_eq!(labels["app.kubernetes.io/managed-by"], "dlock-operator", "{name}");
+        assert_eq!(labels["app.kubernetes.io/instance"], owner.1, "{name}");
+        assert_eq!(labels["dlock.dev/owner-kind"], owner.0, "{name}");
+        assert!(labels.contains_key("app.kubernetes.io/name"), "{name}");
+        assert!(labels.contains_key("app.kubernetes.io/component"), "{name}");
+        assert!(name.starts_with(&format!("{}-", owner.1)) && name.len() <= 63, "{name}");
+        checked += 1;
+    }
+    // lockdb svc+sts, Job, lock-server dep+svc, 2 Secrets; paydb svc+sts, Job, rail-stub dep+svc,
+    // payment-resource dep+svc, rail-proxy dep+svc, payout-executor dep.
+    assert_eq!(checked, 5 + 2 + 10);
+}
+
+#[test]
+fn managed_database_is_a_postgres_statefulset_behind_a_headless_service() {
+    let ls = managed_ls();
+    let owner = Owner::of(&ls).unwrap();
+    let d = lockservice::desired(&ls, &owner, &ls_inputs(&JobState::Absent)).unwrap();
+    let Some(Child::Service(svc)) = d.find(ChildKind::Service, "locks-lockdb") else {
+        panic!("no lockdb Service")
+    };
+    assert_eq!(svc.spec.as_ref().unwrap().cluster_ip.as_deref(), Some("None"));
+    let Some(Child::StatefulSet(sts)) = d.find(ChildKind::StatefulSet, "locks-lockdb") else {
+        panic!("no lockdb StatefulSet")
+    };
+    let spec = sts.spec.as_ref().unwrap();
+    assert_eq!(spec.replicas, Some(1));
+    assert_eq!(spec.service_name.as_deref(), Some("locks-lockdb"));
+    let claim = &spec.volume_claim_templates.as_ref().unwrap()[0];
+    let claim_spec = claim.spec.as_ref().unwrap();
+    assert_eq!(claim_spec.storage_class_name.as_deref(), Some("fast"));
+    assert_eq!(
+        claim_spec.resources.as_ref().unwrap().requests.as_ref().unwrap()["storage"].0,
+        "1Gi"
+    );
+    let c = &containers(&Child::StatefulSet(sts.clone()))[0];
+    assert_eq!(c.image.as_deref(), Some("postgres:16"));
+    assert_eq!(env_of(c, "POSTGRES_DB").unwrap().value.as_deref(), Some("lockdb"));
+    assert_eq!(
+        secret_ref(env_of(c, "POSTGRES_PASSWORD").unwrap()),
+        ("locks-lockdb-credentials".into(), "postgres-password".into())
+    );
+    // Selectors match the pod labels.
+    let selector = spec.selector.match_labels.as_ref().unwrap();
+    let pod_labels = spec.template.metadata.as_ref().unwrap().labels.as_ref().unwrap();
+    assert!(selector.iter().all(|(k, v)| pod_labels.get(k) == Some(v)));
+    assert_eq!(svc.spec.as_ref().unwrap().selector.as_ref(), Some(selector));
+}
+
+#[test]
+fn external_database_has_no_server_and_deletes_one_left_over() {
+    let ls = lock_service(json!({"database": {"external": {"secretRef": {"name": "cloudsql", "key": "dsn"}}}}));
+    let owner = Owner::of(&ls).unwrap();
+    let d = lockservice::desired(&ls, &owner, &ls_inputs(&JobState::Absent)).unwrap();
+    assert!(d.apply.iter().all(|c| c.kind() != ChildKind::StatefulSet));
+    assert!(d.delete.contains(&ChildRef {
+        kind: ChildKind::StatefulSet,
+        name: "locks-lockdb".into()
+    }));
+    assert!(d.delete.contains(&ChildRef {
+        kind: ChildKind::Service,
+        name: "locks-lockdb".into()
+    }));
+    // The migration reads the owner URL from the referenced Secret key.
+    let job = d.find(ChildKind::Job, &d.migration_job).unwrap();
+    let c = &containers(job)[0];
+    assert_eq!(secret_ref(env_of(c, "DATABASE_URL").unwrap()), ("cloudsql".into(), "dsn".into()));
+}
+
+#[test]
+fn migration_job_runs_dlock_migrate_with_secrets_only() {
+    let ls = managed_ls();
+    let owner = Owner::of(&ls).unwrap();
+    let job = lockservice::migration_job(&ls, &owner, IMAGE).unwrap();
+    let name = job.metadata.name.clone().unwrap();
+    assert!(name.starts_with("locks-lockdb-migrate-"), "{name}");
+    let spec = job.spec.as_ref().unwrap();
+    let pod = spec.template.spec.as_ref().unwrap();
+    assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
+    let c = &pod.containers[0];
+    assert_eq!(c.image.as_deref(), Some(IMAGE));
+    assert_eq!(
+        c.command.clone().unwrap(),
+        [
+            "dlock-migrate",
+            "--dir",
+            "/migrations/lockdb",
+            "--app-role",
+            "lockapp",
+            "--app-password-env",
+            "APP_PASSWORD"
+        ]
+    );
+    assert_eq!(
+        secret_ref(env_of(c, "DATABASE_URL").unwrap()),
+        ("locks-lockdb-conn".into(), "admin-url".into())
+    );
+    assert_eq!(
+        secret_ref(env_of(c, "APP_PASSWORD").unwrap()),
+        ("locks-lockdb-credentials".into(), "app-password".into())
+    );
+
+    // Same inputs, same Job; a new image (a new history) means a new Job; migrationImage wins.
+    assert_eq!(lockservice::migration_job(&ls, &owner, IMAGE).unwrap(), job);
+    let other = lockservice::migration_job(&ls, &owner, "registry.example/dlock:1.2.4").unwrap();
+    assert_ne!(other.metadata.name, job.metadata.name);
+    let mut pinned = ls.clone();
+    pinned.spec.migration_image = Some("registry.example/migrate:9".into());
+    let pinned_job = lockservice::migration_job(&pinned, &owner, IMAGE).unwrap();
+    let pinned_pod = pinned_job.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pinned_pod.containers[0].image.as_deref(), Some("registry.example/migrate:9"));
+
+    let ps = default_stack();
+    let ps_owner = Owner::of(&ps).unwrap();
+    let pay_job = paymentstack::migration_job(&ps, &ps_owner, IMAGE).unwrap();
+    let c = &pay_job.spec.unwrap().template.spec.unwrap().containers[0];
+    let cmd = c.command.clone().unwrap();
+    assert_eq!(cmd[2], "/migrations/paydb");
+    assert_eq!(cmd[4], "payapp");
+}
+
+#[test]
+fn no_job_before_the_database_is_ready() {
+    let ls = managed_ls();
+    let owner = Owner::of(&ls).unwrap();
+    let mut inputs = ls_inputs(&JobState::Absent);
+    inputs.database_ready = false;
+    let d = lockservice::desired(&ls, &owner, &inputs).unwrap();
+    assert!(d.apply.iter().all(|c| c.kind() != ChildKind::Job));
+    assert!(d.migration_job.starts_with("locks-lockdb-migrate-"));
+    inputs.database_ready = true;
+    let d = lockservice::desired(&ls, &owner, &inputs).unwrap();
+    assert!(d.find(ChildKind::Job, &d.migration_job).is_some());
+}
+
+#[test]
+fn deployments_are_absent_until_the_migration_job_succeeded() {
+    let ls = managed_ls();
+    let owner = Owner::of(&ls).unwrap();
+    let ps = default_stack();
+    let ps_owner = Owner::of(&ps).unwrap();
+    let view = ready_lock_service();
+    for state in [
+        JobState::Absent,
+        JobState::Running,
+        JobState::Failed("BackoffLimitExceeded".into()),
+    ] {
+        let d = lockservice::desired(&ls, &owner, &ls_inputs(&state)).unwrap();
+        assert_eq!(d.deployments().count(), 0, "{state:?}");
+        assert!(d.endpoints.is_empty());
+        let p = paymentstack::desired(&ps, &ps_owner, &ps_inputs(&state, Some(&view))).unwrap();
+        // Only the rail-stub, which needs no schema.
+        let names: Vec<_> = p.deployments().map(|d| d.metadata.name.clone().unwrap()).collect();
+        assert_eq!(names, ["shop-rail-stub"], "{state:?}");
+    }
+    let d = lockservice::desired(&ls, &owner, &ls_inputs(&JobState::Succeeded)).unwrap();
+    let dep = deployment(&d, "locks-lock-server");
+    assert_eq!(dep.spec.as_ref().unwrap().replicas, Some(3));
+    assert!(d.find(ChildKind::Service, "locks-lock-server").is_some());
+    assert_eq!(d.endpoints["lockServer"], "http://locks-lock-server.pay.svc:8080");
+    // Ordering: database, then the Job, then the Deployment.
+    let kinds: Vec<ChildKind> = d.apply.iter().map(Child::kind).collect();
+    let pos = |k| kinds.iter().position(|x| *x == k).unwrap();
+    assert!(pos(ChildKind::StatefulSet) < pos(ChildKind::Job) && pos(ChildKind::Job) < pos(ChildKind::Deployment));
+}
+
+#[test]
+fn a_stack_waits_for_a_ready_lock_service() {
+    let ps = default_stack();
+    let owner = Owner::of(&ps).unwrap();
+    let mut not_ready = ready_lock_service();
+    not_ready.ready = false;
+    for ls in [None, Some(&not_ready)] {
+        let p = paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, ls)).unwrap();
+        assert_eq!(p.deployments().count(), 1, "only the rail-stub: {ls:?}");
+    }
+    let view = ready_lock_service();
+    let p = paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
+    assert_eq!(p.deployments().count(), 4);
+    assert_eq!(p.endpoints["lockServer"], "http://locks-lock-server.pay.svc:8080");
+}
+
+#[test]
+fn workloads_run_their_binary_with_the_documented_flags() {
+    let ls = managed_ls();
+    let owner = Owner::of(&ls).unwrap();
+    let d = lockservice::desired(&ls, &owner, &ls_inputs(&JobState::Succeeded)).unwrap();
+    let c = &containers(&Child::Deployment(deployment(&d, "locks-lock-server").clone()))[0];
+    assert_eq!(c.image.as_deref(), Some(IMAGE));
+    assert_eq!(c.command.clone().unwrap(), ["lock-server"]);
+    assert_eq!(c.args.clone().unwrap(), ["--listen", "0.0.0.0:8080"]);
+    assert_eq!(env_of(c, "DLOCK_LEASE_TTL_MS").unwrap().value.as_deref(), Some("10000"));
+    assert!(c.readiness_probe.is_some() && c.liveness_probe.is_some());
+
+    let ps = default_stack();
+    let owner = Owner::of(&ps).unwrap();
+    let view = ready_lock_service();
+    let p = paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
+    let get = |name: &str| containers(&Child::Deployment(deployment(&p, name).clone()))[0].clone();
+
+    let pr = get("shop-payment-resource");
+    assert_eq!(pr.command.clone().unwrap(), ["payment-resource"]);
+    assert_eq!(pr.args.clone().unwrap(), ["serve", "--listen", "0.0.0.0:8080"]);
+
+    let rp = get("shop-rail-proxy");
+    assert_eq!(
+        rp.args.clone().unwrap(),
+        ["--listen", "0.0.0.0:8080", "--rail-url", "http://shop-rail-stub.pay.svc:8080"]
+    );
+
+    let stub = get("shop-rail-stub");
+    assert_eq!(stub.args.clone().unwrap(), ["--listen", "0.0.0.0:8080", "--mode", "timeout"]);
+    assert!(env_of(&stub, "DATABASE_URL").is_none());
+
+    let ex = get("shop-payout-executor");
+    assert_eq!(
+        ex.args.clone().unwrap(),
+        [
+            "--lock-server-url",
+            "http://locks-lock-server.pay.svc:8080",
+            "--payment-resource-url",
+            "http://shop-payment-resource.pay.svc:8080",
+            "--rail-proxy-url",
+            "http://shop-rail-proxy.pay.svc:8080",
+            "--workers",
+            "7"
+        ]
+    );
+    // No database credentials at all, and the lease defaults of its LockService.
+    assert!(env_of(&ex, "DATABASE_URL").is_none());
+    assert_eq!(env_of(&ex, "DLOCK_LEASE_TTL_MS").unwrap().value.as_deref(), Some("5000"));
+    assert_eq!(env_of(&ex, "DLOCK_SESSION_TTL_MS").unwrap().value.as_deref(), Some("20000"));
+    assert!(p.find(ChildKind::Service, "shop-payout-executor").is_none());
+    assert_eq!(deployment(&p, "shop-payout-executor").spec.as_ref().unwrap().replicas, Some(1));
+
+    // An explicit rail URL wins over the stub.
+    let mut explicit = ps.clone();
+    explicit.spec.rail_proxy.rail_url = Some("https://rail.example/v1".into());
+    let p = paymentstack::desired(&explicit, &owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
+    let rp = containers(&Child::Deployment(deployment(&p, "shop-rail-proxy").clone()))[0].clone();
+    assert_eq!(rp.args.unwrap()[3], "https://rail.example/v1");
+}
+
+#[test]
+fn services_read_database_url_from_the_connection_secret() {
+    let ls = managed_ls();
+    let owner = Owner::of(&ls).unwrap();
+    let d = lockservice::desired(&ls, &owner, &ls_inputs(&JobState::Succeeded)).unwrap();
+    let dep = deployment(&d, "locks-lock-server");
+    let c = &containers(&Child::Deployment(dep.clone()))[0];
+    assert_eq!(
+        secret_ref(env_of(c, "DATABASE_URL").unwrap()),
+        ("locks-lockdb-conn".into(), "url".into())
+    );
+    // Pods restart when the connection Secret changes.
+    let annotations = dep.spec.as_ref().unwrap().template.metadata.as_ref().unwrap().annotations.clone();
+    assert_eq!(annotations.unwrap()["dlock.dev/database-secret-version"], "42");
+
+    let ps = default_stack();
+    let owner = Owner::of(&ps).unwrap();
+    let view = ready_lock_service();
+    let p = paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
+    for name in ["shop-payment-resource", "shop-rail-proxy"] {
+        let c = &containers(&Child::Deployment(deployment(&p, name).clone()))[0];
+        assert_eq!(
+            secret_ref(env_of(c, "DATABASE_URL").unwrap()),
+            ("shop-paydb-conn".into(), "url".into()),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn no_password_appears_outside_secrets() {
+    let ls = managed_ls();
+    let owner = Owner::of(&ls).unwrap();
+    let creds = Credentials::generate(true);
+    let urls = database::managed_urls(&owner, History::Lockdb, &creds);
+    let d = lockservice::desired(&ls, &owner, &ls_inputs(&JobState::Succeeded)).unwrap();
+    let ps = default_stack();
+    let ps_owner = Owner::of(&ps).unwrap();
+    let view = ready_lock_service();
+    let p = paymentstack::desired(&ps, &ps_owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
+
+    let secrets = [
+        serde_json::to_string(&database::credentials_secret(&owner, History::Lockdb, &creds)).unwrap(),
+        serde_json::to_string(&database::connection_secret(&owner, History::Lockdb, &urls)).unwrap(),
+    ];
+    let pw = creds.postgres_password.clone().unwrap();
+    // Secrets carry them base64-encoded, never in clear.
+    assert!(secrets.iter().all(|s| !s.contains(&pw) && !s.contains(&creds.app_password)));
+
+    let mut env_vars = 0;
+    for child in d.apply.iter().chain(&p.apply) {
+        let text = serde_json::to_string(child_json(child).as_ref().unwrap()).unwrap();
+        assert!(!text.contains(&pw) && !text.contains(&creds.app_password), "{}", child.name());
+        assert!(!text.contains("postgres://"), "a URL in {}", child.name());
+        for c in containers(child) {
+            for e in c.env.iter().flatten() {
+                env_vars += 1;
+                if e.name.contains("PASSWORD") || e.name == "DATABASE_URL" {
+                    secret_ref(e);
+                }
+                let value = e.value.as_deref().unwrap_or_default();
+                assert!(!value.contains("://") || e.name.ends_with("_URL") && !value.contains('@'));
+            }
+        }
+    }
+    assert!(env_vars > 10);
+    assert!(format!("{creds:?} {urls:?}").contains("redacted"));
+    assert!(!format!("{creds:?} {urls:?}").contains(&pw));
+}
+
+fn child_json(child: &Child) -> serde_json::Result<serde_json::Value> {
+    match child {
+        Child::Service(o) => serde_json::to_value(o),
+        Child::StatefulSet(o) => serde_json::to_value(o),
+        Child::Job(o) => serde_json::to_value(o),
+        Child::Deployment(o) => serde_json::to_value(o),
+    }
+}
+
+#[test]
+fn kill_switches_become_env_vars() {
+    let view = ready_lock_service();
+    for (payment, rail) in [(true, true), (false, true), (true, false), (false, false)] {
+        let mut ps = default_stack();
+        ps.spec.kill_switches.payment_fencing_enabled = payment;
+        ps.spec.kill_switches.rail_proxy_fencing_enabled = rail;
+        let owner = Owner::of(&ps).unwrap();
+        let p = paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
+        let pr = &containers(&Child::Deployment(deployment(&p, "shop-payment-resource").clone()))[0];
+        let rp = &containers(&Child::Deployment(deployment(&p, "shop-rail-proxy").clone()))[0];
+        let payment_value = payment.to_string();
+        let rail_value = rail.to_string();
+        assert_eq!(
+            env_of(pr, PAYMENT_FENCING_ENV).unwrap().value.as_deref(),
+            Some(payment_value.as_str())
+        );
+        assert_eq!(
+            env_of(rp, RAIL_PROXY_FENCING_ENV).unwrap().value.as_deref(),
+            Some(rail_value.as_str())
+        );
+        // Each switch reaches only its own enforcement point.
+        assert!(env_of(pr, RAIL_PROXY_FENCING_ENV).is_none() && env_of(rp, PAYMENT_FENCING_ENV).is_none());
+    }
+}
+
+#[test]
+fn children_the_spec_drops_are_deleted() {
+    let mut ps = default_stack();
+    ps.spec.rail_proxy.rail_url = Some("https://rail.example".into());
+    let owner = Owner::of(&ps).unwrap();
+    let view = ready_lock_service();
+    let with_stub = paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
+    assert!(with_stub.find(ChildKind::Deployment, "shop-rail-stub").is_some());
+    assert!(with_stub.find(ChildKind::Service, "shop-rail-stub").is_some());
+    assert!(with_stub.delete.iter().all(|r| !r.name.contains("rail-stub")));
+    assert!(with_stub.endpoints.contains_key("railStub"));
+
+    ps.spec.rail_stub.enabled = false;
+    let without = paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
+    assert!(without.find(ChildKind::Deployment, "shop-rail-stub").is_none());
+    assert!(without.find(ChildKind::Service, "shop-rail-stub").is_none());
+    for kind in [ChildKind::Deployment, ChildKind::Service] {
+        assert!(without.delete.contains(&ChildRef {
+            kind,
+            name: "shop-rail-stub".into()
+        }));
+    }
+    assert!(!without.endpoints.contains_key("railStub"));
+    // The dropped stub is deleted even while the schema gate holds everything else back.
+    let gated = paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Running, Some(&view))).unwrap();
+    assert!(gated.delete.iter().any(|r| r.name == "shop-rail-stub"));
+    // Nothing the spec still asks for is ever in the delete list.
+    for r in &without.delete {
+        assert!(without.find(r.kind, &r.name).is_none(), "{r:?}");
+    }
+}
+
+#[test]
+fn specs_that_bypassed_cel_are_refused_not_guessed() {
+    let mut ls = managed_ls();
+    ls.spec.database.external = Some(crate::crd::ExternalDatabase {
+        secret_ref: crate::crd::SecretKeyRef {
+            name: "x".into(),
+            key: "url".into(),
+        },
+    });
+    let owner = Owner::of(&ls).unwrap();
+    assert_eq!(
+        lockservice::desired(&ls, &owner, &ls_inputs(&JobState::Absent)),
+        Err(super::SpecError::DatabaseMode)
+    );
+    let mut ps = default_stack();
+    ps.spec.rail_stub.enabled = false;
+    let owner = Owner::of(&ps).unwrap();
+    assert_eq!(
+        paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Absent, None)),
+        Err(super::SpecError::RailUrl)
+    );
+}
+
+#[test]
+fn credentials_round_trip_and_are_random() {
+    let ls = managed_ls();
+    let owner = Owner::of(&ls).unwrap();
+    let a = Credentials::generate(true);
+    let b = Credentials::generate(true);
+    assert_ne!(a.app_password, b.app_password);
+    assert_eq!(a.app_password.len(), 32);
+    assert!(a.app_password.chars().all(|c| c.is_ascii_alphanumeric()));
+    let secret = database::credentials_secret(&owner, History::Lockdb, &a);
+    assert_eq!(secret.metadata.name.as_deref(), Some("locks-lockdb-credentials"));
+    assert_eq!(Credentials::from_secret(&secret, true), Some(a.clone()));
+    // An external database has no superuser password to keep.
+    let ext = Credentials::generate(false);
+    assert!(ext.postgres_password.is_none());
+    let secret = database::credentials_secret(&owner, History::Lockdb, &ext);
+    assert!(!secret.data.as_ref().unwrap().contains_key("postgres-password"));
+    // A managed database whose Secret lost its superuser password is refused, not regenerated.
+    assert_eq!(Credentials::from_secret(&secret, true), None);
+}
+
+#[test]
+fn connection_urls() {
+    let ls = managed_ls();
+    let owner = Owner::of(&ls).unwrap();
+    let creds = Credentials {
+        app_password: "APPPW".into(),
+        postgres_password: Some("SUPERPW".into()),
+    };
+    let urls = database::managed_urls(&owner, History::Lockdb, &creds);
+    assert_eq!(urls.app_url, "postgres://lockapp:APPPW@locks-lockdb.pay.svc:5432/lockdb");
+    assert_eq!(
+        urls.admin_url.as_deref(),
+        Some("postgres://postgres:SUPERPW@locks-lockdb.pay.svc:5432/lockdb")
+    );
+    let secret = database::connection_secret(&owner, History::Lockdb, &urls);
+    let data = secret.data.unwrap();
+    assert_eq!(data["url"].0, urls.app_url.as_bytes());
+    assert_eq!(data["admin-url"].0, urls.admin_url.unwrap().as_bytes());
+
+    let ext = database::external_app_url(
+        "postgresql://admin:s3cret@10.1.2.3:6432/paydb?sslmode=require",
+        History::Paydb,
+        &creds,
+    )
+    .unwrap();
+    assert_eq!(ext.app_url, "postgresql://payapp:APPPW@10.1.2.3:6432/paydb?sslmode=require");
+    assert_eq!(ext.admin_url, None);
+    for bad in ["host=db user=x", "mysql://u:p@h/db", "postgres:///socket-only", ""] {
+        let err = database::external_app_url(bad, History::Paydb, &creds).unwrap_err();
+        assert!(!err.to_string().contains("user=x"));
+    }
+}
+
+#[test]
+fn job_states() {
+    use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus};
+    let job = |status: JobStatus| Job {
+        status: Some(status),
+        ..Job::default()
+    };
+    assert_eq!(JobState::of(None), JobState::Absent);
+    assert_eq!(JobState::of(Some(&job(JobStatus::default()))), JobState::Running);
+    assert_eq!(
+        JobState::of(Some(&job(JobStatus {
+            succeeded: Some(1),
+            ..JobStatus::default()
+        }))),
+        JobState::Succeeded
+    );
+    let failed = job(JobStatus {
+        failed: Some(5),
+        conditions: Some(vec![JobCondition {
+            type_: "Failed".into(),
+            status: "True".into(),
+            reason: Some("BackoffLimitExceeded".into()),
+            message: Some("Job has reached the specified backoff limit".into()),
+            ..JobCondition::default()
+        }]),
+        ..JobStatus::default()
+    });
+    assert_eq!(
+        JobState::of(Some(&failed)),
+        JobState::Failed("Job has reached the specified backoff limit".into())
+    );
+    // Failed pods that are still being retried are not a failed Job.
+    let retrying = job(JobStatus {
+        failed: Some(2),
+        ..JobStatus::default()
+    });
+    assert_eq!(JobState::of(Some(&retrying)), JobState::Running);
+    let _ = migration::APP_PASSWORD_ENV;
+}
+
+#[test]
+fn short_hash_is_stable() {
+    // Pinned: a change here renames every migration Job and re-runs the migrations.
+    assert_eq!(short_hash(b""), "4fd0bfc1"); // FNV-1a offset basis, folded
+    assert_eq!(short_hash(b"dlock"), short_hash(b"dlock"));
+    assert_ne!(short_hash(b"dlock:1"), short_hash(b"dlock:2"));
+    assert_eq!(short_hash(b"anything").len(), 8);
+}

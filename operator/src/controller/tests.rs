@@ -1,0 +1,467 @@
+//! The reconcilers against a fake apiserver: an in-memory object store behind kube's `Client`
+//! (namespaced GET / LIST / POST / server-side-apply PATCH / DELETE, status subresource), so each
+//! test drives a resource through its lifecycle by setting child statuses as the cluster would.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use http::{Method, Request, Response, StatusCode};
+use kube::Client;
+use kube::client::Body;
+use serde_json::{Value, json};
+
+use super::{Context, Settings, backoff, lockservice, paymentstack};
+use crate::crd::{LockService, PaymentStack, Phase};
+use crate::metrics::Metrics;
+
+const NS: &str = "pay";
+const IMAGE: &str = "registry.example/dlock:1.2.3";
+
+#[derive(Default)]
+struct Store {
+    objects: BTreeMap<String, Value>,
+    /// `METHOD path` of every request, in order.
+    log: Vec<String>,
+    version: u64,
+}
+
+#[derive(Clone, Default)]
+struct FakeApi(Arc<Mutex<Store>>);
+
+fn status_body(code: u16, reason: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code, "message": reason})
+}
+
+/// `/api/v1/namespaces/NS/RESOURCE` or `/apis/GROUP/VERSION/namespaces/NS/RESOURCE`.
+fn is_collection(path: &str) -> bool {
+    let segments = path.split('/').filter(|s| !s.is_empty()).count();
+    if path.starts_with("/api/") { segments == 5 } else { segments == 6 }
+}
+
+fn labels_match(obj: &Value, selector: &str) -> bool {
+    selector.split(',').filter(|s| !s.is_empty()).all(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        obj["metadata"]["labels"][k].as_str() == Some(v)
+    })
+}
+
+impl FakeApi {
+    fn client(&self) -> Client {
+        let api = self.clone();
+        let svc = tower::service_fn(move |req: Request<Body>| {
+            let api = api.clone();
+            async move { Ok::<_, std::convert::Infallible>(api.handle(req).await) }
+        });
+        Client::new(svc, NS)
+    }
+
+    async fn handle(&self, req: Request<Body>) -> Response<Body> {
+        let method = req.method().clone();
+        let path = req.uri().path().to_owned();
+        let query = req.uri().query().unwrap_or_default().to_owned();
+        let body = req.into_body().collect_bytes().await.unwrap();
+        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let (code, out) = self.route(&method, &path, &query, body);
+        Response::builder()
+            .status(StatusCode::from_u16(code).unwrap())
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(&out).unwrap()))
+            .unwrap()
+    }
+
+    fn route(&self, method: &Method, path: &str, query: &str, body: Value) -> (u16, Value) {
+        let mut s = self.0.lock().unwrap();
+        s.log.push(format!("{method} {path}"));
+        let (key, status_sub) = match path.strip_suffix("/status") {
+            Some(k) => (k.to_owned(), true),
+            None => (path.to_owned(), false),
+        };
+        if path.ends_with("/events") {
+            return (201, body);
+        }
+        match *method {
+            Method::GET if s.objects.contains_key(&key) => (200, s.objects[&key].clone()),
+            Method::GET if path.ends_with("/log") => (200, Value::String(String::new())),
+            Method::GET if !is_collection(path) => (404, status_body(404, "NotFound")),
+            Method::GET => {
+                let prefix = format!("{key}/");
+                let selector = query
+                    .split('&')
+                    .find_map(|kv| kv.strip_prefix("labelSelector="))
+                    .map(|s| s.replace("%3D", "=").replace("%2C", ",").replace("%2F", "/"));
+                let items: Vec<Value> = s
+                    .objects
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(&prefix) && !k[prefix.len()..].contains('/'))
+                    .map(|(_, v)| v.clone())
+                    .filter(|v| selector.as_deref().is_none_or(|sel| labels_match(v, sel)))
+                    .collect();
+                (200, json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items}))
+            }
+            Method::POST => {
+                let name = body["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+                let key = format!("{key}/{name}");
+                if s.objects.contains_key(&key) {
+                    return (409, status_body(409, "AlreadyExists"));
+                }
+                s.version += 1;
+                let mut obj = body;
+                obj["metadata"]["resourceVersion"] = json!(s.version.to_string());
+                s.objects.insert(key, obj.clone());
+                (201, obj)
+            }
+            Method::PATCH if status_sub => match s.objects.get_mut(&key) {
+                Some(obj) => {
+                    obj["status"] = body["status"].clone();
+                    (200, obj.clone())
+                }
+                None => (404, status_body(404, "NotFound")),
+            },
+            Method::PATCH => {
+                s.version += 1;
+                let version = s.version.to_string();
+                let previous = s.objects.get(&key).cloned();
+                let mut obj = body;
+                // Server-side apply keeps what other managers own: here, the status.
+                if let Some(st) = previous.as_ref().and_then(|p| p.get("status")) {
+                    obj["status"] = st.clone();
+                }
+                let unchanged = previous.as_ref().is_some_and(|p| {
+                    let strip = |v: &Value| {
+                        let mut v = v.clone();
+                        v["metadata"]["resourceVersion"] = Value::Null;
+                        v
+                    };
+                    strip(p) == strip(&obj)
+                });
+                obj["metadata"]["resourceVersion"] = match (unchanged, previous) {
+                    (true, Some(p)) => p["metadata"]["resourceVersion"].clone(),
+                    _ => json!(version),
+                };
+                s.objects.insert(key, obj.clone());
+                (200, obj)
+            }
+            Method::DELETE => match s.objects.remove(&key) {
+                Some(obj) => (200, obj),
+                None => (404, status_body(404, "NotFound")),
+            },
+            _ => (405, status_body(405, "MethodNotAllowed")),
+        }
+    }
+
+    fn put(&self, key: &str, obj: Value) {
+        self.0.lock().unwrap().objects.insert(key.to_owned(), obj);
+    }
+
+    fn get(&self, key: &str) -> Option<Value> {
+        self.0.lock().unwrap().objects.get(key).cloned()
+    }
+
+    fn set_status(&self, key: &str, status: Value) {
+        let mut s = self.0.lock().unwrap();
+        let obj = s.objects.get_mut(key).unwrap_or_else(|| panic!("{key} not stored"));
+        obj["status"] = status;
+    }
+
+    fn keys(&self, prefix: &str) -> Vec<String> {
+        let s = self.0.lock().unwrap();
+        s.objects.keys().filter(|k| k.starts_with(prefix)).cloned().collect()
+    }
+
+    fn take_log(&self) -> Vec<String> {
+        std::mem::take(&mut self.0.lock().unwrap().log)
+    }
+}
+
+const LS_KEY: &str = "/apis/dlock.dev/v1alpha1/namespaces/pay/lockservices/locks";
+const PS_KEY: &str = "/apis/dlock.dev/v1alpha1/namespaces/pay/paymentstacks/shop";
+const SECRETS: &str = "/api/v1/namespaces/pay/secrets/";
+const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/pay/deployments/";
+const STATEFULSETS: &str = "/apis/apps/v1/namespaces/pay/statefulsets/";
+const JOBS: &str = "/apis/batch/v1/namespaces/pay/jobs/";
+
+fn context(api: &FakeApi) -> Context {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let settings = Settings {
+        default_image: IMAGE.into(),
+        namespace: None,
+    };
+    Context::new(api.client(), Metrics::register(&mut registry), settings, None)
+}
+
+fn store_lock_service(api: &FakeApi, spec: Value) {
+    api.put(
+        LS_KEY,
+        json!({
+            "apiVersion": "dlock.dev/v1alpha1", "kind": "LockService",
+            "metadata": {"name": "locks", "namespace": NS, "uid": "uid-locks", "generation": 1},
+            "spec": spec,
+        }),
+    );
+}
+
+fn load_ls(api: &FakeApi) -> LockService {
+    serde_json::from_value(api.get(LS_KEY).unwrap()).unwrap()
+}
+
+fn load_ps(api: &FakeApi) -> PaymentStack {
+    serde_json::from_value(api.get(PS_KEY).unwrap()).unwrap()
+}
+
+async fn reconcile_ls(api: &FakeApi, ctx: &Context) -> LockService {
+    lockservice::reconcile(&load_ls(api), ctx).await.unwrap();
+    load_ls(api)
+}
+
+async fn reconcile_ps(api: &FakeApi, ctx: &Context) -> PaymentStack {
+    paymentstack::reconcile(&load_ps(api), ctx).await.unwrap();
+    load_ps(api)
+}
+
+fn phase_and_reason<S: AsRef<crate::crd::DlockStatus>>(status: Option<S>) -> (Phase, String) {
+    let status = status.expect("status written");
+    let s = status.as_ref();
+    let ready = s.condition("Ready").expect("Ready condition");
+    (s.phase, ready.reason.clone())
+}
+
+impl AsRef<crate::crd::DlockStatus> for crate::crd::DlockStatus {
+    fn as_ref(&self) -> &crate::crd::DlockStatus {
+        self
+    }
+}
+
+fn the_job(api: &FakeApi) -> String {
+    let jobs = api.keys(JOBS);
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    jobs[0].clone()
+}
+
+/// Drives a managed LockService from nothing to Ready, one cluster change at a time.
+#[tokio::test]
+async fn lock_service_converges_through_the_migration_gate() {
+    let api = FakeApi::default();
+    let ctx = context(&api);
+    store_lock_service(&api, json!({"database": {"managed": {}}, "lockServer": {"replicas": 2}}));
+
+    // 1. Database objects and Secrets; no Job while the database is not ready; no Deployment.
+    let ls = reconcile_ls(&api, &ctx).await;
+    assert_eq!(phase_and_reason(ls.status), (Phase::Pending, "WaitingForDatabase".into()));
+    assert!(api.get(&format!("{SECRETS}locks-lockdb-credentials")).is_some());
+    assert!(api.get(&format!("{SECRETS}locks-lockdb-conn")).is_some());
+    assert!(api.get(&format!("{STATEFULSETS}locks-lockdb")).is_some());
+    assert!(api.keys(JOBS).is_empty());
+    assert!(api.keys(DEPLOYMENTS).is_empty());
+    let credentials = api.get(&format!("{SECRETS}locks-lockdb-credentials")).unwrap();
+
+    // 2. The database is up: the migration Job is created; Deployments still held back.
+    api.set_status(&format!("{STATEFULSETS}locks-lockdb"), json!({"replicas": 1, "readyReplicas": 1}));
+    let ls = reconcile_ls(&api, &ctx).await;
+    assert_eq!(phase_and_reason(ls.status.clone()), (Phase::Migrating, "Migrating".into()));
+    let job = the_job(&api);
+    assert!(api.keys(DEPLOYMENTS).is_empty());
+    assert_eq!(ls.status.unwrap().migration.unwrap().history, "lockdb");
+
+    // 3. Still running: nothing more.
+    let ls = reconcile_ls(&api, &ctx).await;
+    assert_eq!(phase_and_reason(ls.status), (Phase::Migrating, "Migrating".into()));
+    assert!(api.keys(DEPLOYMENTS).is_empty());
+
+    // 4. The Job succeeded: lock-server is created and rolls out.
+    api.set_status(&job, json!({"succeeded": 1}));
+    let ls = reconcile_ls(&api, &ctx).await;
+    assert_eq!(phase_and_reason(ls.status.clone()), (Phase::Pending, "RollingOut".into()));
+    let dep_key = format!("{DEPLOYMENTS}locks-lock-server");
+    let dep = api.get(&dep_key).expect("lock-server Deployment");
+    assert_eq!(dep["spec"]["replicas"], json!(2));
+    let status = ls.status.unwrap();
+    assert_eq!(status.endpoints["lockServer"], "http://locks-lock-server.pay.svc:8080");
+    assert!(status.migration.as_ref().unwrap().succeeded);
+
+    // 5. Available: Ready.
+    api.set_status(
+        &dep_key,
+        json!({"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "availableReplicas": 2}),
+    );
+    let ls = reconcile_ls(&api, &ctx).await;
+    let status = ls.status.clone().unwrap();
+    assert_eq!(phase_and_reason(ls.status), (Phase::Ready, "Ready".into()));
+    assert_eq!(status.observed_generation, Some(1));
+    assert_eq!(status.condition("Degraded").unwrap().status, "False");
+
+    // The generated passwords were never rewritten.
+    assert_eq!(api.get(&format!("{SECRETS}locks-lockdb-credentials")).unwrap(), credentials);
+
+    // 6. Steady state: one more reconcile writes no status and creates nothing new.
+    api.take_log();
+    let _ = reconcile_ls(&api, &ctx).await;
+    let log = api.take_log();
+    assert!(!log.iter().any(|l| l.ends_with("/status")), "{log:?}");
+    assert!(!log.iter().any(|l| l.starts_with("POST") && !l.ends_with("/events")), "{log:?}");
+}
+
+#[tokio::test]
+async fn a_failed_migration_degrades_and_keeps_deployments_away() {
+    let api = FakeApi::default();
+    let ctx = context(&api);
+    store_lock_service(&api, json!({"database": {"managed": {}}}));
+    reconcile_ls(&api, &ctx).await;
+    api.set_status(&format!("{STATEFULSETS}locks-lockdb"), json!({"readyReplicas": 1}));
+    reconcile_ls(&api, &ctx).await;
+    let job = the_job(&api);
+    api.set_status(
+        &job,
+        json!({"failed": 5, "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}]}),
+    );
+    let ls = reconcile_ls(&api, &ctx).await;
+    let status = ls.status.clone().unwrap();
+    assert_eq!(phase_and_reason(ls.status), (Phase::Degraded, "MigrationFailed".into()));
+    assert_eq!(status.condition("Degraded").unwrap().status, "True");
+    assert!(status.condition("Ready").unwrap().message.contains("backoff limit"));
+    assert!(api.keys(DEPLOYMENTS).is_empty());
+    // A Warning Event explained it.
+    let log = api.take_log();
+    assert!(log.iter().any(|l| l.starts_with("POST") && l.ends_with("/events")));
+}
+
+#[tokio::test]
+async fn an_external_database_without_its_secret_is_degraded_not_retried_blindly() {
+    let api = FakeApi::default();
+    let ctx = context(&api);
+    store_lock_service(&api, json!({"database": {"external": {"secretRef": {"name": "cloudsql"}}}}));
+    let ls = reconcile_ls(&api, &ctx).await;
+    assert_eq!(phase_and_reason(ls.status), (Phase::Degraded, "ExternalSecretMissing".into()));
+    assert!(api.keys(JOBS).is_empty());
+    assert!(api.keys(STATEFULSETS).is_empty());
+
+    // A URL that is not a postgres URL: still degraded, and the message does not echo it.
+    api.put(
+        &format!("{SECRETS}cloudsql"),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "cloudsql", "namespace": NS},
+               "data": {"url": "aG9zdD1kYiBwYXNzd29yZD1odW50ZXIy"}}), // "host=db password=hunter2"
+    );
+    let ls = reconcile_ls(&api, &ctx).await;
+    let status = ls.status.clone().unwrap();
+    assert_eq!(phase_and_reason(ls.status), (Phase::Degraded, "ExternalUrlInvalid".into()));
+    assert!(!serde_json::to_string(&status).unwrap().contains("hunter2"));
+
+    // A proper URL: the app-role URL is derived into the connection Secret; the Job runs at once
+    // (an external database is assumed up) and reads the owner URL from the user's Secret.
+    api.put(
+        &format!("{SECRETS}cloudsql"),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "cloudsql", "namespace": NS},
+               "data": {"url": "cG9zdGdyZXM6Ly9hZG1pbjpodW50ZXIyQGRiLmV4YW1wbGU6NTQzMi9sb2NrZGI="}}), // postgres://admin:hunter2@db.example:5432/lockdb
+    );
+    let ls = reconcile_ls(&api, &ctx).await;
+    assert_eq!(phase_and_reason(ls.status), (Phase::Migrating, "Migrating".into()));
+    let job = api.get(&the_job(&api)).unwrap();
+    let env = &job["spec"]["template"]["spec"]["containers"][0]["env"];
+    assert_eq!(env[0]["valueFrom"]["secretKeyRef"]["name"], "cloudsql");
+    let conn = api.get(&format!("{SECRETS}locks-lockdb-conn")).unwrap();
+    let url: k8s_openapi::ByteString = serde_json::from_value(conn["data"]["url"].clone()).unwrap();
+    let url = String::from_utf8(url.0).unwrap();
+    assert!(url.starts_with("postgres://lockapp:") && url.ends_with("@db.example:5432/lockdb"), "{url}");
+    assert!(!url.contains("hunter2"));
+}
+
+#[tokio::test]
+async fn a_stack_waits_for_its_lock_service_then_drops_the_stub_when_asked() {
+    let api = FakeApi::default();
+    let ctx = context(&api);
+    api.put(
+        PS_KEY,
+        json!({
+            "apiVersion": "dlock.dev/v1alpha1", "kind": "PaymentStack",
+            "metadata": {"name": "shop", "namespace": NS, "uid": "uid-shop", "generation": 1},
+            "spec": {"lockServiceRef": {"name": "locks"}, "database": {"managed": {}},
+                     "railStub": {"enabled": true},
+                     "killSwitches": {"paymentFencingEnabled": false, "railProxyFencingEnabled": true}},
+        }),
+    );
+    // Database up, migration done, but no LockService: nothing that needs it is created.
+    reconcile_ps(&api, &ctx).await;
+    api.set_status(&format!("{STATEFULSETS}shop-paydb"), json!({"readyReplicas": 1}));
+    reconcile_ps(&api, &ctx).await;
+    api.set_status(&the_job(&api), json!({"succeeded": 1}));
+    let ps = reconcile_ps(&api, &ctx).await;
+    assert_eq!(phase_and_reason(ps.status), (Phase::Pending, "LockServiceNotFound".into()));
+    let deployments = api.keys(DEPLOYMENTS);
+    assert_eq!(deployments, [format!("{DEPLOYMENTS}shop-rail-stub")]);
+
+    // The LockService exists but is not Ready.
+    store_lock_service(&api, json!({"database": {"managed": {}}, "lease": {"defaultTtlMs": 4000}}));
+    let ps = reconcile_ps(&api, &ctx).await;
+    assert_eq!(phase_and_reason(ps.status), (Phase::Pending, "WaitingForLockService".into()));
+
+    // Ready, with an endpoint: the stack's Deployments appear, wired to it.
+    api.set_status(
+        LS_KEY,
+        json!({"observedGeneration": 1, "phase": "Ready",
+               "conditions": [{"type": "Ready", "status": "True", "reason": "Ready", "message": "", "lastTransitionTime": "2025-01-01T00:00:00Z"}],
+               "endpoints": {"lockServer": "http://locks-lock-server.pay.svc:8080"}}),
+    );
+    let ps = reconcile_ps(&api, &ctx).await;
+    assert_eq!(phase_and_reason(ps.status), (Phase::Pending, "RollingOut".into()));
+    assert_eq!(api.keys(DEPLOYMENTS).len(), 4);
+    let executor = api.get(&format!("{DEPLOYMENTS}shop-payout-executor")).unwrap();
+    let c = &executor["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["args"][1], "http://locks-lock-server.pay.svc:8080");
+    assert!(c["env"].as_array().unwrap().iter().any(|e| e["name"] == "DLOCK_LEASE_TTL_MS" && e["value"] == "4000"));
+    let pr = api.get(&format!("{DEPLOYMENTS}shop-payment-resource")).unwrap();
+    let env = &pr["spec"]["template"]["spec"]["containers"][0]["env"];
+    assert!(env.as_array().unwrap().iter().any(|e| e["name"] == "PAYMENT_FENCING_ENABLED" && e["value"] == "false"));
+
+    // The spec drops the stub (and names a real rail): its Deployment and Service are deleted.
+    let mut obj = api.get(PS_KEY).unwrap();
+    obj["spec"]["railStub"]["enabled"] = json!(false);
+    obj["spec"]["railProxy"] = json!({"railUrl": "https://rail.example"});
+    obj["metadata"]["generation"] = json!(2);
+    api.put(PS_KEY, obj);
+    api.take_log();
+    reconcile_ps(&api, &ctx).await;
+    assert!(api.get(&format!("{DEPLOYMENTS}shop-rail-stub")).is_none());
+    assert!(api.get("/api/v1/namespaces/pay/services/shop-rail-stub").is_none());
+    let log = api.take_log();
+    assert!(log.contains(&format!("DELETE {DEPLOYMENTS}shop-rail-stub")), "{log:?}");
+    let rp = api.get(&format!("{DEPLOYMENTS}shop-rail-proxy")).unwrap();
+    assert_eq!(rp["spec"]["template"]["spec"]["containers"][0]["args"][3], "https://rail.example");
+}
+
+#[tokio::test]
+async fn a_new_image_runs_a_new_job_and_removes_the_old_one() {
+    let api = FakeApi::default();
+    let ctx = context(&api);
+    store_lock_service(&api, json!({"database": {"managed": {}}}));
+    reconcile_ls(&api, &ctx).await;
+    api.set_status(&format!("{STATEFULSETS}locks-lockdb"), json!({"readyReplicas": 1}));
+    reconcile_ls(&api, &ctx).await;
+    let old = the_job(&api);
+    api.set_status(&old, json!({"succeeded": 1}));
+    reconcile_ls(&api, &ctx).await;
+    let dep_key = format!("{DEPLOYMENTS}locks-lock-server");
+    let before = api.get(&dep_key).unwrap();
+
+    let mut obj = api.get(LS_KEY).unwrap();
+    obj["spec"]["lockServer"] = json!({"image": "registry.example/dlock:2.0.0"});
+    api.put(LS_KEY, obj);
+    let ls = reconcile_ls(&api, &ctx).await;
+    let new = the_job(&api);
+    assert_ne!(new, old);
+    assert_eq!(phase_and_reason(ls.status), (Phase::Migrating, "Migrating".into()));
+    // The running lock-server is left alone until the new history is applied.
+    assert_eq!(api.get(&dep_key).unwrap()["spec"], before["spec"]);
+    api.set_status(&new, json!({"succeeded": 1}));
+    reconcile_ls(&api, &ctx).await;
+    let after = api.get(&dep_key).unwrap();
+    assert_eq!(
+        after["spec"]["template"]["spec"]["containers"][0]["image"],
+        "registry.example/dlock:2.0.0"
+    );
+}
+
+#[test]
+fn backoff_grows_and_is_capped() {
+    let secs: Vec<u64> = (1..=10).map(|n| backoff(n).as_secs()).collect();
+    assert_eq!(secs, [2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+    assert_eq!(backoff(u32::MAX).as_secs(), 300);
+}

@@ -1,0 +1,311 @@
+//! The executor's settings: the command line ([`Cli`], flags or `PAYOUT_EXECUTOR_*` env) and the
+//! checked [`Config`] the library runs with. Bad settings are refused with a reason, never clamped.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use dlock_common::validate;
+use uuid::Uuid;
+
+use crate::fault::Step;
+
+/// `payout-executor`: drives payouts claim → lock → rail submit → post, over HTTP only.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "payout-executor", version, about)]
+pub struct Cli {
+    /// lock-server base URL.
+    #[arg(long, env = "PAYOUT_EXECUTOR_LOCK_SERVER_URL")]
+    pub lock_server_url: String,
+
+    /// payment-resource base URL.
+    #[arg(long, env = "PAYOUT_EXECUTOR_PAYMENT_RESOURCE_URL")]
+    pub payment_resource_url: String,
+
+    /// rail-proxy base URL.
+    #[arg(long, env = "PAYOUT_EXECUTOR_RAIL_PROXY_URL")]
+    pub rail_proxy_url: String,
+
+    /// Owner id of this process's lock sessions (worker n uses `<owner-id>-w<n>`). Default:
+    /// `<hostname>-<pid>`.
+    #[arg(long, env = "PAYOUT_EXECUTOR_OWNER_ID")]
+    pub owner_id: Option<String>,
+
+    /// Concurrent workers in this process, each with its own lock session.
+    #[arg(long, env = "PAYOUT_EXECUTOR_WORKERS", default_value_t = 1)]
+    pub workers: u32,
+
+    /// Lease of each account lock, in milliseconds (renewed every third of it).
+    #[arg(long, env = "PAYOUT_EXECUTOR_LEASE_TTL_MS", default_value_t = 5_000)]
+    pub lease_ttl_ms: i64,
+
+    /// Lock-session TTL, in milliseconds (heartbeat every third of it).
+    #[arg(long, env = "PAYOUT_EXECUTOR_SESSION_TTL_MS", default_value_t = 15_000)]
+    pub session_ttl_ms: i64,
+
+    /// How long to wait for a contended account lock before moving on to another payout.
+    #[arg(long, env = "PAYOUT_EXECUTOR_ACQUIRE_WAIT_MS", default_value_t = 200)]
+    pub acquire_wait_ms: u64,
+
+    /// Pause between passes that found nothing to do (or only contended work).
+    #[arg(long, env = "PAYOUT_EXECUTOR_POLL_INTERVAL_MS", default_value_t = 500)]
+    pub poll_interval_ms: u64,
+
+    /// Upper bound of one request to payment-resource or rail-proxy. Must exceed rail-proxy's rail
+    /// timeout, or a slow rail looks like a failure of ours.
+    #[arg(long, env = "PAYOUT_EXECUTOR_HTTP_TIMEOUT_MS", default_value_t = 10_000)]
+    pub http_timeout_ms: u64,
+
+    /// Page size of the payout listing.
+    #[arg(long, env = "PAYOUT_EXECUTOR_PAGE_SIZE", default_value_t = 100)]
+    pub page_size: u32,
+
+    /// Work only on these payouts (repeatable, or comma-separated in the env) instead of listing
+    /// PENDING and in-flight payouts: e.g. to have a takeover finish a dead holder's payout.
+    #[arg(long = "payout-id", env = "PAYOUT_EXECUTOR_PAYOUT_IDS", value_delimiter = ',')]
+    pub payout_ids: Vec<Uuid>,
+
+    /// Batch mode: exit 0 once nothing this executor can take is left (PENDING or in flight);
+    /// non-zero if some payout could not be driven because of unexpected errors.
+    #[arg(long, env = "PAYOUT_EXECUTOR_EXIT_WHEN_IDLE")]
+    pub exit_when_idle: bool,
+
+    /// After this many unexpected errors on one payout, this process stops trying it.
+    #[arg(long, env = "PAYOUT_EXECUTOR_MAX_ERRORS_PER_PAYOUT", default_value_t = 5)]
+    pub max_errors_per_payout: u32,
+
+    /// On SIGTERM, how long the current payout may still run before it is abandoned (safely: every
+    /// step is fenced, and a successor resumes from the recorded state).
+    #[arg(long, env = "PAYOUT_EXECUTOR_SHUTDOWN_GRACE_MS", default_value_t = 10_000)]
+    pub shutdown_grace_ms: u64,
+
+    /// Address of /metrics, /healthz and /readyz (port 0: a free port).
+    #[arg(long, env = "PAYOUT_EXECUTOR_LISTEN", default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+
+    /// Allows --pause-at. Tests and demos only; logged loudly.
+    #[arg(long, env = "PAYOUT_EXECUTOR_ENABLE_FAULT_INJECTION")]
+    pub enable_fault_injection: bool,
+
+    /// Fault injection: SIGSTOP this whole process at this step of the first payout reaching it.
+    #[arg(long, env = "PAYOUT_EXECUTOR_PAUSE_AT", value_enum)]
+    pub pause_at: Option<Step>,
+}
+
+/// The checked settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub lock_server_url: String,
+    pub payment_resource_url: String,
+    pub rail_proxy_url: String,
+    pub owner_id: String,
+    pub workers: u32,
+    pub lease_ttl: Duration,
+    pub session_ttl: Duration,
+    pub acquire_wait: Duration,
+    pub poll_interval: Duration,
+    pub http_timeout: Duration,
+    pub page_size: u32,
+    /// Non-empty: explicit mode (no listing).
+    pub payout_ids: Vec<Uuid>,
+    pub exit_when_idle: bool,
+    pub max_errors_per_payout: u32,
+    pub shutdown_grace: Duration,
+    pub listen: SocketAddr,
+    pub fault_injection: bool,
+    pub pause_at: Option<Step>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("--pause-at is fault injection and needs --enable-fault-injection")]
+    PauseWithoutFaultInjection,
+    #[error("{field} must be between {min} and {max}, got {value}")]
+    OutOfRange {
+        field: &'static str,
+        min: u64,
+        max: u64,
+        value: u64,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+const MAX_WORKERS: u64 = 64;
+const MAX_PAGE: u64 = 500;
+
+fn range(field: &'static str, value: u64, min: u64, max: u64) -> Result<(), ConfigError> {
+    if (min..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(ConfigError::OutOfRange {
+            field,
+            min,
+            max,
+            value,
+        })
+    }
+}
+
+fn ttl(field: &str, ms: i64) -> Result<Duration, ConfigError> {
+    validate::ttl_ms(field, ms).map_err(|e| ConfigError::Invalid(e.message))?;
+    Ok(Duration::from_millis(ms.unsigned_abs()))
+}
+
+/// `<hostname>-<pid>`; the hostname as the kernel reports it.
+pub fn default_owner_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "payout-executor".to_owned());
+    format!("{host}-{}", std::process::id())
+}
+
+/// The owner id of worker `n`.
+pub fn worker_owner_id(owner_id: &str, n: u32) -> String {
+    format!("{owner_id}-w{n}")
+}
+
+impl Cli {
+    pub fn into_config(self) -> Result<Config, ConfigError> {
+        if self.pause_at.is_some() && !self.enable_fault_injection {
+            return Err(ConfigError::PauseWithoutFaultInjection);
+        }
+        range("--workers", u64::from(self.workers), 1, MAX_WORKERS)?;
+        range("--page-size", u64::from(self.page_size), 1, MAX_PAGE)?;
+        range("--acquire-wait-ms", self.acquire_wait_ms, 0, 60_000)?;
+        range("--poll-interval-ms", self.poll_interval_ms, 1, 600_000)?;
+        range("--http-timeout-ms", self.http_timeout_ms, 10, 600_000)?;
+        range("--shutdown-grace-ms", self.shutdown_grace_ms, 0, 600_000)?;
+        range(
+            "--max-errors-per-payout",
+            u64::from(self.max_errors_per_payout),
+            1,
+            1_000,
+        )?;
+        let lease_ttl = ttl("--lease-ttl-ms", self.lease_ttl_ms)?;
+        let session_ttl = ttl("--session-ttl-ms", self.session_ttl_ms)?;
+        let owner_id = self.owner_id.unwrap_or_else(default_owner_id);
+        // Every worker's id must be a valid owner id, the longest one included.
+        validate::owner_id(&worker_owner_id(&owner_id, self.workers))
+            .map_err(|e| ConfigError::Invalid(format!("--owner-id: {}", e.message)))?;
+        for (field, url) in [
+            ("--lock-server-url", &self.lock_server_url),
+            ("--payment-resource-url", &self.payment_resource_url),
+            ("--rail-proxy-url", &self.rail_proxy_url),
+        ] {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(ConfigError::Invalid(format!(
+                    "{field} must be an http(s) URL, got {url:?}"
+                )));
+            }
+        }
+        // Repeats are harmless but pointless; keep the first occurrence, in order.
+        let mut seen = std::collections::HashSet::new();
+        let mut payout_ids = self.payout_ids;
+        payout_ids.retain(|id| seen.insert(*id));
+        Ok(Config {
+            lock_server_url: self.lock_server_url,
+            payment_resource_url: self.payment_resource_url,
+            rail_proxy_url: self.rail_proxy_url,
+            owner_id,
+            workers: self.workers,
+            lease_ttl,
+            session_ttl,
+            acquire_wait: Duration::from_millis(self.acquire_wait_ms),
+            poll_interval: Duration::from_millis(self.poll_interval_ms),
+            http_timeout: Duration::from_millis(self.http_timeout_ms),
+            page_size: self.page_size,
+            payout_ids,
+            exit_when_idle: self.exit_when_idle,
+            max_errors_per_payout: self.max_errors_per_payout,
+            shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
+            listen: self.listen,
+            fault_injection: self.enable_fault_injection,
+            pause_at: self.pause_at,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn cli(extra: &[&str]) -> Result<Cli, clap::Error> {
+        let mut args = vec![
+            "payout-executor",
+            "--lock-server-url",
+            "http://127.0.0.1:1",
+            "--payment-resource-url",
+            "http://127.0.0.1:2",
+            "--rail-proxy-url",
+            "http://127.0.0.1:3",
+        ];
+        args.extend_from_slice(extra);
+        Cli::try_parse_from(args)
+    }
+
+    #[test]
+    fn defaults() {
+        let c = cli(&[]).unwrap().into_config().unwrap();
+        assert_eq!(c.workers, 1);
+        assert_eq!(c.lease_ttl, Duration::from_millis(5_000));
+        assert_eq!(c.acquire_wait, Duration::from_millis(200));
+        assert!(c.payout_ids.is_empty());
+        assert!(!c.exit_when_idle);
+        assert_eq!(c.pause_at, None);
+        assert!(c.owner_id.ends_with(&format!("-{}", std::process::id())));
+    }
+
+    #[test]
+    fn pause_needs_the_fault_injection_flag() {
+        assert_eq!(
+            cli(&["--pause-at", "before_post"]).unwrap().into_config().unwrap_err(),
+            ConfigError::PauseWithoutFaultInjection
+        );
+        let c = cli(&["--pause-at", "before_rail_submit", "--enable-fault-injection"])
+            .unwrap()
+            .into_config()
+            .unwrap();
+        assert_eq!(c.pause_at, Some(Step::BeforeRailSubmit));
+        assert!(cli(&["--pause-at", "whenever", "--enable-fault-injection"]).is_err());
+    }
+
+    #[test]
+    fn bad_values_are_refused_not_clamped() {
+        for bad in [
+            &["--workers", "0"][..],
+            &["--workers", "65"],
+            &["--lease-ttl-ms", "0"],
+            &["--lease-ttl-ms", "-5"],
+            &["--session-ttl-ms", "5"],
+            &["--page-size", "0"],
+            &["--owner-id", " padded"],
+            &["--owner-id", ""],
+        ] {
+            let parsed = cli(bad);
+            assert!(
+                parsed.is_err() || parsed.unwrap().into_config().is_err(),
+                "{bad:?} accepted"
+            );
+        }
+        assert!(cli(&["--workers", "abc"]).is_err());
+        assert!(cli(&["--payout-id", "not-a-uuid"]).is_err());
+        let mut bad_url = cli(&[]).unwrap();
+        bad_url.rail_proxy_url = "ftp://x".into();
+        assert!(bad_url.into_config().is_err());
+    }
+
+    #[test]
+    fn payout_ids_repeat_or_comma_separate() {
+        let a = "00000000-0000-4000-8000-000000000001";
+        let b = "00000000-0000-4000-8000-000000000002";
+        let c = cli(&["--payout-id", a, "--payout-id", b]).unwrap().into_config().unwrap();
+        assert_eq!(c.payout_ids.len(), 2);
+        let joined = format!("{a},{b}");
+        let c = cli(&["--payout-id", &joined]).unwrap().into_config().unwrap();
+        assert_eq!(c.payout_ids.len(), 2);
+    }
+}

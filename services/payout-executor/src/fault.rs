@@ -1,0 +1,123 @@
+//! Fault injection for the proof and the demo: a real stop-the-world pause of this whole process at
+//! one step of the critical section, after the last lock check and right before the write.
+//!
+//! At the chosen step, the first payout that reaches it logs `fault_pause` and the process sends
+//! itself SIGSTOP. Every thread stops, background lease renewals included, so the lease lapses on the
+//! server: exactly the hazard fencing exists for. Whoever resumes it (SIGCONT) lets the worker go on
+//! with the write it had already decided to make, without checking the lock again — that gap between
+//! check and write is the point. Only available behind `--enable-fault-injection`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use dlock_client::FencingToken;
+use uuid::Uuid;
+
+/// The steps at which the process can be paused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum Step {
+    /// Lock granted, before claiming the payout.
+    BeforeClaim,
+    /// After the RAIL_SUBMITTED transition and the last `ensure_held()`, before the rail submit.
+    BeforeRailSubmit,
+    /// After RAIL_ACKED and the last `ensure_held()`, before the post request.
+    BeforePost,
+}
+
+impl Step {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Step::BeforeClaim => "before_claim",
+            Step::BeforeRailSubmit => "before_rail_submit",
+            Step::BeforePost => "before_post",
+        }
+    }
+}
+
+/// The process's fault plan: at most one pause, shared by every worker.
+#[derive(Debug, Default)]
+pub struct Faults {
+    pause_at: Option<Step>,
+    fired: AtomicBool,
+}
+
+impl Faults {
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    pub fn pause_at(step: Step) -> Self {
+        Self {
+            pause_at: Some(step),
+            fired: AtomicBool::new(false),
+        }
+    }
+
+    /// At `step`: stops the process if this is the planned step and it has not fired yet. Returns
+    /// `true` if the process was stopped and has been resumed since.
+    pub fn at(&self, step: Step, payout_id: Uuid, token: FencingToken) -> bool {
+        if self.pause_at != Some(step) || self.fired.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        let pid = std::process::id();
+        tracing::warn!(
+            event = "fault_pause",
+            step = step.as_str(),
+            payout_id = %payout_id,
+            fencing_token = token.get(),
+            pid,
+            "FAULT INJECTION: stopping this whole process with SIGSTOP; resume it with SIGCONT"
+        );
+        // Blocking on purpose: the whole process is about to stop anyway, and the wait returns only
+        // once we have been resumed (the `kill` child exits at once, but we cannot reap it while
+        // stopped).
+        match std::process::Command::new("kill")
+            .args(["-STOP", &pid.to_string()])
+            .status()
+        {
+            Ok(status) if status.success() => {
+                tracing::warn!(
+                    event = "fault_resumed",
+                    step = step.as_str(),
+                    payout_id = %payout_id,
+                    fencing_token = token.get(),
+                    "resumed after SIGSTOP; going on with the write WITHOUT re-checking the lock"
+                );
+                true
+            }
+            Ok(status) => {
+                tracing::error!(event = "fault_pause_failed", %status, "kill -STOP failed; not paused");
+                false
+            }
+            Err(e) => {
+                tracing::error!(event = "fault_pause_failed", error = %e, "cannot run kill; not paused");
+                false
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn other_steps_and_no_plan_never_pause() {
+        let token = FencingToken::new(1).unwrap();
+        let none = Faults::none();
+        assert!(!none.at(Step::BeforePost, Uuid::nil(), token));
+        let plan = Faults::pause_at(Step::BeforePost);
+        assert!(!plan.at(Step::BeforeClaim, Uuid::nil(), token));
+        assert!(!plan.at(Step::BeforeRailSubmit, Uuid::nil(), token));
+        assert!(!plan.fired.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn step_names_are_the_flag_values() {
+        use clap::ValueEnum;
+        for step in Step::value_variants() {
+            let value = step.to_possible_value().unwrap();
+            assert_eq!(value.get_name(), step.as_str());
+        }
+    }
+}

@@ -1,0 +1,40 @@
+//! `payout-executor` binary: flags and environment are documented on [`payout_executor::config::Cli`]
+//! (`payout-executor --help`). Exit codes: 0 done (or stopped by SIGTERM), 1 some payout could not be
+//! driven or the services stayed unreachable, 2 bad configuration.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use payout_executor::config::Cli;
+use tokio_util::sync::CancellationToken;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    dlock_common::telemetry::init("payout-executor");
+    let config = match cli.into_config() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(event = "config_invalid", error = %e);
+            eprintln!("payout-executor: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let shutdown = CancellationToken::new();
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            dlock_common::serve::shutdown_signal().await;
+            shutdown.cancel();
+        }
+    });
+    match payout_executor::run(config, shutdown, |_| {}).await {
+        Ok(report) if report.is_clean() => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::FAILURE,
+        Err(e) => {
+            tracing::error!(event = "start_failed", error = %e);
+            eprintln!("payout-executor: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! Every HTTP call the executor makes to the two protected resources, and nothing else: one method
+//! per route of payment-resource and rail-proxy. Single attempts, no retries; the fencing token is
+//! always an explicit parameter and travels in `X-Fencing-Token`.
+//!
+//! Error answers become [`ClientError`] through `dlock_client::error_from_body`, so a 409 `FENCED_OUT`
+//! from either resource is the terminal [`ClientError::FencedOut`] with its five details.
+
+use std::time::Duration;
+
+use dlock_client::{ClientError, FencingToken, error_from_body};
+use dlock_common::FENCING_TOKEN_HEADER;
+use reqwest::Url;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use uuid::Uuid;
+
+use crate::model::{Claimed, Page, PayoutState, Posted, Submission, SubmissionList, Transitioned};
+use crate::model::Payout;
+
+/// The base URL of a service, checked once.
+fn base_url(name: &str, url: &str) -> Result<Url, ClientError> {
+    let base = Url::parse(url).map_err(|e| ClientError::InvalidArgument {
+        code: "INVALID_BASE_URL",
+        message: format!("{name} URL {url:?} is not a URL: {e}"),
+    })?;
+    if base.cannot_be_a_base() || !matches!(base.scheme(), "http" | "https") {
+        return Err(ClientError::InvalidArgument {
+            code: "INVALID_BASE_URL",
+            message: format!("{name} URL {url:?} is not an http(s) base URL"),
+        });
+    }
+    Ok(base)
+}
+
+fn url(base: &Url, segments: &[&str]) -> Url {
+    let mut url = base.clone();
+    if let Ok(mut path) = url.path_segments_mut() {
+        // `base_url` checked that the base can be a base, so this branch always runs.
+        path.pop_if_empty().extend(segments);
+    }
+    url
+}
+
+/// A 2xx body as `T`; anything else as a [`ClientError`].
+async fn read<T: DeserializeOwned>(response: reqwest::Response) -> Result<T, ClientError> {
+    let status = response.status();
+    let body = response.bytes().await?;
+    if !status.is_success() {
+        return Err(error_from_body(status, &body));
+    }
+    serde_json::from_slice(&body)
+        .map_err(|e| ClientError::Protocol(format!("cannot read the {status} answer: {e}")))
+}
+
+/// One HTTP client for both resources (pooled connections).
+pub fn http_client(request_timeout: Duration) -> Result<reqwest::Client, ClientError> {
+    Ok(reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(request_timeout)
+        .build()?)
+}
+
+/// payment-resource (docs/openapi/payment-resource.yaml).
+#[derive(Debug, Clone)]
+pub struct PaymentApi {
+    http: reqwest::Client,
+    base: Url,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ClaimBody<'a> {
+    owner_id: &'a str,
+}
+
+#[derive(Serialize)]
+struct TransitionBody {
+    from: PayoutState,
+    to: PayoutState,
+}
+
+impl PaymentApi {
+    pub fn new(http: reqwest::Client, base_url_text: &str) -> Result<Self, ClientError> {
+        Ok(Self {
+            http,
+            base: base_url("payment-resource", base_url_text)?,
+        })
+    }
+
+    /// `GET /v1/payouts?state=…&limit=…&after=…` (keyset paging).
+    pub async fn list(
+        &self,
+        state: PayoutState,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<Page, ClientError> {
+        let mut u = url(&self.base, &["v1", "payouts"]);
+        {
+            let mut q = u.query_pairs_mut();
+            q.append_pair("state", state.as_str());
+            q.append_pair("limit", &limit.to_string());
+            if let Some(after) = after {
+                q.append_pair("after", after);
+            }
+        }
+        read(self.http.get(u).send().await?).await
+    }
+
+    /// `GET /v1/payouts/{id}`.
+    pub async fn get(&self, payout_id: Uuid) -> Result<Payout, ClientError> {
+        let u = url(&self.base, &["v1", "payouts", &payout_id.to_string()]);
+        read(self.http.get(u).send().await?).await
+    }
+
+    /// `POST /v1/payouts/{id}/claim`: PENDING → CLAIMED, or adoption of a payout an older token left
+    /// in flight.
+    pub async fn claim(&self, payout_id: Uuid, owner_id: &str, token: FencingToken) -> Result<Claimed, ClientError> {
+        let u = url(&self.base, &["v1", "payouts", &payout_id.to_string(), "claim"]);
+        let request = self
+            .http
+            .post(u)
+            .header(FENCING_TOKEN_HEADER, token.to_string())
+            .json(&ClaimBody { owner_id });
+        read(request.send().await?).await
+    }
+
+    /// `POST /v1/payouts/{id}/transition`, fenced by `claim_token <= token`.
+    pub async fn transition(
+        &self,
+        payout_id: Uuid,
+        from: PayoutState,
+        to: PayoutState,
+        token: FencingToken,
+    ) -> Result<Transitioned, ClientError> {
+        let u = url(&self.base, &["v1", "payouts", &payout_id.to_string(), "transition"]);
+        let request = self
+            .http
+            .post(u)
+            .header(FENCING_TOKEN_HEADER, token.to_string())
+            .json(&TransitionBody { from, to });
+        read(request.send().await?).await
+    }
+
+    /// `POST /v1/payouts/{id}/post`: (a)(b)(c) in one transaction with `token`.
+    pub async fn post(&self, payout_id: Uuid, token: FencingToken) -> Result<Posted, ClientError> {
+        let u = url(&self.base, &["v1", "payouts", &payout_id.to_string(), "post"]);
+        let request = self.http.post(u).header(FENCING_TOKEN_HEADER, token.to_string());
+        read(request.send().await?).await
+    }
+}
+
+/// rail-proxy (docs/openapi/rail-proxy.yaml).
+#[derive(Debug, Clone)]
+pub struct RailApi {
+    http: reqwest::Client,
+    base: Url,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SubmitBody {
+    payout_id: Uuid,
+}
+
+impl RailApi {
+    pub fn new(http: reqwest::Client, base_url_text: &str) -> Result<Self, ClientError> {
+        Ok(Self {
+            http,
+            base: base_url("rail-proxy", base_url_text)?,
+        })
+    }
+
+    /// `POST /v1/submissions`: (d), then at most one forward per payout.
+    pub async fn submit(&self, payout_id: Uuid, token: FencingToken) -> Result<Submission, ClientError> {
+        let u = url(&self.base, &["v1", "submissions"]);
+        let request = self
+            .http
+            .post(u)
+            .header(FENCING_TOKEN_HEADER, token.to_string())
+            .json(&SubmitBody { payout_id });
+        read(request.send().await?).await
+    }
+
+    /// `GET /v1/submissions/{payoutId}`: the recorded attempt and any FENCED refusals.
+    pub async fn submissions(&self, payout_id: Uuid) -> Result<SubmissionList, ClientError> {
+        let u = url(&self.base, &["v1", "submissions", &payout_id.to_string()]);
+        read(self.http.get(u).send().await?).await
+    }
+
+    /// `POST /v1/submissions/{payoutId}/resolve`: asks the rail what became of an ambiguous attempt.
+    /// Never submits.
+    pub async fn resolve(&self, payout_id: Uuid, token: FencingToken) -> Result<Submission, ClientError> {
+        let u = url(&self.base, &["v1", "submissions", &payout_id.to_string(), "resolve"]);
+        let request = self.http.post(u).header(FENCING_TOKEN_HEADER, token.to_string());
+        read(request.send().await?).await
+    }
+}
+
+/// `true` for an error answer with this status and code.
+pub fn is_api_error(e: &ClientError, status: u16, code: &str) -> bool {
+    matches!(e, ClientError::Api { status: s, code: c, .. } if s.as_u16() == status && c == code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_keep_a_path_prefix_and_encode_segments() {
+        let http = http_client(Duration::from_secs(1)).unwrap();
+        let api = PaymentApi::new(http.clone(), "http://h:1/pay/").unwrap();
+        let id = Uuid::nil();
+        assert_eq!(
+            url(&api.base, &["v1", "payouts", &id.to_string(), "claim"]).as_str(),
+            "http://h:1/pay/v1/payouts/00000000-0000-0000-0000-000000000000/claim"
+        );
+        assert!(RailApi::new(http.clone(), "not a url").is_err());
+        assert!(RailApi::new(http, "mailto:a@b").is_err());
+    }
+}

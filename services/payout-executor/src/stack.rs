@@ -1,0 +1,411 @@
+//! The dlock payments stack as real processes on loopback — lock-server, rail-stub, rail-proxy,
+//! payment-resource and any number of payout-executors — plus the HTTP probes the proof needs
+//! (metrics scraping, the rail's ground truth, reconciliation, lock status, process state).
+//!
+//! Used by this crate's cross-process proof tests and meant for the `dlock demo` command. The caller
+//! brings the two databases (separate PostgreSQL 16 instances, C1 §1.1) as URLs for the app roles
+//! (lockapp / payapp); binaries are found by `dlock_testkit::procs::binary` (next to the running
+//! executable, or in `DLOCK_BIN_DIR`).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use dlock_client::{LockClient, LockStatus};
+use dlock_testkit::procs::{Service, Spec};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::model::Payout;
+
+/// How to start the stack.
+#[derive(Debug, Clone)]
+pub struct StackOptions {
+    /// Where each process writes `<name>.log`.
+    pub log_dir: PathBuf,
+    /// `rail.proxy.fencing.enabled` (the kill switch of (d)).
+    pub rail_fencing: bool,
+    /// `payment.fencing.enabled` (the kill switch of (a)(b)(c)).
+    pub payment_fencing: bool,
+    /// Use this lock-server instead of starting the binary (e.g. one running in-process).
+    pub lock_server_url: Option<String>,
+    /// rail-proxy's timeout for its one forward.
+    pub rail_timeout_ms: u64,
+}
+
+impl StackOptions {
+    pub fn new(log_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            log_dir: log_dir.into(),
+            rail_fencing: true,
+            payment_fencing: true,
+            lock_server_url: None,
+            rail_timeout_ms: 2_000,
+        }
+    }
+}
+
+/// A customer account as payment-resource reports it (recomputed from the ledger).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Account {
+    pub account_id: Uuid,
+    pub currency: String,
+    pub balance_minor: i64,
+    pub opening_balance_minor: i64,
+    pub fence: i64,
+    pub expected_balance_minor: Option<i64>,
+    pub consistent: bool,
+}
+
+/// One request the rail stub received.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RailRequest {
+    pub idempotency_key: String,
+    pub payout_id: Uuid,
+    pub account_id: Uuid,
+    pub amount_minor: i64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RailPayoutCount {
+    pub received: u64,
+    pub paid: u64,
+}
+
+/// The rail's ground truth (`GET /v1/received` of rail-stub).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RailReceived {
+    pub requests: Vec<RailRequest>,
+    pub per_payout: BTreeMap<Uuid, RailPayoutCount>,
+    pub paid_twice: Vec<Uuid>,
+}
+
+impl RailReceived {
+    /// Requests the rail received for this payout.
+    pub fn received(&self, payout_id: Uuid) -> u64 {
+        self.per_payout.get(&payout_id).map_or(0, |c| c.received)
+    }
+
+    /// Times the rail paid this payout.
+    pub fn paid(&self, payout_id: Uuid) -> u64 {
+        self.per_payout.get(&payout_id).map_or(0, |c| c.paid)
+    }
+}
+
+/// The running stack.
+#[derive(Debug)]
+pub struct Stack {
+    /// `None` when [`StackOptions::lock_server_url`] named an outside lock-server.
+    pub lock_server: Option<Service>,
+    pub rail_stub: Service,
+    pub rail_proxy: Service,
+    pub payment: Service,
+    pub lock_url: String,
+    pub log_dir: PathBuf,
+    http: reqwest::Client,
+    lock: LockClient,
+}
+
+impl Stack {
+    /// Starts every service and waits until each answers `/readyz`.
+    pub async fn start(lockdb_url: &str, paydb_url: &str, opts: &StackOptions) -> Result<Self> {
+        let dir = opts.log_dir.as_path();
+        let rail_stub = Service::start(
+            Spec::new("rail-stub", "rail-stub")?.args(["--listen", "127.0.0.1:{port}", "--mode", "ack"]),
+            dir,
+        )
+        .await?;
+        let rail_proxy = Service::start(
+            Spec::new("rail-proxy", "rail-proxy")?.args([
+                "--database-url".to_owned(),
+                paydb_url.to_owned(),
+                "--listen".to_owned(),
+                "127.0.0.1:{port}".to_owned(),
+                "--rail-url".to_owned(),
+                rail_stub.url(),
+                "--rail-timeout-ms".to_owned(),
+                opts.rail_timeout_ms.to_string(),
+                "--fencing-enabled".to_owned(),
+                opts.rail_fencing.to_string(),
+            ]),
+            dir,
+        )
+        .await?;
+        let payment = Service::start(
+            Spec::new("payment-resource", "payment-resource")?.args([
+                "serve".to_owned(),
+                "--database-url".to_owned(),
+                paydb_url.to_owned(),
+                "--listen".to_owned(),
+                "127.0.0.1:{port}".to_owned(),
+                "--payment-fencing-enabled".to_owned(),
+                opts.payment_fencing.to_string(),
+            ]),
+            dir,
+        )
+        .await?;
+        let (lock_server, lock_url) = match &opts.lock_server_url {
+            Some(url) => (None, url.clone()),
+            None => {
+                let svc = Service::start(
+                    Spec::new("lock-server", "lock-server")?.args([
+                        "--database-url",
+                        lockdb_url,
+                        "--listen",
+                        "127.0.0.1:{port}",
+                    ]),
+                    dir,
+                )
+                .await?;
+                let url = svc.url();
+                (Some(svc), url)
+            }
+        };
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()?;
+        let lock = LockClient::new(&lock_url)?;
+        Ok(Self {
+            lock_server,
+            rail_stub,
+            rail_proxy,
+            payment,
+            lock_url,
+            log_dir: dir.to_path_buf(),
+            http,
+            lock,
+        })
+    }
+
+    /// A payout-executor against this stack, in batch mode (`--exit-when-idle`). Add flags, then
+    /// [`Stack::start_executor`]. Readiness is not awaited: a batch executor may finish first.
+    pub fn executor_spec(&self, name: &str) -> Result<Spec> {
+        Ok(Spec::new(name, "payout-executor")?
+            .args([
+                "--lock-server-url".to_owned(),
+                self.lock_url.clone(),
+                "--payment-resource-url".to_owned(),
+                self.payment.url(),
+                "--rail-proxy-url".to_owned(),
+                self.rail_proxy.url(),
+                "--owner-id".to_owned(),
+                name.to_owned(),
+                "--listen".to_owned(),
+                "127.0.0.1:{port}".to_owned(),
+                "--exit-when-idle".to_owned(),
+            ])
+            .no_wait())
+    }
+
+    pub async fn start_executor(&self, spec: Spec) -> Result<Service> {
+        Ok(Service::start(spec, &self.log_dir).await?)
+    }
+
+    async fn json(&self, request: reqwest::RequestBuilder) -> Result<Value> {
+        let response = request.send().await?;
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        if !status.is_success() {
+            bail!("{status}: {body}");
+        }
+        Ok(body)
+    }
+
+    /// A new customer account with a fresh id.
+    pub async fn create_account(&self, currency: &str, opening_balance_minor: i64) -> Result<Uuid> {
+        let body = self
+            .json(
+                self.http
+                    .post(format!("{}/v1/accounts", self.payment.url()))
+                    .json(&json!({"currency": currency, "openingBalanceMinor": opening_balance_minor})),
+            )
+            .await?;
+        serde_json::from_value(body["accountId"].clone()).context("accountId")
+    }
+
+    /// A new PENDING payout (random idempotency key).
+    pub async fn create_payout(&self, account_id: Uuid, amount_minor: i64, currency: &str) -> Result<Payout> {
+        let body = self
+            .json(
+                self.http
+                    .post(format!("{}/v1/payouts", self.payment.url()))
+                    .json(&json!({
+                        "accountId": account_id,
+                        "amountMinor": amount_minor,
+                        "currency": currency,
+                        "idempotencyKey": format!("proof-{}", Uuid::new_v4()),
+                    })),
+            )
+            .await?;
+        Ok(serde_json::from_value(body)?)
+    }
+
+    pub async fn payout(&self, payout_id: Uuid) -> Result<Payout> {
+        let body = self
+            .json(self.http.get(format!("{}/v1/payouts/{payout_id}", self.payment.url())))
+            .await?;
+        Ok(serde_json::from_value(body)?)
+    }
+
+    pub async fn account(&self, account_id: Uuid) -> Result<Account> {
+        let body = self
+            .json(self.http.get(format!("{}/v1/accounts/{account_id}", self.payment.url())))
+            .await?;
+        Ok(serde_json::from_value(body)?)
+    }
+
+    /// payment-resource's reconciliation report (`clean`, `accounts`, `payouts`).
+    pub async fn reconciliation(&self) -> Result<Value> {
+        self.json(self.http.get(format!("{}/v1/reconciliation", self.payment.url())))
+            .await
+    }
+
+    /// rail-proxy's record for a payout (`submissions`).
+    pub async fn rail_submissions(&self, payout_id: Uuid) -> Result<Value> {
+        self.json(self.http.get(format!("{}/v1/submissions/{payout_id}", self.rail_proxy.url())))
+            .await
+    }
+
+    pub async fn rail_received(&self) -> Result<RailReceived> {
+        let body = self
+            .json(self.http.get(format!("{}/v1/received", self.rail_stub.url())))
+            .await?;
+        Ok(serde_json::from_value(body)?)
+    }
+
+    pub async fn lock_status(&self, key: &str) -> Result<LockStatus> {
+        Ok(self.lock.lock_status(key).await?)
+    }
+
+    /// The `/metrics` text of the service at `base_url`.
+    pub async fn metrics(&self, base_url: &str) -> Result<String> {
+        Ok(self
+            .http
+            .get(format!("{base_url}/metrics"))
+            .send()
+            .await?
+            .error_for_status()?
+            .text()
+            .await?)
+    }
+
+    /// One sample of the service at `base_url`; a series that is absent reads as 0.
+    pub async fn metric(&self, base_url: &str, name: &str, labels: &[(&str, &str)]) -> Result<f64> {
+        Ok(metric_value(&self.metrics(base_url).await?, name, labels).unwrap_or(0.0))
+    }
+}
+
+/// The value of sample `name` whose labels include all of `labels`, from Prometheus/OpenMetrics text.
+pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (series_name, label_text) = match series.split_once('{') {
+                Some((n, rest)) => (n, rest.strip_suffix('}')?),
+                None => (series, ""),
+            };
+            if series_name != name {
+                return None;
+            }
+            let have: Vec<(&str, &str)> = label_text
+                .split(',')
+                .filter(|p| !p.is_empty())
+                .filter_map(|p| {
+                    let (k, v) = p.split_once('=')?;
+                    Some((k.trim(), v.trim().trim_matches('"')))
+                })
+                .collect();
+            labels
+                .iter()
+                .all(|want| have.contains(want))
+                .then(|| value.trim().parse::<f64>().ok())
+                .flatten()
+        })
+        .next()
+}
+
+/// The scheduler state letter of a process (`R`, `S`, `T` stopped, `Z`, ...) from `/proc/<pid>/stat`.
+pub fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may contain spaces: the state follows the last ')'.
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// SIGKILL: no cleanup, no release — a crashed holder.
+pub fn kill_hard(pid: u32) -> Result<()> {
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(anyhow!("kill -KILL {pid}: {status}"))
+    }
+}
+
+/// Polls `probe` every 25 ms until it yields a value, failing with `what` after `limit`.
+pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut probe: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(v) = probe().await {
+            return Ok(v);
+        }
+        if started.elapsed() > limit {
+            bail!("timed out after {}s waiting for {what}", limit.as_secs());
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// The JSON log lines of a service whose `event` field is `event`.
+pub fn log_events(log: &Path, event: &str) -> Vec<Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["event"] == event)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = "# HELP lock_fenced_out Writes refused\n\
+# TYPE lock_fenced_out counter\n\
+lock_fenced_out_total{resource=\"account\"} 0\n\
+lock_fenced_out_total{resource=\"rail\"} 3\n\
+rail_duplicate_attempted_total 2\n\
+payouts_processed_total{outcome=\"posted\",worker=\"x\"} 5\n\
+# EOF\n";
+
+    #[test]
+    fn reads_samples_by_name_and_labels() {
+        assert_eq!(metric_value(TEXT, "lock_fenced_out_total", &[("resource", "rail")]), Some(3.0));
+        assert_eq!(metric_value(TEXT, "lock_fenced_out_total", &[("resource", "account")]), Some(0.0));
+        assert_eq!(metric_value(TEXT, "lock_fenced_out_total", &[("resource", "payout")]), None);
+        assert_eq!(metric_value(TEXT, "rail_duplicate_attempted_total", &[]), Some(2.0));
+        assert_eq!(metric_value(TEXT, "payouts_processed_total", &[("outcome", "posted")]), Some(5.0));
+        assert_eq!(metric_value(TEXT, "rail_duplicate_attempted", &[]), None);
+    }
+
+    #[test]
+    fn reads_our_own_process_state() {
+        // We are running, so not stopped.
+        let state = process_state(std::process::id()).unwrap();
+        assert!(matches!(state, 'R' | 'S' | 'D'), "{state}");
+        assert_eq!(process_state(u32::MAX), None);
+    }
+}

@@ -1,0 +1,549 @@
+//! One worker: its own lock session, a loop of passes, one payout attempt at a time.
+//!
+//! A pass finds the work ([`Discovery`]), shuffles it (so that workers spread over accounts), and
+//! for each payout acquires `account:<account_id>` with a short bounded wait — contended means
+//! another live holder has it, so the worker moves on. Every attempt acquires its own grant, so
+//! every payout attempt on an account carries a newer token than the one before it (strict `<` at
+//! (a) and (d)). The lock is released after each attempt, whatever happened.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dlock_client::{ClientError, LockClient, Session};
+use dlock_common::metrics::Resource;
+use rand::seq::SliceRandom;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::config::Config;
+use crate::critical::{Critical, Ended, Resources};
+use crate::metrics::{AcquireResult, Metrics, Outcome};
+use crate::model::{Payout, PayoutState};
+
+/// After this many consecutive failures to reach the services, a batch-mode worker gives up.
+const MAX_CONSECUTIVE_FAILURES: u32 = 20;
+/// Upper bound on pages read per state and pass (a guard against a cursor that never ends).
+const MAX_PAGES: usize = 10_000;
+
+/// What the process knows about payouts beyond the listing: the explicit ones, and those it left
+/// unfinished (fenced out, lock lost, errors), so that it re-reads them in later passes.
+#[derive(Debug, Default)]
+pub struct Tracked {
+    inner: Mutex<HashMap<Uuid, TrackedPayout>>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct TrackedPayout {
+    errors: u32,
+    given_up: bool,
+}
+
+impl Tracked {
+    pub fn with(ids: &[Uuid]) -> Self {
+        let t = Self::default();
+        for id in ids {
+            t.watch(*id);
+        }
+        t
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, TrackedPayout>> {
+        // A panic elsewhere cannot leave this map inconsistent (single inserts/removes).
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn watch(&self, id: Uuid) {
+        self.lock().entry(id).or_default();
+    }
+
+    pub fn done(&self, id: Uuid) {
+        self.lock().remove(&id);
+    }
+
+    /// Counts an error against the payout; `true` if it is now given up.
+    pub fn error(&self, id: Uuid, max: u32) -> bool {
+        let mut map = self.lock();
+        let t = map.entry(id).or_default();
+        t.errors += 1;
+        if t.errors >= max && !t.given_up {
+            t.given_up = true;
+            tracing::error!(
+                event = "payout_given_up",
+                payout_id = %id,
+                errors = t.errors,
+                "too many unexpected errors on this payout; this process stops trying it"
+            );
+        }
+        t.given_up
+    }
+
+    pub fn ids(&self) -> Vec<Uuid> {
+        self.lock()
+            .iter()
+            .filter(|(_, t)| !t.given_up)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    pub fn given_up(&self) -> Vec<Uuid> {
+        self.lock()
+            .iter()
+            .filter(|(_, t)| t.given_up)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    pub fn is_given_up(&self, id: Uuid) -> bool {
+        self.lock().get(&id).is_some_and(|t| t.given_up)
+    }
+}
+
+/// What every worker of the process shares.
+#[derive(Debug)]
+pub struct Shared {
+    pub config: Config,
+    pub lock_client: LockClient,
+    pub resources: Resources,
+    pub metrics: Metrics,
+    pub tracked: Tracked,
+    /// Cleared the first time payment-resource refuses to list an in-flight state.
+    pub inflight_listing: std::sync::atomic::AtomicBool,
+    pub shutdown: CancellationToken,
+}
+
+/// How a worker ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerExit {
+    /// Batch mode: nothing left that this executor can take.
+    Idle,
+    /// SIGTERM.
+    Shutdown,
+    /// Batch mode: the services could not be reached for too long.
+    Unreachable,
+}
+
+/// Finds the payouts to work on.
+struct Discovery<'a> {
+    shared: &'a Shared,
+}
+
+impl Discovery<'_> {
+    /// PENDING payouts and, where payment-resource can list them, in-flight ones; plus every
+    /// tracked payout, re-read. Explicit mode (`--payout-id`) reads only the tracked ones.
+    async fn pass(&self) -> Result<Vec<Payout>, ClientError> {
+        let shared = self.shared;
+        let mut found: Vec<Payout> = Vec::new();
+        let mut seen: HashSet<Uuid> = HashSet::new();
+        if shared.config.payout_ids.is_empty() {
+            self.list(PayoutState::Pending, &mut found, &mut seen).await?;
+            for state in PayoutState::IN_FLIGHT {
+                if !shared.inflight_listing.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                match self.list(state, &mut found, &mut seen).await {
+                    Ok(()) => {}
+                    // This payment-resource lists only PENDING: in-flight payouts of dead holders
+                    // are then found only through --payout-id (or this process's own tracking).
+                    Err(ClientError::Api { status, code, message }) if status.as_u16() == 400 => {
+                        if shared
+                            .inflight_listing
+                            .swap(false, std::sync::atomic::Ordering::Relaxed)
+                        {
+                            tracing::warn!(
+                                event = "inflight_listing_unsupported",
+                                %code,
+                                %message,
+                                "payment-resource cannot list in-flight payouts; a dead holder's payout \
+                                 is resumed only when named with --payout-id"
+                            );
+                        }
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        for id in shared.tracked.ids() {
+            if seen.contains(&id) {
+                continue;
+            }
+            match shared.resources.payments.get(id).await {
+                Ok(p) => {
+                    seen.insert(id);
+                    found.push(p);
+                }
+                Err(ClientError::Api { status, code, .. }) if status.as_u16() == 404 => {
+                    tracing::error!(event = "unknown_payout", payout_id = %id, %code, "no such payout");
+                    shared.tracked.error(id, 1);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(found)
+    }
+
+    async fn list(
+        &self,
+        state: PayoutState,
+        found: &mut Vec<Payout>,
+        seen: &mut HashSet<Uuid>,
+    ) -> Result<(), ClientError> {
+        let api = &self.shared.resources.payments;
+        let mut after: Option<String> = None;
+        for _ in 0..MAX_PAGES {
+            let page = api
+                .list(state, after.as_deref(), self.shared.config.page_size)
+                .await?;
+            for p in page.items {
+                if seen.insert(p.payout_id) {
+                    found.push(p);
+                }
+            }
+            match page.next_cursor {
+                Some(next) if after.as_deref() != Some(next.as_str()) => after = Some(next),
+                _ => return Ok(()),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One attempt's result, for the pass loop.
+struct Attempt {
+    outcome: Outcome,
+    session_lost: bool,
+}
+
+pub struct Worker {
+    pub n: u32,
+    pub owner_id: String,
+    pub shared: Arc<Shared>,
+}
+
+impl Worker {
+    pub async fn run(self) -> WorkerExit {
+        let shared = &self.shared;
+        let config = &shared.config;
+        let mut session: Option<Session> = None;
+        let mut failures = 0u32;
+        let exit = loop {
+            if shared.shutdown.is_cancelled() {
+                break WorkerExit::Shutdown;
+            }
+            let found = match (Discovery { shared }).pass().await {
+                Ok(found) => found,
+                Err(e) => {
+                    failures += 1;
+                    tracing::warn!(event = "discovery_failed", worker = self.n, error = %e, failures);
+                    if config.exit_when_idle && failures >= MAX_CONSECUTIVE_FAILURES {
+                        break WorkerExit::Unreachable;
+                    }
+                    self.pause(config.poll_interval).await;
+                    continue;
+                }
+            };
+            let mut work: Vec<Payout> = Vec::new();
+            for p in found {
+                if p.state.is_terminal() {
+                    shared.tracked.done(p.payout_id);
+                } else if !shared.tracked.is_given_up(p.payout_id) {
+                    work.push(p);
+                }
+            }
+            if work.is_empty() {
+                if config.exit_when_idle {
+                    break WorkerExit::Idle;
+                }
+                self.pause(config.poll_interval).await;
+                continue;
+            }
+            work.shuffle(&mut rand::rng());
+
+            let mut progressed = false;
+            let mut busy_accounts: HashSet<Uuid> = HashSet::new();
+            for p in work {
+                if shared.shutdown.is_cancelled() {
+                    break;
+                }
+                if busy_accounts.contains(&p.account_id) {
+                    continue;
+                }
+                let current = match self.session(&mut session).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        failures += 1;
+                        tracing::warn!(event = "session_open_failed", worker = self.n, error = %e, failures);
+                        break;
+                    }
+                };
+                failures = 0;
+                let attempt = self.attempt(current, &p).await;
+                match attempt.outcome {
+                    Outcome::contended => {
+                        busy_accounts.insert(p.account_id);
+                    }
+                    _ => progressed = true,
+                }
+                if attempt.session_lost {
+                    session = None;
+                }
+            }
+            if config.exit_when_idle && failures >= MAX_CONSECUTIVE_FAILURES {
+                break WorkerExit::Unreachable;
+            }
+            if !progressed {
+                self.pause(config.poll_interval).await;
+            }
+        };
+        if let Some(s) = session
+            && let Err(e) = s.close().await
+        {
+            tracing::warn!(event = "session_close_failed", worker = self.n, error = %e);
+        }
+        tracing::info!(event = "worker_stopped", worker = self.n, exit = ?exit);
+        exit
+    }
+
+    /// Sleeps, or returns early on shutdown.
+    async fn pause(&self, d: Duration) {
+        tokio::select! {
+            _ = tokio::time::sleep(d) => {}
+            _ = self.shared.shutdown.cancelled() => {}
+        }
+    }
+
+    /// The worker's open session, opening a new one if there is none or it was lost.
+    async fn session<'s>(&self, slot: &'s mut Option<Session>) -> Result<&'s Session, ClientError> {
+        if slot.as_ref().is_some_and(Session::is_lost) {
+            *slot = None;
+        }
+        if slot.is_none() {
+            let opened = self
+                .shared
+                .lock_client
+                .open_session(&self.owner_id, self.shared.config.session_ttl)
+                .await?;
+            *slot = Some(opened);
+        }
+        slot.as_ref()
+            .ok_or_else(|| ClientError::Protocol("no session after opening one".into()))
+    }
+
+    /// One payout: acquire its account's lock (bounded wait), run the critical section, release.
+    async fn attempt(&self, session: &Session, p: &Payout) -> Attempt {
+        let shared = &self.shared;
+        let config = &shared.config;
+        let picked = Instant::now();
+        let key = format!("account:{}", p.account_id);
+
+        let acquiring = Instant::now();
+        let lock = match session.acquire(&key, config.lease_ttl, config.acquire_wait).await {
+            Ok(lock) => {
+                shared.metrics.acquire(AcquireResult::granted, acquiring.elapsed());
+                lock
+            }
+            Err(ClientError::Contended { .. }) => {
+                shared.metrics.acquire(AcquireResult::contended, acquiring.elapsed());
+                shared.metrics.processed(Outcome::contended);
+                tracing::debug!(event = "payout_contended", payout_id = %p.payout_id, lock_key = %key);
+                return Attempt {
+                    outcome: Outcome::contended,
+                    session_lost: false,
+                };
+            }
+            Err(e) => {
+                let session_lost = matches!(e, ClientError::SessionGone { .. }) || session.is_lost();
+                tracing::warn!(
+                    event = "lock_acquire_failed",
+                    worker = self.n,
+                    payout_id = %p.payout_id,
+                    lock_key = %key,
+                    error = %e,
+                );
+                shared.metrics.processed(Outcome::error);
+                return Attempt {
+                    outcome: Outcome::error,
+                    session_lost,
+                };
+            }
+        };
+        let token = lock.token();
+        tracing::info!(
+            event = "lock_acquired",
+            worker = self.n,
+            lock_key = %key,
+            fencing_token = token.get(),
+            payout_id = %p.payout_id,
+            state = %p.state,
+        );
+
+        let critical = Critical {
+            resources: &shared.resources,
+            lock: &lock,
+            payout_id: p.payout_id,
+            owner_id: &self.owner_id,
+        };
+        // On SIGTERM the current payout may finish within the grace period; past it, the section is
+        // dropped mid-way, which is safe: every step is fenced and recorded, and a successor resumes.
+        let grace = async {
+            self.shared.shutdown.cancelled().await;
+            tokio::time::sleep(config.shutdown_grace).await;
+        };
+        let ended = tokio::select! {
+            ended = critical.run() => Some(ended),
+            _ = grace => None,
+        };
+        // Always give the lock back. A stale release (the grant was no longer ours) is logged by the
+        // client and never retried.
+        if let Err(e) = lock.release().await {
+            tracing::warn!(event = "lock_release_failed", lock_key = %key, fencing_token = token.get(), error = %e);
+        }
+
+        let outcome = self.classify(p, &key, token.get(), ended);
+        shared.metrics.processed(outcome);
+        if matches!(outcome, Outcome::posted | Outcome::failed) {
+            shared.metrics.payout_done(picked.elapsed());
+        }
+        Attempt {
+            outcome,
+            session_lost: session.is_lost(),
+        }
+    }
+
+    /// Turns the section's end into an outcome, with its log event; records what to look at again.
+    fn classify(
+        &self,
+        p: &Payout,
+        key: &str,
+        token: i64,
+        ended: Option<Result<Ended, ClientError>>,
+    ) -> Outcome {
+        let shared = &self.shared;
+        let tracked = &shared.tracked;
+        let id = p.payout_id;
+        let Some(ended) = ended else {
+            tracing::warn!(event = "payout_interrupted", payout_id = %id, fencing_token = token);
+            tracked.watch(id);
+            return Outcome::interrupted;
+        };
+        match ended {
+            Ok(Ended::Posted { .. }) => {
+                tracked.done(id);
+                Outcome::posted
+            }
+            Ok(Ended::Failed { reason }) => {
+                tracing::info!(event = "payout_failed", payout_id = %id, fencing_token = token, reason);
+                tracked.done(id);
+                Outcome::failed
+            }
+            Ok(Ended::AlreadyTerminal { state, claim_token }) => {
+                tracing::info!(
+                    event = "payout_skipped",
+                    payout_id = %id,
+                    fencing_token = token,
+                    %state,
+                    claim_token = ?claim_token,
+                    "already terminal"
+                );
+                tracked.done(id);
+                Outcome::skipped
+            }
+            Ok(Ended::Unresolved) => {
+                tracing::warn!(
+                    event = "payout_unresolved",
+                    payout_id = %id,
+                    fencing_token = token,
+                    "the rail cannot tell yet what became of the submission; will ask again"
+                );
+                tracked.error(id, shared.config.max_errors_per_payout);
+                Outcome::unresolved
+            }
+            Err(ClientError::FencedOut(f)) => {
+                // Terminal for this attempt: never retried with this token, nor with a fresh one
+                // here. A later pass may take it up again only with a new grant, after re-reading.
+                if let Some(resource) = resource(f.resource_type()) {
+                    shared.metrics.fenced_out(resource);
+                }
+                tracing::warn!(
+                    event = "fenced_out",
+                    key,
+                    payout_id = %id,
+                    resource = f.resource_type(),
+                    resource_id = f.resource_id(),
+                    presented = f.presented(),
+                    stored = f.highest(),
+                    owner_id = f.owner_id(),
+                    "a resource refused our token: a newer grant has written it; attempt abandoned"
+                );
+                tracked.watch(id);
+                Outcome::fenced_out
+            }
+            Err(e @ ClientError::Api { .. }) if e.is_terminal() => {
+                tracing::warn!(event = "fenced_out", key, payout_id = %id, presented = token, error = %e);
+                tracked.watch(id);
+                Outcome::fenced_out
+            }
+            Err(ClientError::LockLost { reason, .. }) => {
+                tracing::warn!(
+                    event = "lock_lost",
+                    key,
+                    payout_id = %id,
+                    fencing_token = token,
+                    %reason,
+                    "critical section abandoned: the lock is no longer ours"
+                );
+                tracked.watch(id);
+                Outcome::lock_lost
+            }
+            Err(e) => {
+                tracing::warn!(
+                    event = "payout_attempt_failed",
+                    key,
+                    payout_id = %id,
+                    fencing_token = token,
+                    error = %e,
+                );
+                tracked.error(id, shared.config.max_errors_per_payout);
+                Outcome::error
+            }
+        }
+    }
+}
+
+/// The `resource` label for a `resourceType` from a FENCED_OUT body.
+fn resource(resource_type: &str) -> Option<Resource> {
+    match resource_type {
+        "account" => Some(Resource::account),
+        "ledger" => Some(Resource::ledger),
+        "payout" => Some(Resource::payout),
+        "rail" => Some(Resource::rail),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tracked_gives_up_after_the_budget() {
+        let id = Uuid::new_v4();
+        let t = Tracked::with(&[id]);
+        assert_eq!(t.ids(), vec![id]);
+        assert!(!t.error(id, 2));
+        assert!(t.error(id, 2));
+        assert!(t.ids().is_empty());
+        assert_eq!(t.given_up(), vec![id]);
+        t.done(id);
+        assert!(t.given_up().is_empty());
+    }
+
+    #[test]
+    fn resource_labels() {
+        assert_eq!(resource("rail"), Some(Resource::rail));
+        assert_eq!(resource("account"), Some(Resource::account));
+        assert_eq!(resource("vault"), None);
+    }
+}
