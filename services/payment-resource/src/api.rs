@@ -159,16 +159,17 @@ struct ListQuery {
 }
 
 async fn list_payouts(State(s): State<AppState>, ApiQuery(q): ApiQuery<ListQuery>) -> ApiResult<Json<Page>> {
-    // Only the executor's work queue is listed: PENDING, over payout_pending_idx.
-    if let Some(state) = q.state.as_deref()
-        && state != PayoutState::Pending.as_str()
-    {
-        return Err(ApiError::bad_request(
-            "INVALID_STATE",
-            format!("only state=PENDING can be listed, got {state:?}"),
-        ));
-    }
-    Ok(Json(s.payouts.list_pending(q.after.as_deref(), q.limit).await?))
+    // The executor's work queue (PENDING) and the in-flight states a new holder resumes from.
+    let state = match q.state.as_deref() {
+        None => PayoutState::Pending,
+        Some(text) => PayoutState::ALL
+            .into_iter()
+            .find(|st| st.as_str() == text)
+            .ok_or_else(|| {
+                ApiError::bad_request("INVALID_STATE", format!("unknown payout state {text:?}"))
+            })?,
+    };
+    Ok(Json(s.payouts.list(state, q.after.as_deref(), q.limit).await?))
 }
 
 async fn get_payout(State(s): State<AppState>, ApiPath(id): ApiPath<Uuid>) -> ApiResult<Json<Payout>> {

@@ -129,7 +129,15 @@ impl Payouts {
             .ok_or(PaymentError::UnknownPayout(payout_id))
     }
 
-    pub async fn list_pending(&self, after: Option<&str>, limit: Option<i64>) -> Result<Page, PaymentError> {
+    /// One page of payouts in `state`: PENDING (the work queue, over payout_pending_idx) or one of
+    /// the in-flight states a new holder resumes from (CLAIMED, RAIL_SUBMITTED, RAIL_ACKED,
+    /// RAIL_AMBIGUOUS). Terminal states are not listed.
+    pub async fn list(
+        &self,
+        state: PayoutState,
+        after: Option<&str>,
+        limit: Option<i64>,
+    ) -> Result<Page, PaymentError> {
         let limit = limit.unwrap_or(DEFAULT_PAGE);
         if !(1..=MAX_PAGE).contains(&limit) {
             return Err(PaymentError::invalid(
@@ -138,7 +146,21 @@ impl Payouts {
             ));
         }
         let after = after.map(decode_cursor).transpose()?;
-        let items = payout::list_pending(&self.pool, after, limit).await?;
+        let items = match state {
+            PayoutState::Pending => payout::list_pending(&self.pool, after, limit).await?,
+            PayoutState::Claimed
+            | PayoutState::RailSubmitted
+            | PayoutState::RailAcked
+            | PayoutState::RailAmbiguous => {
+                payout::list_in_state(&self.pool, state.as_str(), after, limit).await?
+            }
+            PayoutState::Posted | PayoutState::Failed | PayoutState::Abandoned => {
+                return Err(PaymentError::invalid(
+                    "INVALID_STATE",
+                    format!("terminal state {} is not listed", state.as_str()),
+                ));
+            }
+        };
         let full = i64::try_from(items.len()).is_ok_and(|n| n == limit);
         let next_cursor = match items.last() {
             Some(last) if full => Some(encode_cursor(last.created_at, last.payout_id)),

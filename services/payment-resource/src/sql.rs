@@ -252,6 +252,28 @@ pub const PAYOUT_LIST_PENDING_AFTER: &str = concat!(
  LIMIT $3"
 );
 
+/// First page of payouts in flight in one state ($1: CLAIMED, RAIL_SUBMITTED, RAIL_ACKED or
+/// RAIL_AMBIGUOUS), oldest first: how a new holder finds work a dead holder left. $2 limit.
+pub const PAYOUT_LIST_IN_STATE_FIRST: &str = concat!(
+    "SELECT ",
+    payout_columns!(),
+    " FROM payout
+ WHERE state = $1
+ ORDER BY created_at, payout_id
+ LIMIT $2"
+);
+
+/// Next page of [`PAYOUT_LIST_IN_STATE_FIRST`] after the cursor ($2 created_at, $3 payout_id), $4 limit.
+pub const PAYOUT_LIST_IN_STATE_AFTER: &str = concat!(
+    "SELECT ",
+    payout_columns!(),
+    " FROM payout
+ WHERE state = $1
+   AND (created_at, payout_id) > ($2, $3)
+ ORDER BY created_at, payout_id
+ LIMIT $4"
+);
+
 // ---------------------------------------------------------------------------------------------
 // reconciliation (read-only)
 

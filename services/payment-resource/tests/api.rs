@@ -1067,3 +1067,33 @@ async fn bad_input_on_every_endpoint_is_rejected_with_a_code_and_writes_nothing(
     assert_eq!(metric(&m, "lock_fenced_out_total{resource=\"payout\"}"), 0, "{m}");
     assert!(cases.len() > 60, "{} cases", cases.len());
 }
+
+#[tokio::test]
+async fn in_flight_payouts_are_listed_by_state_for_a_new_holder_to_resume() {
+    let f = fixture().await;
+    let api = Api::start(&f, Fencing::Enabled).await;
+    let acct = api.account(10_000, "EUR").await;
+    let pending = api.payout(&acct, 100).await;
+    let claimed = api.payout(&acct, 200).await;
+    assert_eq!(api.claim(&claimed, 7, "w7").await.0, 200);
+    let acked = api.acked(&acct, 300, 8).await;
+
+    let ids = |v: &Value| -> Vec<String> {
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["payoutId"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (s, v) = api.get("/v1/payouts?state=CLAIMED").await;
+    assert_eq!((s, ids(&v)), (200, vec![claimed.clone()]));
+    let (s, v) = api.get("/v1/payouts?state=RAIL_ACKED").await;
+    assert_eq!((s, ids(&v)), (200, vec![acked.clone()]));
+    let (s, v) = api.get("/v1/payouts?state=RAIL_SUBMITTED").await;
+    assert_eq!((s, ids(&v)), (200, Vec::<String>::new()));
+    let (_, v) = api.get("/v1/payouts?state=PENDING&limit=500").await;
+    assert!(ids(&v).contains(&pending) && !ids(&v).contains(&claimed));
+    let (s, v) = api.get("/v1/payouts?state=NOPE").await;
+    assert_eq!((s, v["code"].as_str()), (400, Some("INVALID_STATE")));
+}

@@ -119,6 +119,33 @@ pub struct After {
 }
 
 /// PENDING payouts, oldest first, `limit` at most, strictly after `after`.
+/// Payouts in one in-flight state (not PENDING, not terminal), keyset-paged.
+pub async fn list_in_state<'c>(
+    ex: impl PgExecutor<'c>,
+    state: &str,
+    after: Option<After>,
+    limit: i64,
+) -> Result<Vec<Payout>, sqlx::Error> {
+    match after {
+        None => {
+            sqlx::query_as::<_, Payout>(sql::PAYOUT_LIST_IN_STATE_FIRST)
+                .bind(state)
+                .bind(limit)
+                .fetch_all(ex)
+                .await
+        }
+        Some(a) => {
+            sqlx::query_as::<_, Payout>(sql::PAYOUT_LIST_IN_STATE_AFTER)
+                .bind(state)
+                .bind(a.created_at)
+                .bind(a.payout_id)
+                .bind(limit)
+                .fetch_all(ex)
+                .await
+        }
+    }
+}
+
 pub async fn list_pending<'c>(
     ex: impl PgExecutor<'c>,
     after: Option<After>,
