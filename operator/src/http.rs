@@ -81,3 +81,60 @@ pub fn router(registry: Arc<Registry>, health: Health) -> Router {
         .route("/healthz", get(dlock_common::serve::healthz))
         .route("/readyz", get(readyz).with_state(health))
 }
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::metrics::Metrics;
+
+    async fn get(app: &Router, path: &str) -> (StatusCode, String) {
+        let res = app
+            .clone()
+            .oneshot(Request::get(path).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = res.status();
+        let body = axum::body::to_bytes(res.into_body(), 1 << 20).await.unwrap();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn readiness_follows_start_up_and_metrics_are_exported() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let health = Health::default();
+        let app = router(Arc::new(registry), health.clone());
+
+        assert_eq!(get(&app, "/healthz").await.0, StatusCode::OK);
+        assert_eq!(get(&app, "/readyz").await.0, StatusCode::SERVICE_UNAVAILABLE);
+        health.set(Readiness::Standby);
+        assert_eq!(get(&app, "/readyz").await.0, StatusCode::OK);
+        health.set(Readiness::Leading);
+        assert_eq!(
+            get(&app, "/readyz").await,
+            (StatusCode::OK, "ok: leader, controllers running".into())
+        );
+        health.set(Readiness::ShuttingDown);
+        assert_eq!(get(&app, "/readyz").await.0, StatusCode::SERVICE_UNAVAILABLE);
+
+        drop(metrics.reconcile_started("LockService"));
+        metrics.reconcile_failed("PaymentStack", "conflict");
+        let (status, body) = get(&app, "/metrics").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(
+            body.contains(r#"dlock_operator_reconciliations_total{kind="LockService"} 1"#),
+            "{body}"
+        );
+        assert!(
+            body.contains(
+                r#"dlock_operator_reconcile_failures_total{kind="PaymentStack",reason="conflict"} 1"#
+            ),
+            "{body}"
+        );
+        assert!(body.contains(r#"dlock_operator_reconcile_duration_seconds_count{kind="LockService"} 1"#));
+    }
+}

@@ -17,7 +17,11 @@ use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
-#[command(name = "dlock-operator", version, about = "Kubernetes operator for dlock (LockService, PaymentStack)")]
+#[command(
+    name = "dlock-operator",
+    version,
+    about = "Kubernetes operator for dlock (LockService, PaymentStack)"
+)]
 struct Args {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "DLOCK_OPERATOR_LISTEN", default_value = "0.0.0.0:8080")]
@@ -33,7 +37,11 @@ struct Args {
     #[arg(long, env = "DLOCK_OPERATOR_LEADER_ELECTION", default_value = "true", action = ArgAction::Set)]
     leader_election: bool,
     /// Name of the leader Lease.
-    #[arg(long, env = "DLOCK_OPERATOR_LEASE_NAME", default_value = "dlock-operator-leader")]
+    #[arg(
+        long,
+        env = "DLOCK_OPERATOR_LEASE_NAME",
+        default_value = "dlock-operator-leader"
+    )]
     lease_name: String,
     /// Namespace of the leader Lease; the pod's own namespace (from the client config) when absent.
     #[arg(long, env = "POD_NAMESPACE")]
@@ -131,7 +139,12 @@ async fn operate(
         default_image: args.image.clone(),
         namespace: args.namespace.clone(),
     };
-    let ctx = Arc::new(Context::new(client.clone(), metrics, settings, Some(identity.clone())));
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        metrics,
+        settings,
+        Some(identity.clone()),
+    ));
 
     if !args.leader_election {
         tracing::warn!(event = "leader_election_disabled", "run a single replica only");

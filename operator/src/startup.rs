@@ -13,7 +13,10 @@ use crate::crd::{LockService, PaymentStack};
 
 /// Names of the CRDs the controllers need.
 pub fn crd_names() -> Vec<String> {
-    vec![LockService::crd_name().to_owned(), PaymentStack::crd_name().to_owned()]
+    vec![
+        LockService::crd_name().to_owned(),
+        PaymentStack::crd_name().to_owned(),
+    ]
 }
 
 /// Waits up to `timeout` for every CRD to be Established; returns the ones that are not.

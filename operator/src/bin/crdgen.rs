@@ -7,7 +7,10 @@ use std::process::ExitCode;
 use clap::Parser;
 
 #[derive(Debug, Parser)]
-#[command(name = "crdgen", about = "Generate the dlock CRD YAML from the operator's types")]
+#[command(
+    name = "crdgen",
+    about = "Generate the dlock CRD YAML from the operator's types"
+)]
 struct Args {
     /// Print all CRDs to stdout as one multi-document YAML stream instead of writing files.
     #[arg(long)]

@@ -11,9 +11,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, ExecAction, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSecurityContext,
-    PodSpec, PodTemplateSpec, Probe, Secret, Service, ServicePort, ServiceSpec, VolumeMount,
-    VolumeResourceRequirements,
+    Container, ContainerPort, ExecAction, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, Secret, Service, ServicePort, ServiceSpec,
+    VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -143,7 +143,10 @@ pub fn credentials_secret(owner: &Owner, history: History, credentials: &Credent
         ByteString(credentials.app_password.clone().into_bytes()),
     )]);
     if let Some(pw) = &credentials.postgres_password {
-        data.insert(KEY_POSTGRES_PASSWORD.to_owned(), ByteString(pw.clone().into_bytes()));
+        data.insert(
+            KEY_POSTGRES_PASSWORD.to_owned(),
+            ByteString(pw.clone().into_bytes()),
+        );
     }
     Secret {
         metadata: owner.meta(names(owner, history).credentials_secret, history.name()),
@@ -282,7 +285,11 @@ pub fn statefulset(owner: &Owner, history: History, spec: &ManagedDatabase) -> S
         env: Some(vec![
             env("POSTGRES_DB", history.name()),
             env("POSTGRES_USER", "postgres"),
-            secret_env("POSTGRES_PASSWORD", &names.credentials_secret, KEY_POSTGRES_PASSWORD),
+            secret_env(
+                "POSTGRES_PASSWORD",
+                &names.credentials_secret,
+                KEY_POSTGRES_PASSWORD,
+            ),
             // A subdirectory: the volume's root may hold lost+found, which initdb refuses.
             env("PGDATA", format!("{DATA_MOUNT}/pgdata")),
         ]),

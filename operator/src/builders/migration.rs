@@ -57,7 +57,10 @@ pub fn job(owner: &Owner, history: History, image: &str, admin_url: &SecretKeyRe
     // serde_json of k8s-openapi types is deterministic (fields in declaration order, maps sorted).
     let hash = short_hash(serde_json::to_string(&template).unwrap_or_default().as_bytes());
     Job {
-        metadata: owner.meta(owner.child(&format!("{}-migrate-{hash}", history.name())), &component),
+        metadata: owner.meta(
+            owner.child(&format!("{}-migrate-{hash}", history.name())),
+            &component,
+        ),
         spec: Some(JobSpec {
             backoff_limit: Some(BACKOFF_LIMIT),
             template,

@@ -211,9 +211,11 @@ impl Desired {
 
     /// A workload's Deployment, and its Service when it serves HTTP (else the Service is deleted).
     fn workload(&mut self, owner: &Owner, w: &workloads::Workload) {
-        self.apply.push(Child::Deployment(workloads::deployment(owner, w)));
+        self.apply
+            .push(Child::Deployment(workloads::deployment(owner, w)));
         if w.serves_http {
-            self.apply.push(Child::Service(workloads::service(owner, w.component)));
+            self.apply
+                .push(Child::Service(workloads::service(owner, w.component)));
         }
     }
 

@@ -84,9 +84,13 @@ pub fn desired(ps: &PaymentStack, owner: &Owner, inputs: &Inputs<'_>) -> Result<
     }
 
     if spec.rail_stub.enabled {
-        let w = workloads::rail_stub(image(&spec.rail_stub.image, inputs.default_image), spec.rail_stub.mode);
+        let w = workloads::rail_stub(
+            image(&spec.rail_stub.image, inputs.default_image),
+            spec.rail_stub.mode,
+        );
         out.workload(owner, &w);
-        out.endpoints.insert("railStub".into(), owner.http_url(&owner.child(RAIL_STUB)));
+        out.endpoints
+            .insert("railStub".into(), owner.http_url(&owner.child(RAIL_STUB)));
     } else {
         out.drop_workload(owner, RAIL_STUB);
     }

@@ -43,7 +43,9 @@ fn stack(spec: serde_json::Value) -> PaymentStack {
 }
 
 fn managed_ls() -> LockService {
-    lock_service(json!({"database": {"managed": {"storageClassName": "fast"}}, "lockServer": {"replicas": 3}}))
+    lock_service(
+        json!({"database": {"managed": {"storageClassName": "fast"}}, "lockServer": {"replicas": 3}}),
+    )
 }
 
 fn default_stack() -> PaymentStack {
@@ -114,7 +116,10 @@ fn secret_ref(e: &EnvVar) -> (String, String) {
 fn deployment<'a>(d: &'a Desired, name: &str) -> &'a Deployment {
     match d.find(ChildKind::Deployment, name) {
         Some(Child::Deployment(dep)) => dep,
-        _ => panic!("no Deployment {name} in {:?}", d.apply.iter().map(Child::name).collect::<Vec<_>>()),
+        _ => panic!(
+            "no Deployment {name} in {:?}",
+            d.apply.iter().map(Child::name).collect::<Vec<_>>()
+        ),
     }
 }
 
@@ -172,7 +177,10 @@ fn every_child_has_a_controller_owner_reference_and_the_standard_labels() {
         assert_eq!(labels["dlock.dev/owner-kind"], owner.0, "{name}");
         assert!(labels.contains_key("app.kubernetes.io/name"), "{name}");
         assert!(labels.contains_key("app.kubernetes.io/component"), "{name}");
-        assert!(name.starts_with(&format!("{}-", owner.1)) && name.len() <= 63, "{name}");
+        assert!(
+            name.starts_with(&format!("{}-", owner.1)) && name.len() <= 63,
+            "{name}"
+        );
         checked += 1;
     }
     // lockdb svc+sts, Job, lock-server dep+svc, 2 Secrets; paydb svc+sts, Job, rail-stub dep+svc,
@@ -218,7 +226,8 @@ fn managed_database_is_a_postgres_statefulset_behind_a_headless_service() {
 
 #[test]
 fn external_database_has_no_server_and_deletes_one_left_over() {
-    let ls = lock_service(json!({"database": {"external": {"secretRef": {"name": "cloudsql", "key": "dsn"}}}}));
+    let ls =
+        lock_service(json!({"database": {"external": {"secretRef": {"name": "cloudsql", "key": "dsn"}}}}));
     let owner = Owner::of(&ls).unwrap();
     let d = lockservice::desired(&ls, &owner, &ls_inputs(&JobState::Absent)).unwrap();
     assert!(d.apply.iter().all(|c| c.kind() != ChildKind::StatefulSet));
@@ -233,7 +242,10 @@ fn external_database_has_no_server_and_deletes_one_left_over() {
     // The migration reads the owner URL from the referenced Secret key.
     let job = d.find(ChildKind::Job, &d.migration_job).unwrap();
     let c = &containers(job)[0];
-    assert_eq!(secret_ref(env_of(c, "DATABASE_URL").unwrap()), ("cloudsql".into(), "dsn".into()));
+    assert_eq!(
+        secret_ref(env_of(c, "DATABASE_URL").unwrap()),
+        ("cloudsql".into(), "dsn".into())
+    );
 }
 
 #[test]
@@ -277,7 +289,10 @@ fn migration_job_runs_dlock_migrate_with_secrets_only() {
     pinned.spec.migration_image = Some("registry.example/migrate:9".into());
     let pinned_job = lockservice::migration_job(&pinned, &owner, IMAGE).unwrap();
     let pinned_pod = pinned_job.spec.unwrap().template.spec.unwrap();
-    assert_eq!(pinned_pod.containers[0].image.as_deref(), Some("registry.example/migrate:9"));
+    assert_eq!(
+        pinned_pod.containers[0].image.as_deref(),
+        Some("registry.example/migrate:9")
+    );
 
     let ps = default_stack();
     let ps_owner = Owner::of(&ps).unwrap();
@@ -319,7 +334,10 @@ fn deployments_are_absent_until_the_migration_job_succeeded() {
         assert!(d.endpoints.is_empty());
         let p = paymentstack::desired(&ps, &ps_owner, &ps_inputs(&state, Some(&view))).unwrap();
         // Only the rail-stub, which needs no schema.
-        let names: Vec<_> = p.deployments().map(|d| d.metadata.name.clone().unwrap()).collect();
+        let names: Vec<_> = p
+            .deployments()
+            .map(|d| d.metadata.name.clone().unwrap())
+            .collect();
         assert_eq!(names, ["shop-rail-stub"], "{state:?}");
     }
     let d = lockservice::desired(&ls, &owner, &ls_inputs(&JobState::Succeeded)).unwrap();
@@ -330,7 +348,9 @@ fn deployments_are_absent_until_the_migration_job_succeeded() {
     // Ordering: database, then the Job, then the Deployment.
     let kinds: Vec<ChildKind> = d.apply.iter().map(Child::kind).collect();
     let pos = |k| kinds.iter().position(|x| *x == k).unwrap();
-    assert!(pos(ChildKind::StatefulSet) < pos(ChildKind::Job) && pos(ChildKind::Job) < pos(ChildKind::Deployment));
+    assert!(
+        pos(ChildKind::StatefulSet) < pos(ChildKind::Job) && pos(ChildKind::Job) < pos(ChildKind::Deployment)
+    );
 }
 
 #[test]
@@ -358,7 +378,10 @@ fn workloads_run_their_binary_with_the_documented_flags() {
     assert_eq!(c.image.as_deref(), Some(IMAGE));
     assert_eq!(c.command.clone().unwrap(), ["lock-server"]);
     assert_eq!(c.args.clone().unwrap(), ["--listen", "0.0.0.0:8080"]);
-    assert_eq!(env_of(c, "DLOCK_LEASE_TTL_MS").unwrap().value.as_deref(), Some("10000"));
+    assert_eq!(
+        env_of(c, "DLOCK_LEASE_TTL_MS").unwrap().value.as_deref(),
+        Some("10000")
+    );
     assert!(c.readiness_probe.is_some() && c.liveness_probe.is_some());
 
     let ps = default_stack();
@@ -374,11 +397,19 @@ fn workloads_run_their_binary_with_the_documented_flags() {
     let rp = get("shop-rail-proxy");
     assert_eq!(
         rp.args.clone().unwrap(),
-        ["--listen", "0.0.0.0:8080", "--rail-url", "http://shop-rail-stub.pay.svc:8080"]
+        [
+            "--listen",
+            "0.0.0.0:8080",
+            "--rail-url",
+            "http://shop-rail-stub.pay.svc:8080"
+        ]
     );
 
     let stub = get("shop-rail-stub");
-    assert_eq!(stub.args.clone().unwrap(), ["--listen", "0.0.0.0:8080", "--mode", "timeout"]);
+    assert_eq!(
+        stub.args.clone().unwrap(),
+        ["--listen", "0.0.0.0:8080", "--mode", "timeout"]
+    );
     assert!(env_of(&stub, "DATABASE_URL").is_none());
 
     let ex = get("shop-payout-executor");
@@ -397,10 +428,23 @@ fn workloads_run_their_binary_with_the_documented_flags() {
     );
     // No database credentials at all, and the lease defaults of its LockService.
     assert!(env_of(&ex, "DATABASE_URL").is_none());
-    assert_eq!(env_of(&ex, "DLOCK_LEASE_TTL_MS").unwrap().value.as_deref(), Some("5000"));
-    assert_eq!(env_of(&ex, "DLOCK_SESSION_TTL_MS").unwrap().value.as_deref(), Some("20000"));
+    assert_eq!(
+        env_of(&ex, "DLOCK_LEASE_TTL_MS").unwrap().value.as_deref(),
+        Some("5000")
+    );
+    assert_eq!(
+        env_of(&ex, "DLOCK_SESSION_TTL_MS").unwrap().value.as_deref(),
+        Some("20000")
+    );
     assert!(p.find(ChildKind::Service, "shop-payout-executor").is_none());
-    assert_eq!(deployment(&p, "shop-payout-executor").spec.as_ref().unwrap().replicas, Some(1));
+    assert_eq!(
+        deployment(&p, "shop-payout-executor")
+            .spec
+            .as_ref()
+            .unwrap()
+            .replicas,
+        Some(1)
+    );
 
     // An explicit rail URL wins over the stub.
     let mut explicit = ps.clone();
@@ -422,7 +466,16 @@ fn services_read_database_url_from_the_connection_secret() {
         ("locks-lockdb-conn".into(), "url".into())
     );
     // Pods restart when the connection Secret changes.
-    let annotations = dep.spec.as_ref().unwrap().template.metadata.as_ref().unwrap().annotations.clone();
+    let annotations = dep
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .annotations
+        .clone();
     assert_eq!(annotations.unwrap()["dlock.dev/database-secret-version"], "42");
 
     let ps = default_stack();
@@ -457,12 +510,20 @@ fn no_password_appears_outside_secrets() {
     ];
     let pw = creds.postgres_password.clone().unwrap();
     // Secrets carry them base64-encoded, never in clear.
-    assert!(secrets.iter().all(|s| !s.contains(&pw) && !s.contains(&creds.app_password)));
+    assert!(
+        secrets
+            .iter()
+            .all(|s| !s.contains(&pw) && !s.contains(&creds.app_password))
+    );
 
     let mut env_vars = 0;
     for child in d.apply.iter().chain(&p.apply) {
         let text = serde_json::to_string(child_json(child).as_ref().unwrap()).unwrap();
-        assert!(!text.contains(&pw) && !text.contains(&creds.app_password), "{}", child.name());
+        assert!(
+            !text.contains(&pw) && !text.contains(&creds.app_password),
+            "{}",
+            child.name()
+        );
         assert!(!text.contains("postgres://"), "a URL in {}", child.name());
         for c in containers(child) {
             for e in c.env.iter().flatten() {
@@ -498,7 +559,9 @@ fn kill_switches_become_env_vars() {
         ps.spec.kill_switches.rail_proxy_fencing_enabled = rail;
         let owner = Owner::of(&ps).unwrap();
         let p = paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
-        let pr = &containers(&Child::Deployment(deployment(&p, "shop-payment-resource").clone()))[0];
+        let pr = &containers(&Child::Deployment(
+            deployment(&p, "shop-payment-resource").clone(),
+        ))[0];
         let rp = &containers(&Child::Deployment(deployment(&p, "shop-rail-proxy").clone()))[0];
         let payment_value = payment.to_string();
         let rail_value = rail.to_string();
@@ -521,7 +584,8 @@ fn children_the_spec_drops_are_deleted() {
     ps.spec.rail_proxy.rail_url = Some("https://rail.example".into());
     let owner = Owner::of(&ps).unwrap();
     let view = ready_lock_service();
-    let with_stub = paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
+    let with_stub =
+        paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
     assert!(with_stub.find(ChildKind::Deployment, "shop-rail-stub").is_some());
     assert!(with_stub.find(ChildKind::Service, "shop-rail-stub").is_some());
     assert!(with_stub.delete.iter().all(|r| !r.name.contains("rail-stub")));
@@ -600,7 +664,10 @@ fn connection_urls() {
         postgres_password: Some("SUPERPW".into()),
     };
     let urls = database::managed_urls(&owner, History::Lockdb, &creds);
-    assert_eq!(urls.app_url, "postgres://lockapp:APPPW@locks-lockdb.pay.svc:5432/lockdb");
+    assert_eq!(
+        urls.app_url,
+        "postgres://lockapp:APPPW@locks-lockdb.pay.svc:5432/lockdb"
+    );
     assert_eq!(
         urls.admin_url.as_deref(),
         Some("postgres://postgres:SUPERPW@locks-lockdb.pay.svc:5432/lockdb")
@@ -616,9 +683,17 @@ fn connection_urls() {
         &creds,
     )
     .unwrap();
-    assert_eq!(ext.app_url, "postgresql://payapp:APPPW@10.1.2.3:6432/paydb?sslmode=require");
+    assert_eq!(
+        ext.app_url,
+        "postgresql://payapp:APPPW@10.1.2.3:6432/paydb?sslmode=require"
+    );
     assert_eq!(ext.admin_url, None);
-    for bad in ["host=db user=x", "mysql://u:p@h/db", "postgres:///socket-only", ""] {
+    for bad in [
+        "host=db user=x",
+        "mysql://u:p@h/db",
+        "postgres:///socket-only",
+        "",
+    ] {
         let err = database::external_app_url(bad, History::Paydb, &creds).unwrap_err();
         assert!(!err.to_string().contains("user=x"));
     }

@@ -50,8 +50,11 @@ impl Workload {
     /// `DATABASE_URL` from the connection Secret of `history`, plus the annotation that restarts pods
     /// when that Secret changes.
     fn with_database(mut self, owner: &Owner, history: History, secret_version: Option<&str>) -> Self {
-        self.env
-            .push(secret_env("DATABASE_URL", &names(owner, history).connection_secret, KEY_URL));
+        self.env.push(secret_env(
+            "DATABASE_URL",
+            &names(owner, history).connection_secret,
+            KEY_URL,
+        ));
         if let Some(v) = secret_version {
             self.annotations
                 .insert(DB_SECRET_VERSION_ANNOTATION.into(), v.to_owned());

@@ -20,7 +20,11 @@ fn apply_params() -> PatchParams {
 /// Server-side apply of one namespaced object; returns the object as stored (status included).
 pub async fn apply<K>(client: &Client, namespace: &str, obj: &K) -> Result<K>
 where
-    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Serialize + DeserializeOwned + Clone + std::fmt::Debug,
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Serialize
+        + DeserializeOwned
+        + Clone
+        + std::fmt::Debug,
 {
     let name = obj.meta().name.clone().ok_or(Error::MissingObjectKey)?;
     let api: Api<K> = Api::namespaced(client.clone(), namespace);
@@ -55,7 +59,10 @@ pub async fn delete_child(client: &Client, namespace: &str, child: &ChildRef) ->
 
 async fn delete<K>(client: &Client, namespace: &str, name: &str) -> Result<bool>
 where
-    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + DeserializeOwned
+        + Clone
+        + std::fmt::Debug,
 {
     let api: Api<K> = Api::namespaced(client.clone(), namespace);
     match api.delete(name, &DeleteParams::background()).await {
@@ -66,7 +73,12 @@ where
 }
 
 /// Deletes every migration Job matching `selector` except `keep`; returns the names deleted.
-pub async fn delete_stale_jobs(client: &Client, namespace: &str, selector: &str, keep: &str) -> Result<Vec<String>> {
+pub async fn delete_stale_jobs(
+    client: &Client,
+    namespace: &str,
+    selector: &str,
+    keep: &str,
+) -> Result<Vec<String>> {
     let api: Api<Job> = Api::namespaced(client.clone(), namespace);
     let jobs = api.list(&ListParams::default().labels(selector)).await?;
     let mut deleted = Vec::new();
@@ -96,9 +108,17 @@ pub async fn create_secret_once(client: &Client, namespace: &str, secret: &Secre
 }
 
 /// Server-side apply of `.status` only.
-pub async fn patch_status<K>(client: &Client, namespace: &str, name: &str, status: &impl Serialize) -> Result<()>
+pub async fn patch_status<K>(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    status: &impl Serialize,
+) -> Result<()>
 where
-    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + DeserializeOwned
+        + Clone
+        + std::fmt::Debug,
 {
     let api: Api<K> = Api::namespaced(client.clone(), namespace);
     let body = serde_json::json!({
@@ -106,6 +126,7 @@ where
         "kind": K::kind(&()),
         "status": status,
     });
-    api.patch_status(name, &apply_params(), &Patch::Apply(&body)).await?;
+    api.patch_status(name, &apply_params(), &Patch::Apply(&body))
+        .await?;
     Ok(())
 }

@@ -63,7 +63,10 @@ pub async fn resolve(
             let Some(secret) = secrets.get_opt(&r.name).await? else {
                 return Ok(Err(Blocked::new(
                     "ExternalSecretMissing",
-                    format!("Secret {} named by spec.database.external.secretRef does not exist", r.name),
+                    format!(
+                        "Secret {} named by spec.database.external.secretRef does not exist",
+                        r.name
+                    ),
                 )));
             };
             let owner_url = secret

@@ -84,7 +84,7 @@ pub async fn reconcile(ls: &LockService, ctx: &Context) -> Result<Action> {
 /// The applied version is read (from the Job's log) once per succeeded Job.
 pub fn needs_version(previous: Option<&crate::crd::DlockStatus>, job_name: &str, state: &JobState) -> bool {
     *state == JobState::Succeeded
-        && !previous
-            .and_then(|p| p.migration.as_ref())
-            .is_some_and(|m| m.job_name.as_deref() == Some(job_name) && m.applied_version.is_some())
+        && !previous.and_then(|p| p.migration.as_ref()).is_some_and(|m| {
+            m.succeeded && m.job_name.as_deref() == Some(job_name) && m.applied_version.is_some()
+        })
 }

@@ -51,3 +51,30 @@ pub fn parse_report_version(log: &str) -> Option<i64> {
         v.get("current_version")?.as_i64()
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_report_version;
+
+    #[test]
+    fn reads_the_last_report_line() {
+        let log = r#"{"timestamp":"2025-01-01T00:00:00Z","level":"INFO","event":"service_starting"}
+{"applied":["V1__create.sql","V2__grants.sql"],"current_version":2}
+"#;
+        assert_eq!(parse_report_version(log), Some(2));
+        assert_eq!(
+            parse_report_version(r#"{"applied":[],"current_version":5}"#),
+            Some(5)
+        );
+        assert_eq!(
+            parse_report_version(r#"{"applied":[],"current_version":null}"#),
+            None
+        );
+        assert_eq!(parse_report_version("dlock-migrate: connection refused"), None);
+        assert_eq!(
+            parse_report_version(r#"{"current_version":9}"#),
+            None,
+            "not a report line"
+        );
+    }
+}

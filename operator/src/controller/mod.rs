@@ -93,14 +93,20 @@ impl Context {
     }
 
     fn record_failure(&self, key: &str) -> u32 {
-        let mut map = self.failures.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut map = self
+            .failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let n = map.entry(key.to_owned()).or_insert(0);
         *n = n.saturating_add(1);
         *n
     }
 
     fn record_success(&self, key: &str) {
-        let mut map = self.failures.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut map = self
+            .failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         map.remove(key);
     }
 }
@@ -158,8 +164,13 @@ where
                 uid: invalid.metadata.uid.clone(),
                 ..ObjectReference::default()
             };
-            ctx.publish(&regarding, EventType::Warning, "InvalidObject", invalid.error.clone())
-                .await;
+            ctx.publish(
+                &regarding,
+                EventType::Warning,
+                "InvalidObject",
+                invalid.error.clone(),
+            )
+            .await;
             return Ok(Action::await_change());
         }
     };
@@ -181,7 +192,11 @@ where
 }
 
 /// The error policy of both controllers: retry with per-object exponential backoff.
-fn error_policy<K: Resource<DynamicType = ()>>(obj: Arc<DeserializeGuard<K>>, _error: &Error, ctx: Arc<Context>) -> Action {
+fn error_policy<K: Resource<DynamicType = ()>>(
+    obj: Arc<DeserializeGuard<K>>,
+    _error: &Error,
+    ctx: Arc<Context>,
+) -> Action {
     let key = match &obj.0 {
         Ok(o) => key_of(o),
         Err(_) => return Action::await_change(),
@@ -223,20 +238,30 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         let _ = rx.wait_for(|s| *s).await;
     };
 
-    let lock_services = Controller::new(api::<DeserializeGuard<LockService>>(&client, ns), watcher::Config::default())
-        .owns(api::<StatefulSet>(&client, ns), children())
-        .owns(api::<Service>(&client, ns), children())
-        .owns(api::<Job>(&client, ns), children())
-        .owns(api::<Deployment>(&client, ns), children())
-        .graceful_shutdown_on(stop(rx.clone()))
-        .run(
-            |obj, ctx| instrumented(obj, ctx, |ls, ctx| async move { lockservice::reconcile(&ls, &ctx).await }),
-            error_policy,
-            ctx.clone(),
-        )
-        .for_each(|res| async move { log_outcome(res) });
+    let lock_services = Controller::new(
+        api::<DeserializeGuard<LockService>>(&client, ns),
+        watcher::Config::default(),
+    )
+    .owns(api::<StatefulSet>(&client, ns), children())
+    .owns(api::<Service>(&client, ns), children())
+    .owns(api::<Job>(&client, ns), children())
+    .owns(api::<Deployment>(&client, ns), children())
+    .graceful_shutdown_on(stop(rx.clone()))
+    .run(
+        |obj, ctx| {
+            instrumented(obj, ctx, |ls, ctx| async move {
+                lockservice::reconcile(&ls, &ctx).await
+            })
+        },
+        error_policy,
+        ctx.clone(),
+    )
+    .for_each(|res| async move { log_outcome(res) });
 
-    let stacks = Controller::new(api::<DeserializeGuard<PaymentStack>>(&client, ns), watcher::Config::default());
+    let stacks = Controller::new(
+        api::<DeserializeGuard<PaymentStack>>(&client, ns),
+        watcher::Config::default(),
+    );
     let store = stacks.store();
     let stacks = stacks
         .owns(api::<StatefulSet>(&client, ns), children())
@@ -255,16 +280,23 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
                     .iter()
                     .filter_map(|ps| ps.0.as_ref().ok())
                     .filter(|ps| {
-                        Some(&ps.spec.lock_service_ref.name) == name.as_ref() && ps.meta().namespace == namespace
+                        Some(&ps.spec.lock_service_ref.name) == name.as_ref()
+                            && ps.meta().namespace == namespace
                     })
                     .map(|ps| ObjectRef::from_obj(ps).erase())
-                    .map(|r| ObjectRef::new_with(&r.name, ()).within(r.namespace.as_deref().unwrap_or_default()))
+                    .map(|r| {
+                        ObjectRef::new_with(&r.name, ()).within(r.namespace.as_deref().unwrap_or_default())
+                    })
                     .collect::<Vec<_>>()
             },
         )
         .graceful_shutdown_on(stop(rx))
         .run(
-            |obj, ctx| instrumented(obj, ctx, |ps, ctx| async move { paymentstack::reconcile(&ps, &ctx).await }),
+            |obj, ctx| {
+                instrumented(obj, ctx, |ps, ctx| async move {
+                    paymentstack::reconcile(&ps, &ctx).await
+                })
+            },
             error_policy,
             ctx.clone(),
         )

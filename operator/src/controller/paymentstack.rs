@@ -1,10 +1,10 @@
 //! The PaymentStack reconciler: paydb → migration Job → payment-resource, rail-proxy and
 //! payout-executor, once the referenced LockService is Ready; plus the optional rail-stub.
 
+use kube::Resource;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::Resource;
 
 use super::error::{Error, Result};
 use super::lockservice::needs_version;
@@ -27,7 +27,10 @@ pub async fn reconcile(ps: &PaymentStack, ctx: &Context) -> Result<Action> {
     obs.waiting = match &lock_service {
         None => Some(Blocked::new(
             "LockServiceNotFound",
-            format!("LockService {} does not exist in this namespace", ps.spec.lock_service_ref.name),
+            format!(
+                "LockService {} does not exist in this namespace",
+                ps.spec.lock_service_ref.name
+            ),
         )),
         Some(v) if !v.ready || v.endpoint.is_none() => Some(Blocked::new(
             "WaitingForLockService",

@@ -107,7 +107,11 @@ pub fn assess(obs: &Observation) -> Assessment {
         );
     }
     if !obs.database_ready {
-        return Assessment::new(Phase::Pending, "WaitingForDatabase", "waiting for the database to accept connections");
+        return Assessment::new(
+            Phase::Pending,
+            "WaitingForDatabase",
+            "waiting for the database to accept connections",
+        );
     }
     match &obs.migration {
         Some(JobState::Succeeded) => {}
@@ -132,7 +136,10 @@ pub fn assess(obs: &Observation) -> Assessment {
         return Assessment::new(
             Phase::Pending,
             "RollingOut",
-            format!("waiting for Deployments to become available: {}", unavailable.join(", ")),
+            format!(
+                "waiting for Deployments to become available: {}",
+                unavailable.join(", ")
+            ),
         );
     }
     Assessment::new(Phase::Ready, "Ready", "all components are available")
@@ -147,8 +154,11 @@ pub fn migration_status(
     state: &JobState,
     read_version: Option<i64>,
 ) -> MigrationStatus {
-    let same_job = previous.is_some_and(|p| p.job_name.as_deref() == Some(job_name));
-    let known = previous.filter(|_| same_job).and_then(|p| p.applied_version);
+    // Known only if this very Job had already succeeded: while a new Job runs, the status carries
+    // the previous Job's version under the new name.
+    let known = previous
+        .filter(|p| p.succeeded && p.job_name.as_deref() == Some(job_name))
+        .and_then(|p| p.applied_version);
     let applied_version = match state {
         JobState::Succeeded => known.or(read_version),
         // A new Job is running or failed: the database still carries what the last one applied.
@@ -196,11 +206,138 @@ pub fn build(
         phase: assessment.phase,
         conditions: vec![
             cond(CONDITION_READY, ready, reason),
-            cond(CONDITION_PROGRESSING, progressing, if progressing { reason } else { "Idle" }),
-            cond(CONDITION_DEGRADED, degraded, if degraded { reason } else { "AsExpected" }),
+            cond(
+                CONDITION_PROGRESSING,
+                progressing,
+                if progressing { reason } else { "Idle" },
+            ),
+            cond(
+                CONDITION_DEGRADED,
+                degraded,
+                if degraded { reason } else { "AsExpected" },
+            ),
         ],
         endpoints,
         migration,
         actions: previous.map(|p| p.actions.clone()).unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn healthy(name: &str) -> DeploymentHealth {
+        DeploymentHealth {
+            name: name.into(),
+            desired: 2,
+            available: 2,
+            updated: 2,
+            observed: true,
+        }
+    }
+
+    fn migrated() -> Observation {
+        Observation {
+            database_ready: true,
+            migration: Some(JobState::Succeeded),
+            deployments: vec![healthy("a")],
+            expected_deployments: 1,
+            ..Observation::default()
+        }
+    }
+
+    #[test]
+    fn verdicts_in_order_of_precedence() {
+        assert_eq!(assess(&migrated()).phase, Phase::Ready);
+
+        let mut o = migrated();
+        o.deployments[0].available = 1;
+        assert_eq!(assess(&o).reason, "RollingOut");
+        o.deployments[0].available = 2;
+        o.deployments[0].observed = false;
+        assert_eq!(assess(&o).reason, "RollingOut");
+
+        let mut o = migrated();
+        o.deployments.clear();
+        assert_eq!(
+            assess(&o).reason,
+            "RollingOut",
+            "an expected Deployment is missing"
+        );
+
+        let mut o = migrated();
+        o.waiting = Some(Blocked::new("WaitingForLockService", "not yet"));
+        assert_eq!(
+            (assess(&o).phase, assess(&o).reason),
+            (Phase::Pending, "WaitingForLockService")
+        );
+
+        let mut o = migrated();
+        o.migration = Some(JobState::Running);
+        assert_eq!(assess(&o).phase, Phase::Migrating);
+        o.migration = None;
+        assert_eq!(assess(&o).phase, Phase::Migrating);
+
+        o.database_ready = false;
+        assert_eq!(assess(&o).reason, "WaitingForDatabase");
+
+        o.migration = Some(JobState::Failed("boom".into()));
+        let a = assess(&o);
+        assert_eq!((a.phase, a.reason), (Phase::Degraded, "MigrationFailed"));
+        assert!(a.message.contains("boom") && a.is_warning());
+
+        o.blocked = Some(Blocked::new("ExternalSecretMissing", "no secret"));
+        assert_eq!(assess(&o).reason, "ExternalSecretMissing");
+    }
+
+    #[test]
+    fn conditions_keep_their_transition_time_while_unchanged() {
+        let t0 = Timestamp::from_second(1_700_000_000).unwrap();
+        let t1 = Timestamp::from_second(1_700_000_100).unwrap();
+        let migrating = assess(&Observation {
+            database_ready: true,
+            migration: Some(JobState::Running),
+            ..Observation::default()
+        });
+        let first = build(None, Some(1), &migrating, BTreeMap::new(), None, t0);
+        assert_eq!(first.phase, Phase::Migrating);
+        let by_type = |s: &DlockStatus, t: &str| s.condition(t).unwrap().clone();
+        assert_eq!(by_type(&first, "Progressing").status, "True");
+        assert_eq!(by_type(&first, "Ready").status, "False");
+
+        // Same verdict later: identical status, so nothing to write.
+        let again = build(Some(&first), Some(1), &migrating, BTreeMap::new(), None, t1);
+        assert_eq!(again, first);
+
+        // Ready: Ready flips (new time), Degraded stays False (old time).
+        let ready = build(
+            Some(&first),
+            Some(2),
+            &assess(&migrated()),
+            BTreeMap::new(),
+            None,
+            t1,
+        );
+        assert_eq!(by_type(&ready, "Ready").status, "True");
+        assert_eq!(by_type(&ready, "Ready").last_transition_time, Time(t1));
+        assert_eq!(by_type(&ready, "Degraded").last_transition_time, Time(t0));
+        assert_eq!(by_type(&ready, "Ready").observed_generation, Some(2));
+        assert_eq!(ready.observed_generation, Some(2));
+    }
+
+    #[test]
+    fn applied_version_follows_the_job() {
+        let first = migration_status(None, "lockdb", "job-a", &JobState::Succeeded, Some(2));
+        assert_eq!((first.applied_version, first.succeeded), (Some(2), true));
+        // Known for this Job: kept without reading again.
+        let kept = migration_status(Some(&first), "lockdb", "job-a", &JobState::Succeeded, None);
+        assert_eq!(kept.applied_version, Some(2));
+        // A new Job running: the database still has what the last one applied.
+        let running = migration_status(Some(&first), "lockdb", "job-b", &JobState::Running, None);
+        assert_eq!((running.applied_version, running.succeeded), (Some(2), false));
+        assert_eq!(running.job_name.as_deref(), Some("job-b"));
+        let done = migration_status(Some(&running), "lockdb", "job-b", &JobState::Succeeded, Some(3));
+        assert_eq!(done.applied_version, Some(3));
     }
 }

@@ -53,7 +53,10 @@ pub async fn act(
                 regarding,
                 EventType::Normal,
                 "ChildDeleted",
-                format!("deleted {:?} {}: the spec no longer asks for it", gone.kind, gone.name),
+                format!(
+                    "deleted {:?} {}: the spec no longer asks for it",
+                    gone.kind, gone.name
+                ),
             )
             .await;
         }
@@ -65,7 +68,10 @@ pub async fn act(
             regarding,
             EventType::Normal,
             "StaleMigrationJobDeleted",
-            format!("deleted migration Job {job}: superseded by {}", desired.migration_job),
+            format!(
+                "deleted migration Job {job}: superseded by {}",
+                desired.migration_job
+            ),
         )
         .await;
     }
@@ -86,7 +92,10 @@ pub async fn finish<K>(
     applied_version: Option<i64>,
 ) -> Result<Action>
 where
-    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + DeserializeOwned
+        + Clone
+        + std::fmt::Debug,
 {
     let assessment = status::assess(obs);
     let migration = match (desired, &obs.migration) {

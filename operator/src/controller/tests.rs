@@ -35,7 +35,11 @@ fn status_body(code: u16, reason: &str) -> Value {
 /// `/api/v1/namespaces/NS/RESOURCE` or `/apis/GROUP/VERSION/namespaces/NS/RESOURCE`.
 fn is_collection(path: &str) -> bool {
     let segments = path.split('/').filter(|s| !s.is_empty()).count();
-    if path.starts_with("/api/") { segments == 5 } else { segments == 6 }
+    if path.starts_with("/api/") {
+        segments == 5
+    } else {
+        segments == 6
+    }
 }
 
 fn labels_match(obj: &Value, selector: &str) -> bool {
@@ -65,7 +69,11 @@ impl FakeApi {
         Response::builder()
             .status(StatusCode::from_u16(code).unwrap())
             .header("content-type", "application/json")
-            .body(Body::from(serde_json::to_vec(&out).unwrap()))
+            .body(Body::from(match out {
+                // Pod logs are plain text.
+                Value::String(text) => text.into_bytes(),
+                other => serde_json::to_vec(&other).unwrap(),
+            }))
             .unwrap()
     }
 
@@ -81,7 +89,10 @@ impl FakeApi {
         }
         match *method {
             Method::GET if s.objects.contains_key(&key) => (200, s.objects[&key].clone()),
-            Method::GET if path.ends_with("/log") => (200, Value::String(String::new())),
+            Method::GET if path.ends_with("/log") => match s.objects.get(path) {
+                Some(log) => (200, log.clone()),
+                None => (404, status_body(404, "NotFound")),
+            },
             Method::GET if !is_collection(path) => (404, status_body(404, "NotFound")),
             Method::GET => {
                 let prefix = format!("{key}/");
@@ -96,7 +107,10 @@ impl FakeApi {
                     .map(|(_, v)| v.clone())
                     .filter(|v| selector.as_deref().is_none_or(|sel| labels_match(v, sel)))
                     .collect();
-                (200, json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items}))
+                (
+                    200,
+                    json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items}),
+                )
             }
             Method::POST => {
                 let name = body["metadata"]["name"].as_str().unwrap_or_default().to_owned();
@@ -159,13 +173,20 @@ impl FakeApi {
 
     fn set_status(&self, key: &str, status: Value) {
         let mut s = self.0.lock().unwrap();
-        let obj = s.objects.get_mut(key).unwrap_or_else(|| panic!("{key} not stored"));
+        let obj = s
+            .objects
+            .get_mut(key)
+            .unwrap_or_else(|| panic!("{key} not stored"));
         obj["status"] = status;
     }
 
     fn keys(&self, prefix: &str) -> Vec<String> {
         let s = self.0.lock().unwrap();
-        s.objects.keys().filter(|k| k.starts_with(prefix)).cloned().collect()
+        s.objects
+            .keys()
+            .filter(|k| k.starts_with(prefix))
+            .cloned()
+            .collect()
     }
 
     fn take_log(&self) -> Vec<String> {
@@ -242,11 +263,17 @@ fn the_job(api: &FakeApi) -> String {
 async fn lock_service_converges_through_the_migration_gate() {
     let api = FakeApi::default();
     let ctx = context(&api);
-    store_lock_service(&api, json!({"database": {"managed": {}}, "lockServer": {"replicas": 2}}));
+    store_lock_service(
+        &api,
+        json!({"database": {"managed": {}}, "lockServer": {"replicas": 2}}),
+    );
 
     // 1. Database objects and Secrets; no Job while the database is not ready; no Deployment.
     let ls = reconcile_ls(&api, &ctx).await;
-    assert_eq!(phase_and_reason(ls.status), (Phase::Pending, "WaitingForDatabase".into()));
+    assert_eq!(
+        phase_and_reason(ls.status),
+        (Phase::Pending, "WaitingForDatabase".into())
+    );
     assert!(api.get(&format!("{SECRETS}locks-lockdb-credentials")).is_some());
     assert!(api.get(&format!("{SECRETS}locks-lockdb-conn")).is_some());
     assert!(api.get(&format!("{STATEFULSETS}locks-lockdb")).is_some());
@@ -255,28 +282,55 @@ async fn lock_service_converges_through_the_migration_gate() {
     let credentials = api.get(&format!("{SECRETS}locks-lockdb-credentials")).unwrap();
 
     // 2. The database is up: the migration Job is created; Deployments still held back.
-    api.set_status(&format!("{STATEFULSETS}locks-lockdb"), json!({"replicas": 1, "readyReplicas": 1}));
+    api.set_status(
+        &format!("{STATEFULSETS}locks-lockdb"),
+        json!({"replicas": 1, "readyReplicas": 1}),
+    );
     let ls = reconcile_ls(&api, &ctx).await;
-    assert_eq!(phase_and_reason(ls.status.clone()), (Phase::Migrating, "Migrating".into()));
+    assert_eq!(
+        phase_and_reason(ls.status.clone()),
+        (Phase::Migrating, "Migrating".into())
+    );
     let job = the_job(&api);
     assert!(api.keys(DEPLOYMENTS).is_empty());
     assert_eq!(ls.status.unwrap().migration.unwrap().history, "lockdb");
 
     // 3. Still running: nothing more.
     let ls = reconcile_ls(&api, &ctx).await;
-    assert_eq!(phase_and_reason(ls.status), (Phase::Migrating, "Migrating".into()));
+    assert_eq!(
+        phase_and_reason(ls.status),
+        (Phase::Migrating, "Migrating".into())
+    );
     assert!(api.keys(DEPLOYMENTS).is_empty());
 
-    // 4. The Job succeeded: lock-server is created and rolls out.
+    // 4. The Job succeeded: lock-server is created and rolls out; the version comes from its log.
     api.set_status(&job, json!({"succeeded": 1}));
+    let job_name = job.rsplit('/').next().unwrap();
+    api.put(
+        "/api/v1/namespaces/pay/pods/migrate-pod",
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "migrate-pod", "namespace": NS, "labels": {"batch.kubernetes.io/job-name": job_name}},
+               "status": {"phase": "Succeeded"}}),
+    );
+    api.put(
+        "/api/v1/namespaces/pay/pods/migrate-pod/log",
+        json!("{\"event\":\"service_starting\"}\n{\"applied\":[\"V1__a.sql\",\"V2__b.sql\"],\"current_version\":2}\n"),
+    );
     let ls = reconcile_ls(&api, &ctx).await;
-    assert_eq!(phase_and_reason(ls.status.clone()), (Phase::Pending, "RollingOut".into()));
+    assert_eq!(
+        phase_and_reason(ls.status.clone()),
+        (Phase::Pending, "RollingOut".into())
+    );
     let dep_key = format!("{DEPLOYMENTS}locks-lock-server");
     let dep = api.get(&dep_key).expect("lock-server Deployment");
     assert_eq!(dep["spec"]["replicas"], json!(2));
     let status = ls.status.unwrap();
-    assert_eq!(status.endpoints["lockServer"], "http://locks-lock-server.pay.svc:8080");
+    assert_eq!(
+        status.endpoints["lockServer"],
+        "http://locks-lock-server.pay.svc:8080"
+    );
     assert!(status.migration.as_ref().unwrap().succeeded);
+    assert_eq!(status.migration.as_ref().unwrap().applied_version, Some(2));
 
     // 5. Available: Ready.
     api.set_status(
@@ -290,14 +344,21 @@ async fn lock_service_converges_through_the_migration_gate() {
     assert_eq!(status.condition("Degraded").unwrap().status, "False");
 
     // The generated passwords were never rewritten.
-    assert_eq!(api.get(&format!("{SECRETS}locks-lockdb-credentials")).unwrap(), credentials);
+    assert_eq!(
+        api.get(&format!("{SECRETS}locks-lockdb-credentials")).unwrap(),
+        credentials
+    );
 
     // 6. Steady state: one more reconcile writes no status and creates nothing new.
     api.take_log();
     let _ = reconcile_ls(&api, &ctx).await;
     let log = api.take_log();
     assert!(!log.iter().any(|l| l.ends_with("/status")), "{log:?}");
-    assert!(!log.iter().any(|l| l.starts_with("POST") && !l.ends_with("/events")), "{log:?}");
+    assert!(
+        !log.iter()
+            .any(|l| l.starts_with("POST") && !l.ends_with("/events")),
+        "{log:?}"
+    );
 }
 
 #[tokio::test]
@@ -306,7 +367,10 @@ async fn a_failed_migration_degrades_and_keeps_deployments_away() {
     let ctx = context(&api);
     store_lock_service(&api, json!({"database": {"managed": {}}}));
     reconcile_ls(&api, &ctx).await;
-    api.set_status(&format!("{STATEFULSETS}locks-lockdb"), json!({"readyReplicas": 1}));
+    api.set_status(
+        &format!("{STATEFULSETS}locks-lockdb"),
+        json!({"readyReplicas": 1}),
+    );
     reconcile_ls(&api, &ctx).await;
     let job = the_job(&api);
     api.set_status(
@@ -315,22 +379,40 @@ async fn a_failed_migration_degrades_and_keeps_deployments_away() {
     );
     let ls = reconcile_ls(&api, &ctx).await;
     let status = ls.status.clone().unwrap();
-    assert_eq!(phase_and_reason(ls.status), (Phase::Degraded, "MigrationFailed".into()));
+    assert_eq!(
+        phase_and_reason(ls.status),
+        (Phase::Degraded, "MigrationFailed".into())
+    );
     assert_eq!(status.condition("Degraded").unwrap().status, "True");
-    assert!(status.condition("Ready").unwrap().message.contains("backoff limit"));
+    assert!(
+        status
+            .condition("Ready")
+            .unwrap()
+            .message
+            .contains("backoff limit")
+    );
     assert!(api.keys(DEPLOYMENTS).is_empty());
     // A Warning Event explained it.
     let log = api.take_log();
-    assert!(log.iter().any(|l| l.starts_with("POST") && l.ends_with("/events")));
+    assert!(
+        log.iter()
+            .any(|l| l.starts_with("POST") && l.ends_with("/events"))
+    );
 }
 
 #[tokio::test]
 async fn an_external_database_without_its_secret_is_degraded_not_retried_blindly() {
     let api = FakeApi::default();
     let ctx = context(&api);
-    store_lock_service(&api, json!({"database": {"external": {"secretRef": {"name": "cloudsql"}}}}));
+    store_lock_service(
+        &api,
+        json!({"database": {"external": {"secretRef": {"name": "cloudsql"}}}}),
+    );
     let ls = reconcile_ls(&api, &ctx).await;
-    assert_eq!(phase_and_reason(ls.status), (Phase::Degraded, "ExternalSecretMissing".into()));
+    assert_eq!(
+        phase_and_reason(ls.status),
+        (Phase::Degraded, "ExternalSecretMissing".into())
+    );
     assert!(api.keys(JOBS).is_empty());
     assert!(api.keys(STATEFULSETS).is_empty());
 
@@ -342,7 +424,10 @@ async fn an_external_database_without_its_secret_is_degraded_not_retried_blindly
     );
     let ls = reconcile_ls(&api, &ctx).await;
     let status = ls.status.clone().unwrap();
-    assert_eq!(phase_and_reason(ls.status), (Phase::Degraded, "ExternalUrlInvalid".into()));
+    assert_eq!(
+        phase_and_reason(ls.status),
+        (Phase::Degraded, "ExternalUrlInvalid".into())
+    );
     assert!(!serde_json::to_string(&status).unwrap().contains("hunter2"));
 
     // A proper URL: the app-role URL is derived into the connection Secret; the Job runs at once
@@ -353,14 +438,20 @@ async fn an_external_database_without_its_secret_is_degraded_not_retried_blindly
                "data": {"url": "cG9zdGdyZXM6Ly9hZG1pbjpodW50ZXIyQGRiLmV4YW1wbGU6NTQzMi9sb2NrZGI="}}), // postgres://admin:hunter2@db.example:5432/lockdb
     );
     let ls = reconcile_ls(&api, &ctx).await;
-    assert_eq!(phase_and_reason(ls.status), (Phase::Migrating, "Migrating".into()));
+    assert_eq!(
+        phase_and_reason(ls.status),
+        (Phase::Migrating, "Migrating".into())
+    );
     let job = api.get(&the_job(&api)).unwrap();
     let env = &job["spec"]["template"]["spec"]["containers"][0]["env"];
     assert_eq!(env[0]["valueFrom"]["secretKeyRef"]["name"], "cloudsql");
     let conn = api.get(&format!("{SECRETS}locks-lockdb-conn")).unwrap();
     let url: k8s_openapi::ByteString = serde_json::from_value(conn["data"]["url"].clone()).unwrap();
     let url = String::from_utf8(url.0).unwrap();
-    assert!(url.starts_with("postgres://lockapp:") && url.ends_with("@db.example:5432/lockdb"), "{url}");
+    assert!(
+        url.starts_with("postgres://lockapp:") && url.ends_with("@db.example:5432/lockdb"),
+        "{url}"
+    );
     assert!(!url.contains("hunter2"));
 }
 
@@ -384,14 +475,23 @@ async fn a_stack_waits_for_its_lock_service_then_drops_the_stub_when_asked() {
     reconcile_ps(&api, &ctx).await;
     api.set_status(&the_job(&api), json!({"succeeded": 1}));
     let ps = reconcile_ps(&api, &ctx).await;
-    assert_eq!(phase_and_reason(ps.status), (Phase::Pending, "LockServiceNotFound".into()));
+    assert_eq!(
+        phase_and_reason(ps.status),
+        (Phase::Pending, "LockServiceNotFound".into())
+    );
     let deployments = api.keys(DEPLOYMENTS);
     assert_eq!(deployments, [format!("{DEPLOYMENTS}shop-rail-stub")]);
 
     // The LockService exists but is not Ready.
-    store_lock_service(&api, json!({"database": {"managed": {}}, "lease": {"defaultTtlMs": 4000}}));
+    store_lock_service(
+        &api,
+        json!({"database": {"managed": {}}, "lease": {"defaultTtlMs": 4000}}),
+    );
     let ps = reconcile_ps(&api, &ctx).await;
-    assert_eq!(phase_and_reason(ps.status), (Phase::Pending, "WaitingForLockService".into()));
+    assert_eq!(
+        phase_and_reason(ps.status),
+        (Phase::Pending, "WaitingForLockService".into())
+    );
 
     // Ready, with an endpoint: the stack's Deployments appear, wired to it.
     api.set_status(
@@ -406,10 +506,21 @@ async fn a_stack_waits_for_its_lock_service_then_drops_the_stub_when_asked() {
     let executor = api.get(&format!("{DEPLOYMENTS}shop-payout-executor")).unwrap();
     let c = &executor["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(c["args"][1], "http://locks-lock-server.pay.svc:8080");
-    assert!(c["env"].as_array().unwrap().iter().any(|e| e["name"] == "DLOCK_LEASE_TTL_MS" && e["value"] == "4000"));
+    assert!(
+        c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "DLOCK_LEASE_TTL_MS" && e["value"] == "4000")
+    );
     let pr = api.get(&format!("{DEPLOYMENTS}shop-payment-resource")).unwrap();
     let env = &pr["spec"]["template"]["spec"]["containers"][0]["env"];
-    assert!(env.as_array().unwrap().iter().any(|e| e["name"] == "PAYMENT_FENCING_ENABLED" && e["value"] == "false"));
+    assert!(
+        env.as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "PAYMENT_FENCING_ENABLED" && e["value"] == "false")
+    );
 
     // The spec drops the stub (and names a real rail): its Deployment and Service are deleted.
     let mut obj = api.get(PS_KEY).unwrap();
@@ -420,11 +531,20 @@ async fn a_stack_waits_for_its_lock_service_then_drops_the_stub_when_asked() {
     api.take_log();
     reconcile_ps(&api, &ctx).await;
     assert!(api.get(&format!("{DEPLOYMENTS}shop-rail-stub")).is_none());
-    assert!(api.get("/api/v1/namespaces/pay/services/shop-rail-stub").is_none());
+    assert!(
+        api.get("/api/v1/namespaces/pay/services/shop-rail-stub")
+            .is_none()
+    );
     let log = api.take_log();
-    assert!(log.contains(&format!("DELETE {DEPLOYMENTS}shop-rail-stub")), "{log:?}");
+    assert!(
+        log.contains(&format!("DELETE {DEPLOYMENTS}shop-rail-stub")),
+        "{log:?}"
+    );
     let rp = api.get(&format!("{DEPLOYMENTS}shop-rail-proxy")).unwrap();
-    assert_eq!(rp["spec"]["template"]["spec"]["containers"][0]["args"][3], "https://rail.example");
+    assert_eq!(
+        rp["spec"]["template"]["spec"]["containers"][0]["args"][3],
+        "https://rail.example"
+    );
 }
 
 #[tokio::test]
@@ -433,7 +553,10 @@ async fn a_new_image_runs_a_new_job_and_removes_the_old_one() {
     let ctx = context(&api);
     store_lock_service(&api, json!({"database": {"managed": {}}}));
     reconcile_ls(&api, &ctx).await;
-    api.set_status(&format!("{STATEFULSETS}locks-lockdb"), json!({"readyReplicas": 1}));
+    api.set_status(
+        &format!("{STATEFULSETS}locks-lockdb"),
+        json!({"readyReplicas": 1}),
+    );
     reconcile_ls(&api, &ctx).await;
     let old = the_job(&api);
     api.set_status(&old, json!({"succeeded": 1}));
@@ -447,7 +570,10 @@ async fn a_new_image_runs_a_new_job_and_removes_the_old_one() {
     let ls = reconcile_ls(&api, &ctx).await;
     let new = the_job(&api);
     assert_ne!(new, old);
-    assert_eq!(phase_and_reason(ls.status), (Phase::Migrating, "Migrating".into()));
+    assert_eq!(
+        phase_and_reason(ls.status),
+        (Phase::Migrating, "Migrating".into())
+    );
     // The running lock-server is left alone until the new history is applied.
     assert_eq!(api.get(&dep_key).unwrap()["spec"], before["spec"]);
     api.set_status(&new, json!({"succeeded": 1}));

@@ -6,14 +6,14 @@ pub mod lockservice;
 pub mod paymentstack;
 pub mod status;
 
-use kube::CustomResourceExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
 
 pub use database::{DatabaseMode, DatabaseSpec, ExternalDatabase, ManagedDatabase, SecretKeyRef};
 pub use lockservice::{Backend, LeaseSpec, LockServerSpec, LockService, LockServiceSpec};
 pub use paymentstack::{
-    KillSwitches, LocalObjectRef, PaymentStack, PaymentStackSpec, PayoutExecutorSpec, RailProxySpec, RailStubMode,
-    RailStubSpec, WorkloadSpec,
+    KillSwitches, LocalObjectRef, PaymentStack, PaymentStackSpec, PayoutExecutorSpec, RailProxySpec,
+    RailStubMode, RailStubSpec, WorkloadSpec,
 };
 pub use status::{ActionStatus, DlockStatus, MigrationStatus, Phase};
 

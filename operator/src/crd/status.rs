@@ -97,7 +97,8 @@ impl DlockStatus {
 
     /// `Ready=True` for the generation the controller last observed.
     pub fn is_ready(&self) -> bool {
-        self.condition(CONDITION_READY).is_some_and(|c| c.status == "True")
+        self.condition(CONDITION_READY)
+            .is_some_and(|c| c.status == "True")
     }
 }
 

@@ -33,7 +33,9 @@ fn strip_rules(v: &mut Value) {
 }
 
 fn check(schema: &Value, obj: &Value, old: Option<&Value>) -> Result<(), String> {
-    Validator::new().validate(schema, obj, old).map_err(|e| e.to_string())
+    Validator::new()
+        .validate(schema, obj, old)
+        .map_err(|e| e.to_string())
 }
 
 fn lock_service(name: &str, spec: Value) -> Value {
@@ -109,7 +111,10 @@ fn minimal_objects_get_the_documented_defaults() {
     assert_eq!(ls.backend, Backend::Postgres);
     assert_eq!(ls.lock_server.replicas, 2);
     assert_eq!(ls.lock_server.image, None);
-    assert_eq!((ls.lease.default_ttl_ms, ls.lease.session_ttl_ms), (10_000, 30_000));
+    assert_eq!(
+        (ls.lease.default_ttl_ms, ls.lease.session_ttl_ms),
+        (10_000, 30_000)
+    );
 
     let ps: PaymentStackSpec = serde_json::from_value(json!({
         "lockServiceRef": {"name": "locks"},
@@ -133,7 +138,12 @@ fn minimal_objects_get_the_documented_defaults() {
 #[test]
 fn valid_objects_pass_every_rule() {
     let ls = schema::<LockService>();
-    check(&ls, &lock_service("locks", json!({"database": {"managed": {}}})), None).unwrap();
+    check(
+        &ls,
+        &lock_service("locks", json!({"database": {"managed": {}}})),
+        None,
+    )
+    .unwrap();
     check(
         &ls,
         &lock_service(
@@ -156,7 +166,12 @@ fn database_must_be_exactly_one_of_managed_or_external() {
     let s = schema::<LockService>();
     let both = json!({"database": {"managed": {}, "external": {"secretRef": {"name": "x"}}}});
     rejects(&s, &lock_service("locks", both), None, "exactly one");
-    rejects(&s, &lock_service("locks", json!({"database": {}})), None, "exactly one");
+    rejects(
+        &s,
+        &lock_service("locks", json!({"database": {}})),
+        None,
+        "exactly one",
+    );
     let ps = schema::<PaymentStack>();
     let mut spec = stack_spec();
     spec["database"] = json!({});
@@ -167,11 +182,17 @@ fn database_must_be_exactly_one_of_managed_or_external() {
 fn database_mode_is_immutable() {
     let s = schema::<LockService>();
     let managed = lock_service("locks", json!({"database": {"managed": {}}}));
-    let external = lock_service("locks", json!({"database": {"external": {"secretRef": {"name": "x"}}}}));
+    let external = lock_service(
+        "locks",
+        json!({"database": {"external": {"secretRef": {"name": "x"}}}}),
+    );
     rejects(&s, &external, Some(&managed), "immutable");
     rejects(&s, &managed, Some(&external), "immutable");
     // Changing something else in the same mode is fine.
-    let new_image = lock_service("locks", json!({"database": {"managed": {"image": "postgres:16.4"}}}));
+    let new_image = lock_service(
+        "locks",
+        json!({"database": {"managed": {"image": "postgres:16.4"}}}),
+    );
     check(&s, &new_image, Some(&managed)).unwrap();
 }
 
@@ -193,7 +214,10 @@ fn managed_volume_is_immutable_and_a_quantity() {
 #[test]
 fn external_secret_ref_needs_a_name() {
     let s = schema::<LockService>();
-    let empty = lock_service("locks", json!({"database": {"external": {"secretRef": {"name": ""}}}}));
+    let empty = lock_service(
+        "locks",
+        json!({"database": {"external": {"secretRef": {"name": ""}}}}),
+    );
     rejects(&s, &empty, None, "secretRef.name");
 }
 
@@ -213,7 +237,12 @@ fn names_longer_than_child_names_allow_are_rejected() {
         None,
         "36",
     );
-    rejects(&schema::<PaymentStack>(), &payment_stack(&long, stack_spec()), None, "36");
+    rejects(
+        &schema::<PaymentStack>(),
+        &payment_stack(&long, stack_spec()),
+        None,
+        "36",
+    );
     check(
         &schema::<LockService>(),
         &lock_service(&"a".repeat(36), json!({"database": {"managed": {}}})),
@@ -240,7 +269,12 @@ fn rail_url_is_required_without_the_stub() {
     let s = schema::<PaymentStack>();
     let mut spec = stack_spec();
     spec["railStub"] = json!({"enabled": false});
-    rejects(&s, &payment_stack("pay", spec.clone()), None, "railUrl is required");
+    rejects(
+        &s,
+        &payment_stack("pay", spec.clone()),
+        None,
+        "railUrl is required",
+    );
     spec.as_object_mut().unwrap().remove("railStub");
     rejects(&s, &payment_stack("pay", spec), None, "railUrl is required");
 }
@@ -262,7 +296,10 @@ fn replica_worker_and_ttl_bounds() {
     for ttl in ["defaultTtlMs", "sessionTtlMs"] {
         let t = &spec["lease"]["properties"][ttl];
         let (min, max) = bounds(t);
-        assert_eq!((min, max), (lockservice::MIN_LEASE_TTL_MS, lockservice::MAX_LEASE_TTL_MS));
+        assert_eq!(
+            (min, max),
+            (lockservice::MIN_LEASE_TTL_MS, lockservice::MAX_LEASE_TTL_MS)
+        );
         // Never a TTL the lock API would refuse.
         assert!(min >= dlock_common::validate::MIN_TTL_MS && max <= dlock_common::validate::MAX_TTL_MS);
     }
@@ -281,7 +318,14 @@ fn replica_worker_and_ttl_bounds() {
 fn status_has_room_for_actions_and_standard_conditions() {
     for s in [schema::<LockService>(), schema::<PaymentStack>()] {
         let status = &s["properties"]["status"]["properties"];
-        for field in ["observedGeneration", "phase", "conditions", "endpoints", "migration", "actions"] {
+        for field in [
+            "observedGeneration",
+            "phase",
+            "conditions",
+            "endpoints",
+            "migration",
+            "actions",
+        ] {
             assert!(status.get(field).is_some(), "status.{field} missing");
         }
         let phases = status["phase"]["enum"].as_array().unwrap();

@@ -1,0 +1,732 @@
+//! The cross-process proof: real lock-server, rail-stub, rail-proxy, payment-resource and
+//! payout-executor processes on loopback, over two separate real PostgreSQL 16 servers (lockdb and
+//! paydb). A holder is stopped with SIGSTOP between its last lock check and its write, its lease
+//! lapses, a second executor takes over with a strictly higher token and finishes the work, and the
+//! paused holder, resumed, is refused by the resources themselves — the rail is paid once, the
+//! account is debited once, the books reconcile.
+//!
+//! Negative controls run the same scenarios with the kill switches off and with the broken acquire
+//! (no `nextval` in `DO UPDATE`), and assert what then actually happens.
+//!
+//! Binaries come from the workspace build: `cargo test --workspace` builds them; for this crate
+//! alone first run `cargo build --bins -p lock-server -p payment-resource -p rail-proxy -p rail-stub
+//! -p payout-executor`.
+
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use dlock_client::LockState;
+use dlock_testkit::TestDb;
+use dlock_testkit::procs::Service;
+use payout_executor::model::{Payout, PayoutState};
+use payout_executor::stack::{self, Stack, StackOptions, eventually, log_events, process_state};
+use serde_json::Value;
+use uuid::Uuid;
+
+/// Every awaited condition gives up after this long, with a message saying what it waited for.
+const LIMIT: Duration = Duration::from_secs(60);
+const CURRENCY: &str = "EUR";
+/// The paused holder's lease: short, so that it lapses quickly once the process is stopped.
+const SHORT_LEASE_MS: &str = "1000";
+/// The paused holder's session outlives the test, so its lapsed grant stays on the row (EXPIRED)
+/// for the takeover to find — the path the broken acquire gets wrong.
+const LONG_SESSION_MS: &str = "120000";
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+fn log_dir(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "payout-proof-{}-{}-{name}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+struct Env {
+    stack: Stack,
+    _lockdb: TestDb,
+    _paydb: TestDb,
+}
+
+async fn env(name: &str, configure: impl FnOnce(&mut StackOptions)) -> Env {
+    let lockdb = dlock_testkit::lockdb().await;
+    let paydb = dlock_testkit::paydb().await;
+    let mut opts = StackOptions::new(log_dir(name));
+    configure(&mut opts);
+    let stack = Stack::start(&lockdb.app_url(), &paydb.app_url(), &opts)
+        .await
+        .unwrap_or_else(|e| panic!("start the stack (logs in {}): {e:#}", opts.log_dir.display()));
+    Env {
+        stack,
+        _lockdb: lockdb,
+        _paydb: paydb,
+    }
+}
+
+async fn wait_stopped(svc: &Service) {
+    let pid = svc.pid();
+    eventually(&format!("{} (pid {pid}) to stop itself (state T)", svc.name), LIMIT, || async move {
+        (process_state(pid) == Some('T')).then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}; log: {}", svc.log.display()));
+}
+
+async fn wait_exit(svc: &mut Service) -> ExitStatus {
+    let name = svc.name.clone();
+    let log = svc.log.display().to_string();
+    svc.wait_exit(LIMIT)
+        .await
+        .unwrap_or_else(|| panic!("{name} did not exit within {}s; log: {log}", LIMIT.as_secs()))
+}
+
+/// Waits until the paused holder's lease has lapsed on the lock-server; returns its token.
+async fn wait_lapsed(stack: &Stack, key: &str) -> i64 {
+    eventually(&format!("the lease on {key} to lapse (EXPIRED)"), LIMIT, || async {
+        let s = stack.lock_status(key).await.ok()?;
+        (s.state == LockState::Expired).then(|| s.fencing_token.map(|t| t.get()))?
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// The fencing tokens an executor's log says it acquired `key` with, in order.
+fn acquired_tokens(svc: &Service, key: &str) -> Vec<i64> {
+    log_events(&svc.log, "lock_acquired")
+        .iter()
+        .filter(|e| e["lock_key"] == key)
+        .filter_map(|e| e["fencing_token"].as_i64())
+        .collect()
+}
+
+fn fenced_events(svc: &Service) -> Vec<Value> {
+    log_events(&svc.log, "fenced_out")
+}
+
+async fn payout_state(stack: &Stack, id: Uuid) -> Payout {
+    stack.payout(id).await.unwrap_or_else(|e| panic!("read payout {id}: {e:#}"))
+}
+
+/// The fenced-out and duplicate counters of both resources, for before/after deltas.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+struct Counters {
+    rail_duplicate_attempted: f64,
+    rail_fenced: f64,
+    rail_duplicate_attempt_refusals: f64,
+    account_fenced: f64,
+    ledger_fenced: f64,
+    payout_fenced: f64,
+}
+
+impl Counters {
+    async fn read(stack: &Stack) -> Self {
+        let rail = stack.rail_proxy.url();
+        let pay = stack.payment.url();
+        let get = |url: String, name: &'static str, labels: &'static [(&'static str, &'static str)]| async move {
+            stack
+                .metric(&url, name, labels)
+                .await
+                .unwrap_or_else(|e| panic!("scrape {name} at {url}: {e:#}"))
+        };
+        Self {
+            rail_duplicate_attempted: get(rail.clone(), "rail_duplicate_attempted_total", &[]).await,
+            rail_fenced: get(rail.clone(), "lock_fenced_out_total", &[("resource", "rail")]).await,
+            rail_duplicate_attempt_refusals: get(
+                rail,
+                "rail_proxy_submissions_total",
+                &[("outcome", "duplicate_attempt")],
+            )
+            .await,
+            account_fenced: get(pay.clone(), "lock_fenced_out_total", &[("resource", "account")]).await,
+            ledger_fenced: get(pay.clone(), "lock_fenced_out_total", &[("resource", "ledger")]).await,
+            payout_fenced: get(pay, "lock_fenced_out_total", &[("resource", "payout")]).await,
+        }
+    }
+
+    fn minus(self, before: Self) -> Self {
+        Self {
+            rail_duplicate_attempted: self.rail_duplicate_attempted - before.rail_duplicate_attempted,
+            rail_fenced: self.rail_fenced - before.rail_fenced,
+            rail_duplicate_attempt_refusals: self.rail_duplicate_attempt_refusals
+                - before.rail_duplicate_attempt_refusals,
+            account_fenced: self.account_fenced - before.account_fenced,
+            ledger_fenced: self.ledger_fenced - before.ledger_fenced,
+            payout_fenced: self.payout_fenced - before.payout_fenced,
+        }
+    }
+}
+
+/// What one pause-and-return run left behind.
+struct Run {
+    env: Env,
+    e1: Service,
+    e2: Service,
+    key: String,
+    opening: i64,
+    /// The paused holder's payout, and (scenario 2) the payout the takeover posted meanwhile.
+    paused_payout: Payout,
+    other_payout: Option<Payout>,
+    /// E1's grant (read from lock-server while it was stopped) and E2's first grant on the key.
+    e1_token: i64,
+    takeover_token: i64,
+    e1_exit: ExitStatus,
+    e2_exit: ExitStatus,
+    /// The account right after the takeover finished and before the paused holder resumed.
+    account_before_resume: stack::Account,
+    delta: Counters,
+    received: stack::RailReceived,
+    account: stack::Account,
+    reconciliation: Value,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenario 1: paused before the rail submit.
+
+/// E1 takes P, moves it to RAIL_SUBMITTED and stops itself right before the rail submit; its lease
+/// lapses; E2 adopts P and completes it; E1 resumes and submits with its stale token.
+async fn paused_before_rail_submit(env: Env) -> Run {
+    let stack = &env.stack;
+    let opening = 100_000;
+    let account = stack.create_account(CURRENCY, opening).await.unwrap();
+    let p = stack.create_payout(account, 2_500, CURRENCY).await.unwrap();
+    let key = format!("account:{account}");
+    let before = Counters::read(stack).await;
+
+    let e1 = stack
+        .start_executor(stack.executor_spec("e1").unwrap().args([
+            "--enable-fault-injection",
+            "--pause-at",
+            "before_rail_submit",
+            "--lease-ttl-ms",
+            SHORT_LEASE_MS,
+            "--session-ttl-ms",
+            LONG_SESSION_MS,
+        ]))
+        .await
+        .unwrap();
+    wait_stopped(&e1).await;
+    let e1_token = wait_lapsed(stack, &key).await;
+    let held = payout_state(stack, p.payout_id).await;
+    assert_eq!(held.state, PayoutState::RailSubmitted, "{held:?}");
+    assert_eq!(held.claim_token, Some(e1_token), "{held:?}");
+    assert_eq!(stack.rail_received().await.unwrap().received(p.payout_id), 0);
+
+    let mut e2 = stack
+        .start_executor(
+            stack
+                .executor_spec("e2")
+                .unwrap()
+                .args(["--payout-id".to_owned(), p.payout_id.to_string()]),
+        )
+        .await
+        .unwrap();
+    let e2_exit = wait_exit(&mut e2).await;
+    let account_before_resume = stack.account(account).await.unwrap();
+
+    let mut e1 = e1;
+    e1.resume().unwrap();
+    let e1_exit = wait_exit(&mut e1).await;
+    finish(env, e1, e2, key, opening, p, None, e1_token, e1_exit, e2_exit, account_before_resume, before).await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn finish(
+    env: Env,
+    e1: Service,
+    e2: Service,
+    key: String,
+    opening: i64,
+    paused_payout: Payout,
+    other_payout: Option<Payout>,
+    e1_token: i64,
+    e1_exit: ExitStatus,
+    e2_exit: ExitStatus,
+    account_before_resume: stack::Account,
+    before: Counters,
+) -> Run {
+    let stack = &env.stack;
+    let takeover_token = *acquired_tokens(&e2, &key)
+        .first()
+        .unwrap_or_else(|| panic!("e2 never acquired {key}; log {}", e2.log.display()));
+    let delta = Counters::read(stack).await.minus(before);
+    let received = stack.rail_received().await.unwrap();
+    let account = stack.account(paused_payout.account_id).await.unwrap();
+    let reconciliation = stack.reconciliation().await.unwrap();
+    Run {
+        e1,
+        e2,
+        key,
+        opening,
+        paused_payout,
+        other_payout,
+        e1_token,
+        takeover_token,
+        e1_exit,
+        e2_exit,
+        account_before_resume,
+        delta,
+        received,
+        account,
+        reconciliation,
+        env,
+    }
+}
+
+/// What must hold in every run, fenced or not: the executors ended cleanly, the rail was paid once
+/// per payout, and every payout was debited exactly once.
+async fn assert_paid_once(run: &Run) {
+    let stack = &run.env.stack;
+    assert!(run.e1_exit.success(), "e1 exited {}; log {}", run.e1_exit, run.e1.log.display());
+    assert!(run.e2_exit.success(), "e2 exited {}; log {}", run.e2_exit, run.e2.log.display());
+    let mut debited = 0;
+    for p in std::iter::once(&run.paused_payout).chain(run.other_payout.as_ref()) {
+        assert_eq!(run.received.received(p.payout_id), 1, "rail requests for {}", p.payout_id);
+        assert_eq!(run.received.paid(p.payout_id), 1, "rail payments for {}", p.payout_id);
+        let now = payout_state(stack, p.payout_id).await;
+        assert_eq!(now.state, PayoutState::Posted, "{now:?}");
+        debited += p.amount_minor;
+    }
+    assert!(run.received.paid_twice.is_empty(), "{:?}", run.received.paid_twice);
+    assert_eq!(run.account.balance_minor, run.opening - debited, "{:?}", run.account);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_holder_is_fenced_at_rail_proxy() {
+    let run = paused_before_rail_submit(env("rail-fenced", |_| {}).await).await;
+    assert_paid_once(&run).await;
+    assert!(
+        run.takeover_token > run.e1_token,
+        "takeover token {} must be strictly higher than the paused holder's {}",
+        run.takeover_token,
+        run.e1_token
+    );
+    // E2 finished P before E1 came back.
+    let p = payout_state(&run.env.stack, run.paused_payout.payout_id).await;
+    assert_eq!(p.claimed_by.as_deref(), Some("e2-w1"));
+    assert_eq!(run.account_before_resume.balance_minor, run.opening - p.amount_minor);
+
+    // E1's stale submit was refused by rail-proxy's high-water mark (d), not forwarded.
+    assert_eq!(run.delta.rail_duplicate_attempted, 1.0, "{:?}", run.delta);
+    assert_eq!(run.delta.rail_fenced, 1.0, "{:?}", run.delta);
+    assert_eq!(run.delta.rail_duplicate_attempt_refusals, 0.0, "{:?}", run.delta);
+    assert_eq!(
+        (run.delta.account_fenced, run.delta.ledger_fenced, run.delta.payout_fenced),
+        (0.0, 0.0, 0.0)
+    );
+    let fenced = fenced_events(&run.e1);
+    assert_eq!(fenced.len(), 1, "{fenced:?}");
+    assert_eq!(fenced[0]["resource"], "rail");
+    assert_eq!(fenced[0]["presented"], run.e1_token);
+    assert_eq!(fenced[0]["stored"], run.takeover_token);
+    assert!(fenced_events(&run.e2).is_empty());
+    let submissions = run.env.stack.rail_submissions(p.payout_id).await.unwrap();
+    let outcomes: Vec<(i64, String)> = submissions["submissions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["presentedToken"].as_i64().unwrap(), s["outcome"].as_str().unwrap_or("NULL").to_owned()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![(run.takeover_token, "ACKED".to_owned()), (run.e1_token, "FENCED".to_owned())]
+    );
+    assert_eq!(run.reconciliation["clean"], true, "{}", run.reconciliation);
+    assert_eq!(run.account.fence, run.takeover_token);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenario 2: paused before the post.
+
+/// E1 takes P1, submits it (ACKED), moves it to RAIL_ACKED and stops itself right before the post;
+/// its lease lapses; E2 takes the account over and posts P2 (a newer grant writes the account); E1
+/// resumes and posts P1 with its stale token.
+///
+/// Why E2 posts another payout rather than adopting P1: payment-resource answers a post of an
+/// already-POSTED payout with an idempotent 200 whatever the token (its T-021 case 6 test), so a
+/// stale holder returning to a payout the takeover already posted is never even compared with the
+/// account fence. The account fence decides when the newer grant has written the account and the
+/// stale holder's payout is still RAIL_ACKED — the hazard of T-021 case 8.
+async fn paused_before_post(env: Env) -> Run {
+    let stack = &env.stack;
+    let opening = 100_000;
+    let account = stack.create_account(CURRENCY, opening).await.unwrap();
+    let p1 = stack.create_payout(account, 2_500, CURRENCY).await.unwrap();
+    let key = format!("account:{account}");
+    let before = Counters::read(stack).await;
+
+    let e1 = stack
+        .start_executor(stack.executor_spec("e1").unwrap().args([
+            "--enable-fault-injection",
+            "--pause-at",
+            "before_post",
+            "--lease-ttl-ms",
+            SHORT_LEASE_MS,
+            "--session-ttl-ms",
+            LONG_SESSION_MS,
+        ]))
+        .await
+        .unwrap();
+    wait_stopped(&e1).await;
+    let e1_token = wait_lapsed(stack, &key).await;
+    let held = payout_state(stack, p1.payout_id).await;
+    assert_eq!(held.state, PayoutState::RailAcked, "{held:?}");
+    assert_eq!(held.claim_token, Some(e1_token), "{held:?}");
+    assert_eq!(stack.rail_received().await.unwrap().paid(p1.payout_id), 1);
+
+    let p2 = stack.create_payout(account, 4_000, CURRENCY).await.unwrap();
+    let mut e2 = stack
+        .start_executor(
+            stack
+                .executor_spec("e2")
+                .unwrap()
+                .args(["--payout-id".to_owned(), p2.payout_id.to_string()]),
+        )
+        .await
+        .unwrap();
+    let e2_exit = wait_exit(&mut e2).await;
+    let account_before_resume = stack.account(account).await.unwrap();
+
+    let mut e1 = e1;
+    e1.resume().unwrap();
+    let e1_exit = wait_exit(&mut e1).await;
+    finish(
+        env,
+        e1,
+        e2,
+        key,
+        opening,
+        p1,
+        Some(p2),
+        e1_token,
+        e1_exit,
+        e2_exit,
+        account_before_resume,
+        before,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_holder_is_fenced_at_payment_resource() {
+    let run = paused_before_post(env("post-fenced", |_| {}).await).await;
+    assert_paid_once(&run).await;
+    assert!(run.takeover_token > run.e1_token, "{} vs {}", run.takeover_token, run.e1_token);
+    let p2 = run.other_payout.as_ref().unwrap();
+    // Before E1 returned: only P2 was debited, by the takeover's grant.
+    assert_eq!(run.account_before_resume.balance_minor, run.opening - p2.amount_minor);
+    assert_eq!(run.account_before_resume.fence, run.takeover_token);
+
+    // E1's stale post was refused at (a): the account's fence had moved past its token.
+    assert_eq!(run.delta.account_fenced, 1.0, "{:?}", run.delta);
+    assert_eq!((run.delta.ledger_fenced, run.delta.payout_fenced), (0.0, 0.0), "{:?}", run.delta);
+    assert_eq!((run.delta.rail_fenced, run.delta.rail_duplicate_attempted), (0.0, 0.0));
+    let fenced = fenced_events(&run.e1);
+    assert_eq!(fenced.len(), 1, "{fenced:?}");
+    assert_eq!(fenced[0]["resource"], "account");
+    assert_eq!(fenced[0]["presented"], run.e1_token);
+    assert_eq!(fenced[0]["stored"], run.takeover_token);
+
+    // A later, independent pass of E1 took P1 up again with a new, higher grant and posted it once.
+    let e1_grants = acquired_tokens(&run.e1, &run.key);
+    assert_eq!(e1_grants.len(), 2, "{e1_grants:?}");
+    assert_eq!(e1_grants[0], run.e1_token);
+    assert!(e1_grants[1] > run.takeover_token, "{e1_grants:?}");
+    let p1 = payout_state(&run.env.stack, run.paused_payout.payout_id).await;
+    assert_eq!(p1.claim_token, Some(e1_grants[1]));
+    assert_eq!(run.account.fence, e1_grants[1]);
+    assert_eq!(run.reconciliation["clean"], true, "{}", run.reconciliation);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Batch: two executors, two workers each, no faults.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_of_two_executors_posts_every_payout_exactly_once() {
+    let env = env("batch", |_| {}).await;
+    let stack = &env.stack;
+    let opening = 1_000_000;
+    let mut accounts = Vec::new();
+    let mut payouts = Vec::new();
+    for a in 0..4 {
+        let account = stack.create_account(CURRENCY, opening).await.unwrap();
+        for n in 0..5 {
+            payouts.push(
+                stack
+                    .create_payout(account, 100 * (a + 1) + n, CURRENCY)
+                    .await
+                    .unwrap(),
+            );
+        }
+        accounts.push(account);
+    }
+    let before = Counters::read(stack).await;
+    let mut e1 = stack
+        .start_executor(stack.executor_spec("e1").unwrap().args(["--workers", "2"]))
+        .await
+        .unwrap();
+    let mut e2 = stack
+        .start_executor(stack.executor_spec("e2").unwrap().args(["--workers", "2"]))
+        .await
+        .unwrap();
+    let (s1, s2) = (wait_exit(&mut e1).await, wait_exit(&mut e2).await);
+    assert!(s1.success() && s2.success(), "{s1} {s2}; logs in {}", stack.log_dir.display());
+
+    let received = stack.rail_received().await.unwrap();
+    assert_eq!(received.requests.len(), payouts.len());
+    assert!(received.paid_twice.is_empty());
+    for p in &payouts {
+        assert_eq!((received.received(p.payout_id), received.paid(p.payout_id)), (1, 1));
+        assert_eq!(payout_state(stack, p.payout_id).await.state, PayoutState::Posted);
+    }
+    for account in &accounts {
+        let debited: i64 = payouts
+            .iter()
+            .filter(|p| p.account_id == *account)
+            .map(|p| p.amount_minor)
+            .sum();
+        let now = stack.account(*account).await.unwrap();
+        assert_eq!(now.balance_minor, opening - debited);
+        assert!(now.consistent, "{now:?}");
+    }
+    // Each payout was posted by exactly one executor, once.
+    let mut posted: Vec<String> = [&e1, &e2]
+        .iter()
+        .flat_map(|e| log_events(&e.log, "payout_posted"))
+        .filter_map(|e| e["payout_id"].as_str().map(str::to_owned))
+        .collect();
+    posted.sort();
+    let mut expected: Vec<String> = payouts.iter().map(|p| p.payout_id.to_string()).collect();
+    expected.sort();
+    assert_eq!(posted, expected);
+    // Nothing was stale: every must-be-zero counter stayed at zero.
+    assert_eq!(Counters::read(stack).await.minus(before), Counters::default());
+    assert!(fenced_events(&e1).is_empty() && fenced_events(&e2).is_empty());
+    assert_eq!(stack.reconciliation().await.unwrap()["clean"], true);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. A killed executor: the other finishes its payout after the lease lapses, paying once.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_executor_payout_is_finished_by_the_other_without_paying_twice() {
+    let env = env("killed", |_| {}).await;
+    let stack = &env.stack;
+    let opening = 500_000;
+    let mut payouts = Vec::new();
+    for a in 0..3 {
+        let account = stack.create_account(CURRENCY, opening).await.unwrap();
+        for n in 0..3 {
+            payouts.push(stack.create_payout(account, 1_000 + 10 * a + n, CURRENCY).await.unwrap());
+        }
+    }
+    let before = Counters::read(stack).await;
+    let mut e1 = stack
+        .start_executor(stack.executor_spec("e1").unwrap().args([
+            "--enable-fault-injection",
+            "--pause-at",
+            "before_post",
+            "--lease-ttl-ms",
+            SHORT_LEASE_MS,
+        ]))
+        .await
+        .unwrap();
+    wait_stopped(&e1).await;
+    let pause = log_events(&e1.log, "fault_pause");
+    let held: Uuid = pause[0]["payout_id"].as_str().unwrap().parse().unwrap();
+    let held_before = payout_state(stack, held).await;
+    assert_eq!(held_before.state, PayoutState::RailAcked);
+    let e1_token = held_before.claim_token.unwrap();
+
+    // E2 works the whole batch (naming every payout: payment-resource lists only PENDING ones, so
+    // the dead holder's in-flight payout is found by its id); E1 dies mid-batch, holding a lock.
+    let mut spec = stack.executor_spec("e2").unwrap().args(["--workers", "2"]);
+    for p in &payouts {
+        spec = spec.args(["--payout-id".to_owned(), p.payout_id.to_string()]);
+    }
+    let mut e2 = stack.start_executor(spec).await.unwrap();
+    stack::kill_hard(e1.pid()).unwrap();
+    let e1_exit = wait_exit(&mut e1).await;
+    assert!(!e1_exit.success(), "{e1_exit}");
+    let e2_exit = wait_exit(&mut e2).await;
+    assert!(e2_exit.success(), "{e2_exit}; log {}", e2.log.display());
+
+    let received = stack.rail_received().await.unwrap();
+    assert!(received.paid_twice.is_empty());
+    assert_eq!(received.requests.len(), payouts.len());
+    for p in &payouts {
+        assert_eq!((received.received(p.payout_id), received.paid(p.payout_id)), (1, 1));
+        assert_eq!(payout_state(stack, p.payout_id).await.state, PayoutState::Posted);
+    }
+    let held_after = payout_state(stack, held).await;
+    assert_eq!(held_after.claimed_by.as_deref().map(|o| o.starts_with("e2-")), Some(true));
+    assert!(held_after.claim_token.unwrap() > e1_token);
+    let adopted: Vec<Value> = log_events(&e2.log, "payout_adopted")
+        .into_iter()
+        .filter(|e| e["payout_id"] == held.to_string())
+        .collect();
+    assert_eq!(adopted.len(), 1, "{adopted:?}");
+    assert_eq!(adopted[0]["state"], "RAIL_ACKED");
+    let mut accounts: Vec<Uuid> = payouts.iter().map(|p| p.account_id).collect();
+    accounts.dedup();
+    for account in accounts {
+        let debited: i64 = payouts
+            .iter()
+            .filter(|p| p.account_id == account)
+            .map(|p| p.amount_minor)
+            .sum();
+        assert_eq!(stack.account(account).await.unwrap().balance_minor, opening - debited);
+    }
+    assert_eq!(Counters::read(stack).await.minus(before), Counters::default());
+    assert_eq!(stack.reconciliation().await.unwrap()["clean"], true);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5(i). Negative controls: the kill switches off.
+
+/// Scenario 1 with `rail.proxy.fencing.enabled=false`: (d) is skipped, so the stale submit is NOT
+/// fenced at the rail — the rail counters stay at 0, which is exactly the assertion of scenario 1
+/// that fails. What still stops the stale holder: C1's `rail_submission_attempt_uidx` (one
+/// forwardable attempt per payout) makes rail-proxy answer 409 DUPLICATE_ATTEMPT without forwarding,
+/// and when E1 then tries to move P along from the recorded ACK, payment-resource's payout fence
+/// (`claim_token <= :token`, the takeover's claim is newer) refuses it. The rail is still paid once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn negative_control_rail_fencing_off_stale_submit_is_not_fenced_at_the_rail() {
+    let run = paused_before_rail_submit(env("rail-unfenced", |o| o.rail_fencing = false).await).await;
+    assert_paid_once(&run).await;
+    // The fence of scenario 1 did not act.
+    assert_eq!(run.delta.rail_fenced, 0.0, "{:?}", run.delta);
+    assert_eq!(run.delta.rail_duplicate_attempted, 0.0, "{:?}", run.delta);
+    // The uniqueness backstop did: refused, not forwarded (the rail saw one request).
+    assert_eq!(run.delta.rail_duplicate_attempt_refusals, 1.0, "{:?}", run.delta);
+    let submissions = run
+        .env
+        .stack
+        .rail_submissions(run.paused_payout.payout_id)
+        .await
+        .unwrap();
+    assert_eq!(submissions["submissions"].as_array().unwrap().len(), 1, "{submissions}");
+    // Then the payout fence at payment-resource.
+    assert_eq!(run.delta.payout_fenced, 1.0, "{:?}", run.delta);
+    assert_eq!((run.delta.account_fenced, run.delta.ledger_fenced), (0.0, 0.0));
+    let fenced = fenced_events(&run.e1);
+    assert_eq!(fenced.len(), 1, "{fenced:?}");
+    assert_eq!(fenced[0]["resource"], "payout");
+    assert_eq!(fenced[0]["presented"], run.e1_token);
+    assert_eq!(log_events(&run.e1.log, "rail_attempt_exists").len(), 1);
+    assert_eq!(run.reconciliation["clean"], true, "{}", run.reconciliation);
+}
+
+/// Scenario 2 with `payment.fencing.enabled=false`: (a)(b)(c) run without their fence predicates, so
+/// the stale post is NOT fenced — the account counter stays at 0, the assertion of scenario 2 that
+/// fails. The stale write lands: P1 is posted by the paused holder's old grant after the newer grant
+/// had written the account, and the account's fence is dragged back to the stale token. No backstop
+/// stops it (P1 was still RAIL_ACKED, so neither the state check nor ledger_leg_uq applies); the
+/// balance is not debited twice only because P1 had not been posted by anyone else. Reconciliation
+/// catches it as FENCE_REGRESSED, attributed to the stale grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn negative_control_payment_fencing_off_stale_post_lands_and_regresses_the_fence() {
+    let run = paused_before_post(env("post-unfenced", |o| o.payment_fencing = false).await).await;
+    assert_paid_once(&run).await;
+    assert_eq!(run.delta, Counters::default(), "nothing was fenced anywhere");
+    assert!(fenced_events(&run.e1).is_empty());
+    // The stale grant's post was accepted as a fresh posting.
+    let posted: Vec<Value> = log_events(&run.e1.log, "payout_posted");
+    assert_eq!(posted.len(), 1, "{posted:?}");
+    assert_eq!(posted[0]["fencing_token"], run.e1_token);
+    assert_eq!(acquired_tokens(&run.e1, &run.key), vec![run.e1_token]);
+    let p1 = payout_state(&run.env.stack, run.paused_payout.payout_id).await;
+    assert_eq!(p1.claim_token, Some(run.e1_token));
+    // The fence went backwards: a write by an older grant after a newer one.
+    assert_eq!(run.account_before_resume.fence, run.takeover_token);
+    assert_eq!(run.account.fence, run.e1_token);
+    assert!(run.account.fence < run.takeover_token);
+    let recon = &run.reconciliation;
+    assert_eq!(recon["clean"], false, "{recon}");
+    let account = recon["accounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["accountId"] == run.paused_payout.account_id.to_string())
+        .unwrap_or_else(|| panic!("account not reported: {recon}"));
+    let regressed = account["breaks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["kind"] == "FENCE_REGRESSED")
+        .unwrap_or_else(|| panic!("no FENCE_REGRESSED: {account}"));
+    assert_eq!(regressed["staleFence"], run.e1_token);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5(ii). Negative control: the broken acquire (no nextval in DO UPDATE), lock-server in-process.
+
+/// C1 §1.3 acquire without `fencing_token = nextval('fencing_token_seq')` in the DO UPDATE branch:
+/// a takeover keeps the dead holder's token (Warning 1). Test code only.
+const BROKEN_ACQUIRE: &str = "\
+INSERT INTO lock_entry (lock_key, owner_id, session_id, fencing_token, acquired_at, expires_at)
+VALUES ($1, $2, $3, nextval('fencing_token_seq'),
+        now(), now() + make_interval(secs => $4))
+ON CONFLICT (lock_key) DO UPDATE
+   SET owner_id      = EXCLUDED.owner_id,
+       session_id    = EXCLUDED.session_id,
+       acquired_at   = now(),
+       expires_at    = now() + make_interval(secs => $4)
+ WHERE lock_entry.expires_at <= now()
+    OR (lock_entry.owner_id = EXCLUDED.owner_id AND lock_entry.session_id = EXCLUDED.session_id)
+RETURNING fencing_token, owner_id, session_id, acquired_at, expires_at";
+
+/// Scenario 1 against a lock-server running in this process with `acquire`.
+async fn scenario_one_in_process(name: &str, acquire: &'static str) -> Run {
+    let lockdb = dlock_testkit::lockdb().await;
+    let statements = lock_server::Statements {
+        acquire,
+        ..lock_server::Statements::C1
+    };
+    let server = lock_server::spawn_with_statements(lock_server::Config::new(lockdb.app_url()), statements)
+        .await
+        .unwrap();
+    let paydb = dlock_testkit::paydb().await;
+    let mut opts = StackOptions::new(log_dir(name));
+    opts.lock_server_url = Some(server.base_url());
+    let stack = Stack::start(&lockdb.app_url(), &paydb.app_url(), &opts)
+        .await
+        .unwrap_or_else(|e| panic!("start the stack: {e:#}"));
+    let run = paused_before_rail_submit(Env {
+        stack,
+        _lockdb: lockdb,
+        _paydb: paydb,
+    })
+    .await;
+    server.shutdown().await.unwrap();
+    run
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn negative_control_broken_acquire_hands_the_takeover_the_paused_holders_token() {
+    // Control: the same harness with C1's acquire keeps scenario 1's property.
+    let good = scenario_one_in_process("acquire-c1", lock_server::sql::ACQUIRE).await;
+    assert_paid_once(&good).await;
+    assert!(good.takeover_token > good.e1_token);
+    assert_eq!(good.delta.rail_fenced, 1.0);
+    assert_eq!(good.delta.payout_fenced, 0.0);
+
+    let broken = scenario_one_in_process("acquire-broken", BROKEN_ACQUIRE).await;
+    // The violation: the takeover was granted the dead holder's token, not a strictly higher one.
+    assert_eq!(
+        broken.takeover_token, broken.e1_token,
+        "the broken acquire must reissue the paused holder's token"
+    );
+    assert!(!(broken.takeover_token > broken.e1_token));
+    // Downstream, the strict comparisons saw an equal token and refused the *new* holder: its adopt
+    // of P was fenced at payment-resource's payout claim (claim_token < :token is false for equal
+    // tokens). Scenario 1 asserts the takeover is never fenced; here it is.
+    let e2_fenced = fenced_events(&broken.e2);
+    assert_eq!(e2_fenced.len(), 1, "{e2_fenced:?}");
+    assert_eq!(e2_fenced[0]["resource"], "payout");
+    assert_eq!(e2_fenced[0]["presented"], broken.e1_token);
+    assert_eq!(e2_fenced[0]["stored"], broken.e1_token);
+    assert_eq!(broken.delta.payout_fenced, 1.0, "{:?}", broken.delta);
+    assert!(fenced_events(&good.e2).is_empty());
+}
