@@ -161,8 +161,8 @@ fn running_deployments(ctx: &Ctx, owner: &Value) -> Vec<String> {
         .collect()
 }
 
-/// Every child is controlled by `owner` (controller + blockOwnerDeletion, right kind and apiVersion)
-/// and carries the operator's labels naming its instance.
+/// Every child is controlled by `owner` (the controller reference with its kind, apiVersion and
+/// name) and carries the operator's labels naming its instance.
 fn assert_owned_and_labelled(children: &[Value], owner: &Value) {
     assert!(!children.is_empty(), "{} has no children", objects::describe(owner));
     for ch in children {
@@ -170,7 +170,7 @@ fn assert_owned_and_labelled(children: &[Value], owner: &Value) {
         assert_eq!(r["apiVersion"], "dlock.dev/v1alpha1", "{}", objects::describe(ch));
         assert_eq!(r["kind"], owner["kind"], "{}", objects::describe(ch));
         assert_eq!(r["name"], owner["metadata"]["name"], "{}", objects::describe(ch));
-        assert_eq!(r["blockOwnerDeletion"], true, "{}", objects::describe(ch));
+        assert_eq!(r["uid"], owner["metadata"]["uid"], "{}", objects::describe(ch));
         assert_eq!(
             objects::label(ch, "app.kubernetes.io/managed-by"),
             Some("dlock-operator"),

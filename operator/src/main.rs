@@ -205,6 +205,6 @@ async fn operate(
     Ok(code)
 }
 
-fn cancelled(token: CancellationToken) -> impl std::future::Future<Output = ()> + Send + Sync + 'static {
-    async move { token.cancelled().await }
+async fn cancelled(token: CancellationToken) {
+    token.cancelled().await;
 }

@@ -283,11 +283,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
                         Some(&ps.spec.lock_service_ref.name) == name.as_ref()
                             && ps.meta().namespace == namespace
                     })
-                    .map(|ps| ObjectRef::from_obj(ps).erase())
-                    .map(|r| {
-                        ObjectRef::new_with(&r.name, ()).within(r.namespace.as_deref().unwrap_or_default())
-                    })
-                    .collect::<Vec<_>>()
+                    .map(|ps| ObjectRef::new(&ps.name_any()).within(&ps.namespace().unwrap_or_default()))
+                    .collect::<Vec<ObjectRef<DeserializeGuard<PaymentStack>>>>()
             },
         )
         .graceful_shutdown_on(stop(rx))

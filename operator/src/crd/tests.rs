@@ -336,3 +336,27 @@ fn status_has_room_for_actions_and_standard_conditions() {
         }
     }
 }
+
+/// The documented examples are valid objects: they parse into the types and pass every CEL rule.
+#[test]
+fn examples_are_valid() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let mut seen = 0;
+    for (file, schema) in [
+        ("lockservice.yaml", schema::<LockService>()),
+        ("paymentstack.yaml", schema::<PaymentStack>()),
+    ] {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let obj: Value = serde::Deserialize::deserialize(doc).unwrap();
+            check(&schema, &obj, None).unwrap_or_else(|e| panic!("{file}: {e}"));
+            match obj["kind"].as_str() {
+                Some("LockService") => drop(serde_json::from_value::<LockService>(obj).unwrap()),
+                Some("PaymentStack") => drop(serde_json::from_value::<PaymentStack>(obj).unwrap()),
+                other => panic!("{file}: unexpected kind {other:?}"),
+            }
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 3);
+}

@@ -187,9 +187,10 @@ impl Cli {
         let lease_ttl = ttl("--lease-ttl-ms", self.lease_ttl_ms)?;
         let session_ttl = ttl("--session-ttl-ms", self.session_ttl_ms)?;
         let owner_id = self.owner_id.unwrap_or_else(default_owner_id);
-        // Every worker's id must be a valid owner id, the longest one included.
-        validate::owner_id(&worker_owner_id(&owner_id, self.workers))
-            .map_err(|e| ConfigError::Invalid(format!("--owner-id: {}", e.message)))?;
+        // The id itself and every worker's id (the longest one included) must be valid owner ids.
+        for id in [owner_id.clone(), worker_owner_id(&owner_id, self.workers)] {
+            validate::owner_id(&id).map_err(|e| ConfigError::Invalid(format!("--owner-id: {}", e.message)))?;
+        }
         for (field, url) in [
             ("--lock-server-url", &self.lock_server_url),
             ("--payment-resource-url", &self.payment_resource_url),

@@ -78,7 +78,10 @@ impl Critical<'_> {
         call: impl Future<Output = Result<T, ClientError>>,
     ) -> Result<T, ClientError> {
         self.lock.ensure_held()?;
-        let paused = step.is_some_and(|s| self.resources.faults.at(s, self.payout_id, self.token()));
+        let paused = match step {
+            Some(s) => self.resources.faults.at(s, self.payout_id, self.token()).await,
+            None => false,
+        };
         if paused { call.await } else { self.guarded(call).await }
     }
 

@@ -10,6 +10,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use dlock_client::FencingToken;
+use tokio::signal::unix::SignalKind;
 use uuid::Uuid;
 
 /// The steps at which the process can be paused.
@@ -54,12 +55,22 @@ impl Faults {
     }
 
     /// At `step`: stops the process if this is the planned step and it has not fired yet. Returns
-    /// `true` if the process was stopped and has been resumed since.
-    pub fn at(&self, step: Step, payout_id: Uuid, token: FencingToken) -> bool {
+    /// `true` once the process has been stopped and resumed (SIGCONT received).
+    pub async fn at(&self, step: Step, payout_id: Uuid, token: FencingToken) -> bool {
         if self.pause_at != Some(step) || self.fired.swap(true, Ordering::SeqCst) {
             return false;
         }
         let pid = std::process::id();
+        // Listen for SIGCONT before stopping: a SIGSTOP sent by another process (`kill`) takes effect
+        // on our threads a little after `kill` returns, so only the SIGCONT proves that the stop
+        // happened and is over. Without this wait the write could slip out before the stop.
+        let mut resumed = match tokio::signal::unix::signal(SignalKind::from_raw(libc::SIGCONT)) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(event = "fault_pause_failed", error = %e, "cannot listen for SIGCONT; not paused");
+                return false;
+            }
+        };
         tracing::warn!(
             event = "fault_pause",
             step = step.as_str(),
@@ -68,32 +79,29 @@ impl Faults {
             pid,
             "FAULT INJECTION: stopping this whole process with SIGSTOP; resume it with SIGCONT"
         );
-        // Blocking on purpose: the whole process is about to stop anyway, and the wait returns only
-        // once we have been resumed (the `kill` child exits at once, but we cannot reap it while
-        // stopped).
         match std::process::Command::new("kill")
             .args(["-STOP", &pid.to_string()])
             .status()
         {
-            Ok(status) if status.success() => {
-                tracing::warn!(
-                    event = "fault_resumed",
-                    step = step.as_str(),
-                    payout_id = %payout_id,
-                    fencing_token = token.get(),
-                    "resumed after SIGSTOP; going on with the write WITHOUT re-checking the lock"
-                );
-                true
-            }
+            Ok(status) if status.success() => {}
             Ok(status) => {
                 tracing::error!(event = "fault_pause_failed", %status, "kill -STOP failed; not paused");
-                false
+                return false;
             }
             Err(e) => {
                 tracing::error!(event = "fault_pause_failed", error = %e, "cannot run kill; not paused");
-                false
+                return false;
             }
         }
+        resumed.recv().await;
+        tracing::warn!(
+            event = "fault_resumed",
+            step = step.as_str(),
+            payout_id = %payout_id,
+            fencing_token = token.get(),
+            "resumed after SIGSTOP; going on with the write WITHOUT re-checking the lock"
+        );
+        true
     }
 }
 
@@ -101,14 +109,14 @@ impl Faults {
 mod tests {
     use super::*;
 
-    #[test]
-    fn other_steps_and_no_plan_never_pause() {
+    #[tokio::test]
+    async fn other_steps_and_no_plan_never_pause() {
         let token = FencingToken::new(1).unwrap();
         let none = Faults::none();
-        assert!(!none.at(Step::BeforePost, Uuid::nil(), token));
+        assert!(!none.at(Step::BeforePost, Uuid::nil(), token).await);
         let plan = Faults::pause_at(Step::BeforePost);
-        assert!(!plan.at(Step::BeforeClaim, Uuid::nil(), token));
-        assert!(!plan.at(Step::BeforeRailSubmit, Uuid::nil(), token));
+        assert!(!plan.at(Step::BeforeClaim, Uuid::nil(), token).await);
+        assert!(!plan.at(Step::BeforeRailSubmit, Uuid::nil(), token).await);
         assert!(!plan.fired.load(Ordering::SeqCst));
     }
 
