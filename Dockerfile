@@ -9,12 +9,14 @@
 FROM rust:1.95-bookworm AS builder
 WORKDIR /src
 
-# Only what the build needs (every workspace member's manifest must be present for cargo to load the
-# workspace, hence services/, operator/ and e2e/ whole); no target/, no charts, no docs.
+# Only what the build needs: every workspace member (cargo loads the whole workspace, hence
+# services/, operator/ and e2e/), the OpenAPI documents the services embed with include_str!, and
+# the migrations. No target/, no charts.
 COPY Cargo.toml Cargo.lock rustfmt.toml ./
 COPY services ./services
 COPY operator ./operator
 COPY e2e ./e2e
+COPY docs/openapi ./docs/openapi
 COPY migrations ./migrations
 
 # --locked: the image is built from exactly the versions in Cargo.lock. The target dir is a cache

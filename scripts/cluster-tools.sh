@@ -195,32 +195,17 @@ need_etcd() {
     local work
     work="$(mktemp -d "${TMPDIR:-/tmp}/dlock-etcd.XXXXXX")"
     WORKDIRS+=("$work")
-    # The etcd binary's main package is the root module go.etcd.io/etcd/v3, whose go.mod replaces its
-    # sibling modules (api, client, server, ...) with relative paths. Pin each to the version that
-    # same go.mod requires it at (client/v2 is v2.305.x, the rest v3.5.x), as for kube-apiserver.
-    local ev="$ETCD_VERSION" modfile
-    modfile="$(cd "$work" && go mod download -json "go.etcd.io/etcd/v3@$ev" |
-        sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
-    [[ -f "$modfile" ]] || die "could not download go.etcd.io/etcd/v3@$ev"
-    {
-        echo "module dlock.local/etcd-build"
-        echo
-        echo "go $(sed -n 's/^go \(.*\)/\1/p' "$modfile")"
-        echo
-        echo "require go.etcd.io/etcd/v3 $ev"
-        echo
-        echo "replace ("
-        local m v
-        for m in $(sed -n 's#^[[:space:]]*\(go\.etcd\.io/etcd/[a-z0-9/]*\) => \./.*#\1#p' "$modfile"); do
-            v="$(sed -n "s#^[[:space:]]*${m//./\\.} \(v[^ ]*\).*#\1#p" "$modfile" | head -n1)"
-            [[ -n "$v" ]] && echo "	$m => $m $v"
-        done
-        echo ")"
-    } >"$work/go.mod"
+    # etcd's main package is go.etcd.io/etcd/server/v3 (server/main.go). Its go.mod replaces the
+    # sibling modules with ../ paths, which is why `go install ...@version` refuses it; built from a
+    # throwaway module instead, those replaces (a dependency's) are ignored and the versions its
+    # go.mod requires (api/v3 v3.5.x, client/v2 v2.305.x, ...) come from the module proxy.
+    local ev="$ETCD_VERSION"
+    printf 'module dlock.local/etcd-build\n\ngo 1.23\n' >"$work/go.mod"
     log "etcd $ev: building in $work"
-    (cd "$work" && gentle go get "go.etcd.io/etcd/v3@$ev") || die "go get go.etcd.io/etcd/v3 failed"
-    (cd "$work" && gentle go build -trimpath -ldflags "-s -w" -o "$BIN/etcd.new" go.etcd.io/etcd/v3) ||
+    (cd "$work" && gentle go get "go.etcd.io/etcd/server/v3@$ev") || die "go get go.etcd.io/etcd/server/v3 failed"
+    (cd "$work" && gentle go build -trimpath -ldflags "-s -w" -o "$BIN/etcd.new" go.etcd.io/etcd/server/v3) ||
         die "go build etcd failed"
+    "$BIN/etcd.new" --version >/dev/null || die "the etcd build does not run"
     rm -f "$BIN/etcd"
     mv "$BIN/etcd.new" "$BIN/etcd"
     log "etcd: $("$BIN/etcd" --version | head -n1)"

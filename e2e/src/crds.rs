@@ -25,9 +25,14 @@ pub fn yaml_files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display()));
     let mut files = BTreeMap::new();
     for entry in entries {
-        let path = entry.unwrap_or_else(|e| panic!("read {}: {e}", dir.display())).path();
+        let path = entry
+            .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+            .path();
         if path.extension().is_some_and(|x| x == "yaml") {
-            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
             let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
             files.insert(name, bytes);
         }

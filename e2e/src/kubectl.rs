@@ -63,7 +63,11 @@ impl Kubectl {
         let mut cmd = Command::new("kubectl");
         cmd.args(args)
             .env("KUBECONFIG", &self.kubeconfig)
-            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn `{command}`: {e}"));
@@ -173,7 +177,10 @@ impl Kubectl {
         match out.stdout.trim() {
             "yes" => true,
             "no" => false,
-            _ => panic!("`{}`: unexpected answer {:?} / {:?}", out.command, out.stdout, out.stderr),
+            _ => panic!(
+                "`{}`: unexpected answer {:?} / {:?}",
+                out.command, out.stdout, out.stderr
+            ),
         }
     }
 }

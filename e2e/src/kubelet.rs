@@ -83,7 +83,12 @@ impl Kubelet {
         for s in self.kubectl.list(&self.ns, "statefulsets") {
             if !rolled_out(&s) {
                 self.kubectl
-                    .patch_status(&self.ns, "statefulset", objects::name(&s), &statefulset_status(&s))
+                    .patch_status(
+                        &self.ns,
+                        "statefulset",
+                        objects::name(&s),
+                        &statefulset_status(&s),
+                    )
                     .ok();
             }
         }
@@ -132,7 +137,10 @@ impl Kubelet {
             panic!("Job {name}: cannot tell lockdb from paydb in its args {argv:?} (expected a /migrations/<history> dir)")
         });
         let db = self.databases.get(&history).cloned().unwrap_or_else(|| {
-            panic!("Job {name} migrates {}, but the stand-in has no local database for it", history.name())
+            panic!(
+                "Job {name} migrates {}, but the stand-in has no local database for it",
+                history.name()
+            )
         });
 
         let program = Path::new(&argv[0])
@@ -141,7 +149,8 @@ impl Kubelet {
             .unwrap_or_default();
         let binary = env::workspace_bin(&program);
         let mut cmd = Command::new(&binary);
-        cmd.env_clear().env("PATH", std::env::var_os("PATH").unwrap_or_default());
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default());
         let mut mapped_url = false;
         for (k, v) in &env {
             if let Some(local) = map_database_url(v, &db) {
@@ -212,7 +221,10 @@ impl Kubelet {
             if let Some(v) = e["value"].as_str() {
                 env.insert(key, v.to_owned());
             } else if let Some(r) = e["valueFrom"]["secretKeyRef"].as_object() {
-                let (name, k) = (r["name"].as_str().unwrap_or_default(), r["key"].as_str().unwrap_or_default());
+                let (name, k) = (
+                    r["name"].as_str().unwrap_or_default(),
+                    r["key"].as_str().unwrap_or_default(),
+                );
                 let data = self.secret_data(name);
                 match data.get(k) {
                     Some(v) => {
@@ -222,7 +234,10 @@ impl Kubelet {
                     None => panic!("env {key}: Secret {name} has no key {k} (the pod would not start)"),
                 }
             } else if let Some(r) = e["valueFrom"]["configMapKeyRef"].as_object() {
-                let (name, k) = (r["name"].as_str().unwrap_or_default(), r["key"].as_str().unwrap_or_default());
+                let (name, k) = (
+                    r["name"].as_str().unwrap_or_default(),
+                    r["key"].as_str().unwrap_or_default(),
+                );
                 if let Some(v) = self.configmap_data(name).get(k) {
                     env.insert(key, v.clone());
                 }
@@ -235,7 +250,12 @@ impl Kubelet {
         let secret = self
             .kubectl
             .get(Some(&self.ns), "secret", name)
-            .unwrap_or_else(|| panic!("Secret {}/{name} does not exist (the pod would not start)", self.ns));
+            .unwrap_or_else(|| {
+                panic!(
+                    "Secret {}/{name} does not exist (the pod would not start)",
+                    self.ns
+                )
+            });
         let mut out = BTreeMap::new();
         for (k, v) in secret["data"].as_object().into_iter().flatten() {
             let bytes = base64::engine::general_purpose::STANDARD
@@ -250,7 +270,12 @@ impl Kubelet {
         let cm = self
             .kubectl
             .get(Some(&self.ns), "configmap", name)
-            .unwrap_or_else(|| panic!("ConfigMap {}/{name} does not exist (the pod would not start)", self.ns));
+            .unwrap_or_else(|| {
+                panic!(
+                    "ConfigMap {}/{name} does not exist (the pod would not start)",
+                    self.ns
+                )
+            });
         cm["data"]
             .as_object()
             .into_iter()
@@ -435,8 +460,14 @@ mod tests {
     #[test]
     fn migrations_paths_map_to_the_repository() {
         let root = Path::new("/repo/migrations");
-        assert_eq!(map_migrations_path("/migrations/lockdb", root), "/repo/migrations/lockdb");
-        assert_eq!(map_migrations_path("--dir=/migrations/paydb", root), "--dir=/repo/migrations/paydb");
+        assert_eq!(
+            map_migrations_path("/migrations/lockdb", root),
+            "/repo/migrations/lockdb"
+        );
+        assert_eq!(
+            map_migrations_path("--dir=/migrations/paydb", root),
+            "--dir=/repo/migrations/paydb"
+        );
         assert_eq!(map_migrations_path("--info", root), "--info");
     }
 
@@ -448,7 +479,11 @@ mod tests {
             history: History::Lockdb,
         };
         assert_eq!(
-            map_database_url("postgres://admin:s3cret@lockdb.ns.svc:5432/lockdb?sslmode=disable", &db).as_deref(),
+            map_database_url(
+                "postgres://admin:s3cret@lockdb.ns.svc:5432/lockdb?sslmode=disable",
+                &db
+            )
+            .as_deref(),
             Some("postgres://postgres@127.0.0.1:5999/lockdb_1_2?sslmode=disable")
         );
         assert_eq!(map_database_url("lockapp", &db), None);

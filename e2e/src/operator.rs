@@ -52,14 +52,17 @@ impl Operator {
 
         let pod_name = env::unique_name("dlock-operator");
         let log = dir.join("operator.log");
-        let log_file = std::fs::File::create(&log).unwrap_or_else(|e| panic!("create {}: {e}", log.display()));
+        let log_file =
+            std::fs::File::create(&log).unwrap_or_else(|e| panic!("create {}: {e}", log.display()));
         let mut cmd = Command::new(&binary);
         cmd.args(&argv[1..])
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("KUBECONFIG", &identity.kubeconfig)
             .stdin(Stdio::null())
-            .stdout(Stdio::from(log_file.try_clone().unwrap_or_else(|e| panic!("dup log: {e}"))))
+            .stdout(Stdio::from(
+                log_file.try_clone().unwrap_or_else(|e| panic!("dup log: {e}")),
+            ))
             .stderr(Stdio::from(log_file));
         for e in c["env"].as_array().into_iter().flatten() {
             let name = e["name"].as_str().unwrap_or_default();
@@ -70,7 +73,9 @@ impl Operator {
                 match path {
                     "metadata.name" => cmd.env(name, &pod_name),
                     "metadata.namespace" => cmd.env(name, &identity.namespace),
-                    other => panic!("the chart's env {name} uses fieldRef {other}, which the e2e tier does not emulate"),
+                    other => panic!(
+                        "the chart's env {name} uses fieldRef {other}, which the e2e tier does not emulate"
+                    ),
                 };
             }
         }
@@ -96,7 +101,10 @@ impl Operator {
             Duration::from_secs(60),
             || {
                 if let Ok(Some(status)) = self.child.try_wait() {
-                    panic!("the operator exited ({status}) before becoming ready:\n{}", tail(&log, 60));
+                    panic!(
+                        "the operator exited ({status}) before becoming ready:\n{}",
+                        tail(&log, 60)
+                    );
                 }
                 match http_status(addr, "/readyz") {
                     Ok(200) => Ok(()),
@@ -118,9 +126,29 @@ impl Operator {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// Still running, and never refused by the API server: a `forbidden` in its log means the chart's
+    /// RBAC lacks something the operator does (some calls are best effort and would not otherwise
+    /// fail a test).
+    pub fn assert_healthy(&mut self) {
+        assert!(self.alive(), "the operator exited\n{}", self.log_tail());
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let denied: Vec<&str> = log
+            .lines()
+            .filter(|l| l.to_ascii_lowercase().contains("forbidden"))
+            .take(5)
+            .collect();
+        assert!(
+            denied.is_empty(),
+            "the API server refused the operator (chart RBAC too narrow?):\n{}",
+            denied.join("\n")
+        );
+    }
+
     /// GET `path` on the metrics port; the body.
     pub fn get(&self, path: &str) -> String {
-        http_get(self.metrics, path).unwrap_or_else(|e| panic!("GET {path}: {e}")).1
+        http_get(self.metrics, path)
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+            .1
     }
 }
 
@@ -147,7 +175,9 @@ pub fn tail(path: &Path, lines: usize) -> String {
 
 fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind a probe port: {e}"));
-    l.local_addr().unwrap_or_else(|e| panic!("probe port: {e}")).port()
+    l.local_addr()
+        .unwrap_or_else(|e| panic!("probe port: {e}"))
+        .port()
 }
 
 fn http_status(addr: SocketAddr, path: &str) -> Result<u16, String> {
@@ -157,7 +187,8 @@ fn http_status(addr: SocketAddr, path: &str) -> Result<u16, String> {
 /// A minimal HTTP/1.0 GET (no client library needed for two probe endpoints).
 fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
     write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| e.to_string())?;
     let mut buf = String::new();
     s.read_to_string(&mut buf).map_err(|e| e.to_string())?;
@@ -166,6 +197,9 @@ fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| format!("not HTTP: {buf:?}"))?;
-    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
     Ok((status, body))
 }

@@ -57,8 +57,17 @@ pub fn install(cluster: &Cluster, helm_bin: &PathBuf, ns: &str, release: &str, d
     let user = format!("system:serviceaccount:{ns}:{service_account}");
     crate::eventually("the chart's RBAC to take effect", Duration::from_secs(30), || {
         let ready = k.can_i(&user, "watch", "lockservices.dlock.dev", Some(ns))
-            && k.can_i(&user, "get", "customresourcedefinitions.apiextensions.k8s.io", None);
-        if ready { Ok(()) } else { Err(format!("{user} not yet authorized")) }
+            && k.can_i(
+                &user,
+                "get",
+                "customresourcedefinitions.apiextensions.k8s.io",
+                None,
+            );
+        if ready {
+            Ok(())
+        } else {
+            Err(format!("{user} not yet authorized"))
+        }
     });
 
     let kubeconfig = dir.join("operator.kubeconfig");
@@ -79,7 +88,9 @@ pub fn write_token_kubeconfig(cluster: &Cluster, token: &str, user: &str, path: 
         .run(&["config", "view", "--raw", "--minify", "-o", "json"])
         .ok()
         .json();
-    let server = admin["clusters"][0]["cluster"]["server"].as_str().unwrap_or_default();
+    let server = admin["clusters"][0]["cluster"]["server"]
+        .as_str()
+        .unwrap_or_default();
     let ca = admin["clusters"][0]["cluster"]["certificate-authority-data"]
         .as_str()
         .unwrap_or_default();

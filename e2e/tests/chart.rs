@@ -35,15 +35,27 @@ fn crd_diff_detects_drift() {
     let mut changed = bytes.clone();
     changed.push(b'\n');
     edited.insert(first.clone(), changed);
-    assert_eq!(crds::diff(&generated, &edited).len(), 1, "an edited copy is reported");
+    assert_eq!(
+        crds::diff(&generated, &edited).len(),
+        1,
+        "an edited copy is reported"
+    );
 
     let mut missing = generated.clone();
     missing.remove(first);
-    assert_eq!(crds::diff(&generated, &missing).len(), 1, "a missing copy is reported");
+    assert_eq!(
+        crds::diff(&generated, &missing).len(),
+        1,
+        "a missing copy is reported"
+    );
 
     let mut extra: BTreeMap<String, Vec<u8>> = generated.clone();
     extra.insert("stale.yaml".into(), b"kind: CustomResourceDefinition\n".to_vec());
-    assert_eq!(crds::diff(&generated, &extra).len(), 1, "an extra file is reported");
+    assert_eq!(
+        crds::diff(&generated, &extra).len(),
+        1,
+        "an extra file is reported"
+    );
 }
 
 /// `helm lint --strict`, with the defaults and with every optional part switched on.
@@ -112,7 +124,9 @@ fn rendered_chart_applies_with_server_dry_run() {
         vec![("watchNamespace", ns.as_str()), ("networkPolicy.enabled", "true")],
     ] {
         let yaml = helm::template(&helm_bin, "dlock-operator", &ns, &sets, &["--include-crds"]);
-        let out = k.run_stdin(&["apply", "--dry-run=server", "-n", &ns, "-f", "-"], &yaml).ok();
+        let out = k
+            .run_stdin(&["apply", "--dry-run=server", "-n", &ns, "-f", "-"], &yaml)
+            .ok();
         for kind in [
             "customresourcedefinition",
             "serviceaccount",
@@ -128,11 +142,50 @@ fn rendered_chart_applies_with_server_dry_run() {
         }
         assert!(out.stdout.contains("(server dry run)"), "{}", out.stdout);
     }
+    // The Deployment as documented: two leader-elected replicas, non-root, read-only root
+    // filesystem, probes on /healthz and /readyz of the metrics port.
+    let yaml = helm::template(
+        &helm_bin,
+        "dlock-operator",
+        &ns,
+        &[],
+        &["--show-only", "templates/deployment.yaml"],
+    );
+    let deps = helm::rendered_of_kind(k, &yaml, "Deployment");
+    let d = &deps[0];
+    assert_eq!(d["spec"]["replicas"], 2);
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(pod["securityContext"]["runAsUser"], 65532);
+    let c = &pod["containers"][0];
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+    assert_eq!(c["securityContext"]["capabilities"]["drop"][0], "ALL");
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(c["ports"][0]["containerPort"], 8080);
+    let args = c["args"].to_string();
+    assert!(args.contains("--leader-election=true"), "{args}");
+    assert!(
+        !args.contains("--namespace="),
+        "all namespaces by default: {args}"
+    );
+
     // Negative control: the same check rejects a broken object, so a pass above means something.
-    let broken = helm::template(&helm_bin, "dlock-operator", &ns, &[], &["--show-only", "templates/deployment.yaml"])
-        .replace("containerPort:", "containerPort: -1 #");
+    let broken = helm::template(
+        &helm_bin,
+        "dlock-operator",
+        &ns,
+        &[],
+        &["--show-only", "templates/deployment.yaml"],
+    )
+    .replace("containerPort:", "containerPort: -1 #");
     let out = k.run_stdin(&["apply", "--dry-run=server", "-n", &ns, "-f", "-"], &broken);
-    assert!(!out.success, "a Deployment with containerPort -1 must be rejected: {}", out.stdout);
+    assert!(
+        !out.success,
+        "a Deployment with containerPort -1 must be rejected: {}",
+        out.stdout
+    );
 }
 
 /// The chart's RBAC, applied for real and probed with `kubectl auth can-i` as the operator's
@@ -181,11 +234,23 @@ fn chart_rbac_is_least_privilege() {
     // Only its own Lease can be read or renewed.
     let lease = format!("leases.coordination.k8s.io/{}-dlock-operator", ns);
     assert!(can("update", &lease, Some(&ns)), "cannot renew {lease}");
-    assert!(!can("update", "leases.coordination.k8s.io/kube-scheduler", Some(&ns)));
+    assert!(!can(
+        "update",
+        "leases.coordination.k8s.io/kube-scheduler",
+        Some(&ns)
+    ));
     // CRDs: read-only, cluster-wide.
     assert!(can("get", "customresourcedefinitions.apiextensions.k8s.io", None));
-    assert!(!can("delete", "customresourcedefinitions.apiextensions.k8s.io", None));
-    assert!(!can("create", "customresourcedefinitions.apiextensions.k8s.io", None));
+    assert!(!can(
+        "delete",
+        "customresourcedefinitions.apiextensions.k8s.io",
+        None
+    ));
+    assert!(!can(
+        "create",
+        "customresourcedefinitions.apiextensions.k8s.io",
+        None
+    ));
 
     // Never: outside the watched namespace, pods (nothing runs them but controllers), cluster objects,
     // creating or deleting its own custom resources, RBAC escalation.
@@ -211,7 +276,10 @@ fn chart_rbac_is_least_privilege() {
         ("get", "nodes", None),
         ("delete", "namespaces", None),
     ] {
-        assert!(!can(verb, res, where_), "{user} must not {verb} {res} in {where_:?}");
+        assert!(
+            !can(verb, res, where_),
+            "{user} must not {verb} {res} in {where_:?}"
+        );
     }
 
     // Negative control: the probe does answer yes outside the grant, for the admin.

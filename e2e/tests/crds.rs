@@ -12,7 +12,10 @@ fn crds_install_and_become_established() {
     let c = require_cluster!("crds_install_and_become_established");
     let names = crds::install(&c.kubectl);
     for expected in ["lockservices.dlock.dev", "paymentstacks.dlock.dev"] {
-        assert!(names.iter().any(|n| n == expected), "{expected} not installed: {names:?}");
+        assert!(
+            names.iter().any(|n| n == expected),
+            "{expected} not installed: {names:?}"
+        );
         let crd = c
             .kubectl
             .get(None, "customresourcedefinition", expected)
@@ -68,12 +71,22 @@ fn samples_apply() {
     }
     // Both database modes are covered.
     let lsvcs = k.list(&ns, "lockservices.dlock.dev");
-    assert!(lsvcs.iter().any(|l| l["spec"]["database"]["managed"].is_object()), "{seen:?}");
-    assert!(lsvcs.iter().any(|l| l["spec"]["database"]["external"].is_object()), "{seen:?}");
+    assert!(
+        lsvcs.iter().any(|l| l["spec"]["database"]["managed"].is_object()),
+        "{seen:?}"
+    );
+    assert!(
+        lsvcs
+            .iter()
+            .any(|l| l["spec"]["database"]["external"].is_object()),
+        "{seen:?}"
+    );
     // Every external secretRef names a Secret the samples ship.
     for o in lsvcs.iter().chain(k.list(&ns, "paymentstacks.dlock.dev").iter()) {
         if let Some(secret) = o["spec"]["database"]["external"]["secretRef"]["name"].as_str() {
-            let key = o["spec"]["database"]["external"]["secretRef"]["key"].as_str().unwrap_or("url");
+            let key = o["spec"]["database"]["external"]["secretRef"]["key"]
+                .as_str()
+                .unwrap_or("url");
             let s = k
                 .get(Some(&ns), "secret", secret)
                 .unwrap_or_else(|| panic!("{} references missing Secret {secret}", objects::describe(o)));
@@ -91,8 +104,15 @@ fn samples_apply() {
     // Applying again changes no custom resource: the samples carry no field the API server
     // rewrites. (Secrets are left out: kubectl always re-sends `stringData`, reporting "configured".)
     let again = k.run(&["apply", "-n", &ns, "-f", &dir.to_string_lossy()]).ok();
-    let dlock: Vec<&str> = again.stdout.lines().filter(|l| l.contains(".dlock.dev/")).collect();
-    assert_eq!(dlock.len(), lsvcs.len() + k.list(&ns, "paymentstacks.dlock.dev").len());
+    let dlock: Vec<&str> = again
+        .stdout
+        .lines()
+        .filter(|l| l.contains(".dlock.dev/"))
+        .collect();
+    assert_eq!(
+        dlock.len(),
+        lsvcs.len() + k.list(&ns, "paymentstacks.dlock.dev").len()
+    );
     assert!(
         dlock.iter().all(|l| l.ends_with("unchanged")),
         "second apply changed something:\n{}",
@@ -128,9 +148,15 @@ fn external(secret: &str) -> Value {
 
 /// `valid` is accepted (server dry run) and `invalid` refused with a message containing `message`.
 fn refused(k: &Kubectl, ns: &str, case: &str, valid: &Value, invalid: &Value, message: &str) {
-    let ok = k.run_stdin(&["create", "--dry-run=server", "-n", ns, "-f", "-"], &valid.to_string());
+    let ok = k.run_stdin(
+        &["create", "--dry-run=server", "-n", ns, "-f", "-"],
+        &valid.to_string(),
+    );
     assert!(ok.success, "{case}: the valid twin was refused: {}", ok.stderr);
-    let bad = k.run_stdin(&["create", "--dry-run=server", "-n", ns, "-f", "-"], &invalid.to_string());
+    let bad = k.run_stdin(
+        &["create", "--dry-run=server", "-n", ns, "-f", "-"],
+        &invalid.to_string(),
+    );
     assert!(!bad.success, "{case}: accepted {invalid}");
     assert!(
         bad.stderr.contains(message),
@@ -193,14 +219,29 @@ fn invalid_objects_are_refused_with_cel_messages() {
     etcd["spec"]["backend"] = json!("etcd");
     let mut pg = lockservice("ls", managed());
     pg["spec"]["backend"] = json!("postgres");
-    refused(k, &ns, "etcd backend", &pg, &etcd, "backend etcd is reserved for a later release");
+    refused(
+        k,
+        &ns,
+        "etcd backend",
+        &pg,
+        &etcd,
+        "backend etcd is reserved for a later release",
+    );
     let mut too_many = lockservice("ls", managed());
     too_many["spec"]["lockServer"] = json!({"replicas": 21});
     let mut enough = lockservice("ls", managed());
     enough["spec"]["lockServer"] = json!({"replicas": 20});
-    refused(k, &ns, "replicas bound", &enough, &too_many, "less than or equal to 20");
+    refused(
+        k,
+        &ns,
+        "replicas bound",
+        &enough,
+        &too_many,
+        "less than or equal to 20",
+    );
 
-    let stub = json!({"lockServiceRef": {"name": "ls"}, "database": managed(), "railStub": {"enabled": true}});
+    let stub =
+        json!({"lockServiceRef": {"name": "ls"}, "database": managed(), "railStub": {"enabled": true}});
     let no_rail = json!({"lockServiceRef": {"name": "ls"}, "database": managed()});
     refused(
         k,
@@ -233,7 +274,12 @@ fn immutable_fields_are_refused_on_update() {
     k.namespace(&ns);
 
     k.create(&ns, &lockservice("ls", managed())).ok();
-    let ok = k.patch(&ns, "lockservice", "ls", &json!({"spec": {"lockServer": {"replicas": 3}}}));
+    let ok = k.patch(
+        &ns,
+        "lockservice",
+        "ls",
+        &json!({"spec": {"lockServer": {"replicas": 3}}}),
+    );
     assert!(ok.success, "a replicas change is allowed: {}", ok.stderr);
     let bad = k.patch(
         &ns,
@@ -243,21 +289,41 @@ fn immutable_fields_are_refused_on_update() {
     );
     assert!(!bad.success, "switching the database mode was accepted");
     assert!(
-        bad.stderr.contains("database mode (managed vs external) is immutable after creation"),
+        bad.stderr
+            .contains("database mode (managed vs external) is immutable after creation"),
         "{}",
         bad.stderr
     );
 
-    let spec = json!({"lockServiceRef": {"name": "ls"}, "database": managed(), "railStub": {"enabled": true}});
+    let spec =
+        json!({"lockServiceRef": {"name": "ls"}, "database": managed(), "railStub": {"enabled": true}});
     k.create(&ns, &paymentstack("ps", spec)).ok();
-    let ok = k.patch(&ns, "paymentstack", "ps", &json!({"spec": {"payoutExecutor": {"replicas": 1}}}));
+    let ok = k.patch(
+        &ns,
+        "paymentstack",
+        "ps",
+        &json!({"spec": {"payoutExecutor": {"replicas": 1}}}),
+    );
     assert!(ok.success, "a replicas change is allowed: {}", ok.stderr);
-    let bad = k.patch(&ns, "paymentstack", "ps", &json!({"spec": {"lockServiceRef": {"name": "other"}}}));
+    let bad = k.patch(
+        &ns,
+        "paymentstack",
+        "ps",
+        &json!({"spec": {"lockServiceRef": {"name": "other"}}}),
+    );
     assert!(!bad.success, "re-pointing lockServiceRef was accepted");
-    assert!(bad.stderr.contains("lockServiceRef is immutable"), "{}", bad.stderr);
+    assert!(
+        bad.stderr.contains("lockServiceRef is immutable"),
+        "{}",
+        bad.stderr
+    );
     // Nothing was written by the refused updates.
-    let ps = k.get(Some(&ns), "paymentstack", "ps").unwrap_or_else(|| panic!("ps vanished"));
+    let ps = k
+        .get(Some(&ns), "paymentstack", "ps")
+        .unwrap_or_else(|| panic!("ps vanished"));
     assert_eq!(ps["spec"]["lockServiceRef"]["name"], "ls");
-    let ls = k.get(Some(&ns), "lockservice", "ls").unwrap_or_else(|| panic!("ls vanished"));
+    let ls = k
+        .get(Some(&ns), "lockservice", "ls")
+        .unwrap_or_else(|| panic!("ls vanished"));
     assert!(ls["spec"]["database"]["managed"].is_object());
 }

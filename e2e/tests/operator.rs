@@ -112,14 +112,18 @@ impl Ctx {
     /// Waits for `Ready=True` at the current generation.
     fn wait_ready(&mut self, resource: &str, name: &str) -> Value {
         let (resource, name) = (resource.to_owned(), name.to_owned());
-        self.wait(&format!("{resource}/{name} Ready at its current generation"), true, |cx| {
-            let o = cx.must_get(&resource, &name);
-            if objects::condition_is(&o, "Ready", "True") && objects::observed_current(&o) {
-                Ok(o)
-            } else {
-                Err(format!("status: {}", o["status"]))
-            }
-        })
+        self.wait(
+            &format!("{resource}/{name} Ready at its current generation"),
+            true,
+            |cx| {
+                let o = cx.must_get(&resource, &name);
+                if objects::condition_is(&o, "Ready", "True") && objects::observed_current(&o) {
+                    Ok(o)
+                } else {
+                    Err(format!("status: {}", o["status"]))
+                }
+            },
+        )
     }
 
     fn failed_runs(&self) -> Vec<&JobRun> {
@@ -164,9 +168,14 @@ fn running_deployments(ctx: &Ctx, owner: &Value) -> Vec<String> {
 /// Every child is controlled by `owner` (the controller reference with its kind, apiVersion and
 /// name) and carries the operator's labels naming its instance.
 fn assert_owned_and_labelled(children: &[Value], owner: &Value) {
-    assert!(!children.is_empty(), "{} has no children", objects::describe(owner));
+    assert!(
+        !children.is_empty(),
+        "{} has no children",
+        objects::describe(owner)
+    );
     for ch in children {
-        let r = objects::controller_ref(ch).unwrap_or_else(|| panic!("{} has no controller ref", objects::describe(ch)));
+        let r = objects::controller_ref(ch)
+            .unwrap_or_else(|| panic!("{} has no controller ref", objects::describe(ch)));
         assert_eq!(r["apiVersion"], "dlock.dev/v1alpha1", "{}", objects::describe(ch));
         assert_eq!(r["kind"], owner["kind"], "{}", objects::describe(ch));
         assert_eq!(r["name"], owner["metadata"]["name"], "{}", objects::describe(ch));
@@ -210,7 +219,12 @@ fn workload_image(ctx: &Ctx) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lockservice_managed_migrates_before_serving_then_follows_spec_changes() {
-    let Some(mut ctx) = Ctx::start("lockservice_managed", &[History::Lockdb]).await else {
+    let Some(mut ctx) = Ctx::start(
+        "lockservice_managed_migrates_before_serving_then_follows_spec_changes",
+        &[History::Lockdb],
+    )
+    .await
+    else {
         return;
     };
     let name = "locks";
@@ -231,13 +245,25 @@ async fn lockservice_managed_migrates_before_serving_then_follows_spec_changes()
         Vec::<String>::new(),
         "lock-server must wait for the migration Job"
     );
-    assert!(!objects::condition_is(&ls, "Ready", "True"), "Ready before migrating: {}", ls["status"]);
-    assert_eq!(ctx.children_of_kind(&ls, "statefulsets.apps").len(), 1, "one managed lockdb");
+    assert!(
+        !objects::condition_is(&ls, "Ready", "True"),
+        "Ready before migrating: {}",
+        ls["status"]
+    );
+    assert_eq!(
+        ctx.children_of_kind(&ls, "statefulsets.apps").len(),
+        1,
+        "one managed lockdb"
+    );
 
     // 2. The Job runs for real (its own command, against a local PostgreSQL 16); then everything
     //    comes up and the LockService is Ready.
     let ls = ctx.wait_ready("lockservice", name);
-    let failed: Vec<_> = ctx.failed_runs().into_iter().map(|r| (&r.job, &r.stderr)).collect();
+    let failed: Vec<_> = ctx
+        .failed_runs()
+        .into_iter()
+        .map(|r| (&r.job, &r.stderr))
+        .collect();
     assert!(failed.is_empty(), "migration runs failed: {failed:?}");
     let run = ctx
         .kubelet
@@ -251,14 +277,20 @@ async fn lockservice_managed_migrates_before_serving_then_follows_spec_changes()
     assert!(versions.len() >= 2, "V1 and V2 applied to lockdb: {versions:?}");
 
     let deployments = running_deployments(&ctx, &ls);
-    assert_eq!(deployments.len(), 1, "one lock-server Deployment: {deployments:?}");
+    assert_eq!(
+        deployments.len(),
+        1,
+        "one lock-server Deployment: {deployments:?}"
+    );
     let lock_server = ctx.must_get("deployment", &deployments[0]);
     assert_eq!(objects::replicas(&lock_server), 2);
     assert_eq!(ls["status"]["phase"], "Ready");
     assert_eq!(ls["status"]["migration"]["succeeded"], true, "{}", ls["status"]);
     assert_eq!(ls["status"]["migration"]["history"], "lockdb");
     assert!(
-        ls["status"]["endpoints"]["lockServer"].as_str().is_some_and(|e| !e.is_empty()),
+        ls["status"]["endpoints"]["lockServer"]
+            .as_str()
+            .is_some_and(|e| !e.is_empty()),
         "endpoint: {}",
         ls["status"]
     );
@@ -271,23 +303,46 @@ async fn lockservice_managed_migrates_before_serving_then_follows_spec_changes()
         assert!(kinds.contains(&kind), "no {kind} among the children: {kinds:?}");
     }
     let image = workload_image(&ctx);
-    assert!(objects::images(&lock_server).contains(&image), "lock-server image: {:?}", objects::images(&lock_server));
-    assert!(objects::images(&job).contains(&image), "migration image: {:?}", objects::images(&job));
+    assert!(
+        objects::images(&lock_server).contains(&image),
+        "lock-server image: {:?}",
+        objects::images(&lock_server)
+    );
+    assert!(
+        objects::images(&job).contains(&image),
+        "migration image: {:?}",
+        objects::images(&job)
+    );
 
     // 4. The leader holds the chart's Lease; the operator explains itself with Events.
     let lease = ctx.must_get("lease", &format!("{}-dlock-operator", ctx.id.release));
-    assert!(lease["spec"]["holderIdentity"].as_str().is_some_and(|h| !h.is_empty()), "{lease}");
+    assert!(
+        lease["spec"]["holderIdentity"]
+            .as_str()
+            .is_some_and(|h| !h.is_empty()),
+        "{lease}"
+    );
     let events = ctx.k().list(&ctx.ns, "events");
     assert!(
-        events.iter().any(|e| e["involvedObject"]["name"] == name || e["regarding"]["name"] == name),
+        events
+            .iter()
+            .any(|e| e["involvedObject"]["name"] == name || e["regarding"]["name"] == name),
         "no Event about {name}"
     );
     let metrics = ctx.op.get("/metrics");
-    assert!(metrics.contains("# EOF") || metrics.contains("# TYPE"), "metrics: {metrics}");
+    assert!(
+        metrics.contains("# EOF") || metrics.contains("# TYPE"),
+        "metrics: {metrics}"
+    );
 
     // 5. Spec changes: more replicas updates the Deployment; a new lease default reaches lock-server.
     ctx.k()
-        .patch(&ctx.ns, "lockservice", name, &json!({"spec": {"lockServer": {"replicas": 3}, "lease": {"defaultTtlMs": 4321}}}))
+        .patch(
+            &ctx.ns,
+            "lockservice",
+            name,
+            &json!({"spec": {"lockServer": {"replicas": 3}, "lease": {"defaultTtlMs": 4321}}}),
+        )
         .ok();
     let dep = deployments[0].clone();
     ctx.wait("lock-server scaled to 3 with the new lease TTL", true, |cx| {
@@ -300,12 +355,17 @@ async fn lockservice_managed_migrates_before_serving_then_follows_spec_changes()
         }
     });
     ctx.wait_ready("lockservice", name);
-    assert!(ctx.op.alive(), "{}", ctx.op.log_tail());
+    ctx.op.assert_healthy();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paymentstack_comes_up_behind_its_lockservice_and_drops_disabled_children() {
-    let Some(mut ctx) = Ctx::start("paymentstack", &[History::Lockdb, History::Paydb]).await else {
+    let Some(mut ctx) = Ctx::start(
+        "paymentstack_comes_up_behind_its_lockservice_and_drops_disabled_children",
+        &[History::Lockdb, History::Paydb],
+    )
+    .await
+    else {
         return;
     };
     ctx.apply(&lockservice("locks", json!({"managed": {}}), 1));
@@ -313,10 +373,17 @@ async fn paymentstack_comes_up_behind_its_lockservice_and_drops_disabled_childre
 
     ctx.wait_ready("lockservice", "locks");
     let ps = ctx.wait_ready("paymentstack", "pay");
-    let failed: Vec<_> = ctx.failed_runs().into_iter().map(|r| (&r.job, &r.stderr)).collect();
+    let failed: Vec<_> = ctx
+        .failed_runs()
+        .into_iter()
+        .map(|r| (&r.job, &r.stderr))
+        .collect();
     assert!(failed.is_empty(), "migration runs failed: {failed:?}");
     let histories: Vec<History> = ctx.kubelet.runs.iter().map(|r| r.history).collect();
-    assert!(histories.contains(&History::Lockdb) && histories.contains(&History::Paydb), "{histories:?}");
+    assert!(
+        histories.contains(&History::Lockdb) && histories.contains(&History::Paydb),
+        "{histories:?}"
+    );
     let paydb_run = ctx
         .kubelet
         .runs
@@ -336,10 +403,18 @@ async fn paymentstack_comes_up_behind_its_lockservice_and_drops_disabled_childre
             "no {part} Deployment among {deployments:?}"
         );
     }
-    assert_eq!(ctx.children_of_kind(&ps, "statefulsets.apps").len(), 1, "one managed paydb");
+    assert_eq!(
+        ctx.children_of_kind(&ps, "statefulsets.apps").len(),
+        1,
+        "one managed paydb"
+    );
     // The payments stack is not owned by (or owning) the LockService's children.
     let ls = ctx.must_get("lockservice", "locks");
-    assert!(ctx.children(&ls).iter().all(|c| !objects::controlled_by(c, objects::uid(&ps))));
+    assert!(
+        ctx.children(&ls)
+            .iter()
+            .all(|c| !objects::controlled_by(c, objects::uid(&ps)))
+    );
 
     // Spec changes: the rail-stub is switched off (rail-proxy pointed at a real rail instead) and
     // the executor scaled; the rail-stub's Deployment and Service go, the executor follows.
@@ -375,14 +450,19 @@ async fn paymentstack_comes_up_behind_its_lockservice_and_drops_disabled_childre
         }
     });
     ctx.wait_ready("paymentstack", "pay");
-    assert!(ctx.op.alive(), "{}", ctx.op.log_tail());
+    ctx.op.assert_healthy();
 }
 
 /// An external lockdb given by a Secret: no database is run, the Job reads the URL from the user's
 /// Secret (which the operator must not take over), and lock-server follows once it succeeded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn external_lockdb_is_migrated_from_the_secret_url() {
-    let Some(mut ctx) = Ctx::start("external_lockdb", &[History::Lockdb]).await else {
+    let Some(mut ctx) = Ctx::start(
+        "external_lockdb_is_migrated_from_the_secret_url",
+        &[History::Lockdb],
+    )
+    .await
+    else {
         return;
     };
     let secret = json!({
@@ -400,17 +480,25 @@ async fn external_lockdb_is_migrated_from_the_secret_url() {
     assert!(ctx.failed_runs().is_empty(), "{:?}", ctx.failed_runs());
     assert_eq!(ctx.kubelet.runs.len(), 1, "one migration run");
     assert!(applied_versions(&ctx.kubelet.runs[0]).await.len() >= 2);
-    assert!(ctx.children_of_kind(&ls, "statefulsets.apps").is_empty(), "no database is run for an external lockdb");
+    assert!(
+        ctx.children_of_kind(&ls, "statefulsets.apps").is_empty(),
+        "no database is run for an external lockdb"
+    );
     let s = ctx.must_get("secret", "cloudsql-lockdb");
-    assert!(objects::controller_ref(&s).is_none(), "the user's Secret was taken over: {}", s["metadata"]);
+    assert!(
+        objects::controller_ref(&s).is_none(),
+        "the user's Secret was taken over: {}",
+        s["metadata"]
+    );
     assert_eq!(running_deployments(&ctx, &ls).len(), 1);
+    ctx.op.assert_healthy();
 }
 
 /// Negative control for the gating: a migration that really fails (dlock-migrate refuses a database
 /// whose applied V1 was edited) leaves lock-server not running and the LockService not Ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_migration_keeps_lock_server_gated() {
-    let Some(mut ctx) = Ctx::start("failed_migration", &[]).await else {
+    let Some(mut ctx) = Ctx::start("failed_migration_keeps_lock_server_gated", &[]).await else {
         return;
     };
     // A lockdb whose recorded V1 checksum no longer matches the file: the real migrator refuses it.
@@ -426,7 +514,11 @@ async fn failed_migration_keeps_lock_server_gated() {
         "metadata": {"name": "lockdb-url"},
         "stringData": {"url": "postgres://owner:FAKE@db.example.invalid:5432/lockdb"},
     }));
-    ctx.apply(&lockservice("broken", json!({"external": {"secretRef": {"name": "lockdb-url"}}}), 2));
+    ctx.apply(&lockservice(
+        "broken",
+        json!({"external": {"secretRef": {"name": "lockdb-url"}}}),
+        2,
+    ));
 
     let ls = ctx.wait("the LockService to report the failed migration", true, |cx| {
         let ls = cx.must_get("lockservice", "broken");
@@ -439,13 +531,20 @@ async fn failed_migration_keeps_lock_server_gated() {
         }
     });
     let run = &ctx.kubelet.runs[0];
-    assert!(!run.succeeded(), "the tampered database must make dlock-migrate fail");
-    assert!(run.stderr.contains("edited after it was applied"), "{}", run.stderr);
+    assert!(
+        !run.succeeded(),
+        "the tampered database must make dlock-migrate fail"
+    );
+    assert!(
+        run.stderr.contains("edited after it was applied"),
+        "{}",
+        run.stderr
+    );
     assert_eq!(
         running_deployments(&ctx, &ls),
         Vec::<String>::new(),
         "lock-server must not run after a failed migration"
     );
     assert_ne!(ls["status"]["migration"]["succeeded"], true, "{}", ls["status"]);
-    assert!(ctx.op.alive(), "{}", ctx.op.log_tail());
+    ctx.op.assert_healthy();
 }

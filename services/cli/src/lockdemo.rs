@@ -88,7 +88,7 @@ fn token(body: &Value) -> Result<i64> {
 }
 
 /// Runs the lock scenes; returns whether every expectation held.
-pub async fn run(run_dir: &RunDir) -> Result<bool> {
+pub async fn run(run_dir: &RunDir, payments: bool) -> Result<bool> {
     let started = Instant::now();
     println!("dlock demo — fencing tokens from the lock service");
     println!();
@@ -169,6 +169,42 @@ pub async fn run(run_dir: &RunDir) -> Result<bool> {
          token {t1} against the {t2} it has already seen could refuse it."
     );
     println!();
-    println!("Verdict: {} ({:.1} s)", if ok { "PASS" } else { "FAIL" }, started.elapsed().as_secs_f64());
-    Ok(ok)
+    println!("Lock scenes: {} ({:.1} s)", if ok { "PASS" } else { "FAIL" }, started.elapsed().as_secs_f64());
+    drop(ls);
+    drop(lockdb);
+    if !payments {
+        return Ok(ok);
+    }
+
+    println!();
+    println!("dlock demo — the payments stack: fencing enforced by the resources themselves");
+    let mut verdicts = Vec::new();
+    for fencing in [true, false] {
+        println!();
+        println!(
+            "{}",
+            if fencing {
+                "Run 1: fencing on. Two databases, five services, two executors, one injected pause:"
+            } else {
+                "Run 2: the same scenario with both kill switches off (payment.fencing.enabled, rail.proxy.fencing.enabled):"
+            }
+        );
+        verdicts.push(crate::paydemo::run(fencing, run_dir.path()).await?);
+    }
+    crate::paydemo::print(&verdicts);
+    let fenced = &verdicts[0];
+    let proof = fenced.posted == fenced.payouts
+        && fenced.payouts_received_twice == 0
+        && fenced.payouts_paid_twice == 0
+        && fenced.fenced_at_rail + fenced.fenced_at_payment >= 1.0
+        && fenced.balance_error_minor == 0
+        && fenced.reconciliation_clean;
+    println!();
+    println!(
+        "Verdict: {} — with fencing on, every payout was paid and posted exactly once, the paused holder was refused by \
+         the resource itself, and the books reconcile. ({:.0} s in all)",
+        if ok && proof { "PASS" } else { "FAIL" },
+        started.elapsed().as_secs_f64()
+    );
+    Ok(ok && proof)
 }

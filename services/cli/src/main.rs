@@ -2,6 +2,7 @@
 
 mod bench;
 mod lockdemo;
+mod paydemo;
 mod stack;
 
 use std::path::PathBuf;
@@ -22,7 +23,11 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Start everything on loopback, show fencing at work, print a verdict, stop everything.
-    Demo,
+    Demo {
+        /// Only the lock scenes (lockdb and lock-server).
+        #[arg(long)]
+        locks_only: bool,
+    },
     /// Start everything on loopback and keep it running; print the endpoints (Ctrl-C stops).
     Up,
     /// Benchmarks; results go to stdout (record them in docs/benchmarks.md).
@@ -43,7 +48,7 @@ async fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Demo => lockdemo::run(&run_dir).await,
+        Command::Demo { locks_only } => lockdemo::run(&run_dir, !locks_only).await,
         Command::Up => stack::up(&run_dir).await,
         Command::Bench(cmd) => bench::run(cmd, &run_dir).await,
     };

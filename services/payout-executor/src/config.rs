@@ -189,7 +189,8 @@ impl Cli {
         let owner_id = self.owner_id.unwrap_or_else(default_owner_id);
         // The id itself and every worker's id (the longest one included) must be valid owner ids.
         for id in [owner_id.clone(), worker_owner_id(&owner_id, self.workers)] {
-            validate::owner_id(&id).map_err(|e| ConfigError::Invalid(format!("--owner-id: {}", e.message)))?;
+            validate::owner_id(&id)
+                .map_err(|e| ConfigError::Invalid(format!("--owner-id: {}", e.message)))?;
         }
         for (field, url) in [
             ("--lock-server-url", &self.lock_server_url),
@@ -263,7 +264,10 @@ mod tests {
     #[test]
     fn pause_needs_the_fault_injection_flag() {
         assert_eq!(
-            cli(&["--pause-at", "before_post"]).unwrap().into_config().unwrap_err(),
+            cli(&["--pause-at", "before_post"])
+                .unwrap()
+                .into_config()
+                .unwrap_err(),
             ConfigError::PauseWithoutFaultInjection
         );
         let c = cli(&["--pause-at", "before_rail_submit", "--enable-fault-injection"])
@@ -303,7 +307,10 @@ mod tests {
     fn payout_ids_repeat_or_comma_separate() {
         let a = "00000000-0000-4000-8000-000000000001";
         let b = "00000000-0000-4000-8000-000000000002";
-        let c = cli(&["--payout-id", a, "--payout-id", b]).unwrap().into_config().unwrap();
+        let c = cli(&["--payout-id", a, "--payout-id", b])
+            .unwrap()
+            .into_config()
+            .unwrap();
         assert_eq!(c.payout_ids.len(), 2);
         let joined = format!("{a},{b}");
         let c = cli(&["--payout-id", &joined]).unwrap().into_config().unwrap();

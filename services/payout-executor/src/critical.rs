@@ -35,7 +35,10 @@ pub enum Ended {
     /// Terminally failed by this grant: the rail rejected it, or the account cannot cover it.
     Failed { reason: &'static str },
     /// Nothing left to do: it was already terminal (another holder finished it).
-    AlreadyTerminal { state: PayoutState, claim_token: Option<i64> },
+    AlreadyTerminal {
+        state: PayoutState,
+        claim_token: Option<i64>,
+    },
     /// The rail cannot tell yet what became of the ambiguous submission.
     Unresolved,
 }
@@ -82,7 +85,11 @@ impl Critical<'_> {
             Some(s) => self.resources.faults.at(s, self.payout_id, self.token()).await,
             None => false,
         };
-        if paused { call.await } else { self.guarded(call).await }
+        if paused {
+            call.await
+        } else {
+            self.guarded(call).await
+        }
     }
 
     /// Claims (or adopts) the payout with this grant and drives it as far as it goes.
@@ -117,16 +124,19 @@ impl Critical<'_> {
         );
         match state {
             PayoutState::Claimed => {
-                self.transition(PayoutState::Claimed, PayoutState::RailSubmitted).await?;
+                self.transition(PayoutState::Claimed, PayoutState::RailSubmitted)
+                    .await?;
                 self.submit().await
             }
             PayoutState::RailSubmitted => self.resume_submitted().await,
             PayoutState::RailAcked => self.post().await,
             PayoutState::RailAmbiguous => self.resolve().await,
-            PayoutState::Posted | PayoutState::Failed | PayoutState::Abandoned => Ok(Ended::AlreadyTerminal {
-                state,
-                claim_token: claimed.payout.claim_token,
-            }),
+            PayoutState::Posted | PayoutState::Failed | PayoutState::Abandoned => {
+                Ok(Ended::AlreadyTerminal {
+                    state,
+                    claim_token: claimed.payout.claim_token,
+                })
+            }
             PayoutState::Pending => Err(ClientError::Protocol(format!(
                 "payout {} is still PENDING after a successful claim",
                 self.payout_id
@@ -216,11 +226,13 @@ impl Critical<'_> {
     async fn after_rail(&self, outcome: Option<RailOutcome>) -> Result<Ended, ClientError> {
         match outcome {
             Some(RailOutcome::Acked) => {
-                self.transition(PayoutState::RailSubmitted, PayoutState::RailAcked).await?;
+                self.transition(PayoutState::RailSubmitted, PayoutState::RailAcked)
+                    .await?;
                 self.post().await
             }
             Some(RailOutcome::Rejected) => {
-                self.transition(PayoutState::RailSubmitted, PayoutState::Failed).await?;
+                self.transition(PayoutState::RailSubmitted, PayoutState::Failed)
+                    .await?;
                 Ok(Ended::Failed {
                     reason: "rail rejected the payment",
                 })
@@ -257,11 +269,13 @@ impl Critical<'_> {
         );
         match attempt.outcome {
             Some(RailOutcome::Acked) => {
-                self.transition(PayoutState::RailAmbiguous, PayoutState::RailAcked).await?;
+                self.transition(PayoutState::RailAmbiguous, PayoutState::RailAcked)
+                    .await?;
                 self.post().await
             }
             Some(RailOutcome::Rejected) => {
-                self.transition(PayoutState::RailAmbiguous, PayoutState::Failed).await?;
+                self.transition(PayoutState::RailAmbiguous, PayoutState::Failed)
+                    .await?;
                 Ok(Ended::Failed {
                     reason: "rail rejected the payment",
                 })

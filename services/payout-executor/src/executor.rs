@@ -45,7 +45,10 @@ pub enum StartError {
     #[error("{0}")]
     Client(#[from] dlock_client::ClientError),
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// Runs the executor until `shutdown` is cancelled or, with `exit_when_idle`, until every worker is

@@ -82,7 +82,12 @@ impl Metrics {
             payout: latency_histogram(),
         };
         // The must-be-zero series exist at zero from the start, rather than appearing on first use.
-        for resource in [Resource::account, Resource::ledger, Resource::payout, Resource::rail] {
+        for resource in [
+            Resource::account,
+            Resource::ledger,
+            Resource::payout,
+            Resource::rail,
+        ] {
             let _ = m.fenced_out.get_or_create(&ResourceLabel { resource });
         }
         registry.register(
@@ -144,10 +149,22 @@ mod tests {
         m.payout_done(Duration::from_millis(40));
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-        assert!(text.contains("payouts_processed_total{outcome=\"posted\"} 1"), "{text}");
-        assert!(text.contains("lock_fenced_out_observed_total{resource=\"rail\"} 1"), "{text}");
-        assert!(text.contains("lock_fenced_out_observed_total{resource=\"account\"} 0"), "{text}");
-        assert!(text.contains("lock_acquire_duration_seconds_count{result=\"granted\"} 1"), "{text}");
+        assert!(
+            text.contains("payouts_processed_total{outcome=\"posted\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("lock_fenced_out_observed_total{resource=\"rail\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("lock_fenced_out_observed_total{resource=\"account\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("lock_acquire_duration_seconds_count{result=\"granted\"} 1"),
+            "{text}"
+        );
         assert!(text.contains("payout_duration_seconds_count 1"), "{text}");
         assert_eq!(m.processed_count(Outcome::posted), 1);
     }

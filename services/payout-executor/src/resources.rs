@@ -14,8 +14,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
-use crate::model::{Claimed, Page, PayoutState, Posted, Submission, SubmissionList, Transitioned};
 use crate::model::Payout;
+use crate::model::{Claimed, Page, PayoutState, Posted, Submission, SubmissionList, Transitioned};
 
 /// The base URL of a service, checked once.
 fn base_url(name: &str, url: &str) -> Result<Url, ClientError> {
@@ -114,7 +114,12 @@ impl PaymentApi {
 
     /// `POST /v1/payouts/{id}/claim`: PENDING → CLAIMED, or adoption of a payout an older token left
     /// in flight.
-    pub async fn claim(&self, payout_id: Uuid, owner_id: &str, token: FencingToken) -> Result<Claimed, ClientError> {
+    pub async fn claim(
+        &self,
+        payout_id: Uuid,
+        owner_id: &str,
+        token: FencingToken,
+    ) -> Result<Claimed, ClientError> {
         let u = url(&self.base, &["v1", "payouts", &payout_id.to_string(), "claim"]);
         let request = self
             .http
@@ -132,7 +137,10 @@ impl PaymentApi {
         to: PayoutState,
         token: FencingToken,
     ) -> Result<Transitioned, ClientError> {
-        let u = url(&self.base, &["v1", "payouts", &payout_id.to_string(), "transition"]);
+        let u = url(
+            &self.base,
+            &["v1", "payouts", &payout_id.to_string(), "transition"],
+        );
         let request = self
             .http
             .post(u)
@@ -190,7 +198,10 @@ impl RailApi {
     /// `POST /v1/submissions/{payoutId}/resolve`: asks the rail what became of an ambiguous attempt.
     /// Never submits.
     pub async fn resolve(&self, payout_id: Uuid, token: FencingToken) -> Result<Submission, ClientError> {
-        let u = url(&self.base, &["v1", "submissions", &payout_id.to_string(), "resolve"]);
+        let u = url(
+            &self.base,
+            &["v1", "submissions", &payout_id.to_string(), "resolve"],
+        );
         let request = self.http.post(u).header(FENCING_TOKEN_HEADER, token.to_string());
         read(request.send().await?).await
     }

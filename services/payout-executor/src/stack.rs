@@ -34,6 +34,8 @@ pub struct StackOptions {
     pub lock_server_url: Option<String>,
     /// rail-proxy's timeout for its one forward.
     pub rail_timeout_ms: u64,
+    /// Start rail-stub with `--test-mode`, so that [`Stack::set_rail_behaviour`] works.
+    pub rail_stub_test_mode: bool,
 }
 
 impl StackOptions {
@@ -44,6 +46,7 @@ impl StackOptions {
             payment_fencing: true,
             lock_server_url: None,
             rail_timeout_ms: 2_000,
+            rail_stub_test_mode: false,
         }
     }
 }
@@ -117,11 +120,12 @@ impl Stack {
     /// Starts every service and waits until each answers `/readyz`.
     pub async fn start(lockdb_url: &str, paydb_url: &str, opts: &StackOptions) -> Result<Self> {
         let dir = opts.log_dir.as_path();
-        let rail_stub = Service::start(
-            Spec::new("rail-stub", "rail-stub")?.args(["--listen", "127.0.0.1:{port}", "--mode", "ack"]),
-            dir,
-        )
-        .await?;
+        let mut stub =
+            Spec::new("rail-stub", "rail-stub")?.args(["--listen", "127.0.0.1:{port}", "--mode", "ack"]);
+        if opts.rail_stub_test_mode {
+            stub = stub.arg("--test-mode");
+        }
+        let rail_stub = Service::start(stub, dir).await?;
         let rail_proxy = Service::start(
             Spec::new("rail-proxy", "rail-proxy")?.args([
                 "--database-url".to_owned(),
@@ -184,24 +188,27 @@ impl Stack {
         })
     }
 
-    /// A payout-executor against this stack, in batch mode (`--exit-when-idle`). Add flags, then
-    /// [`Stack::start_executor`]. Readiness is not awaited: a batch executor may finish first.
+    /// A long-running payout-executor against this stack (until SIGTERM); [`Stack::start_executor`]
+    /// waits until it answers `/readyz`. Add flags before starting it.
     pub fn executor_spec(&self, name: &str) -> Result<Spec> {
-        Ok(Spec::new(name, "payout-executor")?
-            .args([
-                "--lock-server-url".to_owned(),
-                self.lock_url.clone(),
-                "--payment-resource-url".to_owned(),
-                self.payment.url(),
-                "--rail-proxy-url".to_owned(),
-                self.rail_proxy.url(),
-                "--owner-id".to_owned(),
-                name.to_owned(),
-                "--listen".to_owned(),
-                "127.0.0.1:{port}".to_owned(),
-                "--exit-when-idle".to_owned(),
-            ])
-            .no_wait())
+        Ok(Spec::new(name, "payout-executor")?.args([
+            "--lock-server-url".to_owned(),
+            self.lock_url.clone(),
+            "--payment-resource-url".to_owned(),
+            self.payment.url(),
+            "--rail-proxy-url".to_owned(),
+            self.rail_proxy.url(),
+            "--owner-id".to_owned(),
+            name.to_owned(),
+            "--listen".to_owned(),
+            "127.0.0.1:{port}".to_owned(),
+        ]))
+    }
+
+    /// A payout-executor in batch mode (`--exit-when-idle`). Readiness is not awaited: a batch
+    /// executor may be done before anyone asks.
+    pub fn batch_executor_spec(&self, name: &str) -> Result<Spec> {
+        Ok(self.executor_spec(name)?.arg("--exit-when-idle").no_wait())
     }
 
     pub async fn start_executor(&self, spec: Spec) -> Result<Service> {
@@ -249,14 +256,20 @@ impl Stack {
 
     pub async fn payout(&self, payout_id: Uuid) -> Result<Payout> {
         let body = self
-            .json(self.http.get(format!("{}/v1/payouts/{payout_id}", self.payment.url())))
+            .json(
+                self.http
+                    .get(format!("{}/v1/payouts/{payout_id}", self.payment.url())),
+            )
             .await?;
         Ok(serde_json::from_value(body)?)
     }
 
     pub async fn account(&self, account_id: Uuid) -> Result<Account> {
         let body = self
-            .json(self.http.get(format!("{}/v1/accounts/{account_id}", self.payment.url())))
+            .json(
+                self.http
+                    .get(format!("{}/v1/accounts/{account_id}", self.payment.url())),
+            )
             .await?;
         Ok(serde_json::from_value(body)?)
     }
@@ -267,10 +280,25 @@ impl Stack {
             .await
     }
 
+    /// Changes the rail stub's default outcome (`ack`, `reject`, `timeout`); needs
+    /// [`StackOptions::rail_stub_test_mode`].
+    pub async fn set_rail_behaviour(&self, mode: &str) -> Result<()> {
+        self.json(
+            self.http
+                .put(format!("{}/v1/admin/behaviour", self.rail_stub.url()))
+                .json(&json!({"mode": mode, "latencyMs": 0})),
+        )
+        .await
+        .map(|_| ())
+    }
+
     /// rail-proxy's record for a payout (`submissions`).
     pub async fn rail_submissions(&self, payout_id: Uuid) -> Result<Value> {
-        self.json(self.http.get(format!("{}/v1/submissions/{payout_id}", self.rail_proxy.url())))
-            .await
+        self.json(
+            self.http
+                .get(format!("{}/v1/submissions/{payout_id}", self.rail_proxy.url())),
+        )
+        .await
     }
 
     pub async fn rail_received(&self) -> Result<RailReceived> {
@@ -393,11 +421,26 @@ payouts_processed_total{outcome=\"posted\",worker=\"x\"} 5\n\
 
     #[test]
     fn reads_samples_by_name_and_labels() {
-        assert_eq!(metric_value(TEXT, "lock_fenced_out_total", &[("resource", "rail")]), Some(3.0));
-        assert_eq!(metric_value(TEXT, "lock_fenced_out_total", &[("resource", "account")]), Some(0.0));
-        assert_eq!(metric_value(TEXT, "lock_fenced_out_total", &[("resource", "payout")]), None);
-        assert_eq!(metric_value(TEXT, "rail_duplicate_attempted_total", &[]), Some(2.0));
-        assert_eq!(metric_value(TEXT, "payouts_processed_total", &[("outcome", "posted")]), Some(5.0));
+        assert_eq!(
+            metric_value(TEXT, "lock_fenced_out_total", &[("resource", "rail")]),
+            Some(3.0)
+        );
+        assert_eq!(
+            metric_value(TEXT, "lock_fenced_out_total", &[("resource", "account")]),
+            Some(0.0)
+        );
+        assert_eq!(
+            metric_value(TEXT, "lock_fenced_out_total", &[("resource", "payout")]),
+            None
+        );
+        assert_eq!(
+            metric_value(TEXT, "rail_duplicate_attempted_total", &[]),
+            Some(2.0)
+        );
+        assert_eq!(
+            metric_value(TEXT, "payouts_processed_total", &[("outcome", "posted")]),
+            Some(5.0)
+        );
         assert_eq!(metric_value(TEXT, "rail_duplicate_attempted", &[]), None);
     }
 

@@ -146,7 +146,11 @@ impl Discovery<'_> {
                     Ok(()) => {}
                     // This payment-resource lists only PENDING: in-flight payouts of dead holders
                     // are then found only through --payout-id (or this process's own tracking).
-                    Err(ClientError::Api { status, code, message }) if status.as_u16() == 400 => {
+                    Err(ClientError::Api {
+                        status,
+                        code,
+                        message,
+                    }) if status.as_u16() == 400 => {
                         if shared
                             .inflight_listing
                             .swap(false, std::sync::atomic::Ordering::Relaxed)
@@ -341,11 +345,15 @@ impl Worker {
         let acquiring = Instant::now();
         let lock = match session.acquire(&key, config.lease_ttl, config.acquire_wait).await {
             Ok(lock) => {
-                shared.metrics.acquire(AcquireResult::granted, acquiring.elapsed());
+                shared
+                    .metrics
+                    .acquire(AcquireResult::granted, acquiring.elapsed());
                 lock
             }
             Err(ClientError::Contended { .. }) => {
-                shared.metrics.acquire(AcquireResult::contended, acquiring.elapsed());
+                shared
+                    .metrics
+                    .acquire(AcquireResult::contended, acquiring.elapsed());
                 shared.metrics.processed(Outcome::contended);
                 tracing::debug!(event = "payout_contended", payout_id = %p.payout_id, lock_key = %key);
                 return Attempt {

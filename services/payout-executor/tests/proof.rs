@@ -29,7 +29,7 @@ use uuid::Uuid;
 const LIMIT: Duration = Duration::from_secs(60);
 const CURRENCY: &str = "EUR";
 /// The paused holder's lease: short, so that it lapses quickly once the process is stopped.
-const SHORT_LEASE_MS: &str = "1000";
+const SHORT_LEASE_MS: &str = "1500";
 /// The paused holder's session outlives the test, so its lapsed grant stays on the row (EXPIRED)
 /// for the takeover to find — the path the broken acquire gets wrong.
 const LONG_SESSION_MS: &str = "120000";
@@ -50,6 +50,15 @@ struct Env {
     _paydb: TestDb,
 }
 
+impl Drop for Env {
+    /// The service logs are kept when the test failed (the panic messages name them).
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.stack.log_dir);
+        }
+    }
+}
+
 async fn env(name: &str, configure: impl FnOnce(&mut StackOptions)) -> Env {
     let lockdb = dlock_testkit::lockdb().await;
     let paydb = dlock_testkit::paydb().await;
@@ -67,9 +76,11 @@ async fn env(name: &str, configure: impl FnOnce(&mut StackOptions)) -> Env {
 
 async fn wait_stopped(svc: &Service) {
     let pid = svc.pid();
-    eventually(&format!("{} (pid {pid}) to stop itself (state T)", svc.name), LIMIT, || async move {
-        (process_state(pid) == Some('T')).then_some(())
-    })
+    eventually(
+        &format!("{} (pid {pid}) to stop itself (state T)", svc.name),
+        LIMIT,
+        || async move { (process_state(pid) == Some('T')).then_some(()) },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e:#}; log: {}", svc.log.display()));
 }
@@ -84,10 +95,14 @@ async fn wait_exit(svc: &mut Service) -> ExitStatus {
 
 /// Waits until the paused holder's lease has lapsed on the lock-server; returns its token.
 async fn wait_lapsed(stack: &Stack, key: &str) -> i64 {
-    eventually(&format!("the lease on {key} to lapse (EXPIRED)"), LIMIT, || async {
-        let s = stack.lock_status(key).await.ok()?;
-        (s.state == LockState::Expired).then(|| s.fencing_token.map(|t| t.get()))?
-    })
+    eventually(
+        &format!("the lease on {key} to lapse (EXPIRED)"),
+        LIMIT,
+        || async {
+            let s = stack.lock_status(key).await.ok()?;
+            (s.state == LockState::Expired).then(|| s.fencing_token.map(|t| t.get()))?
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e:#}"))
 }
@@ -106,7 +121,10 @@ fn fenced_events(svc: &Service) -> Vec<Value> {
 }
 
 async fn payout_state(stack: &Stack, id: Uuid) -> Payout {
-    stack.payout(id).await.unwrap_or_else(|e| panic!("read payout {id}: {e:#}"))
+    stack
+        .payout(id)
+        .await
+        .unwrap_or_else(|e| panic!("read payout {id}: {e:#}"))
 }
 
 /// The fenced-out and duplicate counters of both resources, for before/after deltas.
@@ -184,21 +202,31 @@ struct Run {
 // ---------------------------------------------------------------------------------------------
 // Scenario 1: paused before the rail submit.
 
-/// E1 takes P, moves it to RAIL_SUBMITTED and stops itself right before the rail submit; its lease
-/// lapses; E2 adopts P and completes it; E1 resumes and submits with its stale token.
-async fn paused_before_rail_submit(env: Env) -> Run {
+/// E1, stopped at `step` of payout P with its lease lapsed.
+struct Stopped {
+    env: Env,
+    e1: Service,
+    key: String,
+    opening: i64,
+    payout: Payout,
+    e1_token: i64,
+    before: Counters,
+}
+
+/// Creates an account and payout P, starts E1 with `--pause-at step`, and waits until E1 has
+/// stopped itself and its lease has lapsed on the lock-server.
+async fn stop_first_holder(env: Env, step: &str) -> Stopped {
     let stack = &env.stack;
     let opening = 100_000;
     let account = stack.create_account(CURRENCY, opening).await.unwrap();
-    let p = stack.create_payout(account, 2_500, CURRENCY).await.unwrap();
+    let payout = stack.create_payout(account, 2_500, CURRENCY).await.unwrap();
     let key = format!("account:{account}");
     let before = Counters::read(stack).await;
-
     let e1 = stack
-        .start_executor(stack.executor_spec("e1").unwrap().args([
+        .start_executor(stack.batch_executor_spec("e1").unwrap().args([
             "--enable-fault-injection",
             "--pause-at",
-            "before_rail_submit",
+            step,
             "--lease-ttl-ms",
             SHORT_LEASE_MS,
             "--session-ttl-ms",
@@ -208,88 +236,133 @@ async fn paused_before_rail_submit(env: Env) -> Run {
         .unwrap();
     wait_stopped(&e1).await;
     let e1_token = wait_lapsed(stack, &key).await;
-    let held = payout_state(stack, p.payout_id).await;
-    assert_eq!(held.state, PayoutState::RailSubmitted, "{held:?}");
+    let held = payout_state(stack, payout.payout_id).await;
     assert_eq!(held.claim_token, Some(e1_token), "{held:?}");
-    assert_eq!(stack.rail_received().await.unwrap().received(p.payout_id), 0);
-
-    let mut e2 = stack
-        .start_executor(
-            stack
-                .executor_spec("e2")
-                .unwrap()
-                .args(["--payout-id".to_owned(), p.payout_id.to_string()]),
-        )
-        .await
-        .unwrap();
-    let e2_exit = wait_exit(&mut e2).await;
-    let account_before_resume = stack.account(account).await.unwrap();
-
-    let mut e1 = e1;
-    e1.resume().unwrap();
-    let e1_exit = wait_exit(&mut e1).await;
-    finish(env, e1, e2, key, opening, p, None, e1_token, e1_exit, e2_exit, account_before_resume, before).await
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn finish(
-    env: Env,
-    e1: Service,
-    e2: Service,
-    key: String,
-    opening: i64,
-    paused_payout: Payout,
-    other_payout: Option<Payout>,
-    e1_token: i64,
-    e1_exit: ExitStatus,
-    e2_exit: ExitStatus,
-    account_before_resume: stack::Account,
-    before: Counters,
-) -> Run {
-    let stack = &env.stack;
-    let takeover_token = *acquired_tokens(&e2, &key)
-        .first()
-        .unwrap_or_else(|| panic!("e2 never acquired {key}; log {}", e2.log.display()));
-    let delta = Counters::read(stack).await.minus(before);
-    let received = stack.rail_received().await.unwrap();
-    let account = stack.account(paused_payout.account_id).await.unwrap();
-    let reconciliation = stack.reconciliation().await.unwrap();
-    Run {
+    Stopped {
+        env,
         e1,
-        e2,
         key,
         opening,
-        paused_payout,
-        other_payout,
+        payout,
         e1_token,
-        takeover_token,
-        e1_exit,
-        e2_exit,
-        account_before_resume,
-        delta,
-        received,
-        account,
-        reconciliation,
-        env,
+        before,
     }
+}
+
+impl Stopped {
+    /// Runs E2 in batch mode on `e2_payout` to the end, then resumes E1 and waits for it; collects
+    /// what both left behind. `other` is a second payout of the account, if the scenario made one.
+    async fn takeover_then_resume(self, e2_payout: Uuid, other: Option<Payout>) -> Run {
+        let Stopped {
+            env,
+            mut e1,
+            key,
+            opening,
+            payout,
+            e1_token,
+            before,
+        } = self;
+        let stack = &env.stack;
+        let mut e2 = stack
+            .start_executor(
+                stack
+                    .batch_executor_spec("e2")
+                    .unwrap()
+                    .args(["--payout-id".to_owned(), e2_payout.to_string()]),
+            )
+            .await
+            .unwrap();
+        let e2_exit = wait_exit(&mut e2).await;
+        let account_before_resume = stack.account(payout.account_id).await.unwrap();
+
+        e1.resume().unwrap();
+        let e1_exit = wait_exit(&mut e1).await;
+
+        let takeover_token = *acquired_tokens(&e2, &key)
+            .first()
+            .unwrap_or_else(|| panic!("e2 never acquired {key}; log {}", e2.log.display()));
+        let delta = Counters::read(stack).await.minus(before);
+        let received = stack.rail_received().await.unwrap();
+        let account = stack.account(payout.account_id).await.unwrap();
+        let reconciliation = stack.reconciliation().await.unwrap();
+        Run {
+            e1,
+            e2,
+            key,
+            opening,
+            paused_payout: payout,
+            other_payout: other,
+            e1_token,
+            takeover_token,
+            e1_exit,
+            e2_exit,
+            account_before_resume,
+            delta,
+            received,
+            account,
+            reconciliation,
+            env,
+        }
+    }
+}
+
+/// E1 takes P, moves it to RAIL_SUBMITTED and stops itself right before the rail submit; its lease
+/// lapses; E2 adopts P and completes it; E1 resumes and submits with its stale token.
+async fn paused_before_rail_submit(env: Env) -> Run {
+    let stopped = stop_first_holder(env, "before_rail_submit").await;
+    let stack = &stopped.env.stack;
+    let p = stopped.payout.payout_id;
+    let held = payout_state(stack, p).await;
+    assert_eq!(held.state, PayoutState::RailSubmitted, "{held:?}");
+    assert_eq!(stack.rail_received().await.unwrap().received(p), 0);
+    stopped.takeover_then_resume(p, None).await
 }
 
 /// What must hold in every run, fenced or not: the executors ended cleanly, the rail was paid once
 /// per payout, and every payout was debited exactly once.
 async fn assert_paid_once(run: &Run) {
     let stack = &run.env.stack;
-    assert!(run.e1_exit.success(), "e1 exited {}; log {}", run.e1_exit, run.e1.log.display());
-    assert!(run.e2_exit.success(), "e2 exited {}; log {}", run.e2_exit, run.e2.log.display());
+    assert!(
+        run.e1_exit.success(),
+        "e1 exited {}; log {}",
+        run.e1_exit,
+        run.e1.log.display()
+    );
+    assert!(
+        run.e2_exit.success(),
+        "e2 exited {}; log {}",
+        run.e2_exit,
+        run.e2.log.display()
+    );
     let mut debited = 0;
     for p in std::iter::once(&run.paused_payout).chain(run.other_payout.as_ref()) {
-        assert_eq!(run.received.received(p.payout_id), 1, "rail requests for {}", p.payout_id);
-        assert_eq!(run.received.paid(p.payout_id), 1, "rail payments for {}", p.payout_id);
+        assert_eq!(
+            run.received.received(p.payout_id),
+            1,
+            "rail requests for {}",
+            p.payout_id
+        );
+        assert_eq!(
+            run.received.paid(p.payout_id),
+            1,
+            "rail payments for {}",
+            p.payout_id
+        );
         let now = payout_state(stack, p.payout_id).await;
         assert_eq!(now.state, PayoutState::Posted, "{now:?}");
         debited += p.amount_minor;
     }
-    assert!(run.received.paid_twice.is_empty(), "{:?}", run.received.paid_twice);
-    assert_eq!(run.account.balance_minor, run.opening - debited, "{:?}", run.account);
+    assert!(
+        run.received.paid_twice.is_empty(),
+        "{:?}",
+        run.received.paid_twice
+    );
+    assert_eq!(
+        run.account.balance_minor,
+        run.opening - debited,
+        "{:?}",
+        run.account
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -305,14 +378,21 @@ async fn paused_holder_is_fenced_at_rail_proxy() {
     // E2 finished P before E1 came back.
     let p = payout_state(&run.env.stack, run.paused_payout.payout_id).await;
     assert_eq!(p.claimed_by.as_deref(), Some("e2-w1"));
-    assert_eq!(run.account_before_resume.balance_minor, run.opening - p.amount_minor);
+    assert_eq!(
+        run.account_before_resume.balance_minor,
+        run.opening - p.amount_minor
+    );
 
     // E1's stale submit was refused by rail-proxy's high-water mark (d), not forwarded.
     assert_eq!(run.delta.rail_duplicate_attempted, 1.0, "{:?}", run.delta);
     assert_eq!(run.delta.rail_fenced, 1.0, "{:?}", run.delta);
     assert_eq!(run.delta.rail_duplicate_attempt_refusals, 0.0, "{:?}", run.delta);
     assert_eq!(
-        (run.delta.account_fenced, run.delta.ledger_fenced, run.delta.payout_fenced),
+        (
+            run.delta.account_fenced,
+            run.delta.ledger_fenced,
+            run.delta.payout_fenced
+        ),
         (0.0, 0.0, 0.0)
     );
     let fenced = fenced_events(&run.e1);
@@ -326,11 +406,19 @@ async fn paused_holder_is_fenced_at_rail_proxy() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|s| (s["presentedToken"].as_i64().unwrap(), s["outcome"].as_str().unwrap_or("NULL").to_owned()))
+        .map(|s| {
+            (
+                s["presentedToken"].as_i64().unwrap(),
+                s["outcome"].as_str().unwrap_or("NULL").to_owned(),
+            )
+        })
         .collect();
     assert_eq!(
         outcomes,
-        vec![(run.takeover_token, "ACKED".to_owned()), (run.e1_token, "FENCED".to_owned())]
+        vec![
+            (run.takeover_token, "ACKED".to_owned()),
+            (run.e1_token, "FENCED".to_owned())
+        ]
     );
     assert_eq!(run.reconciliation["clean"], true, "{}", run.reconciliation);
     assert_eq!(run.account.fence, run.takeover_token);
@@ -339,89 +427,70 @@ async fn paused_holder_is_fenced_at_rail_proxy() {
 // ---------------------------------------------------------------------------------------------
 // Scenario 2: paused before the post.
 
-/// E1 takes P1, submits it (ACKED), moves it to RAIL_ACKED and stops itself right before the post;
-/// its lease lapses; E2 takes the account over and posts P2 (a newer grant writes the account); E1
-/// resumes and posts P1 with its stale token.
-///
-/// Why E2 posts another payout rather than adopting P1: payment-resource answers a post of an
-/// already-POSTED payout with an idempotent 200 whatever the token (its T-021 case 6 test), so a
-/// stale holder returning to a payout the takeover already posted is never even compared with the
-/// account fence. The account fence decides when the newer grant has written the account and the
-/// stale holder's payout is still RAIL_ACKED — the hazard of T-021 case 8.
-async fn paused_before_post(env: Env) -> Run {
-    let stack = &env.stack;
-    let opening = 100_000;
-    let account = stack.create_account(CURRENCY, opening).await.unwrap();
-    let p1 = stack.create_payout(account, 2_500, CURRENCY).await.unwrap();
-    let key = format!("account:{account}");
-    let before = Counters::read(stack).await;
+/// What the takeover E2 works on while E1 is stopped before its post of P1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Takeover {
+    /// A second payout P2 of the same account: the newer grant writes the account, P1 stays
+    /// RAIL_ACKED, and E1's stale post meets the account fence (a).
+    OtherPayout,
+    /// P1 itself: E2 adopts and posts it, and E1's stale post meets an already-POSTED payout.
+    SamePayout,
+}
 
-    let e1 = stack
-        .start_executor(stack.executor_spec("e1").unwrap().args([
-            "--enable-fault-injection",
-            "--pause-at",
-            "before_post",
-            "--lease-ttl-ms",
-            SHORT_LEASE_MS,
-            "--session-ttl-ms",
-            LONG_SESSION_MS,
-        ]))
-        .await
-        .unwrap();
-    wait_stopped(&e1).await;
-    let e1_token = wait_lapsed(stack, &key).await;
+/// E1 takes P1, submits it (ACKED), moves it to RAIL_ACKED and stops itself right before the post;
+/// its lease lapses; E2 takes the account over (see [`Takeover`]); E1 resumes and posts P1 with its
+/// stale token.
+///
+/// Why the account fence needs [`Takeover::OtherPayout`]: payment-resource answers a post of an
+/// already-POSTED payout with an idempotent 200 whatever the token (its T-021 case 6 test), so a
+/// stale holder returning to a payout the takeover already posted is never compared with the
+/// account fence. The fence decides when the newer grant has written the account and the stale
+/// holder's payout is still RAIL_ACKED — the hazard of T-021 case 8.
+async fn paused_before_post(env: Env, takeover: Takeover) -> Run {
+    let stopped = stop_first_holder(env, "before_post").await;
+    let stack = &stopped.env.stack;
+    let p1 = stopped.payout.clone();
     let held = payout_state(stack, p1.payout_id).await;
     assert_eq!(held.state, PayoutState::RailAcked, "{held:?}");
-    assert_eq!(held.claim_token, Some(e1_token), "{held:?}");
     assert_eq!(stack.rail_received().await.unwrap().paid(p1.payout_id), 1);
-
-    let p2 = stack.create_payout(account, 4_000, CURRENCY).await.unwrap();
-    let mut e2 = stack
-        .start_executor(
-            stack
-                .executor_spec("e2")
-                .unwrap()
-                .args(["--payout-id".to_owned(), p2.payout_id.to_string()]),
-        )
-        .await
-        .unwrap();
-    let e2_exit = wait_exit(&mut e2).await;
-    let account_before_resume = stack.account(account).await.unwrap();
-
-    let mut e1 = e1;
-    e1.resume().unwrap();
-    let e1_exit = wait_exit(&mut e1).await;
-    finish(
-        env,
-        e1,
-        e2,
-        key,
-        opening,
-        p1,
-        Some(p2),
-        e1_token,
-        e1_exit,
-        e2_exit,
-        account_before_resume,
-        before,
-    )
-    .await
+    let p2 = match takeover {
+        Takeover::OtherPayout => Some(stack.create_payout(p1.account_id, 4_000, CURRENCY).await.unwrap()),
+        Takeover::SamePayout => None,
+    };
+    let e2_payout = p2.as_ref().map_or(p1.payout_id, |p| p.payout_id);
+    stopped.takeover_then_resume(e2_payout, p2).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_holder_is_fenced_at_payment_resource() {
-    let run = paused_before_post(env("post-fenced", |_| {}).await).await;
+    let run = paused_before_post(env("post-fenced", |_| {}).await, Takeover::OtherPayout).await;
     assert_paid_once(&run).await;
-    assert!(run.takeover_token > run.e1_token, "{} vs {}", run.takeover_token, run.e1_token);
+    assert!(
+        run.takeover_token > run.e1_token,
+        "{} vs {}",
+        run.takeover_token,
+        run.e1_token
+    );
     let p2 = run.other_payout.as_ref().unwrap();
     // Before E1 returned: only P2 was debited, by the takeover's grant.
-    assert_eq!(run.account_before_resume.balance_minor, run.opening - p2.amount_minor);
+    assert_eq!(
+        run.account_before_resume.balance_minor,
+        run.opening - p2.amount_minor
+    );
     assert_eq!(run.account_before_resume.fence, run.takeover_token);
 
     // E1's stale post was refused at (a): the account's fence had moved past its token.
     assert_eq!(run.delta.account_fenced, 1.0, "{:?}", run.delta);
-    assert_eq!((run.delta.ledger_fenced, run.delta.payout_fenced), (0.0, 0.0), "{:?}", run.delta);
-    assert_eq!((run.delta.rail_fenced, run.delta.rail_duplicate_attempted), (0.0, 0.0));
+    assert_eq!(
+        (run.delta.ledger_fenced, run.delta.payout_fenced),
+        (0.0, 0.0),
+        "{:?}",
+        run.delta
+    );
+    assert_eq!(
+        (run.delta.rail_fenced, run.delta.rail_duplicate_attempted),
+        (0.0, 0.0)
+    );
     let fenced = fenced_events(&run.e1);
     assert_eq!(fenced.len(), 1, "{fenced:?}");
     assert_eq!(fenced[0]["resource"], "account");
@@ -436,6 +505,36 @@ async fn paused_holder_is_fenced_at_payment_resource() {
     let p1 = payout_state(&run.env.stack, run.paused_payout.payout_id).await;
     assert_eq!(p1.claim_token, Some(e1_grants[1]));
     assert_eq!(run.account.fence, e1_grants[1]);
+    assert_eq!(run.reconciliation["clean"], true, "{}", run.reconciliation);
+}
+
+/// The takeover adopted and posted P1 itself; the stale post that follows changes nothing. It is not
+/// refused with 409 either: payment-resource answers a post of an already-POSTED payout with an
+/// idempotent 200 (checked before (a), whatever the token), so no fence counter moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_holder_returning_to_a_payout_the_takeover_posted_changes_nothing() {
+    let run = paused_before_post(env("post-same", |_| {}).await, Takeover::SamePayout).await;
+    assert_paid_once(&run).await;
+    assert!(
+        run.takeover_token > run.e1_token,
+        "{} vs {}",
+        run.takeover_token,
+        run.e1_token
+    );
+    let p1 = payout_state(&run.env.stack, run.paused_payout.payout_id).await;
+    assert_eq!(p1.claimed_by.as_deref(), Some("e2-w1"));
+    assert_eq!(p1.claim_token, Some(run.takeover_token));
+    let adopted = log_events(&run.e2.log, "payout_adopted");
+    assert_eq!(adopted.len(), 1, "{adopted:?}");
+    assert_eq!(adopted[0]["state"], "RAIL_ACKED");
+    // Nothing changed when E1 came back.
+    assert_eq!(run.account, run.account_before_resume);
+    let idempotent = log_events(&run.e1.log, "payout_already_posted");
+    assert_eq!(idempotent.len(), 1, "{idempotent:?}");
+    assert_eq!(idempotent[0]["fencing_token"], run.e1_token);
+    assert!(log_events(&run.e1.log, "payout_posted").is_empty());
+    assert_eq!(run.delta, Counters::default());
+    assert_eq!(run.account.fence, run.takeover_token);
     assert_eq!(run.reconciliation["clean"], true, "{}", run.reconciliation);
 }
 
@@ -463,21 +562,28 @@ async fn batch_of_two_executors_posts_every_payout_exactly_once() {
     }
     let before = Counters::read(stack).await;
     let mut e1 = stack
-        .start_executor(stack.executor_spec("e1").unwrap().args(["--workers", "2"]))
+        .start_executor(stack.batch_executor_spec("e1").unwrap().args(["--workers", "2"]))
         .await
         .unwrap();
     let mut e2 = stack
-        .start_executor(stack.executor_spec("e2").unwrap().args(["--workers", "2"]))
+        .start_executor(stack.batch_executor_spec("e2").unwrap().args(["--workers", "2"]))
         .await
         .unwrap();
     let (s1, s2) = (wait_exit(&mut e1).await, wait_exit(&mut e2).await);
-    assert!(s1.success() && s2.success(), "{s1} {s2}; logs in {}", stack.log_dir.display());
+    assert!(
+        s1.success() && s2.success(),
+        "{s1} {s2}; logs in {}",
+        stack.log_dir.display()
+    );
 
     let received = stack.rail_received().await.unwrap();
     assert_eq!(received.requests.len(), payouts.len());
     assert!(received.paid_twice.is_empty());
     for p in &payouts {
-        assert_eq!((received.received(p.payout_id), received.paid(p.payout_id)), (1, 1));
+        assert_eq!(
+            (received.received(p.payout_id), received.paid(p.payout_id)),
+            (1, 1)
+        );
         assert_eq!(payout_state(stack, p.payout_id).await.state, PayoutState::Posted);
     }
     for account in &accounts {
@@ -518,12 +624,17 @@ async fn killed_executor_payout_is_finished_by_the_other_without_paying_twice() 
     for a in 0..3 {
         let account = stack.create_account(CURRENCY, opening).await.unwrap();
         for n in 0..3 {
-            payouts.push(stack.create_payout(account, 1_000 + 10 * a + n, CURRENCY).await.unwrap());
+            payouts.push(
+                stack
+                    .create_payout(account, 1_000 + 10 * a + n, CURRENCY)
+                    .await
+                    .unwrap(),
+            );
         }
     }
     let before = Counters::read(stack).await;
     let mut e1 = stack
-        .start_executor(stack.executor_spec("e1").unwrap().args([
+        .start_executor(stack.batch_executor_spec("e1").unwrap().args([
             "--enable-fault-injection",
             "--pause-at",
             "before_post",
@@ -539,13 +650,12 @@ async fn killed_executor_payout_is_finished_by_the_other_without_paying_twice() 
     assert_eq!(held_before.state, PayoutState::RailAcked);
     let e1_token = held_before.claim_token.unwrap();
 
-    // E2 works the whole batch (naming every payout: payment-resource lists only PENDING ones, so
-    // the dead holder's in-flight payout is found by its id); E1 dies mid-batch, holding a lock.
-    let mut spec = stack.executor_spec("e2").unwrap().args(["--workers", "2"]);
-    for p in &payouts {
-        spec = spec.args(["--payout-id".to_owned(), p.payout_id.to_string()]);
-    }
-    let mut e2 = stack.start_executor(spec).await.unwrap();
+    // E2 works the batch by listing PENDING and in-flight payouts (that is how it finds the dead
+    // holder's RAIL_ACKED one); E1 dies mid-batch, holding a lock.
+    let mut e2 = stack
+        .start_executor(stack.batch_executor_spec("e2").unwrap().args(["--workers", "2"]))
+        .await
+        .unwrap();
     stack::kill_hard(e1.pid()).unwrap();
     let e1_exit = wait_exit(&mut e1).await;
     assert!(!e1_exit.success(), "{e1_exit}");
@@ -556,11 +666,17 @@ async fn killed_executor_payout_is_finished_by_the_other_without_paying_twice() 
     assert!(received.paid_twice.is_empty());
     assert_eq!(received.requests.len(), payouts.len());
     for p in &payouts {
-        assert_eq!((received.received(p.payout_id), received.paid(p.payout_id)), (1, 1));
+        assert_eq!(
+            (received.received(p.payout_id), received.paid(p.payout_id)),
+            (1, 1)
+        );
         assert_eq!(payout_state(stack, p.payout_id).await.state, PayoutState::Posted);
     }
     let held_after = payout_state(stack, held).await;
-    assert_eq!(held_after.claimed_by.as_deref().map(|o| o.starts_with("e2-")), Some(true));
+    assert_eq!(
+        held_after.claimed_by.as_deref().map(|o| o.starts_with("e2-")),
+        Some(true)
+    );
     assert!(held_after.claim_token.unwrap() > e1_token);
     let adopted: Vec<Value> = log_events(&e2.log, "payout_adopted")
         .into_iter()
@@ -576,7 +692,10 @@ async fn killed_executor_payout_is_finished_by_the_other_without_paying_twice() 
             .filter(|p| p.account_id == account)
             .map(|p| p.amount_minor)
             .sum();
-        assert_eq!(stack.account(account).await.unwrap().balance_minor, opening - debited);
+        assert_eq!(
+            stack.account(account).await.unwrap().balance_minor,
+            opening - debited
+        );
     }
     assert_eq!(Counters::read(stack).await.minus(before), Counters::default());
     assert_eq!(stack.reconciliation().await.unwrap()["clean"], true);
@@ -600,7 +719,11 @@ async fn negative_control_rail_fencing_off_stale_submit_is_not_fenced_at_the_rai
     assert_eq!(run.delta.rail_fenced, 0.0, "{:?}", run.delta);
     assert_eq!(run.delta.rail_duplicate_attempted, 0.0, "{:?}", run.delta);
     assert_eq!(
-        (run.delta.account_fenced, run.delta.ledger_fenced, run.delta.payout_fenced),
+        (
+            run.delta.account_fenced,
+            run.delta.ledger_fenced,
+            run.delta.payout_fenced
+        ),
         (0.0, 0.0, 0.0),
         "{:?}",
         run.delta
@@ -621,7 +744,8 @@ async fn negative_control_rail_fencing_off_stale_submit_is_not_fenced_at_the_rai
     // Then E1's own lease check ended the section.
     let lost = log_events(&run.e1.log, "lock_lost");
     assert!(
-        lost.iter().any(|e| e["payout_id"] == run.paused_payout.payout_id.to_string()),
+        lost.iter()
+            .any(|e| e["payout_id"] == run.paused_payout.payout_id.to_string()),
         "{lost:?}"
     );
     assert_eq!(run.reconciliation["clean"], true, "{}", run.reconciliation);
@@ -636,7 +760,11 @@ async fn negative_control_rail_fencing_off_stale_submit_is_not_fenced_at_the_rai
 /// catches it as FENCE_REGRESSED, attributed to the stale grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn negative_control_payment_fencing_off_stale_post_lands_and_regresses_the_fence() {
-    let run = paused_before_post(env("post-unfenced", |o| o.payment_fencing = false).await).await;
+    let run = paused_before_post(
+        env("post-unfenced", |o| o.payment_fencing = false).await,
+        Takeover::OtherPayout,
+    )
+    .await;
     assert_paid_once(&run).await;
     assert_eq!(run.delta, Counters::default(), "nothing was fenced anywhere");
     assert!(fenced_events(&run.e1).is_empty());
@@ -727,7 +855,6 @@ async fn negative_control_broken_acquire_hands_the_takeover_the_paused_holders_t
         broken.takeover_token, broken.e1_token,
         "the broken acquire must reissue the paused holder's token"
     );
-    assert!(!(broken.takeover_token > broken.e1_token));
     // Downstream, the strict comparisons saw an equal token and refused the *new* holder: its adopt
     // of P was fenced at payment-resource's payout claim (claim_token < :token is false for equal
     // tokens). Scenario 1 asserts the takeover is never fenced; here it is.
@@ -738,4 +865,205 @@ async fn negative_control_broken_acquire_hands_the_takeover_the_paused_holders_t
     assert_eq!(e2_fenced[0]["stored"], broken.e1_token);
     assert_eq!(broken.delta.payout_fenced, 1.0, "{:?}", broken.delta);
     assert!(fenced_events(&good.e2).is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The executor as a service: metrics, health, graceful SIGTERM; the ambiguous and rejected paths;
+// bad configuration.
+
+fn sigterm(svc: &Service) {
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &svc.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executor_serves_metrics_and_stops_gracefully_on_sigterm() {
+    let env = env("service", |_| {}).await;
+    let stack = &env.stack;
+    let account = stack.create_account(CURRENCY, 50_000).await.unwrap();
+    let mut executor = stack
+        .start_executor(
+            stack
+                .executor_spec("svc")
+                .unwrap()
+                .args(["--poll-interval-ms", "50"]),
+        )
+        .await
+        .unwrap();
+    let url = executor.url();
+    let http = reqwest::Client::new();
+    for path in ["/healthz", "/readyz"] {
+        let r = http.get(format!("{url}{path}")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+    }
+
+    let p = stack.create_payout(account, 1_234, CURRENCY).await.unwrap();
+    eventually("the long-running executor to post the payout", LIMIT, || async {
+        let now = stack.payout(p.payout_id).await.ok()?;
+        (now.state == PayoutState::Posted).then_some(())
+    })
+    .await
+    .unwrap();
+    let m = |name: &'static str, labels: &'static [(&'static str, &'static str)]| {
+        let url = url.clone();
+        async move { stack.metric(&url, name, labels).await.unwrap() }
+    };
+    // The executor counts the attempt after its post returned and its lock was released.
+    eventually("the executor to count the posted payout", LIMIT, || async {
+        (m("payouts_processed_total", &[("outcome", "posted")]).await == 1.0).then_some(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(m("payout_duration_seconds_count", &[]).await, 1.0);
+    assert!(m("lock_acquire_duration_seconds_count", &[("result", "granted")]).await >= 1.0);
+    let text = stack.metrics(&url).await.unwrap();
+    for resource in ["account", "ledger", "payout", "rail"] {
+        assert_eq!(
+            stack::metric_value(&text, "lock_fenced_out_observed_total", &[("resource", resource)]),
+            Some(0.0),
+            "{resource}: the must-be-zero series is exported, at zero"
+        );
+    }
+
+    // SIGTERM: the workers stop, close their sessions, and the process exits 0.
+    sigterm(&executor);
+    let status = wait_exit(&mut executor).await;
+    assert!(status.success(), "{status}");
+    let stopped = log_events(&executor.log, "worker_stopped");
+    assert_eq!(stopped.len(), 1, "{stopped:?}");
+    assert_eq!(stopped[0]["exit"], "Shutdown");
+    assert_eq!(log_events(&executor.log, "session_closed").len(), 1);
+    let key = format!("account:{account}");
+    let lock = stack.lock_status(&key).await.unwrap();
+    assert_eq!(lock.state, LockState::Free, "released after the payout: {lock:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ambiguous_timeout_is_resolved_by_asking_the_rail_and_a_rejection_fails_the_payout() {
+    let env = env("ambiguous", |o| {
+        o.rail_stub_test_mode = true;
+        o.rail_timeout_ms = 300;
+    })
+    .await;
+    let stack = &env.stack;
+    let opening = 80_000;
+    let account = stack.create_account(CURRENCY, opening).await.unwrap();
+
+    // The rail pays, then answers too late: TIMEOUT → RAIL_AMBIGUOUS → resolve → ACKED → POSTED.
+    stack.set_rail_behaviour("timeout").await.unwrap();
+    let late = stack.create_payout(account, 3_000, CURRENCY).await.unwrap();
+    let mut e1 = stack
+        .start_executor(stack.batch_executor_spec("e1").unwrap())
+        .await
+        .unwrap();
+    assert!(wait_exit(&mut e1).await.success(), "log {}", e1.log.display());
+    assert_eq!(
+        payout_state(stack, late.payout_id).await.state,
+        PayoutState::Posted
+    );
+    let submitted = log_events(&e1.log, "rail_submitted");
+    assert_eq!(submitted.len(), 1, "{submitted:?}");
+    assert_eq!(submitted[0]["outcome"], "Some(Timeout)");
+    let resolved = log_events(&e1.log, "rail_resolved");
+    assert_eq!(resolved.len(), 1, "{resolved:?}");
+    assert_eq!(resolved[0]["outcome"], "Some(Acked)");
+    let transitions: Vec<(String, String)> = log_events(&e1.log, "payout_transitioned")
+        .iter()
+        .map(|e| {
+            (
+                e["from"].as_str().unwrap().to_owned(),
+                e["to"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let edge = |a: &str, b: &str| (a.to_owned(), b.to_owned());
+    assert_eq!(
+        transitions,
+        vec![
+            edge("CLAIMED", "RAIL_SUBMITTED"),
+            edge("RAIL_SUBMITTED", "RAIL_AMBIGUOUS"),
+            edge("RAIL_AMBIGUOUS", "RAIL_ACKED"),
+        ]
+    );
+
+    // The rail refuses: FAILED, nothing debited.
+    stack.set_rail_behaviour("reject").await.unwrap();
+    let refused = stack.create_payout(account, 5_000, CURRENCY).await.unwrap();
+    let mut e2 = stack
+        .start_executor(stack.batch_executor_spec("e2").unwrap())
+        .await
+        .unwrap();
+    assert!(wait_exit(&mut e2).await.success(), "log {}", e2.log.display());
+    assert_eq!(
+        payout_state(stack, refused.payout_id).await.state,
+        PayoutState::Failed
+    );
+    assert_eq!(log_events(&e2.log, "payout_failed").len(), 1);
+
+    // Each was sent to the rail once (never resubmitted); only the first was paid.
+    let received = stack.rail_received().await.unwrap();
+    assert_eq!(
+        (received.received(late.payout_id), received.paid(late.payout_id)),
+        (1, 1)
+    );
+    assert_eq!(
+        (
+            received.received(refused.payout_id),
+            received.paid(refused.payout_id)
+        ),
+        (1, 0)
+    );
+    assert_eq!(
+        stack.account(account).await.unwrap().balance_minor,
+        opening - 3_000
+    );
+    assert_eq!(stack.reconciliation().await.unwrap()["clean"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_configuration_is_refused_and_nothing_is_written() {
+    let env = env("bad-config", |_| {}).await;
+    let stack = &env.stack;
+    let account = stack.create_account(CURRENCY, 10_000).await.unwrap();
+    let p = stack.create_payout(account, 500, CURRENCY).await.unwrap();
+    let bad: &[&[&str]] = &[
+        // Fault injection is refused unless explicitly enabled.
+        &["--pause-at", "before_post"],
+        &["--enable-fault-injection", "--pause-at", "sometime"],
+        &["--workers", "0"],
+        &["--workers", "-1"],
+        &["--lease-ttl-ms", "5"],
+        &["--lease-ttl-ms", "abc"],
+        &["--session-ttl-ms", "0"],
+        &["--payout-id", "not-a-uuid"],
+        &["--owner-id", " spaced "],
+        &["--page-size", "100000"],
+    ];
+    for (n, args) in bad.iter().enumerate() {
+        let spec = stack
+            .batch_executor_spec(&format!("bad{n}"))
+            .unwrap()
+            .args(args.iter().copied());
+        let mut svc = stack.start_executor(spec).await.unwrap();
+        let status = wait_exit(&mut svc).await;
+        assert_eq!(
+            status.code(),
+            Some(2),
+            "{args:?}: {status}; log {}",
+            svc.log.display()
+        );
+    }
+    // Nothing was claimed, submitted or posted.
+    let now = payout_state(stack, p.payout_id).await;
+    assert_eq!(
+        (now.state, now.claim_token, now.attempt_count),
+        (PayoutState::Pending, None, 0)
+    );
+    assert!(stack.rail_received().await.unwrap().requests.is_empty());
+    assert_eq!(stack.account(account).await.unwrap().balance_minor, 10_000);
+    let lock = stack.lock_status(&format!("account:{account}")).await.unwrap();
+    assert_eq!(lock.state, LockState::Free);
 }
