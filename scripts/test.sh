@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# Runs every test: unit, integration (real PostgreSQL 16 servers started by the test kit), and the
-# cluster tier on a real kube-apiserver when its tools are installed.
+# Runs every test: unit and integration tests against real PostgreSQL 16 servers started by the test
+# kit, the cross-process proof, then the cluster tier on a real kube-apiserver + etcd (tools are
+# built once and cached in $DLOCK_TOOLS_DIR; the first build of kube-apiserver takes ~15 minutes).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 "$DLOCK_ROOT/scripts/setup.sh"
 cd "$DLOCK_ROOT"
 say "cargo test --workspace"
 cargo test --workspace --all-targets --no-fail-fast 2>&1
+if [ "${DLOCK_SKIP_CLUSTER:-0}" = 1 ]; then
+  say "DLOCK_SKIP_CLUSTER=1: cluster tier not run"
+else
+  say "cluster tier (kube-apiserver + etcd on loopback)"
+  "$DLOCK_ROOT/scripts/test-cluster.sh"
+fi
