@@ -62,14 +62,20 @@ fn histogram() -> Result<Histogram<u64>> {
 }
 
 async fn lock(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
-    println!("dlock bench lock — {} clients, {} s per phase", args.clients, args.seconds);
+    println!(
+        "dlock bench lock — {} clients, {} s per phase",
+        args.clients, args.seconds
+    );
     let db = Database::start(History::Lockdb).await?;
     let pool_size = args.clients.to_string();
     let server = lock_server(&db, run_dir.path(), &["--db-pool-size", &pool_size]).await?;
     let measure = Duration::from_secs(args.seconds);
 
     let mut phases = Vec::new();
-    for (name, contended) in [("service, distinct keys", false), ("service, one contended key", true)] {
+    for (name, contended) in [
+        ("service, distinct keys", false),
+        ("service, one contended key", true),
+    ] {
         step(format!("{name} …"));
         phases.push(http_phase(name, &server.url(), args.clients, contended, measure).await?);
     }
@@ -77,7 +83,10 @@ async fn lock(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
     phases.push(bare_phase(&db.app_url(), args.clients, measure).await?);
 
     println!();
-    println!("{:<28} {:>8} {:>10} {:>10} {:>12} {:>12}", "phase", "clients", "cycles/s", "grants/s", "acquire p50", "acquire p99");
+    println!(
+        "{:<28} {:>8} {:>10} {:>10} {:>12} {:>12}",
+        "phase", "clients", "cycles/s", "grants/s", "acquire p50", "acquire p99"
+    );
     for p in &phases {
         println!(
             "{:<28} {:>8} {:>10.0} {:>10.0} {:>9.2} ms {:>9.2} ms",
@@ -92,7 +101,11 @@ async fn lock(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
     let ratio = phases[0].per_sec() / phases[2].per_sec();
     println!();
     println!("service / bare statement throughput (distinct keys): {ratio:.2}  (target ≥ 0.70)");
-    println!("service acquire p99 at {} clients: {:.2} ms  (target < 5 ms)", args.clients, phases[0].ms(0.99));
+    println!(
+        "service acquire p99 at {} clients: {:.2} ms  (target < 5 ms)",
+        args.clients,
+        phases[0].ms(0.99)
+    );
     Ok(true)
 }
 
@@ -103,7 +116,9 @@ async fn http_phase(
     contended: bool,
     measure: Duration,
 ) -> Result<Phase> {
-    let http = reqwest::Client::builder().pool_max_idle_per_host(clients as usize).build()?;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(clients as usize)
+        .build()?;
     let warm_until = Instant::now() + Duration::from_secs(1);
     let stop_at = warm_until + measure;
     let mut tasks = Vec::new();
@@ -120,7 +135,11 @@ async fn http_phase(
                 .json()
                 .await?;
             let session = s["sessionId"].as_str().context("session id")?.to_owned();
-            let key = if contended { "bench:hot".to_owned() } else { format!("bench:{i}") };
+            let key = if contended {
+                "bench:hot".to_owned()
+            } else {
+                format!("bench:{i}")
+            };
             let mut hist = histogram()?;
             let (mut cycles, mut grants) = (0u64, 0u64);
             loop {
@@ -211,8 +230,18 @@ async fn bare_phase(url: &str, clients: u32, measure: Duration) -> Result<Phase>
 
 type TaskResult = Result<(Histogram<u64>, u64, u64)>;
 
-async fn collect(name: &'static str, tasks: Vec<tokio::task::JoinHandle<TaskResult>>, measure: Duration) -> Result<Phase> {
-    let mut phase = Phase { name, cycles: 0, grants: 0, secs: measure.as_secs_f64(), acquire: histogram()? };
+async fn collect(
+    name: &'static str,
+    tasks: Vec<tokio::task::JoinHandle<TaskResult>>,
+    measure: Duration,
+) -> Result<Phase> {
+    let mut phase = Phase {
+        name,
+        cycles: 0,
+        grants: 0,
+        secs: measure.as_secs_f64(),
+        acquire: histogram()?,
+    };
     for t in tasks {
         let (h, c, g) = t.await??;
         phase.acquire.add(h)?;

@@ -20,7 +20,9 @@ pub struct Api {
 
 impl Api {
     pub fn new(base: String) -> Result<Self> {
-        let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()?;
         Ok(Self { http, base })
     }
 
@@ -33,15 +35,28 @@ impl Api {
 
     pub async fn session(&self, owner: &str) -> Result<String> {
         let (s, b) = self
-            .send(self.http.post(format!("{}/v1/sessions", self.base)).json(&json!({"ownerId": owner, "ttlMs": 60_000})))
+            .send(
+                self.http
+                    .post(format!("{}/v1/sessions", self.base))
+                    .json(&json!({"ownerId": owner, "ttlMs": 60_000})),
+            )
             .await?;
         if s != StatusCode::CREATED {
             bail!("create session: {s} {b}");
         }
-        b["sessionId"].as_str().map(str::to_owned).ok_or_else(|| anyhow!("no sessionId in {b}"))
+        b["sessionId"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| anyhow!("no sessionId in {b}"))
     }
 
-    pub async fn acquire(&self, key: &str, session: &str, owner: &str, ttl_ms: i64) -> Result<(StatusCode, Value)> {
+    pub async fn acquire(
+        &self,
+        key: &str,
+        session: &str,
+        owner: &str,
+        ttl_ms: i64,
+    ) -> Result<(StatusCode, Value)> {
         self.send(
             self.http
                 .post(format!("{}/v1/locks/{key}/acquire", self.base))
@@ -70,11 +85,20 @@ impl Api {
     }
 
     pub async fn read(&self, key: &str) -> Result<Value> {
-        Ok(self.send(self.http.get(format!("{}/v1/locks/{key}", self.base))).await?.1)
+        Ok(self
+            .send(self.http.get(format!("{}/v1/locks/{key}", self.base)))
+            .await?
+            .1)
     }
 
     pub async fn metric(&self, name: &str) -> Result<f64> {
-        let text = self.http.get(format!("{}/metrics", self.base)).send().await?.text().await?;
+        let text = self
+            .http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await?
+            .text()
+            .await?;
         Ok(text
             .lines()
             .filter(|l| l.starts_with(name))
@@ -84,7 +108,9 @@ impl Api {
 }
 
 fn token(body: &Value) -> Result<i64> {
-    body["fencingToken"].as_i64().ok_or_else(|| anyhow!("no fencingToken in {body}"))
+    body["fencingToken"]
+        .as_i64()
+        .ok_or_else(|| anyhow!("no fencingToken in {body}"))
 }
 
 /// Runs the lock scenes; returns whether every expectation held.
@@ -112,7 +138,11 @@ pub async fn run(run_dir: &RunDir, payments: bool) -> Result<bool> {
 
     println!("2. W2 asks for the same key while W1's lease is live.");
     let (st, body) = api.acquire(KEY, &s2, "worker-2", LEASE_MS).await?;
-    step(format!("W2 → {} {}", st.as_u16(), body["code"].as_str().unwrap_or("")));
+    step(format!(
+        "W2 → {} {}",
+        st.as_u16(),
+        body["code"].as_str().unwrap_or("")
+    ));
     check("W2 is refused (409 CONTENDED)", st == StatusCode::CONFLICT);
 
     println!("3. W1 pauses (a GC pause, SIGSTOP, a slow disk): it stops renewing.");
@@ -120,7 +150,10 @@ pub async fn run(run_dir: &RunDir, payments: bool) -> Result<bool> {
     loop {
         let state = api.read(KEY).await?;
         if state["state"] == "EXPIRED" {
-            step(format!("lockdb's clock says the lease expired at {}", state["expiresAt"].as_str().unwrap_or("?")));
+            step(format!(
+                "lockdb's clock says the lease expired at {}",
+                state["expiresAt"].as_str().unwrap_or("?")
+            ));
             break;
         }
         if Instant::now() > deadline {
@@ -133,13 +166,23 @@ pub async fn run(run_dir: &RunDir, payments: bool) -> Result<bool> {
     let (_, g2) = api.acquire(KEY, &s2, "worker-2", 30_000).await?;
     let t2 = token(&g2)?;
     step(format!("W2 granted, fencing token {t2}"));
-    check(&format!("the takeover token is strictly higher ({t2} > {t1})"), t2 > t1);
+    check(
+        &format!("the takeover token is strictly higher ({t2} > {t1})"),
+        t2 > t1,
+    );
     step("(gaps are expected: a refused acquire still consumes a value of the global sequence)");
 
     println!("5. W1 wakes up and carries on with token {t1}.");
     let (st, body) = api.renew(KEY, t1, LEASE_MS).await?;
-    step(format!("W1 renew → {} {}", st.as_u16(), body["code"].as_str().unwrap_or("")));
-    check("W1's renew fails: its lease is gone (410 LEASE_EXPIRED)", st == StatusCode::GONE);
+    step(format!(
+        "W1 renew → {} {}",
+        st.as_u16(),
+        body["code"].as_str().unwrap_or("")
+    ));
+    check(
+        "W1's renew fails: its lease is gone (410 LEASE_EXPIRED)",
+        st == StatusCode::GONE,
+    );
     let (st, body) = api.release(KEY, t1).await?;
     step(format!("W1 release → {} stale={}", st.as_u16(), body["stale"]));
     check("W1's release is stale and changes nothing", body["stale"] == true);
@@ -169,7 +212,11 @@ pub async fn run(run_dir: &RunDir, payments: bool) -> Result<bool> {
          token {t1} against the {t2} it has already seen could refuse it."
     );
     println!();
-    println!("Lock scenes: {} ({:.1} s)", if ok { "PASS" } else { "FAIL" }, started.elapsed().as_secs_f64());
+    println!(
+        "Lock scenes: {} ({:.1} s)",
+        if ok { "PASS" } else { "FAIL" },
+        started.elapsed().as_secs_f64()
+    );
     drop(ls);
     drop(lockdb);
     if !payments {

@@ -11,7 +11,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "dlock", about = "dlock: fenced locks and the payments stack that proves them", version)]
+#[command(
+    name = "dlock",
+    about = "dlock: fenced locks and the payments stack that proves them",
+    version
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

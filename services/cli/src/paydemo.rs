@@ -46,7 +46,12 @@ fn seeded_account(n: u32) -> Result<Uuid> {
 }
 
 async fn count_in(http: &reqwest::Client, base: &str, state: &str) -> Result<usize> {
-    let v: Value = http.get(format!("{base}/v1/payouts?state={state}&limit=500")).send().await?.json().await?;
+    let v: Value = http
+        .get(format!("{base}/v1/payouts?state={state}&limit=500"))
+        .send()
+        .await?
+        .json()
+        .await?;
     Ok(v["items"].as_array().map_or(0, Vec::len))
 }
 
@@ -57,13 +62,25 @@ async fn progress(http: &reqwest::Client, stack: &Stack, total: usize) -> Result
     for s in ["CLAIMED", "RAIL_SUBMITTED", "RAIL_ACKED", "RAIL_AMBIGUOUS"] {
         in_flight += count_in(http, &base, s).await?;
     }
-    Ok(format!("{:>3} pending  {:>3} in flight  {:>3} done of {total}", pending, in_flight, total - pending - in_flight))
+    Ok(format!(
+        "{:>3} pending  {:>3} in flight  {:>3} done of {total}",
+        pending,
+        in_flight,
+        total - pending - in_flight
+    ))
 }
 
 pub async fn run(fencing: bool, run_dir: &Path) -> Result<Verdict> {
     let started = Instant::now();
-    let label = if fencing { "fencing on" } else { "kill switches off" };
-    let mut verdict = Verdict { label, ..Verdict::default() };
+    let label = if fencing {
+        "fencing on"
+    } else {
+        "kill switches off"
+    };
+    let mut verdict = Verdict {
+        label,
+        ..Verdict::default()
+    };
     let lockdb = Database::start(History::Lockdb).await?;
     let paydb = Database::start(History::Paydb).await?;
     let mut opts = StackOptions::new(run_dir.join(if fencing { "fenced" } else { "unfenced" }));
@@ -76,7 +93,11 @@ pub async fn run(fencing: bool, run_dir: &Path) -> Result<Verdict> {
         stack.payment.url(),
         stack.rail_proxy.url(),
         stack.rail_stub.url(),
-        if fencing { "" } else { "  — payment.fencing.enabled=false, rail.proxy.fencing.enabled=false" }
+        if fencing {
+            ""
+        } else {
+            "  — payment.fencing.enabled=false, rail.proxy.fencing.enabled=false"
+        }
     ));
 
     // A batch across the seeded synthetic accounts.
@@ -84,33 +105,53 @@ pub async fn run(fencing: bool, run_dir: &Path) -> Result<Verdict> {
     let mut payouts = Vec::new();
     for n in 1..=ACCOUNTS {
         let id = seeded_account(n)?;
-        let account = stack.account(id).await.with_context(|| format!("seeded account {id}"))?;
+        let account = stack
+            .account(id)
+            .await
+            .with_context(|| format!("seeded account {id}"))?;
         opening.insert(id, account.balance_minor);
         for k in 0..PAYOUTS_PER_ACCOUNT {
-            payouts.push(stack.create_payout(id, 1_000 + 250 * k, &account.currency).await?);
+            payouts.push(
+                stack
+                    .create_payout(id, 1_000 + 250 * k, &account.currency)
+                    .await?,
+            );
         }
     }
     verdict.payouts = payouts.len();
-    step(format!("{} payouts created PENDING across {ACCOUNTS} seeded accounts", payouts.len()));
+    step(format!(
+        "{} payouts created PENDING across {ACCOUNTS} seeded accounts",
+        payouts.len()
+    ));
 
     // E1 will stop itself right before its first rail submission; E2 works normally.
-    let e1_spec = stack.executor_spec("executor-1")?.args([
-        "--workers",
-        "1",
-        "--lease-ttl-ms",
-        LEASE_MS,
-        "--enable-fault-injection",
-        "--pause-at",
-        "before_rail_submit",
-    ]).no_wait();
+    let e1_spec = stack
+        .executor_spec("executor-1")?
+        .args([
+            "--workers",
+            "1",
+            "--lease-ttl-ms",
+            LEASE_MS,
+            "--enable-fault-injection",
+            "--pause-at",
+            "before_rail_submit",
+        ])
+        .no_wait();
     let mut e1 = stack.start_executor(e1_spec).await?;
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
-    let stopped = eventually("executor-1 to stop itself at before_rail_submit", LIMIT, || async {
-        (process_state(e1.pid()) == Some('T')).then_some(())
-    })
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    let stopped = eventually(
+        "executor-1 to stop itself at before_rail_submit",
+        LIMIT,
+        || async { (process_state(e1.pid()) == Some('T')).then_some(()) },
+    )
     .await;
     stopped?;
-    let pause = log_events(&e1.log, "fault_pause").into_iter().next().context("fault_pause event")?;
+    let pause = log_events(&e1.log, "fault_pause")
+        .into_iter()
+        .next()
+        .context("fault_pause event")?;
     let paused_payout: Uuid = serde_json::from_value(pause["payout_id"].clone()).context("payout_id")?;
     verdict.stale_token = pause["fencing_token"].as_i64().context("fencing_token")?;
     step(format!(
@@ -118,7 +159,10 @@ pub async fn run(fencing: bool, run_dir: &Path) -> Result<Verdict> {
         verdict.stale_token
     ));
 
-    let e2_spec = stack.executor_spec("executor-2")?.args(["--workers", "2", "--lease-ttl-ms", LEASE_MS]).no_wait();
+    let e2_spec = stack
+        .executor_spec("executor-2")?
+        .args(["--workers", "2", "--lease-ttl-ms", LEASE_MS])
+        .no_wait();
     let mut e2 = stack.start_executor(e2_spec).await?;
     step("executor-2 started: it works the batch and takes over executor-1's account once its lease lapses");
     let mut last = String::new();
@@ -139,7 +183,14 @@ pub async fn run(fencing: bool, run_dir: &Path) -> Result<Verdict> {
             step("executor-3 started to finish the paused payout after its lease lapses");
             let spec = stack
                 .executor_spec("executor-3")?
-                .args(["--workers", "1", "--lease-ttl-ms", LEASE_MS, "--payout-id", &paused_payout.to_string()])
+                .args([
+                    "--workers",
+                    "1",
+                    "--lease-ttl-ms",
+                    LEASE_MS,
+                    "--payout-id",
+                    &paused_payout.to_string(),
+                ])
                 .no_wait();
             e2 = stack.start_executor(spec).await?;
         }
@@ -154,7 +205,10 @@ pub async fn run(fencing: bool, run_dir: &Path) -> Result<Verdict> {
         p.claim_token.map_or("?".into(), |t| t.to_string())
     ));
 
-    step(format!("executor-1 resumes (SIGCONT) and carries on with token {}", verdict.stale_token));
+    step(format!(
+        "executor-1 resumes (SIGCONT) and carries on with token {}",
+        verdict.stale_token
+    ));
     e1.resume()?;
     let log = e1.log.clone();
     verdict.stale_outcome = eventually("executor-1's answer for the stale payout", LIMIT, || {
@@ -190,10 +244,14 @@ pub async fn run(fencing: bool, run_dir: &Path) -> Result<Verdict> {
     }
     let rail = stack.rail_proxy.url();
     let pay = stack.payment.url();
-    verdict.fenced_at_rail = stack.metric(&rail, "lock_fenced_out_total", &[("resource", "rail")]).await?;
+    verdict.fenced_at_rail = stack
+        .metric(&rail, "lock_fenced_out_total", &[("resource", "rail")])
+        .await?;
     verdict.duplicate_attempts = stack.metric(&rail, "rail_duplicate_attempted_total", &[]).await?;
     for r in ["account", "ledger", "payout"] {
-        verdict.fenced_at_payment += stack.metric(&pay, "lock_fenced_out_total", &[("resource", r)]).await?;
+        verdict.fenced_at_payment += stack
+            .metric(&pay, "lock_fenced_out_total", &[("resource", r)])
+            .await?;
     }
     verdict.reconciliation_clean = stack.reconciliation().await?["clean"] == true;
     verdict.secs = started.elapsed().as_secs_f64();
@@ -204,9 +262,14 @@ pub async fn run(fencing: bool, run_dir: &Path) -> Result<Verdict> {
 fn stale_outcome(log: &Path, payout: Uuid) -> Option<String> {
     let text = std::fs::read_to_string(log).ok()?;
     let id = payout.to_string();
-    let events: Vec<Value> = text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).collect();
+    let events: Vec<Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .collect();
     let resumed = events.iter().position(|v| v["event"] == "fault_resumed")?;
-    let v = events[resumed + 1..].iter().find(|v| v["payout_id"].as_str() == Some(id.as_str()))?;
+    let v = events[resumed + 1..]
+        .iter()
+        .find(|v| v["payout_id"].as_str() == Some(id.as_str()))?;
     Some(if v["event"] == "fenced_out" {
         format!(
             "FENCED OUT by {} (presented {}, it had seen {})",
@@ -215,7 +278,11 @@ fn stale_outcome(log: &Path, payout: Uuid) -> Option<String> {
             v["stored"]
         )
     } else {
-        format!("NOT fenced: {} {}", v["event"].as_str().unwrap_or("?"), v["message"].as_str().unwrap_or(""))
+        format!(
+            "NOT fenced: {} {}",
+            v["event"].as_str().unwrap_or("?"),
+            v["message"].as_str().unwrap_or("")
+        )
     })
 }
 
@@ -236,16 +303,34 @@ pub fn print(verdicts: &[Verdict]) {
     row("payouts in the batch", &|v| v.payouts.to_string());
     row("payouts POSTED", &|v| v.posted.to_string());
     row("submissions the rail received", &|v| v.rail_received.to_string());
-    row("payouts the rail received twice", &|v| v.payouts_received_twice.to_string());
-    row("payouts the rail paid twice", &|v| v.payouts_paid_twice.to_string());
+    row("payouts the rail received twice", &|v| {
+        v.payouts_received_twice.to_string()
+    });
+    row("payouts the rail paid twice", &|v| {
+        v.payouts_paid_twice.to_string()
+    });
     row("stale token → takeover token", &|v| {
-        format!("{} → {}", v.stale_token, v.takeover_token.map_or("?".into(), |t| t.to_string()))
+        format!(
+            "{} → {}",
+            v.stale_token,
+            v.takeover_token.map_or("?".into(), |t| t.to_string())
+        )
     });
     row("fenced at rail-proxy (d)", &|v| v.fenced_at_rail.to_string());
-    row("fenced at payment-resource (a)(b)(c)/claim", &|v| v.fenced_at_payment.to_string());
+    row("fenced at payment-resource (a)(b)(c)/claim", &|v| {
+        v.fenced_at_payment.to_string()
+    });
     row("rail.duplicate.attempted", &|v| v.duplicate_attempts.to_string());
-    row("balance error (minor units)", &|v| v.balance_error_minor.to_string());
-    row("reconciliation", &|v| if v.reconciliation_clean { "clean".into() } else { "BREAKS".into() });
+    row("balance error (minor units)", &|v| {
+        v.balance_error_minor.to_string()
+    });
+    row("reconciliation", &|v| {
+        if v.reconciliation_clean {
+            "clean".into()
+        } else {
+            "BREAKS".into()
+        }
+    });
     row("run time", &|v| format!("{:.1} s", v.secs));
     println!();
     for v in verdicts {

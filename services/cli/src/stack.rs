@@ -18,10 +18,16 @@ impl RunDir {
     pub fn new(given: Option<PathBuf>) -> Result<Self> {
         let (path, keep) = match given {
             Some(p) => (p, true),
-            None => (std::env::temp_dir().join(format!("dlock-run-{}", std::process::id())), false),
+            None => (
+                std::env::temp_dir().join(format!("dlock-run-{}", std::process::id())),
+                false,
+            ),
         };
         std::fs::create_dir_all(&path).with_context(|| format!("create {}", path.display()))?;
-        Ok(Self { path, keep: AtomicBool::new(keep) })
+        Ok(Self {
+            path,
+            keep: AtomicBool::new(keep),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -54,11 +60,14 @@ pub struct Database {
 
 impl Database {
     pub async fn start(history: History) -> Result<Self> {
-        let server = tokio::task::spawn_blocking(move || PgServer::start(&format!("demo-{}", history.name())))
-            .await
-            .context("start postgres")??;
+        let server =
+            tokio::task::spawn_blocking(move || PgServer::start(&format!("demo-{}", history.name())))
+                .await
+                .context("start postgres")??;
         let admin = server.url("postgres", "postgres");
-        let mut conn = sqlx::PgConnection::connect(&admin).await.context("connect as postgres")?;
+        let mut conn = sqlx::PgConnection::connect(&admin)
+            .await
+            .context("connect as postgres")?;
         sqlx::query(match history {
             History::Lockdb => "CREATE DATABASE lockdb",
             History::Paydb => "CREATE DATABASE paydb",
@@ -96,7 +105,10 @@ pub async fn lock_server(db: &Database, run_dir: &Path, extra: &[&str]) -> Resul
 
 /// `dlock up`: the stack stays up until Ctrl-C.
 pub async fn up(run_dir: &RunDir) -> Result<bool> {
-    println!("Starting the dlock stack on loopback (data and logs in {})", run_dir.path().display());
+    println!(
+        "Starting the dlock stack on loopback (data and logs in {})",
+        run_dir.path().display()
+    );
     let lockdb = Database::start(History::Lockdb).await?;
     let ls = lock_server(&lockdb, run_dir.path(), &[]).await?;
     println!();

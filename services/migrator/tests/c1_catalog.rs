@@ -12,14 +12,23 @@ use sqlx::{Connection, PgConnection};
 const C1: &str = include_str!("../../../docs/contracts/C1-database-schemas.txt");
 
 fn between<'a>(text: &'a str, start: &str, end: &str) -> &'a str {
-    let from = text.find(start).unwrap_or_else(|| panic!("C1 lost its marker {start:?}"));
-    let to = text[from..].find(end).unwrap_or_else(|| panic!("C1 lost its marker {end:?}")) + from;
+    let from = text
+        .find(start)
+        .unwrap_or_else(|| panic!("C1 lost its marker {start:?}"));
+    let to = text[from..]
+        .find(end)
+        .unwrap_or_else(|| panic!("C1 lost its marker {end:?}"))
+        + from;
     &text[from..to]
 }
 
 fn c1_ddl(history: History) -> &'static str {
     match history {
-        History::Lockdb => between(C1, "CREATE SEQUENCE fencing_token_seq", "lock_entry holds one row"),
+        History::Lockdb => between(
+            C1,
+            "CREATE SEQUENCE fencing_token_seq",
+            "lock_entry holds one row",
+        ),
         History::Paydb => between(C1, "CREATE TABLE account (", "Constraint Invariant it encodes"),
     }
 }
@@ -53,7 +62,10 @@ async fn catalog(c: &mut PgConnection) -> BTreeSet<String> {
     ];
     let mut out = BTreeSet::new();
     for q in queries {
-        let rows: Vec<String> = sqlx::query_scalar(q).fetch_all(&mut *c).await.expect("catalog query");
+        let rows: Vec<String> = sqlx::query_scalar(q)
+            .fetch_all(&mut *c)
+            .await
+            .expect("catalog query");
         out.extend(rows);
     }
     out
@@ -66,7 +78,10 @@ async fn connect(db: &TestDb) -> PgConnection {
 async fn compare(history: History) {
     let from_contract = blank(history).await;
     let mut c = connect(&from_contract).await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(c1_ddl(history))).execute(&mut c).await.expect("apply C1 text");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(c1_ddl(history)))
+        .execute(&mut c)
+        .await
+        .expect("apply C1 text");
     let expected = catalog(&mut c).await;
 
     let from_migrations = blank(history).await;
@@ -75,15 +90,31 @@ async fn compare(history: History) {
     migrate(&mut m, &files).await.expect("migrate");
     let actual = catalog(&mut m).await;
 
-    assert!(expected.len() > 20, "the C1 extract looks too small: {expected:#?}");
+    assert!(
+        expected.len() > 20,
+        "the C1 extract looks too small: {expected:#?}"
+    );
     let missing: Vec<_> = expected.difference(&actual).collect();
     // Later V<n> migrations may add to C1 (never change it): only C1's own facts must all be there.
-    assert!(missing.is_empty(), "{} differs from C1; missing or changed: {missing:#?}", history.name());
+    assert!(
+        missing.is_empty(),
+        "{} differs from C1; missing or changed: {missing:#?}",
+        history.name()
+    );
     let v1_only = blank(history).await;
     let mut v = connect(&v1_only).await;
-    let v1: Vec<_> = files.iter().filter(|f| f.script.starts_with("V1__")).cloned().collect();
+    let v1: Vec<_> = files
+        .iter()
+        .filter(|f| f.script.starts_with("V1__"))
+        .cloned()
+        .collect();
     migrate(&mut v, &v1).await.expect("migrate V1");
-    assert_eq!(catalog(&mut v).await, expected, "V1 of {} must be exactly C1's DDL", history.name());
+    assert_eq!(
+        catalog(&mut v).await,
+        expected,
+        "V1 of {} must be exactly C1's DDL",
+        history.name()
+    );
 }
 
 #[tokio::test]

@@ -18,7 +18,12 @@ fn write(dir: &Path, name: &str, sql: &str) {
 }
 
 async fn scripts(c: &mut PgConnection) -> Vec<String> {
-    dlock_migrate::applied(c).await.expect("history").into_iter().map(|r| r.script).collect()
+    dlock_migrate::applied(c)
+        .await
+        .expect("history")
+        .into_iter()
+        .map(|r| r.script)
+        .collect()
 }
 
 async fn table_exists(c: &mut PgConnection, name: &str) -> bool {
@@ -41,7 +46,10 @@ async fn applies_in_version_order_records_checksums_and_is_a_noop_the_second_tim
     let mut c = conn(&db).await;
 
     let first = migrate(&mut c, &files).await.expect("first run");
-    assert_eq!(first.applied, ["V1__create_t.sql", "V2__add_b.sql", "V10__add_c.sql"]);
+    assert_eq!(
+        first.applied,
+        ["V1__create_t.sql", "V2__add_b.sql", "V10__add_c.sql"]
+    );
     assert_eq!(first.current_version, Some(10));
     let recorded = dlock_migrate::applied(&mut c).await.expect("history");
     for (row, file) in recorded.iter().zip(&files) {
@@ -50,7 +58,11 @@ async fn applies_in_version_order_records_checksums_and_is_a_noop_the_second_tim
     }
 
     let second = migrate(&mut c, &files).await.expect("second run");
-    assert!(second.applied.is_empty(), "second run applied {:?}", second.applied);
+    assert!(
+        second.applied.is_empty(),
+        "second run applied {:?}",
+        second.applied
+    );
     assert_eq!(second.current_version, Some(10));
     assert_eq!(scripts(&mut c).await.len(), 3);
 }
@@ -61,14 +73,24 @@ async fn an_edited_applied_migration_is_refused_and_nothing_is_applied() {
     let dir = tempfile::tempdir().expect("tempdir");
     write(dir.path(), "V1__create_t.sql", "CREATE TABLE t (a INT);");
     let mut c = conn(&db).await;
-    migrate(&mut c, &load_dir(dir.path()).expect("load")).await.expect("first run");
+    migrate(&mut c, &load_dir(dir.path()).expect("load"))
+        .await
+        .expect("first run");
 
     write(dir.path(), "V1__create_t.sql", "CREATE TABLE t (a BIGINT);");
     write(dir.path(), "V2__create_u.sql", "CREATE TABLE u (a INT);");
-    let err = migrate(&mut c, &load_dir(dir.path()).expect("load")).await.expect_err("must refuse");
-    assert!(matches!(err, MigrateError::ChecksumMismatch { ref script, .. } if script == "V1__create_t.sql"), "{err}");
+    let err = migrate(&mut c, &load_dir(dir.path()).expect("load"))
+        .await
+        .expect_err("must refuse");
+    assert!(
+        matches!(err, MigrateError::ChecksumMismatch { ref script, .. } if script == "V1__create_t.sql"),
+        "{err}"
+    );
     assert!(err.to_string().contains("edited after it was applied"), "{err}");
-    assert!(!table_exists(&mut c, "u").await, "V2 must not run when validation fails");
+    assert!(
+        !table_exists(&mut c, "u").await,
+        "V2 must not run when validation fails"
+    );
     assert_eq!(scripts(&mut c).await, ["V1__create_t.sql"]);
 }
 
@@ -76,20 +98,43 @@ async fn an_edited_applied_migration_is_refused_and_nothing_is_applied() {
 async fn a_repeatable_is_reapplied_only_when_its_checksum_changes() {
     let db = blank(History::Lockdb).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    write(dir.path(), "V1__create_t.sql", "CREATE TABLE t (a INT PRIMARY KEY);");
-    write(dir.path(), "R__seed_t.sql", "INSERT INTO t VALUES (1) ON CONFLICT DO NOTHING;");
+    write(
+        dir.path(),
+        "V1__create_t.sql",
+        "CREATE TABLE t (a INT PRIMARY KEY);",
+    );
+    write(
+        dir.path(),
+        "R__seed_t.sql",
+        "INSERT INTO t VALUES (1) ON CONFLICT DO NOTHING;",
+    );
     let mut c = conn(&db).await;
-    let r1 = migrate(&mut c, &load_dir(dir.path()).expect("load")).await.expect("run 1");
+    let r1 = migrate(&mut c, &load_dir(dir.path()).expect("load"))
+        .await
+        .expect("run 1");
     assert_eq!(r1.applied, ["V1__create_t.sql", "R__seed_t.sql"]);
-    let r2 = migrate(&mut c, &load_dir(dir.path()).expect("load")).await.expect("run 2");
+    let r2 = migrate(&mut c, &load_dir(dir.path()).expect("load"))
+        .await
+        .expect("run 2");
     assert!(r2.applied.is_empty());
 
-    write(dir.path(), "R__seed_t.sql", "INSERT INTO t VALUES (1), (2) ON CONFLICT DO NOTHING;");
-    let r3 = migrate(&mut c, &load_dir(dir.path()).expect("load")).await.expect("run 3");
+    write(
+        dir.path(),
+        "R__seed_t.sql",
+        "INSERT INTO t VALUES (1), (2) ON CONFLICT DO NOTHING;",
+    );
+    let r3 = migrate(&mut c, &load_dir(dir.path()).expect("load"))
+        .await
+        .expect("run 3");
     assert_eq!(r3.applied, ["R__seed_t.sql"]);
-    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM t").fetch_one(&mut c).await.expect("count");
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM t")
+        .fetch_one(&mut c)
+        .await
+        .expect("count");
     assert_eq!(n, 2);
-    let r4 = migrate(&mut c, &load_dir(dir.path()).expect("load")).await.expect("run 4");
+    let r4 = migrate(&mut c, &load_dir(dir.path()).expect("load"))
+        .await
+        .expect("run 4");
     assert!(r4.applied.is_empty());
 }
 
@@ -100,16 +145,25 @@ async fn a_missing_file_or_an_out_of_order_version_is_refused() {
     write(dir.path(), "V1__create_t.sql", "CREATE TABLE t (a INT);");
     write(dir.path(), "V3__create_v.sql", "CREATE TABLE v (a INT);");
     let mut c = conn(&db).await;
-    migrate(&mut c, &load_dir(dir.path()).expect("load")).await.expect("first run");
+    migrate(&mut c, &load_dir(dir.path()).expect("load"))
+        .await
+        .expect("first run");
 
     write(dir.path(), "V2__create_u.sql", "CREATE TABLE u (a INT);");
-    let err = migrate(&mut c, &load_dir(dir.path()).expect("load")).await.expect_err("out of order");
-    assert!(matches!(err, MigrateError::OutOfOrder { version: 2, .. }), "{err}");
+    let err = migrate(&mut c, &load_dir(dir.path()).expect("load"))
+        .await
+        .expect_err("out of order");
+    assert!(
+        matches!(err, MigrateError::OutOfOrder { version: 2, .. }),
+        "{err}"
+    );
     assert!(!table_exists(&mut c, "u").await);
 
     fs::remove_file(dir.path().join("V2__create_u.sql")).expect("rm");
     fs::remove_file(dir.path().join("V3__create_v.sql")).expect("rm");
-    let err = migrate(&mut c, &load_dir(dir.path()).expect("load")).await.expect_err("missing");
+    let err = migrate(&mut c, &load_dir(dir.path()).expect("load"))
+        .await
+        .expect_err("missing");
     assert!(matches!(err, MigrateError::MissingFile { .. }), "{err}");
 }
 
@@ -118,11 +172,23 @@ async fn a_failing_migration_rolls_back_with_its_history_row() {
     let db = blank(History::Lockdb).await;
     let dir = tempfile::tempdir().expect("tempdir");
     write(dir.path(), "V1__create_t.sql", "CREATE TABLE t (a INT);");
-    write(dir.path(), "V2__broken.sql", "CREATE TABLE w (a INT); SELECT * FROM no_such_table;");
+    write(
+        dir.path(),
+        "V2__broken.sql",
+        "CREATE TABLE w (a INT); SELECT * FROM no_such_table;",
+    );
     let mut c = conn(&db).await;
-    let err = migrate(&mut c, &load_dir(dir.path()).expect("load")).await.expect_err("V2 fails");
-    assert!(matches!(err, MigrateError::Failed { ref script, .. } if script == "V2__broken.sql"), "{err}");
-    assert!(!table_exists(&mut c, "w").await, "the failed file's statements are rolled back");
+    let err = migrate(&mut c, &load_dir(dir.path()).expect("load"))
+        .await
+        .expect_err("V2 fails");
+    assert!(
+        matches!(err, MigrateError::Failed { ref script, .. } if script == "V2__broken.sql"),
+        "{err}"
+    );
+    assert!(
+        !table_exists(&mut c, "w").await,
+        "the failed file's statements are rolled back"
+    );
     assert_eq!(scripts(&mut c).await, ["V1__create_t.sql"]);
 }
 
@@ -150,7 +216,10 @@ async fn the_cli_applies_a_real_history_then_is_a_noop_and_refuses_an_edit() {
     let out = migrate_cli(&db, &real);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json report");
-    assert!(report["applied"].as_array().is_some_and(|a| !a.is_empty()), "{report}");
+    assert!(
+        report["applied"].as_array().is_some_and(|a| !a.is_empty()),
+        "{report}"
+    );
 
     let again = migrate_cli(&db, &real);
     assert!(again.status.success());
@@ -166,7 +235,10 @@ async fn the_cli_applies_a_real_history_then_is_a_noop_and_refuses_an_edit() {
     let v1 = fs::read_dir(edited.path())
         .expect("read")
         .map(|e| e.expect("entry").path())
-        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("V1__")))
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("V1__"))
+        })
         .expect("V1 file");
     let text = fs::read_to_string(&v1).expect("read V1");
     fs::write(&v1, format!("{text}\n-- an innocent-looking edit\n")).expect("edit V1");

@@ -188,9 +188,19 @@ impl Stack {
         })
     }
 
-    /// A long-running payout-executor against this stack (until SIGTERM); [`Stack::start_executor`]
-    /// waits until it answers `/readyz`. Add flags before starting it.
+    /// A payout-executor against this stack in batch mode (`--exit-when-idle`), owner id `name`.
+    /// Add flags, then [`Stack::start_executor`]. Readiness is not awaited: a batch executor may be
+    /// done before anyone asks.
     pub fn executor_spec(&self, name: &str) -> Result<Spec> {
+        Ok(self
+            .service_executor_spec(name)?
+            .arg("--exit-when-idle")
+            .no_wait())
+    }
+
+    /// A long-running payout-executor (until SIGTERM); [`Stack::start_executor`] waits until it
+    /// answers `/readyz`.
+    pub fn service_executor_spec(&self, name: &str) -> Result<Spec> {
         Ok(Spec::new(name, "payout-executor")?.args([
             "--lock-server-url".to_owned(),
             self.lock_url.clone(),
@@ -203,12 +213,6 @@ impl Stack {
             "--listen".to_owned(),
             "127.0.0.1:{port}".to_owned(),
         ]))
-    }
-
-    /// A payout-executor in batch mode (`--exit-when-idle`). Readiness is not awaited: a batch
-    /// executor may be done before anyone asks.
-    pub fn batch_executor_spec(&self, name: &str) -> Result<Spec> {
-        Ok(self.executor_spec(name)?.arg("--exit-when-idle").no_wait())
     }
 
     pub async fn start_executor(&self, spec: Spec) -> Result<Service> {

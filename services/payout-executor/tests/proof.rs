@@ -223,7 +223,7 @@ async fn stop_first_holder(env: Env, step: &str) -> Stopped {
     let key = format!("account:{account}");
     let before = Counters::read(stack).await;
     let e1 = stack
-        .start_executor(stack.batch_executor_spec("e1").unwrap().args([
+        .start_executor(stack.executor_spec("e1").unwrap().args([
             "--enable-fault-injection",
             "--pause-at",
             step,
@@ -266,7 +266,7 @@ impl Stopped {
         let mut e2 = stack
             .start_executor(
                 stack
-                    .batch_executor_spec("e2")
+                    .executor_spec("e2")
                     .unwrap()
                     .args(["--payout-id".to_owned(), e2_payout.to_string()]),
             )
@@ -562,11 +562,11 @@ async fn batch_of_two_executors_posts_every_payout_exactly_once() {
     }
     let before = Counters::read(stack).await;
     let mut e1 = stack
-        .start_executor(stack.batch_executor_spec("e1").unwrap().args(["--workers", "2"]))
+        .start_executor(stack.executor_spec("e1").unwrap().args(["--workers", "2"]))
         .await
         .unwrap();
     let mut e2 = stack
-        .start_executor(stack.batch_executor_spec("e2").unwrap().args(["--workers", "2"]))
+        .start_executor(stack.executor_spec("e2").unwrap().args(["--workers", "2"]))
         .await
         .unwrap();
     let (s1, s2) = (wait_exit(&mut e1).await, wait_exit(&mut e2).await);
@@ -634,7 +634,7 @@ async fn killed_executor_payout_is_finished_by_the_other_without_paying_twice() 
     }
     let before = Counters::read(stack).await;
     let mut e1 = stack
-        .start_executor(stack.batch_executor_spec("e1").unwrap().args([
+        .start_executor(stack.executor_spec("e1").unwrap().args([
             "--enable-fault-injection",
             "--pause-at",
             "before_post",
@@ -653,7 +653,7 @@ async fn killed_executor_payout_is_finished_by_the_other_without_paying_twice() 
     // E2 works the batch by listing PENDING and in-flight payouts (that is how it finds the dead
     // holder's RAIL_ACKED one); E1 dies mid-batch, holding a lock.
     let mut e2 = stack
-        .start_executor(stack.batch_executor_spec("e2").unwrap().args(["--workers", "2"]))
+        .start_executor(stack.executor_spec("e2").unwrap().args(["--workers", "2"]))
         .await
         .unwrap();
     stack::kill_hard(e1.pid()).unwrap();
@@ -887,7 +887,7 @@ async fn executor_serves_metrics_and_stops_gracefully_on_sigterm() {
     let mut executor = stack
         .start_executor(
             stack
-                .executor_spec("svc")
+                .service_executor_spec("svc")
                 .unwrap()
                 .args(["--poll-interval-ms", "50"]),
         )
@@ -956,7 +956,7 @@ async fn ambiguous_timeout_is_resolved_by_asking_the_rail_and_a_rejection_fails_
     stack.set_rail_behaviour("timeout").await.unwrap();
     let late = stack.create_payout(account, 3_000, CURRENCY).await.unwrap();
     let mut e1 = stack
-        .start_executor(stack.batch_executor_spec("e1").unwrap())
+        .start_executor(stack.executor_spec("e1").unwrap())
         .await
         .unwrap();
     assert!(wait_exit(&mut e1).await.success(), "log {}", e1.log.display());
@@ -993,7 +993,7 @@ async fn ambiguous_timeout_is_resolved_by_asking_the_rail_and_a_rejection_fails_
     stack.set_rail_behaviour("reject").await.unwrap();
     let refused = stack.create_payout(account, 5_000, CURRENCY).await.unwrap();
     let mut e2 = stack
-        .start_executor(stack.batch_executor_spec("e2").unwrap())
+        .start_executor(stack.executor_spec("e2").unwrap())
         .await
         .unwrap();
     assert!(wait_exit(&mut e2).await.success(), "log {}", e2.log.display());
@@ -1044,7 +1044,7 @@ async fn bad_configuration_is_refused_and_nothing_is_written() {
     ];
     for (n, args) in bad.iter().enumerate() {
         let spec = stack
-            .batch_executor_spec(&format!("bad{n}"))
+            .executor_spec(&format!("bad{n}"))
             .unwrap()
             .args(args.iter().copied());
         let mut svc = stack.start_executor(spec).await.unwrap();

@@ -10,14 +10,25 @@ use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProcError {
-    #[error("binary {0} not found next to this executable or in DLOCK_BIN_DIR; build the workspace (scripts/setup.sh)")]
+    #[error(
+        "binary {0} not found next to this executable or in DLOCK_BIN_DIR; build the workspace (scripts/setup.sh)"
+    )]
     NotBuilt(String),
     #[error("{what}: {source}")]
     Io { what: String, source: std::io::Error },
     #[error("{name} did not become ready at {url} within {secs}s; its log: {log}")]
-    NotReady { name: String, url: String, secs: u64, log: String },
+    NotReady {
+        name: String,
+        url: String,
+        secs: u64,
+        log: String,
+    },
     #[error("{name} exited before becoming ready ({status}); its log: {log}")]
-    Exited { name: String, status: String, log: String },
+    Exited {
+        name: String,
+        status: String,
+        log: String,
+    },
 }
 
 /// Finds a workspace binary: `DLOCK_BIN_DIR`, else the folder of the running executable, else its
@@ -43,8 +54,14 @@ pub fn binary(name: &str) -> Result<PathBuf, ProcError> {
 
 /// A free loopback port (probed by binding port 0).
 pub fn free_port() -> Result<u16, ProcError> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|source| ProcError::Io { what: "probe port".into(), source })?;
-    l.local_addr().map(|a| a.port()).map_err(|source| ProcError::Io { what: "probe port".into(), source })
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|source| ProcError::Io {
+        what: "probe port".into(),
+        source,
+    })?;
+    l.local_addr().map(|a| a.port()).map_err(|source| ProcError::Io {
+        what: "probe port".into(),
+        source,
+    })
 }
 
 /// One running service process.
@@ -106,10 +123,19 @@ impl Service {
     /// Starts the process with its output in `<log_dir>/<name>.log` and waits until it is ready.
     pub async fn start(spec: Spec, log_dir: &Path) -> Result<Self, ProcError> {
         let bin = binary(&spec.binary)?;
-        fs::create_dir_all(log_dir).map_err(|source| ProcError::Io { what: "create log dir".into(), source })?;
+        fs::create_dir_all(log_dir).map_err(|source| ProcError::Io {
+            what: "create log dir".into(),
+            source,
+        })?;
         let log = log_dir.join(format!("{}.log", spec.name));
-        let file = fs::File::create(&log).map_err(|source| ProcError::Io { what: "create log".into(), source })?;
-        let err = file.try_clone().map_err(|source| ProcError::Io { what: "dup log".into(), source })?;
+        let file = fs::File::create(&log).map_err(|source| ProcError::Io {
+            what: "create log".into(),
+            source,
+        })?;
+        let err = file.try_clone().map_err(|source| ProcError::Io {
+            what: "dup log".into(),
+            source,
+        })?;
         let port = spec.port.to_string();
         let child = Command::new(&bin)
             .args(spec.args.iter().map(|a| a.replace("{port}", &port)))
@@ -118,8 +144,16 @@ impl Service {
             .stdout(Stdio::from(file))
             .stderr(Stdio::from(err))
             .spawn()
-            .map_err(|source| ProcError::Io { what: format!("spawn {}", bin.display()), source })?;
-        let mut svc = Self { name: spec.name.clone(), port: spec.port, log, child };
+            .map_err(|source| ProcError::Io {
+                what: format!("spawn {}", bin.display()),
+                source,
+            })?;
+        let mut svc = Self {
+            name: spec.name.clone(),
+            port: spec.port,
+            log,
+            child,
+        };
         if let Some(path) = &spec.ready_path {
             svc.wait_ready(path, Duration::from_secs(60)).await?;
         }
@@ -175,11 +209,17 @@ impl Service {
         let status = Command::new("kill")
             .args([format!("-{sig}"), self.child.id().to_string()])
             .status()
-            .map_err(|source| ProcError::Io { what: format!("kill -{sig}"), source })?;
+            .map_err(|source| ProcError::Io {
+                what: format!("kill -{sig}"),
+                source,
+            })?;
         if status.success() {
             Ok(())
         } else {
-            Err(ProcError::Io { what: format!("kill -{sig}"), source: std::io::Error::other(status.to_string()) })
+            Err(ProcError::Io {
+                what: format!("kill -{sig}"),
+                source: std::io::Error::other(status.to_string()),
+            })
         }
     }
 
@@ -223,8 +263,11 @@ impl Drop for Service {
 /// A bare HTTP/1.1 GET on loopback answering 2xx (no HTTP client dependency in the kit).
 async fn http_ok(port: u16, path: &str) -> bool {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(Ok(mut s)) =
-        tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(("127.0.0.1", port))).await
+    let Ok(Ok(mut s)) = tokio::time::timeout(
+        Duration::from_secs(1),
+        tokio::net::TcpStream::connect(("127.0.0.1", port)),
+    )
+    .await
     else {
         return false;
     };
