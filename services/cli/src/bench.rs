@@ -19,6 +19,21 @@ use crate::stack::{Database, RunDir, lock_server, step};
 pub enum BenchCommand {
     /// Lock acquire/release latency and throughput: service vs bare statement.
     Lock(LockArgs),
+    /// Payouts per second end to end, fencing on and off in the same run.
+    Payouts(PayoutArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PayoutArgs {
+    /// Payouts per run, spread over the 20 seeded accounts.
+    #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    payouts: u32,
+    /// Executor processes.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
+    executors: u32,
+    /// Workers per executor.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    workers: u32,
 }
 
 #[derive(Debug, Args)]
@@ -34,6 +49,9 @@ pub struct LockArgs {
 pub async fn run(cmd: BenchCommand, run_dir: &RunDir) -> Result<bool> {
     match cmd {
         BenchCommand::Lock(args) => lock(args, run_dir).await,
+        BenchCommand::Payouts(args) => {
+            crate::paybench::run(args.payouts, args.executors, args.workers, run_dir).await
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod bench;
 mod lockdemo;
+mod paybench;
 mod paydemo;
 mod stack;
 

@@ -1,0 +1,193 @@
+//! `dlock bench payouts`: end-to-end payouts per second through the real processes, with fencing on
+//! and with both kill switches off, in one run; lock acquire latency and payout latency read
+//! separately from the executors' own histograms.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use dlock_testkit::History;
+use payout_executor::stack::{Stack, StackOptions};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::stack::{Database, RunDir, step};
+
+struct Run {
+    fencing: bool,
+    per_sec: f64,
+    acquire_mean_ms: f64,
+    acquire_p99_ms: f64,
+    payout_mean_ms: f64,
+    payout_p99_ms: f64,
+}
+
+/// Sum, count and cumulative buckets of one histogram (all label sets added) from metrics text.
+fn histogram(text: &str, name: &str) -> (f64, f64, Vec<(f64, f64)>) {
+    let (mut sum, mut count) = (0.0, 0.0);
+    let mut buckets: Vec<(f64, f64)> = Vec::new();
+    for line in text.lines().filter(|l| l.starts_with(name)) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(v) = value.parse::<f64>() else { continue };
+        if series.starts_with(&format!("{name}_sum")) {
+            sum += v;
+        } else if series.starts_with(&format!("{name}_count")) {
+            count += v;
+        } else if let Some(le) = series.split("le=\"").nth(1).and_then(|r| r.split('"').next()) {
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().unwrap_or(f64::INFINITY)
+            };
+            match buckets.iter_mut().find(|(b, _)| *b == le) {
+                Some((_, c)) => *c += v,
+                None => buckets.push((le, v)),
+            }
+        }
+    }
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    (sum, count, buckets)
+}
+
+/// The upper bound of the bucket holding quantile `q` (buckets double, so this is within 2×).
+fn quantile_bound(buckets: &[(f64, f64)], count: f64, q: f64) -> f64 {
+    buckets
+        .iter()
+        .find(|(_, c)| *c >= q * count)
+        .map_or(f64::NAN, |(le, _)| *le)
+}
+
+async fn one_run(fencing: bool, payouts: u32, executors: u32, workers: u32, run_dir: &RunDir) -> Result<Run> {
+    let lockdb = Database::start(History::Lockdb).await?;
+    let paydb = Database::start(History::Paydb).await?;
+    let mut opts =
+        StackOptions::new(
+            run_dir
+                .path()
+                .join(if fencing { "bench-fenced" } else { "bench-unfenced" }),
+        );
+    opts.rail_fencing = fencing;
+    opts.payment_fencing = fencing;
+    let stack = Stack::start(&lockdb.app_url(), &paydb.app_url(), &opts).await?;
+    let mut ids = Vec::new();
+    for i in 0..payouts {
+        let account: Uuid = format!("00000000-0000-4000-8000-{:012}", i % 20 + 1).parse()?;
+        let currency = stack.account(account).await?.currency;
+        ids.push(stack.create_payout(account, 100, &currency).await?.payout_id);
+    }
+    step(format!(
+        "fencing {}: {payouts} payouts created; starting {executors} executors × {workers} workers",
+        if fencing { "on" } else { "off" }
+    ));
+    let started = Instant::now();
+    let mut procs = Vec::new();
+    for e in 0..executors {
+        let spec = stack
+            .service_executor_spec(&format!("bench-executor-{e}"))?
+            .args(["--workers", &workers.to_string()]);
+        procs.push(stack.start_executor(spec).await?);
+    }
+    let http = reqwest::Client::new();
+    let base = stack.payment.url();
+    let mut last_report = Instant::now();
+    loop {
+        let mut open = 0;
+        for state in [
+            "PENDING",
+            "CLAIMED",
+            "RAIL_SUBMITTED",
+            "RAIL_ACKED",
+            "RAIL_AMBIGUOUS",
+        ] {
+            let v: Value = http
+                .get(format!("{base}/v1/payouts?state={state}&limit=500"))
+                .send()
+                .await?
+                .json()
+                .await?;
+            open += v["items"].as_array().map_or(0, Vec::len);
+        }
+        if open == 0 {
+            break;
+        }
+        if last_report.elapsed() > Duration::from_secs(2) {
+            step(format!("{} of {payouts} done", payouts as usize - open));
+            last_report = Instant::now();
+        }
+        if started.elapsed() > Duration::from_secs(600) {
+            bail!("the batch did not finish in 10 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let (mut a_sum, mut a_count, mut a_buckets) = (0.0, 0.0, Vec::<(f64, f64)>::new());
+    let (mut p_sum, mut p_count, mut p_buckets) = (0.0, 0.0, Vec::<(f64, f64)>::new());
+    for p in &procs {
+        let text = stack.metrics(&p.url()).await?;
+        for (name, sum, count, buckets) in [
+            (
+                "lock_acquire_duration_seconds",
+                &mut a_sum,
+                &mut a_count,
+                &mut a_buckets,
+            ),
+            (
+                "payout_duration_seconds",
+                &mut p_sum,
+                &mut p_count,
+                &mut p_buckets,
+            ),
+        ] {
+            let (s, c, b) = histogram(&text, name);
+            *sum += s;
+            *count += c;
+            for (le, v) in b {
+                match buckets.iter_mut().find(|(x, _)| *x == le) {
+                    Some((_, y)) => *y += v,
+                    None => buckets.push((le, v)),
+                }
+            }
+            buckets.sort_by(|x, y| x.0.total_cmp(&y.0));
+        }
+    }
+    let posted = ids.len();
+    Ok(Run {
+        fencing,
+        per_sec: posted as f64 / secs,
+        acquire_mean_ms: a_sum / a_count * 1000.0,
+        acquire_p99_ms: quantile_bound(&a_buckets, a_count, 0.99) * 1000.0,
+        payout_mean_ms: p_sum / p_count * 1000.0,
+        payout_p99_ms: quantile_bound(&p_buckets, p_count, 0.99) * 1000.0,
+    })
+}
+
+pub async fn run(payouts: u32, executors: u32, workers: u32, run_dir: &RunDir) -> Result<bool> {
+    println!(
+        "dlock bench payouts — {payouts} payouts, {executors} executors × {workers} workers, fencing on then off"
+    );
+    let on = one_run(true, payouts, executors, workers, run_dir).await?;
+    let off = one_run(false, payouts, executors, workers, run_dir).await?;
+    println!();
+    println!(
+        "{:<14} {:>11} {:>16} {:>16} {:>16} {:>16}",
+        "fencing", "payouts/s", "acquire mean", "acquire p99 ≤", "payout mean", "payout p99 ≤"
+    );
+    for r in [&on, &off] {
+        println!(
+            "{:<14} {:>11.1} {:>13.2} ms {:>13.1} ms {:>13.1} ms {:>13.1} ms",
+            if r.fencing { "on" } else { "off" },
+            r.per_sec,
+            r.acquire_mean_ms,
+            r.acquire_p99_ms,
+            r.payout_mean_ms,
+            r.payout_p99_ms
+        );
+    }
+    println!();
+    println!(
+        "fencing costs {:.1}% of throughput (target ≤ 10%); p99 figures are histogram bucket bounds (buckets double)",
+        (1.0 - on.per_sec / off.per_sec) * 100.0
+    );
+    Ok(true)
+}
