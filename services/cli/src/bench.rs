@@ -34,6 +34,9 @@ pub struct PayoutArgs {
     /// Workers per executor.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
     workers: u32,
+    /// Rounds of (fencing on, fencing off), alternated so drift hits both alike.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
+    rounds: u32,
 }
 
 #[derive(Debug, Args)]
@@ -50,7 +53,7 @@ pub async fn run(cmd: BenchCommand, run_dir: &RunDir) -> Result<bool> {
     match cmd {
         BenchCommand::Lock(args) => lock(args, run_dir).await,
         BenchCommand::Payouts(args) => {
-            crate::paybench::run(args.payouts, args.executors, args.workers, run_dir).await
+            crate::paybench::run(args.payouts, args.executors, args.workers, args.rounds, run_dir).await
         }
     }
 }

@@ -50,6 +50,13 @@ fn histogram(text: &str, name: &str) -> (f64, f64, Vec<(f64, f64)>) {
     (sum, count, buckets)
 }
 
+/// The run with the median throughput.
+fn median(mut runs: Vec<Run>) -> Run {
+    runs.sort_by(|a, b| a.per_sec.total_cmp(&b.per_sec));
+    let mid = runs.len() / 2;
+    runs.swap_remove(mid)
+}
+
 /// The upper bound of the bucket holding quantile `q` (buckets double, so this is within 2×).
 fn quantile_bound(buckets: &[(f64, f64)], count: f64, q: f64) -> f64 {
     buckets
@@ -162,12 +169,26 @@ async fn one_run(fencing: bool, payouts: u32, executors: u32, workers: u32, run_
     })
 }
 
-pub async fn run(payouts: u32, executors: u32, workers: u32, run_dir: &RunDir) -> Result<bool> {
+pub async fn run(payouts: u32, executors: u32, workers: u32, rounds: u32, run_dir: &RunDir) -> Result<bool> {
     println!(
-        "dlock bench payouts — {payouts} payouts, {executors} executors × {workers} workers, fencing on then off"
+        "dlock bench payouts — {payouts} payouts, {executors} executors × {workers} workers, \
+         {rounds} rounds of fencing on / off alternated (medians reported)"
     );
-    let on = one_run(true, payouts, executors, workers, run_dir).await?;
-    let off = one_run(false, payouts, executors, workers, run_dir).await?;
+    let (mut ons, mut offs) = (Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        step(format!("round {round} of {rounds}"));
+        ons.push(one_run(true, payouts, executors, workers, run_dir).await?);
+        offs.push(one_run(false, payouts, executors, workers, run_dir).await?);
+    }
+    for (label, runs) in [("on", &ons), ("off", &offs)] {
+        let rates: Vec<String> = runs.iter().map(|r| format!("{:.1}", r.per_sec)).collect();
+        step(format!(
+            "fencing {label}: payouts/s per round {}",
+            rates.join(", ")
+        ));
+    }
+    let on = median(ons);
+    let off = median(offs);
     println!();
     println!(
         "{:<14} {:>11} {:>16} {:>16} {:>16} {:>16}",

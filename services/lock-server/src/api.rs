@@ -182,7 +182,8 @@ pub async fn acquire(
     {
         Some(g) => {
             state.metrics().acquired(AcquireResult::granted);
-            tracing::info!(
+            // Per-request events are debug: at info they would cost the hot path a JSON line each.
+            tracing::debug!(
                 event = "lock_granted",
                 lock_key = %key,
                 fencing_token = g.fencing_token,
@@ -200,7 +201,7 @@ pub async fn acquire(
         }
         None => {
             state.metrics().acquired(AcquireResult::contended);
-            tracing::info!(event = "lock_contended", lock_key = %key, owner_id = %req.owner_id);
+            tracing::debug!(event = "lock_contended", lock_key = %key, owner_id = %req.owner_id);
             Err(Error::Contended.into())
         }
     }
@@ -246,7 +247,11 @@ pub async fn release(
     let stale = !released;
     state.metrics().released(stale);
     // C1 §1.4: a stale release is a success; it is logged, never retried with a wider predicate.
-    tracing::info!(event = "lock_released", lock_key = %key, fencing_token = token.get(), stale);
+    if stale {
+        tracing::info!(event = "lock_released", lock_key = %key, fencing_token = token.get(), stale);
+    } else {
+        tracing::debug!(event = "lock_released", lock_key = %key, fencing_token = token.get(), stale);
+    }
     Ok(Json(LockReleased {
         lock_key: key,
         fencing_token: token.get(),

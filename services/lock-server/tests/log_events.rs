@@ -45,6 +45,7 @@ async fn each_outcome_logs_its_contract_event() {
     tracing_subscriber::fmt()
         .json()
         .flatten_event(true)
+        .with_max_level(tracing::Level::DEBUG)
         .with_writer(move || writer.clone())
         .init();
 
