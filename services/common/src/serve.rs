@@ -1,24 +1,86 @@
-//! Serving an axum router until SIGTERM or Ctrl-C, and the liveness endpoint.
+//! Serving an axum router: until SIGTERM or Ctrl-C ([`run`]), until any other signal ([`run_until`]),
+//! or in the background of this process with a shutdown handle ([`spawn_background`]); plus the
+//! liveness endpoint.
 
+use std::future::Future;
+use std::io;
 use std::net::SocketAddr;
 
 use axum::Router;
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 /// Binds `addr` (port 0 picks a free one) and reports the bound address.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+pub async fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     let listener = TcpListener::bind(addr).await?;
     tracing::info!(event = "listening", addr = %listener.local_addr()?);
     Ok(listener)
 }
 
 /// Serves until SIGTERM/SIGINT, then lets in-flight requests finish.
-pub async fn run(listener: TcpListener, app: Router) -> std::io::Result<()> {
+pub async fn run(listener: TcpListener, app: Router) -> io::Result<()> {
+    run_until(listener, app, shutdown_signal()).await
+}
+
+/// Serves until `shutdown` completes, then lets in-flight requests finish.
+pub async fn run_until(
+    listener: TcpListener,
+    app: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
     axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(shutdown)
         .await?;
     tracing::info!(event = "stopped");
     Ok(())
+}
+
+/// Starts serving `app` on `listener` in a task of its own; it stops when `shutdown` is cancelled.
+/// Passing the token in (rather than making one) lets a service hand clones to its own tasks first,
+/// so they end at shutdown too. Must be called inside a Tokio runtime.
+pub fn spawn_background(
+    listener: TcpListener,
+    app: Router,
+    shutdown: CancellationToken,
+) -> io::Result<Background> {
+    let addr = listener.local_addr()?;
+    let task = tokio::spawn(run_until(listener, app, shutdown.clone().cancelled_owned()));
+    Ok(Background { addr, shutdown, task })
+}
+
+/// A server running in the background of this process (tests, the demo, binaries that also wait
+/// for other things). Dropping it stops it without waiting; [`shutdown`](Self::shutdown) stops it
+/// and waits for in-flight requests.
+#[derive(Debug)]
+pub struct Background {
+    addr: SocketAddr,
+    shutdown: CancellationToken,
+    task: JoinHandle<io::Result<()>>,
+}
+
+impl Background {
+    /// The bound address (the real port when port 0 was asked for).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://<addr>`, without a trailing slash.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting, lets in-flight requests finish, and reports how serving ended.
+    pub async fn shutdown(mut self) -> io::Result<()> {
+        self.shutdown.cancel();
+        (&mut self.task).await.map_err(io::Error::other)?
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
 }
 
 pub async fn shutdown_signal() {
@@ -40,4 +102,42 @@ pub async fn shutdown_signal() {
 /// `/healthz`: the process is up and serving.
 pub async fn healthz() -> &'static str {
     "ok"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn serves_until_shut_down_and_stops_on_drop() {
+        let app = Router::new().route("/healthz", axum::routing::get(healthz));
+        let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
+        let token = CancellationToken::new();
+        let server = spawn_background(listener, app.clone(), token.clone()).unwrap();
+        assert_eq!(server.url(), format!("http://{}", server.addr()));
+        assert_ne!(server.addr().port(), 0);
+
+        let mut conn = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(
+            &mut conn,
+            b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut answer = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut conn, &mut answer)
+            .await
+            .unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with("ok"), "{answer}");
+
+        assert!(!token.is_cancelled());
+        server.shutdown().await.unwrap();
+        assert!(token.is_cancelled(), "shutdown cancels the token it was given");
+
+        let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
+        let token = CancellationToken::new();
+        drop(spawn_background(listener, app, token.clone()).unwrap());
+        assert!(token.is_cancelled(), "dropping stops the server");
+    }
 }

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 
+use dlock_common::serve::{self, Background};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::task::JoinHandle;
@@ -44,22 +45,21 @@ pub fn pool(config: &Config) -> Result<PgPool, StartError> {
 /// stops it and waits.
 #[derive(Debug)]
 pub struct RunningServer {
-    addr: SocketAddr,
+    server: Background,
     state: AppState,
-    cancel: CancellationToken,
-    serve: Option<JoinHandle<std::io::Result<()>>>,
+    // A child of the server's shutdown token, so dropping the server stops it too.
     reaper: Option<JoinHandle<()>>,
 }
 
 impl RunningServer {
     /// The bound address (the real port when the config asked for port 0).
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr()
     }
 
     /// `http://<addr>`, without a trailing slash.
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.server.url()
     }
 
     /// The server's state (its repository and metrics), for tests.
@@ -68,22 +68,18 @@ impl RunningServer {
     }
 
     /// Stops accepting, lets in-flight requests finish, stops the reaper, closes the pool.
-    pub async fn shutdown(mut self) -> Result<(), StartError> {
-        self.cancel.cancel();
-        if let Some(serve) = self.serve.take() {
-            serve.await??;
-        }
-        if let Some(reaper) = self.reaper.take() {
+    pub async fn shutdown(self) -> Result<(), StartError> {
+        let Self {
+            server,
+            state,
+            reaper,
+        } = self;
+        let served = server.shutdown().await;
+        if let Some(reaper) = reaper {
             reaper.await?;
         }
-        self.state.repo().pool().close().await;
-        Ok(())
-    }
-}
-
-impl Drop for RunningServer {
-    fn drop(&mut self) {
-        self.cancel.cancel();
+        state.repo().pool().close().await;
+        Ok(served?)
     }
 }
 
@@ -96,24 +92,15 @@ pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
 pub async fn spawn_with_statements(config: Config, stmts: Statements) -> Result<RunningServer, StartError> {
     config.validate()?;
     let state = AppState::with_statements(pool(&config)?, config.admin_token.clone(), stmts);
-    let listener = dlock_common::serve::bind(config.listen).await?;
-    let addr = listener.local_addr()?;
-    let cancel = CancellationToken::new();
+    let listener = serve::bind(config.listen).await?;
+    let shutdown = CancellationToken::new();
     let reaper = config
         .reaper_interval
-        .map(|every| reaper::spawn(state.clone(), every, cancel.child_token()));
-    let shutdown = cancel.clone().cancelled_owned();
-    let router = app(state.clone());
-    let serve = tokio::spawn(async move {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(shutdown)
-            .await
-    });
+        .map(|every| reaper::spawn(state.clone(), every, shutdown.child_token()));
+    let server = serve::spawn_background(listener, app(state.clone()), shutdown)?;
     Ok(RunningServer {
-        addr,
+        server,
         state,
-        cancel,
-        serve: Some(serve),
         reaper,
     })
 }
@@ -128,17 +115,7 @@ pub async fn run(config: Config) -> Result<(), StartError> {
             "no admin token configured; admin endpoints answer 403"
         );
     }
-    let state = AppState::new(pool(&config)?, config.admin_token.clone());
-    let listener = dlock_common::serve::bind(config.listen).await?;
-    let cancel = CancellationToken::new();
-    let reaper = config
-        .reaper_interval
-        .map(|every| reaper::spawn(state.clone(), every, cancel.child_token()));
-    let served = dlock_common::serve::run(listener, app(state.clone())).await;
-    cancel.cancel();
-    if let Some(reaper) = reaper {
-        reaper.await?;
-    }
-    state.repo().pool().close().await;
-    Ok(served?)
+    let server = spawn(config).await?;
+    serve::shutdown_signal().await;
+    server.shutdown().await
 }

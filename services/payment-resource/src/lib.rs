@@ -24,9 +24,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use axum::Router;
+use dlock_common::serve::Background;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{Config, Fencing};
@@ -88,39 +88,37 @@ pub fn app(config: &Config) -> anyhow::Result<App> {
     })
 }
 
-/// Serves until SIGTERM/SIGINT (the binary's `serve`).
+/// Serves until SIGTERM/SIGINT (the binary's `serve`), then lets in-flight requests finish.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
-    let app = app(&config)?;
-    let listener = dlock_common::serve::bind(config.listen)
-        .await
-        .with_context(|| format!("bind {}", config.listen))?;
-    dlock_common::serve::run(listener, app.router).await?;
-    app.pool.close().await;
-    Ok(())
+    let server = spawn(config).await?;
+    dlock_common::serve::shutdown_signal().await;
+    server.shutdown().await
 }
 
-/// A server running in-process (tests, the demo).
+/// A server running in-process (tests, the demo, the binary).
 #[derive(Debug)]
 pub struct RunningServer {
-    pub addr: SocketAddr,
     pub pool: PgPool,
     pub metrics: Arc<Metrics>,
-    stop: CancellationToken,
-    task: JoinHandle<std::io::Result<()>>,
+    server: Background,
 }
 
 impl RunningServer {
-    /// `http://127.0.0.1:PORT`
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+    /// The bound address (the real port when the config asked for port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.server.addr()
     }
 
-    /// Graceful stop: in-flight requests finish.
+    /// `http://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        self.server.url()
+    }
+
+    /// Graceful stop: in-flight requests finish, then the pool closes.
     pub async fn shutdown(self) -> anyhow::Result<()> {
-        self.stop.cancel();
-        self.task.await.context("server task")??;
+        let served = self.server.shutdown().await.context("server task");
         self.pool.close().await;
-        Ok(())
+        served
     }
 }
 
@@ -130,19 +128,10 @@ pub async fn spawn(config: Config) -> anyhow::Result<RunningServer> {
     let listener = dlock_common::serve::bind(config.listen)
         .await
         .with_context(|| format!("bind {}", config.listen))?;
-    let addr = listener.local_addr()?;
-    let stop = CancellationToken::new();
-    let stopped = stop.clone();
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app.router)
-            .with_graceful_shutdown(async move { stopped.cancelled().await })
-            .await
-    });
+    let server = dlock_common::serve::spawn_background(listener, app.router, CancellationToken::new())?;
     Ok(RunningServer {
-        addr,
         pool: app.pool,
         metrics: app.metrics,
-        stop,
-        task,
+        server,
     })
 }

@@ -20,12 +20,11 @@ pub mod proxy;
 pub mod rail;
 pub mod sql;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
+use dlock_common::serve::Background;
 use prometheus_client::registry::Registry;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{Config, ConfigError, RailFence};
@@ -38,30 +37,9 @@ pub enum StartError {
     Bind(#[from] std::io::Error),
 }
 
-/// A rail-proxy serving in the background of this process.
-#[derive(Debug)]
-pub struct RunningServer {
-    addr: SocketAddr,
-    shutdown: CancellationToken,
-    task: JoinHandle<std::io::Result<()>>,
-}
-
-impl RunningServer {
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// `http://<addr>`, no trailing slash.
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    /// Stops accepting and waits for in-flight requests (each bounded by the rail timeout).
-    pub async fn shutdown(self) -> std::io::Result<()> {
-        self.shutdown.cancel();
-        self.task.await.map_err(std::io::Error::other)?
-    }
-}
+/// A rail-proxy serving in the background of this process. [`shutdown`](Background::shutdown) stops
+/// accepting and waits for in-flight requests (each bounded by the rail timeout).
+pub type RunningServer = Background;
 
 /// Connects to paydb lazily (so `/readyz` can report it down), binds, and serves until
 /// [`RunningServer::shutdown`].
@@ -113,14 +91,11 @@ pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
         rail_timeout_ms = config.rail_timeout.as_millis() as u64,
         fencing_enabled = !matches!(config.fence, RailFence::Disabled)
     );
-    let shutdown = CancellationToken::new();
-    let stop = shutdown.clone();
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await
-    });
-    Ok(RunningServer { addr, shutdown, task })
+    Ok(dlock_common::serve::spawn_background(
+        listener,
+        app,
+        CancellationToken::new(),
+    )?)
 }
 
 /// The URL without its password, for error messages.

@@ -16,11 +16,10 @@ pub mod ledger;
 pub mod metrics;
 pub mod stub;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
+use dlock_common::serve::Background;
 use prometheus_client::registry::Registry;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{Config, ConfigError, Mode};
@@ -33,30 +32,10 @@ pub enum StartError {
     Bind(#[from] std::io::Error),
 }
 
-/// A stub serving in the background of this process.
-#[derive(Debug)]
-pub struct RunningServer {
-    addr: SocketAddr,
-    shutdown: CancellationToken,
-    task: JoinHandle<std::io::Result<()>>,
-}
-
-impl RunningServer {
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// `http://<addr>`, no trailing slash.
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    /// Stops accepting, ends pending latency and TIMEOUT hangs, and waits for in-flight requests.
-    pub async fn shutdown(self) -> std::io::Result<()> {
-        self.shutdown.cancel();
-        self.task.await.map_err(std::io::Error::other)?
-    }
-}
+/// A stub serving in the background of this process. [`shutdown`](Background::shutdown) stops
+/// accepting, ends pending latency and TIMEOUT hangs (they watch the same token), and waits for
+/// in-flight requests.
+pub type RunningServer = Background;
 
 /// Binds `config.listen` and serves until [`RunningServer::shutdown`].
 pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
@@ -82,11 +61,5 @@ pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
         latency_ms = config.latency_ms,
         timeout_hang_ms = config.timeout_hang_ms
     );
-    let stop = shutdown.clone();
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await
-    });
-    Ok(RunningServer { addr, shutdown, task })
+    Ok(dlock_common::serve::spawn_background(listener, app, shutdown)?)
 }

@@ -49,11 +49,9 @@ async fn main() -> ExitCode {
         }
     };
     dlock_common::serve::shutdown_signal().await;
+    // The server logs `stopped` itself once in-flight requests are done.
     match server.shutdown().await {
-        Ok(()) => {
-            tracing::info!(event = "stopped");
-            ExitCode::SUCCESS
-        }
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(event = "serve_failed", error = %e);
             ExitCode::FAILURE
