@@ -336,4 +336,13 @@ pub fn print(verdicts: &[Verdict]) {
     for v in verdicts {
         println!("  {}: the stale holder was {}", v.label, v.stale_outcome);
     }
+    if verdicts.iter().any(|v| v.label == "kill switches off") {
+        println!();
+        println!(
+            "  With the kill switches off no resource refused the stale token any more (0 fenced). What still stood\n  \
+             between it and a second payment is not fencing but C1's one-forwardable-attempt-per-payout index\n  \
+             (rail_submission_attempt_uidx) and its one-leg-per-payout constraint (ledger_leg_uq): a payout nobody\n  \
+             has submitted yet, or a write they do not cover, has only the fence. See docs/design.md."
+        );
+    }
 }
