@@ -4,12 +4,10 @@
 use kube::Resource;
 use kube::api::Api;
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
 
 use super::error::{Error, Result};
-use super::lockservice::needs_version;
 use super::status::{Blocked, Observation};
-use super::{Context, database, migration, steps};
+use super::{Context, steps};
 use crate::builders::Owner;
 use crate::builders::paymentstack::{self as plan, HISTORY, Inputs, LockServiceView};
 use crate::crd::{LockService, PaymentStack};
@@ -39,39 +37,24 @@ pub async fn reconcile(ps: &PaymentStack, ctx: &Context) -> Result<Action> {
         Some(_) => None,
     };
 
-    let db = match database::resolve(ctx, &owner, HISTORY, &ps.spec.database).await? {
-        Ok(db) => db,
-        Err(blocked) => {
-            obs.blocked = Some(blocked);
-            return steps::finish(ctx, ps, previous, &regarding, &obs, HISTORY, None, None).await;
-        }
+    let Some(prepared) = steps::prepare(
+        ctx,
+        &owner,
+        &regarding,
+        HISTORY,
+        &ps.spec.database,
+        &mut obs,
+        || plan::migration_job(ps, &owner, &ctx.settings.default_image),
+    )
+    .await?
+    else {
+        return steps::finish(ctx, ps, previous, &regarding, &obs, HISTORY, None, None).await;
     };
-    if db.credentials_created {
-        ctx.publish(
-            &regarding,
-            EventType::Normal,
-            "CredentialsCreated",
-            format!("generated the {} passwords into a Secret", HISTORY.name()),
-        )
-        .await;
-    }
-    obs.database_ready = db.ready;
-
-    let job = match plan::migration_job(ps, &owner, &ctx.settings.default_image) {
-        Ok(job) => job,
-        Err(e) => {
-            obs.blocked = Some(Blocked::new(e.reason(), e.to_string()));
-            return steps::finish(ctx, ps, previous, &regarding, &obs, HISTORY, None, None).await;
-        }
-    };
-    let job_name = job.metadata.name.clone().unwrap_or_default();
-    let job_state = migration::observe(&ctx.client, &owner.namespace, &job_name).await?;
-
     let inputs = Inputs {
         default_image: &ctx.settings.default_image,
-        database_ready: db.ready,
-        migration: &job_state,
-        db_secret_version: db.secret_version.as_deref(),
+        database_ready: prepared.db.ready,
+        migration: &prepared.job_state,
+        db_secret_version: prepared.db.secret_version.as_deref(),
         lock_service: lock_service.as_ref(),
     };
     let desired = match plan::desired(ps, &owner, &inputs) {
@@ -81,15 +64,11 @@ pub async fn reconcile(ps: &PaymentStack, ctx: &Context) -> Result<Action> {
             return steps::finish(ctx, ps, previous, &regarding, &obs, HISTORY, None, None).await;
         }
     };
-    obs.deployments = steps::act(ctx, &owner, &regarding, HISTORY, &desired, &job_state).await?;
+    obs.deployments = steps::act(ctx, &owner, &regarding, HISTORY, &desired, &prepared.job_state).await?;
     obs.expected_deployments = GATED_DEPLOYMENTS + usize::from(ps.spec.rail_stub.enabled);
-    obs.migration = Some(job_state.clone());
+    obs.migration = Some(prepared.job_state.clone());
 
-    let applied_version = if needs_version(previous, &job_name, &job_state) {
-        migration::applied_version(&ctx.client, &owner.namespace, &job_name).await
-    } else {
-        None
-    };
+    let applied_version = steps::applied_version(ctx, &owner, previous, &prepared).await;
     steps::finish(
         ctx,
         ps,

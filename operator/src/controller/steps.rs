@@ -1,7 +1,9 @@
-//! Steps 3 and 4 shared by both reconcilers: apply the desired children and delete the rest, then
-//! write status and explain what changed with Events.
+//! The steps both reconcilers share: resolve the database and observe its migration Job ([`prepare`]),
+//! apply the desired children and delete the rest ([`act`]), then write status and explain what
+//! changed with Events ([`finish`]).
 
 use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
@@ -10,13 +12,87 @@ use kube::runtime::events::EventType;
 use serde::de::DeserializeOwned;
 
 use super::apply::{self, Applied};
+use super::database::{self, DatabaseState};
 use super::error::Result;
-use super::status::{self, Assessment, DeploymentHealth, Observation};
+use super::migration;
+use super::status::{self, Assessment, Blocked, DeploymentHealth, Observation};
 use super::{Context, REQUEUE_BLOCKED, REQUEUE_PROGRESSING, REQUEUE_READY};
 use crate::builders::database::History;
 use crate::builders::migration::JobState;
-use crate::builders::{ChildKind, Desired, Owner};
+use crate::builders::{ChildKind, Desired, Owner, SpecError};
+use crate::crd::DatabaseSpec;
 use crate::crd::{DlockStatus, Phase};
+
+/// The database and the state of its migration Job, once neither is blocked.
+pub struct Prepared {
+    pub db: DatabaseState,
+    pub job_name: String,
+    pub job_state: JobState,
+}
+
+/// Steps 1 and 2: resolve the database (credentials Secret, managed StatefulSet or external URL) and
+/// observe the migration Job `migration_job` builds. `Ok(None)`: `obs.blocked` says what a human must
+/// fix, and the caller finishes with it.
+pub async fn prepare(
+    ctx: &Context,
+    owner: &Owner,
+    regarding: &ObjectReference,
+    history: History,
+    database_spec: &DatabaseSpec,
+    obs: &mut Observation,
+    migration_job: impl FnOnce() -> std::result::Result<Job, SpecError>,
+) -> Result<Option<Prepared>> {
+    let db = match database::resolve(ctx, owner, history, database_spec).await? {
+        Ok(db) => db,
+        Err(blocked) => {
+            obs.blocked = Some(blocked);
+            return Ok(None);
+        }
+    };
+    if db.credentials_created {
+        ctx.publish(
+            regarding,
+            EventType::Normal,
+            "CredentialsCreated",
+            format!("generated the {} passwords into a Secret", history.name()),
+        )
+        .await;
+    }
+    obs.database_ready = db.ready;
+    let job = match migration_job() {
+        Ok(job) => job,
+        Err(e) => {
+            obs.blocked = Some(Blocked::new(e.reason(), e.to_string()));
+            return Ok(None);
+        }
+    };
+    let job_name = job.metadata.name.clone().unwrap_or_default();
+    let job_state = migration::observe(&ctx.client, &owner.namespace, &job_name).await?;
+    Ok(Some(Prepared {
+        db,
+        job_name,
+        job_state,
+    }))
+}
+
+/// The applied schema version, read from the migration Job's log once per succeeded Job.
+pub async fn applied_version(
+    ctx: &Context,
+    owner: &Owner,
+    previous: Option<&DlockStatus>,
+    prepared: &Prepared,
+) -> Option<i64> {
+    let already_read = previous.and_then(|p| p.migration.as_ref()).is_some_and(|m| {
+        m.succeeded
+            && m.job_name.as_deref() == Some(prepared.job_name.as_str())
+            && m.applied_version.is_some()
+    });
+    if prepared.job_state == JobState::Succeeded && !already_read {
+        migration::applied_version(&ctx.client, &owner.namespace, &prepared.job_name).await
+    } else {
+        None
+    }
+}
 
 /// Applies `desired` in order, deletes what it no longer asks for and stale migration Jobs.
 /// Returns the health of the Deployments applied.
