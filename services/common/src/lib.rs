@@ -4,12 +4,14 @@
 //! - [`validate`]: bounds on lock keys and TTLs;
 //! - [`error`]: the JSON error body and the extractors that turn bad input into 4xx;
 //! - [`telemetry`]: tracing set-up (JSON lines by default);
+//! - [`payout`]: the payout state machine (`payout_state_ck`);
 //! - [`metrics`]: the `/metrics` handler over a prometheus-client registry;
 //! - [`serve`]: health endpoints and graceful shutdown.
 
 pub mod error;
 pub mod fencing;
 pub mod metrics;
+pub mod payout;
 pub mod serve;
 pub mod telemetry;
 pub mod token;

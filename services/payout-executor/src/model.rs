@@ -5,56 +5,7 @@
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-/// The `payout_state_ck` set (C1 §1.5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum PayoutState {
-    Pending,
-    Claimed,
-    RailSubmitted,
-    RailAcked,
-    RailAmbiguous,
-    Posted,
-    Failed,
-    Abandoned,
-}
-
-impl PayoutState {
-    /// States a payout is left in while some holder drives it; a dead holder leaves it here, and a
-    /// newer grant adopts it.
-    pub const IN_FLIGHT: [PayoutState; 4] = [
-        PayoutState::Claimed,
-        PayoutState::RailSubmitted,
-        PayoutState::RailAcked,
-        PayoutState::RailAmbiguous,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PayoutState::Pending => "PENDING",
-            PayoutState::Claimed => "CLAIMED",
-            PayoutState::RailSubmitted => "RAIL_SUBMITTED",
-            PayoutState::RailAcked => "RAIL_ACKED",
-            PayoutState::RailAmbiguous => "RAIL_AMBIGUOUS",
-            PayoutState::Posted => "POSTED",
-            PayoutState::Failed => "FAILED",
-            PayoutState::Abandoned => "ABANDONED",
-        }
-    }
-
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            PayoutState::Posted | PayoutState::Failed | PayoutState::Abandoned
-        )
-    }
-}
-
-impl std::fmt::Display for PayoutState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use dlock_common::payout::PayoutState;
 
 /// A payout as payment-resource returns it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
