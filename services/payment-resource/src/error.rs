@@ -28,6 +28,19 @@ pub enum PaymentError {
         payout_state: PayoutState,
     },
 
+    /// The reservation (r) found that the account cannot cover the payout, which is now FAILED
+    /// (`INSUFFICIENT_FUNDS`) without having reached the rail.
+    #[error(
+        "account {account_id} has {available_minor} minor units available; payout {payout_id} needs {amount_minor}"
+    )]
+    Unfunded {
+        payout_id: Uuid,
+        account_id: Uuid,
+        available_minor: i64,
+        amount_minor: i64,
+        payout_state: PayoutState,
+    },
+
     #[error("payout {payout_id} is {state}; only a RAIL_ACKED payout can be posted")]
     NotPostable { payout_id: Uuid, state: PayoutState },
 
@@ -115,6 +128,18 @@ impl From<PaymentError> for ApiError {
                 .with("payoutId", payout_id)
                 .with("accountId", account_id)
                 .with("balanceMinor", balance_minor)
+                .with("amountMinor", amount_minor)
+                .with("payoutState", payout_state),
+            PaymentError::Unfunded {
+                payout_id,
+                account_id,
+                available_minor,
+                amount_minor,
+                payout_state,
+            } => ApiError::new(unprocessable, "INSUFFICIENT_FUNDS", message)
+                .with("payoutId", payout_id)
+                .with("accountId", account_id)
+                .with("availableMinor", available_minor)
                 .with("amountMinor", amount_minor)
                 .with("payoutState", payout_state),
             PaymentError::NotPostable { payout_id, state } => ApiError::conflict("NOT_POSTABLE", message)

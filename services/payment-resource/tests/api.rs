@@ -20,9 +20,13 @@ struct Api {
 
 impl Api {
     async fn start(f: &Fixture, fencing: Fencing) -> Api {
-        let server = payment_resource::spawn(Config::ephemeral(f.db.app_url()).with_fencing(fencing))
-            .await
-            .expect("spawn");
+        let server = payment_resource::spawn(
+            Config::ephemeral(f.db.app_url())
+                .with_fencing(fencing)
+                .with_credentials(common::credentials()),
+        )
+        .await
+        .expect("spawn");
         Api {
             server,
             client: Client::new(),
@@ -37,9 +41,13 @@ impl Api {
         token: Option<&str>,
         body: Option<&str>,
     ) -> (u16, Value) {
+        let auth = common::token_for(method.as_str(), path);
         let mut req = self
             .client
             .request(method, format!("{}{path}", self.server.url()));
+        if let Some(a) = auth {
+            req = req.bearer_auth(a);
+        }
         if let Some(t) = token {
             req = req.header("X-Fencing-Token", t);
         }
@@ -286,7 +294,8 @@ async fn accounts_are_created_once_and_read_back_with_their_ledger() {
     assert_eq!(
         v,
         json!({"accountId": id, "currency": "EUR", "kind": "CUSTOMER", "balanceMinor": 5_000,
-               "openingBalanceMinor": 5_000, "fence": 0, "ledgerDebitMinor": 0, "ledgerCreditMinor": 0,
+               "openingBalanceMinor": 5_000, "fence": 0, "reservedMinor": 0, "availableMinor": 5_000,
+               "ledgerDebitMinor": 0, "ledgerCreditMinor": 0,
                "expectedBalanceMinor": 5_000, "consistent": true})
     );
     assert_eq!(api.get(&format!("/v1/accounts/{id}")).await, (200, v));
@@ -526,8 +535,22 @@ async fn posting_outcomes_map_to_http() {
         (409, Some("NOT_POSTABLE"), &json!("PENDING"))
     );
 
-    let big = api.acked(&acct, 50_000, 12).await;
-    let (s, v) = api.post_payout(&big, 12).await;
+    // With reservations an account that cannot cover a payout refuses it as it enters
+    // RAIL_SUBMITTED, before anything reaches the rail …
+    let refused = api.payout(&acct, 50_000).await;
+    assert_eq!(api.claim(&refused, 12, "w12").await.0, 200);
+    let (s, v) = api.transition(&refused, 12, "CLAIMED", "RAIL_SUBMITTED").await;
+    assert_eq!(
+        (s, v["code"].as_str(), &v["payoutState"], &v["availableMinor"]),
+        (422, Some("INSUFFICIENT_FUNDS"), &json!("FAILED"), &json!(8_100)),
+        "{v}"
+    );
+    let (_, v) = api.get(&format!("/v1/payouts/{refused}")).await;
+    assert_eq!((&v["state"], &v["failureReason"]), (&json!("FAILED"), &json!("INSUFFICIENT_FUNDS")));
+    // … so (a) meets an unfunded payout only when one reached RAIL_ACKED without a reservation.
+    let acct_id: Uuid = acct.parse().unwrap();
+    let big = f.acked_unreserved(acct_id, 50_000, 13).await.payout_id.to_string();
+    let (s, v) = api.post_payout(&big, 13).await;
     assert_eq!(
         (s, v["code"].as_str(), &v["payoutState"]),
         (422, Some("INSUFFICIENT_FUNDS"), &json!("FAILED"))
@@ -1056,6 +1079,7 @@ async fn bad_input_on_every_endpoint_is_rejected_with_a_code_and_writes_nothing(
     let resp = api
         .client
         .post(format!("{}/v1/payouts", api.server.url()))
+        .bearer_auth(common::CLIENT_TOKEN)
         .body(payout_body(&acct, "5", "EUR", ok_key))
         .send()
         .await

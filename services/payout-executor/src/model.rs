@@ -84,6 +84,10 @@ pub struct Submission {
     pub presented_token: i64,
     pub outcome: Option<RailOutcome>,
     pub rail_reference: Option<String>,
+    /// Set when rail-proxy gave the attempt up: the rail, asked after the deadline, had never
+    /// received it.
+    #[serde(default)]
+    pub abandoned_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl Submission {
