@@ -58,6 +58,9 @@ pub enum PaymentError {
     #[error("{from} -> {to} is not a transition this endpoint performs")]
     UnsupportedTransition { from: PayoutState, to: PayoutState },
 
+    #[error("payout {0} has a rail attempt that rail-proxy has not abandoned; it may have been paid")]
+    AttemptNotAbandoned(Uuid),
+
     #[error("no payout {0}")]
     UnknownPayout(Uuid),
 
@@ -155,6 +158,9 @@ impl From<PaymentError> for ApiError {
             }
             PaymentError::UnsupportedTransition { .. } => {
                 ApiError::bad_request("UNSUPPORTED_TRANSITION", message)
+            }
+            PaymentError::AttemptNotAbandoned(payout_id) => {
+                ApiError::conflict("ATTEMPT_NOT_ABANDONED", message).with("payoutId", payout_id)
             }
             PaymentError::UnknownPayout(_) => ApiError::not_found("UNKNOWN_PAYOUT", message),
             PaymentError::UnknownAccount(_) => ApiError::not_found("UNKNOWN_ACCOUNT", message),

@@ -492,6 +492,15 @@ pub(crate) async fn end_payout(
         tx.rollback().await?;
         return Err(PaymentError::UnknownPayout(payout_id));
     };
+    // ABANDONED only when the rail never received it: rail-proxy records that on the attempt after
+    // asking the rail past its deadline. A payout whose attempt may have been paid stays ambiguous.
+    if to == PayoutState::Abandoned
+        && from != PayoutState::Claimed
+        && payout::has_live_attempt(&mut tx, payout_id).await?
+    {
+        tx.rollback().await?;
+        return Err(PaymentError::AttemptNotAbandoned(payout_id));
+    }
     let Some(ended) = payout::end(&mut tx, payout_id, from, to, token, reason).await? else {
         tx.rollback().await?;
         return Ok(None);

@@ -142,16 +142,6 @@ impl Statements {
         account_reserve: ACCOUNT_RESERVE_UNFENCED,
     };
 
-    /// A deliberately broken set for the negative control of the funds check: (r) without its
-    /// funds predicate, so every payout is "covered" (tests only).
-    pub const RESERVE_WITHOUT_FUNDS_CHECK: &'static str = "
-UPDATE account
-   SET updated_at = now()
- WHERE account_id = $1
-   AND currency   = $2
-   AND fence     <= $4
-   AND $3 > 0
-RETURNING balance_minor, reserved_minor, fence";
 
     pub fn for_fencing(fencing: Fencing) -> Statements {
         match fencing {
@@ -287,6 +277,15 @@ pub const PAYOUT_END: &str = concat!(
 RETURNING ",
     payout_columns!()
 );
+
+/// Whether the payout has a forwardable rail attempt that rail-proxy has not abandoned: such a
+/// payout may have been paid, so it must not end ABANDONED. $1 payout_id. (Read only; rail-proxy
+/// writes rail_submission.)
+pub const PAYOUT_HAS_LIVE_ATTEMPT: &str = "
+SELECT EXISTS (SELECT 1 FROM rail_submission
+                WHERE payout_id = $1
+                  AND outcome IS DISTINCT FROM 'FENCED'
+                  AND abandoned_at IS NULL)";
 
 /// Inside the posting transaction, before (a): the hold becomes the debit, so the payout gives it up.
 /// $1 payout_id.

@@ -131,6 +131,14 @@ pub async fn end(
         .await
 }
 
+/// `true`: a rail attempt exists that rail-proxy has not abandoned.
+pub async fn has_live_attempt(conn: &mut PgConnection, payout_id: Uuid) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar::<_, bool>(sql::PAYOUT_HAS_LIVE_ATTEMPT)
+        .bind(payout_id)
+        .fetch_one(conn)
+        .await
+}
+
 /// Inside the posting transaction: the payout's hold becomes the debit.
 pub async fn clear_reservation(conn: &mut PgConnection, payout_id: Uuid) -> Result<(), sqlx::Error> {
     sqlx::query(sql::PAYOUT_CLEAR_RESERVATION)
