@@ -229,13 +229,7 @@ SELECT gen_random_uuid(),
 const COUNT_POSTED: &str = "SELECT count(*) FROM payout WHERE state = 'POSTED'";
 
 /// One backlog measurement: payouts per second over the first `measure` payouts to be POSTED.
-async fn backlog_run(
-    size: u32,
-    measure: u32,
-    executors: u32,
-    workers: u32,
-    run_dir: &RunDir,
-) -> Result<f64> {
+async fn backlog_run(size: u32, measure: u32, executors: u32, workers: u32, run_dir: &RunDir) -> Result<f64> {
     let lockdb = Database::start(History::Lockdb).await?;
     let paydb = Database::start(History::Paydb).await?;
     let admin = sqlx::postgres::PgPoolOptions::new()

@@ -93,7 +93,9 @@ impl Credential {
         if ok {
             Ok(Self(value))
         } else {
-            Err(CredentialError::Malformed { name: name.to_owned() })
+            Err(CredentialError::Malformed {
+                name: name.to_owned(),
+            })
         }
     }
 
@@ -102,7 +104,9 @@ impl Credential {
     pub fn from_env(name: &str) -> Result<Option<Self>, CredentialError> {
         let file_var = format!("{name}_FILE");
         match (std::env::var(name).ok(), std::env::var(&file_var).ok()) {
-            (Some(_), Some(_)) => Err(CredentialError::Both { name: name.to_owned() }),
+            (Some(_), Some(_)) => Err(CredentialError::Both {
+                name: name.to_owned(),
+            }),
             (Some(v), None) => Self::new(name, v).map(Some),
             (None, Some(path)) => Self::from_file(name, Path::new(&path)).map(Some),
             (None, None) => Ok(None),
@@ -195,9 +199,7 @@ impl Credentials {
 
     /// The role of the request's bearer token, compared in constant time with every credential.
     pub fn identify(&self, headers: &HeaderMap) -> Option<Role> {
-        let presented = headers
-            .get(AUTHORIZATION)
-            .and_then(|v| bearer(v.as_bytes()))?;
+        let presented = headers.get(AUTHORIZATION).and_then(|v| bearer(v.as_bytes()))?;
         let mut found = None;
         // Every credential is compared, whatever matched before, so the time taken does not depend
         // on which role (if any) the token belongs to.
@@ -253,10 +255,7 @@ pub struct Gate {
 
 impl Gate {
     pub fn new(credentials: Arc<Credentials>, allowed: &'static [Role]) -> Self {
-        Self {
-            credentials,
-            allowed,
-        }
+        Self { credentials, allowed }
     }
 }
 

@@ -7,8 +7,8 @@ use axum::extract::{FromRequestParts, State};
 use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::request::Parts;
-use axum::response::IntoResponse;
 use axum::middleware::from_fn_with_state;
+use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use dlock_common::auth::{self, Credentials, Gate, Role};
@@ -79,7 +79,8 @@ pub fn router(state: AppState, registry: Arc<Registry>) -> Router {
         .route("/metrics", get(dlock_common::metrics::handler))
         .with_state(registry);
     let creds = state.credentials.clone();
-    let gate = |allowed: &'static [Role]| from_fn_with_state(Gate::new(creds.clone(), allowed), auth::require);
+    let gate =
+        |allowed: &'static [Role]| from_fn_with_state(Gate::new(creds.clone(), allowed), auth::require);
     Router::new()
         .route("/v1/accounts", post(create_account).route_layer(gate(ADMIN)))
         .route("/v1/accounts/{accountId}", get(get_account))

@@ -246,7 +246,8 @@ impl Payouts {
         to: PayoutState,
         token: FencingToken,
     ) -> Result<Transitioned, PaymentError> {
-        self.transition_with_reason(payout_id, from, to, token, None).await
+        self.transition_with_reason(payout_id, from, to, token, None)
+            .await
     }
 
     /// [`Payouts::transition`], recording `reason` when the payout ends FAILED or ABANDONED.
@@ -363,7 +364,13 @@ impl Payouts {
         }
         let available = acct.balance_minor.saturating_sub(acct.reserved_minor);
         let state = match self
-            .end_locked(p.payout_id, PayoutState::Claimed, PayoutState::Failed, token, INSUFFICIENT_FUNDS)
+            .end_locked(
+                p.payout_id,
+                PayoutState::Claimed,
+                PayoutState::Failed,
+                token,
+                INSUFFICIENT_FUNDS,
+            )
             .await?
         {
             Some(failed) => failed.state,

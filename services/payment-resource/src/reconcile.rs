@@ -15,8 +15,8 @@ use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::model::{Account, AccountKind, Direction, PayoutState};
 use crate::error::PaymentError;
+use crate::model::{Account, AccountKind, Direction, PayoutState};
 use crate::repo::recon::{self, LedgerGroup, PayoutLegs, PostedTotal};
 use crate::sql;
 

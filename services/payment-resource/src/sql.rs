@@ -142,7 +142,6 @@ impl Statements {
         account_reserve: ACCOUNT_RESERVE_UNFENCED,
     };
 
-
     pub fn for_fencing(fencing: Fencing) -> Statements {
         match fencing {
             Fencing::Enabled => Statements::FENCED,

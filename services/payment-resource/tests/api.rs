@@ -546,10 +546,17 @@ async fn posting_outcomes_map_to_http() {
         "{v}"
     );
     let (_, v) = api.get(&format!("/v1/payouts/{refused}")).await;
-    assert_eq!((&v["state"], &v["failureReason"]), (&json!("FAILED"), &json!("INSUFFICIENT_FUNDS")));
+    assert_eq!(
+        (&v["state"], &v["failureReason"]),
+        (&json!("FAILED"), &json!("INSUFFICIENT_FUNDS"))
+    );
     // … so (a) meets an unfunded payout only when one reached RAIL_ACKED without a reservation.
     let acct_id: Uuid = acct.parse().unwrap();
-    let big = f.acked_unreserved(acct_id, 50_000, 13).await.payout_id.to_string();
+    let big = f
+        .acked_unreserved(acct_id, 50_000, 13)
+        .await
+        .payout_id
+        .to_string();
     let (s, v) = api.post_payout(&big, 13).await;
     assert_eq!(
         (s, v["code"].as_str(), &v["payoutState"]),
@@ -1144,7 +1151,11 @@ async fn raw(api: &Api, method: &str, path: &str, auth: Option<&str>) -> (u16, V
         .get("www-authenticate")
         .map(|v| v.to_str().unwrap().to_owned());
     let text = resp.text().await.unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)), www)
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        www,
+    )
 }
 
 #[tokio::test]
@@ -1164,7 +1175,11 @@ async fn every_write_and_admin_endpoint_needs_its_role_and_reads_and_probes_stay
     for (method, path, allowed) in payment_resource::api::PROTECTED {
         let path = concrete(path);
         let (s, v, www) = raw(&api, method, &path, None).await;
-        assert_eq!((s, v["code"].as_str()), (401, Some("UNAUTHENTICATED")), "{method} {path}: {v}");
+        assert_eq!(
+            (s, v["code"].as_str()),
+            (401, Some("UNAUTHENTICATED")),
+            "{method} {path}: {v}"
+        );
         assert_eq!(www.as_deref(), Some("Bearer"), "{method} {path}");
         for bad in [
             "Bearer not-a-credential-of-this-service",
@@ -1212,7 +1227,9 @@ async fn every_write_and_admin_endpoint_needs_its_role_and_reads_and_probes_stay
     api.server.shutdown().await.unwrap();
 
     // A server without credentials admits nobody (fail closed).
-    let bare = payment_resource::spawn(Config::ephemeral(f.db.app_url())).await.unwrap();
+    let bare = payment_resource::spawn(Config::ephemeral(f.db.app_url()))
+        .await
+        .unwrap();
     let bare = Api {
         server: bare,
         client: Client::new(),

@@ -57,7 +57,10 @@ async fn overcommit(statements: Statements) -> Result<(Fixture, Uuid, Vec<bool>)
         {
             Ok(t) => {
                 if t.payout.reserved_minor != 400 || t.payout.reserved_token != Some(token) {
-                    return Err(format!("reserved payout does not hold its amount: {:?}", t.payout));
+                    return Err(format!(
+                        "reserved payout does not hold its amount: {:?}",
+                        t.payout
+                    ));
                 }
                 covered.push(true);
             }
@@ -81,7 +84,9 @@ async fn overcommit(statements: Statements) -> Result<(Fixture, Uuid, Vec<bool>)
         }
     }
     if covered != [true, true, false] {
-        return Err(format!("the account covered {covered:?}, expected [true, true, false]"));
+        return Err(format!(
+            "the account covered {covered:?}, expected [true, true, false]"
+        ));
     }
     if reserved_minor(&f, acct).await != 800 {
         return Err("the account does not hold the two reservations".into());
@@ -96,7 +101,11 @@ async fn reservations_never_exceed_what_the_account_covers() {
     // The books are clean: holds match, nothing paid that is not recorded.
     let report = reconcile::run(&f.pool).await.unwrap();
     assert!(report.clean, "{report:?}");
-    assert_eq!(f.account(acct).await.balance_minor, 1_000, "reserving moves no money");
+    assert_eq!(
+        f.account(acct).await.balance_minor,
+        1_000,
+        "reserving moves no money"
+    );
 }
 
 #[tokio::test]
@@ -109,10 +118,7 @@ async fn negative_control_reservation_without_its_funds_check_overcommits_the_ac
         .await
         .err()
         .expect("without the funds predicate the account must be over-committed");
-    assert!(
-        violation.contains("expected [true, true, false]"),
-        "{violation}"
-    );
+    assert!(violation.contains("expected [true, true, false]"), "{violation}");
 }
 
 #[tokio::test]
@@ -130,11 +136,19 @@ async fn a_superseded_grant_cannot_reserve_and_nothing_changes() {
     let before = f.snapshot().await;
     let r = f
         .payouts
-        .transition(p.payout_id, PayoutState::Claimed, PayoutState::RailSubmitted, tok(5))
+        .transition(
+            p.payout_id,
+            PayoutState::Claimed,
+            PayoutState::RailSubmitted,
+            tok(5),
+        )
         .await;
     match r {
         Err(PaymentError::FencedOut(d)) => {
-            assert_eq!((d.presented, d.highest, d.resource_type.as_str()), (5, 9, "account"));
+            assert_eq!(
+                (d.presented, d.highest, d.resource_type.as_str()),
+                (5, 9, "account")
+            );
         }
         other => panic!("expected FENCED_OUT at the reservation, got {other:?}"),
     }
@@ -146,7 +160,12 @@ async fn a_superseded_grant_cannot_reserve_and_nothing_changes() {
     let q = f.pending(acct, 500).await;
     f.payouts.claim(q.payout_id, "w9", tok(9)).await.unwrap();
     f.payouts
-        .transition(q.payout_id, PayoutState::Claimed, PayoutState::RailSubmitted, tok(9))
+        .transition(
+            q.payout_id,
+            PayoutState::Claimed,
+            PayoutState::RailSubmitted,
+            tok(9),
+        )
         .await
         .unwrap();
     assert_eq!(reserved_minor(&f, acct).await, 500);
@@ -162,7 +181,12 @@ async fn failing_abandoning_and_posting_give_the_hold_back_exactly_once() {
             let p = f.pending(acct, amount).await;
             f.payouts.claim(p.payout_id, "w", tok(token)).await.unwrap();
             f.payouts
-                .transition(p.payout_id, PayoutState::Claimed, PayoutState::RailSubmitted, tok(token))
+                .transition(
+                    p.payout_id,
+                    PayoutState::Claimed,
+                    PayoutState::RailSubmitted,
+                    tok(token),
+                )
                 .await
                 .unwrap();
             p
@@ -202,7 +226,12 @@ async fn failing_abandoning_and_posting_give_the_hold_back_exactly_once() {
     assert_eq!(reserved_minor(&f, acct).await, 5_000);
 
     f.payouts
-        .transition(ambiguous.payout_id, PayoutState::RailSubmitted, PayoutState::RailAmbiguous, tok(4))
+        .transition(
+            ambiguous.payout_id,
+            PayoutState::RailSubmitted,
+            PayoutState::RailAmbiguous,
+            tok(4),
+        )
         .await
         .unwrap();
     // While its rail attempt is live (it may have been paid) it cannot be abandoned …
@@ -225,7 +254,10 @@ async fn failing_abandoning_and_posting_give_the_hold_back_exactly_once() {
             Some("RAIL_NEVER_RECEIVED"),
         )
         .await;
-    assert!(matches!(refused, Err(PaymentError::AttemptNotAbandoned(_))), "{refused:?}");
+    assert!(
+        matches!(refused, Err(PaymentError::AttemptNotAbandoned(_))),
+        "{refused:?}"
+    );
     assert_eq!(reserved_minor(&f, acct).await, 5_000);
     // … once rail-proxy has abandoned it (the rail never received it, past the deadline), it can.
     sqlx::query(
@@ -271,7 +303,16 @@ async fn failing_abandoning_and_posting_give_the_hold_back_exactly_once() {
             Some("not a code"),
         )
         .await;
-    assert!(matches!(bad, Err(PaymentError::Invalid { code: "INVALID_REASON", .. })), "{bad:?}");
+    assert!(
+        matches!(
+            bad,
+            Err(PaymentError::Invalid {
+                code: "INVALID_REASON",
+                ..
+            })
+        ),
+        "{bad:?}"
+    );
 }
 
 #[tokio::test]
@@ -374,7 +415,11 @@ async fn reconciliation_compares_the_rail_with_the_payouts_page_by_page() {
         .iter()
         .find(|a| a.account_id == poor)
         .expect("the tampered account");
-    assert!(a.breaks.iter().any(|b| b.kind == AccountBreakKind::ReservationMismatch));
+    assert!(
+        a.breaks
+            .iter()
+            .any(|b| b.kind == AccountBreakKind::ReservationMismatch)
+    );
 
     // The stuck threshold is the caller's.
     let lenient = reconcile::run_with(

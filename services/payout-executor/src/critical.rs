@@ -203,7 +203,10 @@ impl Critical<'_> {
     ) -> Result<(), ClientError> {
         let api = &self.resources.payments;
         let done = self
-            .write(None, api.transition(self.payout_id, from, to, self.token(), reason))
+            .write(
+                None,
+                api.transition(self.payout_id, from, to, self.token(), reason),
+            )
             .await?;
         tracing::info!(
             event = "payout_transitioned",

@@ -247,23 +247,23 @@ impl Stack {
     /// answers `/readyz`.
     pub fn service_executor_spec(&self, name: &str) -> Result<Spec> {
         Ok(Spec::new(name, "payout-executor")?
+            .env(crate::config::PAYMENT_CREDENTIAL_ENV, &self.credentials.executor)
             .env(
-                crate::config::PAYMENT_CREDENTIAL_ENV,
-                &self.credentials.executor,
+                crate::config::RAIL_CREDENTIAL_ENV,
+                &self.credentials.rail_executor,
             )
-            .env(crate::config::RAIL_CREDENTIAL_ENV, &self.credentials.rail_executor)
             .args([
-            "--lock-server-url".to_owned(),
-            self.lock_url.clone(),
-            "--payment-resource-url".to_owned(),
-            self.payment.url(),
-            "--rail-proxy-url".to_owned(),
-            self.rail_proxy.url(),
-            "--owner-id".to_owned(),
-            name.to_owned(),
-            "--listen".to_owned(),
-            "127.0.0.1:{port}".to_owned(),
-        ]))
+                "--lock-server-url".to_owned(),
+                self.lock_url.clone(),
+                "--payment-resource-url".to_owned(),
+                self.payment.url(),
+                "--rail-proxy-url".to_owned(),
+                self.rail_proxy.url(),
+                "--owner-id".to_owned(),
+                name.to_owned(),
+                "--listen".to_owned(),
+                "127.0.0.1:{port}".to_owned(),
+            ]))
     }
 
     /// Replaces rail-proxy with a fresh process (same database, rail and credentials; fencing on),

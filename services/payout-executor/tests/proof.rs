@@ -1114,7 +1114,10 @@ async fn overdraw(name: &str, bypass: bool) -> Result<(), String> {
             ensure_that(
                 now.state == PayoutState::Failed
                     && now.failure_reason.as_deref() == Some("INSUFFICIENT_FUNDS"),
-                format!("uncovered payout {} ended {} ({:?})", p.payout_id, now.state, now.failure_reason),
+                format!(
+                    "uncovered payout {} ended {} ({:?})",
+                    p.payout_id, now.state, now.failure_reason
+                ),
             )?;
             let subs = stack.rail_submissions(p.payout_id).await.unwrap();
             ensure_that(
@@ -1123,7 +1126,10 @@ async fn overdraw(name: &str, bypass: bool) -> Result<(), String> {
             )?;
         }
     }
-    ensure_that(reached == 2, format!("the rail received {reached} of the 3 payouts, expected the 2 covered"))?;
+    ensure_that(
+        reached == 2,
+        format!("the rail received {reached} of the 3 payouts, expected the 2 covered"),
+    )?;
     let a = stack.account(account).await.unwrap();
     ensure_that(a.balance_minor == 200, format!("balance {}", a.balance_minor))?;
     let recon = stack.reconciliation().await.unwrap();
@@ -1181,17 +1187,25 @@ async fn a_crash_between_recording_the_attempt_and_forwarding_it_ends_abandoned(
         .wait_exit(LIMIT)
         .await
         .expect("rail-proxy exits at the fault");
-    assert_eq!(exit.code(), Some(75), "log {}", env.stack.rail_proxy.log.display());
+    assert_eq!(
+        exit.code(),
+        Some(75),
+        "log {}",
+        env.stack.rail_proxy.log.display()
+    );
     e1.stop();
     let admin = env._paydb.admin_pool().await;
-    let (outcome, resolved): (Option<String>, bool) = sqlx::query_as(
-        "SELECT outcome, resolved_at IS NOT NULL FROM rail_submission WHERE payout_id = $1",
-    )
-    .bind(p.payout_id)
-    .fetch_one(&admin)
-    .await
-    .unwrap();
-    assert_eq!((outcome, resolved), (None, false), "the attempt committed, unanswered");
+    let (outcome, resolved): (Option<String>, bool) =
+        sqlx::query_as("SELECT outcome, resolved_at IS NOT NULL FROM rail_submission WHERE payout_id = $1")
+            .bind(p.payout_id)
+            .fetch_one(&admin)
+            .await
+            .unwrap();
+    assert_eq!(
+        (outcome, resolved),
+        (None, false),
+        "the attempt committed, unanswered"
+    );
     assert_eq!(env.stack.rail_received().await.unwrap().received(p.payout_id), 0);
 
     env.stack.restart_rail_proxy(true, &[]).await.unwrap();
@@ -1217,7 +1231,11 @@ async fn a_crash_between_recording_the_attempt_and_forwarding_it_ends_abandoned(
     assert_eq!(attempt["outcome"], "TIMEOUT");
     assert_eq!(
         stack
-            .metric(&stack.rail_proxy.url(), "rail_proxy_attempts_abandoned_total", &[])
+            .metric(
+                &stack.rail_proxy.url(),
+                "rail_proxy_attempts_abandoned_total",
+                &[]
+            )
             .await
             .unwrap(),
         1.0
@@ -1233,9 +1251,15 @@ async fn a_crash_between_recording_the_attempt_and_forwarding_it_ends_abandoned(
         .await
         .unwrap();
     assert!(wait_exit(&mut e3).await.success(), "log {}", e3.log.display());
-    assert_eq!(payout_state(stack, again.payout_id).await.state, PayoutState::Posted);
+    assert_eq!(
+        payout_state(stack, again.payout_id).await.state,
+        PayoutState::Posted
+    );
     let received = stack.rail_received().await.unwrap();
-    assert_eq!((received.received(p.payout_id), received.paid(again.payout_id)), (0, 1));
+    assert_eq!(
+        (received.received(p.payout_id), received.paid(again.payout_id)),
+        (0, 1)
+    );
     assert_eq!(stack.account(account).await.unwrap().balance_minor, 9_300);
     assert_eq!(stack.reconciliation().await.unwrap()["clean"], true);
 }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, header::CONTENT_TYPE};
-use axum::response::{IntoResponse, Response};
 use axum::middleware::from_fn_with_state;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use dlock_common::auth::{self, Credentials, Gate, Role};

@@ -62,11 +62,9 @@ impl From<ProxyError> for ApiError {
             ProxyError::RailOutcomeUnknown(attempt) => {
                 ApiError::conflict("RAIL_OUTCOME_UNKNOWN", message).with("attempt", &*attempt)
             }
-            ProxyError::NotReserved { payout_id, state } => {
-                ApiError::conflict("NOT_RESERVED", message)
-                    .with("payoutId", payout_id)
-                    .with("state", state)
-            }
+            ProxyError::NotReserved { payout_id, state } => ApiError::conflict("NOT_RESERVED", message)
+                .with("payoutId", payout_id)
+                .with("state", state),
             ProxyError::RailUnavailable(_) => {
                 ApiError::new(StatusCode::BAD_GATEWAY, "RAIL_UNAVAILABLE", message)
             }

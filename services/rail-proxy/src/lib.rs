@@ -73,7 +73,11 @@ pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
     }
 
     if let Some(fault) = config.fault {
-        tracing::warn!(event = "fault_injection_enabled", ?fault, "FAULT INJECTION IS ON (tests and demos only)");
+        tracing::warn!(
+            event = "fault_injection_enabled",
+            ?fault,
+            "FAULT INJECTION IS ON (tests and demos only)"
+        );
     }
     config
         .credentials

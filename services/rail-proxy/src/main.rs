@@ -36,7 +36,12 @@ struct Args {
     #[arg(long, env = "RAIL_PROXY_ENABLE_FAULT_INJECTION")]
     enable_fault_injection: bool,
     /// Fault injection: e.g. `exit-after-attempt` exits right after an attempt row commits.
-    #[arg(long, env = "RAIL_PROXY_FAULT", value_enum, requires = "enable_fault_injection")]
+    #[arg(
+        long,
+        env = "RAIL_PROXY_FAULT",
+        value_enum,
+        requires = "enable_fault_injection"
+    )]
     fault: Option<rail_proxy::Fault>,
 }
 

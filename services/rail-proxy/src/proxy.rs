@@ -202,7 +202,8 @@ impl Proxy {
         let attempt = sql::select_attempt(&self.pool, payout_id)
             .await?
             .ok_or(ProxyError::NoAttempt(payout_id))?;
-        if matches!(attempt.outcome.as_deref(), Some("ACKED" | "REJECTED")) || attempt.abandoned_at.is_some() {
+        if matches!(attempt.outcome.as_deref(), Some("ACKED" | "REJECTED")) || attempt.abandoned_at.is_some()
+        {
             return Ok(attempt);
         }
         let (outcome, reference) = match self.rail.lookup(&payout.idempotency_key).await {
@@ -210,9 +211,12 @@ impl Proxy {
             Lookup::Rejected { .. } => (Outcome::Rejected, None),
             Lookup::Unknown => {
                 // Ambiguity always ends: past the deadline, "never received" is the answer.
-                if let Some(abandoned) =
-                    sql::record_abandoned(&self.pool, attempt.submission_id, self.abandon_after.as_secs_f64())
-                        .await?
+                if let Some(abandoned) = sql::record_abandoned(
+                    &self.pool,
+                    attempt.submission_id,
+                    self.abandon_after.as_secs_f64(),
+                )
+                .await?
                 {
                     self.metrics.abandoned();
                     tracing::warn!(

@@ -909,7 +909,8 @@ async fn a_payout_without_its_funds_reservation_is_not_forwarded() {
     assert_eq!(h.rail_requests().await, 0, "nothing reached the rail");
     assert_eq!(h.submissions_rows().await, before, "no attempt recorded");
     assert_eq!(
-        h.metric("rail_proxy_submissions_total{outcome=\"not_reserved\"}").await,
+        h.metric("rail_proxy_submissions_total{outcome=\"not_reserved\"}")
+            .await,
         1
     );
     // Reserved, the same payout goes through once.
@@ -926,7 +927,11 @@ async fn a_payout_without_its_funds_reservation_is_not_forwarded() {
         .await
         .unwrap();
     let (status, body) = h.submit(&p, 8).await;
-    assert_eq!((status, body["outcome"].as_str()), (StatusCode::OK, Some("ACKED")), "{body}");
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (StatusCode::OK, Some("ACKED")),
+        "{body}"
+    );
     assert_eq!(h.rail_requests().await, 1);
     h.stop().await;
 }
@@ -954,15 +959,20 @@ async fn an_attempt_the_rail_never_received_is_abandoned_only_after_the_deadline
 
     // Before the deadline: unknown, nothing recorded.
     let (status, body) = h.resolve(p.id, Some("31")).await;
-    assert_eq!((status, body["code"].as_str()), (StatusCode::CONFLICT, Some("RAIL_OUTCOME_UNKNOWN")));
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("RAIL_OUTCOME_UNKNOWN"))
+    );
     assert_eq!(h.rows_for(p.id).await, vec![(None, false, 30, None)]);
 
     // Past the deadline (the attempt is dated back, by the database clock): abandoned, resolved.
-    sqlx::query("UPDATE rail_submission SET submitted_at = now() - interval '61 seconds' WHERE payout_id = $1")
-        .bind(p.id)
-        .execute(&h.admin)
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE rail_submission SET submitted_at = now() - interval '61 seconds' WHERE payout_id = $1",
+    )
+    .bind(p.id)
+    .execute(&h.admin)
+    .await
+    .unwrap();
     let (status, body) = h.resolve(p.id, Some("31")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["outcome"], "TIMEOUT");
@@ -971,10 +981,16 @@ async fn an_attempt_the_rail_never_received_is_abandoned_only_after_the_deadline
     assert_eq!(h.metric("rail_proxy_attempts_abandoned_total").await, 1);
     // Asking again answers the same, and nothing was ever forwarded.
     let (status, again) = h.resolve(p.id, Some("32")).await;
-    assert_eq!((status, &again["abandonedAt"]), (StatusCode::OK, &body["abandonedAt"]));
+    assert_eq!(
+        (status, &again["abandonedAt"]),
+        (StatusCode::OK, &body["abandonedAt"])
+    );
     assert_eq!(h.metric("rail_proxy_attempts_abandoned_total").await, 1);
     let (status, dup) = h.submit(&p, 33).await;
-    assert_eq!((status, dup["code"].as_str()), (StatusCode::CONFLICT, Some("DUPLICATE_ATTEMPT")));
+    assert_eq!(
+        (status, dup["code"].as_str()),
+        (StatusCode::CONFLICT, Some("DUPLICATE_ATTEMPT"))
+    );
     assert_eq!(h.rail_requests().await, 0);
 
     // An attempt the rail did receive is never abandoned, however old: it is resolved from the rail.
@@ -988,7 +1004,11 @@ async fn an_attempt_the_rail_never_received_is_abandoned_only_after_the_deadline
         .await
         .unwrap();
     let (status, resolved) = h.resolve(q.id, Some("41")).await;
-    assert_eq!((status, resolved["outcome"].as_str()), (StatusCode::OK, Some("ACKED")), "{resolved}");
+    assert_eq!(
+        (status, resolved["outcome"].as_str()),
+        (StatusCode::OK, Some("ACKED")),
+        "{resolved}"
+    );
     assert!(resolved["abandonedAt"].is_null());
     h.stop().await;
 }
@@ -1003,11 +1023,12 @@ async fn writes_need_the_executor_credential_reads_and_probes_do_not() {
         ("/v1/submissions".to_owned(), Some(json!({"payoutId": p.id}))),
         (format!("/v1/submissions/{}/resolve", p.id), None),
     ] {
-        for auth in [None, Some("Bearer wrong-credential-wrong-credential"), Some("Basic eDp5")] {
-            let mut req = h
-                .http
-                .post(format!("{}{path}", h.proxy.url()))
-                .header(TOKEN, "9");
+        for auth in [
+            None,
+            Some("Bearer wrong-credential-wrong-credential"),
+            Some("Basic eDp5"),
+        ] {
+            let mut req = h.http.post(format!("{}{path}", h.proxy.url())).header(TOKEN, "9");
             if let Some(b) = &body {
                 req = req.json(b);
             }
@@ -1017,7 +1038,9 @@ async fn writes_need_the_executor_credential_reads_and_probes_do_not() {
             let resp = req.send().await.unwrap();
             assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "{path} {auth:?}");
             assert_eq!(
-                resp.headers().get("www-authenticate").map(|v| v.to_str().unwrap().to_owned()),
+                resp.headers()
+                    .get("www-authenticate")
+                    .map(|v| v.to_str().unwrap().to_owned()),
                 Some("Bearer".to_owned())
             );
             let v: Value = resp.json().await.unwrap();
@@ -1033,7 +1056,12 @@ async fn writes_need_the_executor_credential_reads_and_probes_do_not() {
         "/metrics".into(),
         "/openapi.yaml".into(),
     ] {
-        let resp = h.http.get(format!("{}{path}", h.proxy.url())).send().await.unwrap();
+        let resp = h
+            .http
+            .get(format!("{}{path}", h.proxy.url()))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(resp.status(), StatusCode::OK, "{path}");
     }
     h.stop().await;
