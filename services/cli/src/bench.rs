@@ -37,6 +37,15 @@ pub struct PayoutArgs {
     /// Rounds of (fencing on, fencing off), alternated so drift hits both alike.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
     rounds: u32,
+    /// Backlog mode (repeatable, e.g. `--backlog 1000 --backlog 100000`): seed this many PENDING
+    /// payouts with one bulk INSERT, then time how fast the executors work through the first
+    /// `--measure` of them, fencing on. Shows that discovery is bounded work (throughput does not
+    /// fall with the size of the backlog).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    backlog: Vec<u32>,
+    /// Backlog mode: payouts that must end (POSTED) for one measurement.
+    #[arg(long, default_value_t = 800, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    measure: u32,
 }
 
 #[derive(Debug, Args)]
@@ -52,6 +61,17 @@ pub struct LockArgs {
 pub async fn run(cmd: BenchCommand, run_dir: &RunDir) -> Result<bool> {
     match cmd {
         BenchCommand::Lock(args) => lock(args, run_dir).await,
+        BenchCommand::Payouts(args) if !args.backlog.is_empty() => {
+            crate::paybench::backlog(
+                &args.backlog,
+                args.measure,
+                args.executors,
+                args.workers,
+                args.rounds,
+                run_dir,
+            )
+            .await
+        }
         BenchCommand::Payouts(args) => {
             crate::paybench::run(args.payouts, args.executors, args.workers, args.rounds, run_dir).await
         }

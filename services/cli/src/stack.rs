@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
 use dlock_testkit::procs::{Service, Spec};
-use dlock_testkit::{History, PgServer, migrations_dir};
+use dlock_testkit::{History, PgServer, demo_dirs};
 use sqlx::Connection;
 
 /// Where data and logs go; removed at the end unless something failed or the user named it.
@@ -75,7 +75,8 @@ impl Database {
         .execute(&mut conn)
         .await?;
         let mut db = sqlx::PgConnection::connect(&server.url("postgres", history.name())).await?;
-        let files = dlock_migrate::load_dir(&migrations_dir(history))?;
+        // The demo's databases carry the synthetic seed (the production history does not).
+        let files = dlock_migrate::load_dirs(&demo_dirs(history))?;
         let report = dlock_migrate::migrate(&mut db, &files).await?;
         step(format!(
             "{}: PostgreSQL 16 on 127.0.0.1:{} (pid {}), migrations applied: {}",

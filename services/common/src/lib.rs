@@ -8,6 +8,7 @@
 //! - [`metrics`]: the `/metrics` handler over a prometheus-client registry;
 //! - [`serve`]: health endpoints and graceful shutdown.
 
+pub mod auth;
 pub mod error;
 pub mod fencing;
 pub mod metrics;

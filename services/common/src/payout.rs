@@ -69,6 +69,7 @@ impl PayoutState {
                 | (RailSubmitted, RailAcked)
                 | (RailSubmitted, RailAmbiguous)
                 | (RailAmbiguous, RailAcked)
+                | (RailAmbiguous, Abandoned)
                 | (RailSubmitted, Failed)
                 | (RailAmbiguous, Failed)
                 | (Claimed, Failed)

@@ -84,6 +84,21 @@ pub fn parse_name(file: &str) -> Result<(Kind, String), MigrateError> {
 
 /// Reads every `*.sql` file of one history, versioned ones in version order, then repeatables by name.
 pub fn load_dir(dir: &Path) -> Result<Vec<Migration>, MigrateError> {
+    sort_and_check(read_dir(dir)?)
+}
+
+/// One history assembled from several locations (Flyway's `locations`), e.g. the production paydb
+/// history plus the synthetic seed that only the demo, the tests and the benchmarks apply. A version
+/// or repeatable present in two locations is refused like a duplicate within one.
+pub fn load_dirs<P: AsRef<Path>>(dirs: &[P]) -> Result<Vec<Migration>, MigrateError> {
+    let mut all = Vec::new();
+    for dir in dirs {
+        all.extend(read_dir(dir.as_ref())?);
+    }
+    sort_and_check(all)
+}
+
+fn read_dir(dir: &Path) -> Result<Vec<Migration>, MigrateError> {
     let io = |source| MigrateError::Io {
         path: dir.display().to_string(),
         source,
@@ -101,7 +116,7 @@ pub fn load_dir(dir: &Path) -> Result<Vec<Migration>, MigrateError> {
         })?;
         out.push(Migration::new(&name, sql)?);
     }
-    sort_and_check(out)
+    Ok(out)
 }
 
 pub(crate) fn sort_and_check(mut out: Vec<Migration>) -> Result<Vec<Migration>, MigrateError> {

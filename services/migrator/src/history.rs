@@ -40,6 +40,10 @@ pub struct Report {
     pub applied: Vec<String>,
     /// Highest versioned migration applied after this run.
     pub current_version: Option<i64>,
+    /// Repeatables recorded as applied whose file is in none of the given locations: left as they
+    /// are (their data stays), reported so that an operator sees it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub retired: Vec<String>,
 }
 
 /// Rows of the history table in installation order (empty if the table does not exist yet).
@@ -151,9 +155,22 @@ async fn migrate_locked(conn: &mut PgConnection, migrations: &[Migration]) -> Re
         }
     }
 
+    let mut retired: Vec<String> = Vec::new();
+    for row in history.iter().filter(|r| r.version.is_none()) {
+        if !migrations.iter().any(|m| m.script == row.script) && !retired.contains(&row.script) {
+            tracing::warn!(
+                event = "repeatable_retired",
+                script = %row.script,
+                "an applied repeatable migration is in none of the given locations; its data stays, it is no longer re-applied"
+            );
+            retired.push(row.script.clone());
+        }
+    }
+
     let mut report = Report {
         applied: Vec::new(),
         current_version: latest,
+        retired,
     };
     let mut rank = history.iter().map(|r| r.installed_rank).max().unwrap_or(0);
     for m in pending {

@@ -5,13 +5,18 @@
 //! - every applied file is recorded in `flyway_schema_history` with its CRC32 checksum;
 //! - an applied versioned file that was edited (or removed) is refused with a clear error, and
 //!   nothing is applied;
+//! - a repeatable that was applied but whose file is no longer in any location is *retired*: its
+//!   rows stay (a migrator never deletes data it did not write in this run), nothing fails, and the
+//!   run reports it in [`Report::retired`] and logs `repeatable_retired`. This is how a paydb that was
+//!   once seeded with the synthetic accounts keeps working under the production history, which no
+//!   longer carries the seed (docs/accounting.md, "Synthetic seed");
 //! - each file runs in its own transaction together with its history row, under an advisory lock so
 //!   that two migration Jobs cannot interleave; a second run is a no-op.
 
 mod files;
 mod history;
 
-pub use files::{Kind, Migration, load_dir, parse_name};
+pub use files::{Kind, Migration, load_dir, load_dirs, parse_name};
 pub use history::{AppliedRow, Report, applied, migrate, set_role_password};
 
 #[derive(Debug, thiserror::Error)]

@@ -16,9 +16,10 @@ struct Args {
     /// Database to migrate, e.g. postgres://postgres@127.0.0.1:5432/lockdb.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: String,
-    /// Folder of the history's files, e.g. migrations/lockdb.
-    #[arg(long)]
-    dir: PathBuf,
+    /// Folder of the history's files, e.g. migrations/lockdb. Repeat it to assemble one history from
+    /// several locations, e.g. `--dir migrations/paydb --dir migrations/paydb-seed` for a demo paydb.
+    #[arg(long, required = true)]
+    dir: Vec<PathBuf>,
     /// Only print what is applied and what is pending; change nothing.
     #[arg(long)]
     info: bool,
@@ -44,7 +45,7 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let migrations = dlock_migrate::load_dir(&args.dir)?;
+    let migrations = dlock_migrate::load_dirs(&args.dir)?;
     let mut conn = sqlx::PgConnection::connect(&args.database_url).await?;
     if args.info {
         let applied = dlock_migrate::applied(&mut conn).await?;

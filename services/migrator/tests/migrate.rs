@@ -246,3 +246,73 @@ async fn the_cli_applies_a_real_history_then_is_a_noop_and_refuses_an_edit() {
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("edited after it was applied"));
 }
+
+fn migrate_cli_dirs(db: &TestDb, dirs: &[&Path]) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dlock-migrate"));
+    for d in dirs {
+        cmd.args(["--dir", d.to_str().expect("utf8 path")]);
+    }
+    cmd.env("DATABASE_URL", db.admin_url())
+        .env("DLOCK_LOG_FORMAT", "text")
+        .output()
+        .expect("run dlock-migrate")
+}
+
+async fn accounts(db: &TestDb) -> i64 {
+    let mut c = conn(db).await;
+    sqlx::query_scalar("SELECT count(*) FROM account")
+        .fetch_one(&mut c)
+        .await
+        .expect("count accounts")
+}
+
+/// The production paydb history is schema only: a freshly migrated production paydb has no account.
+#[tokio::test]
+async fn a_freshly_migrated_production_paydb_has_zero_accounts() {
+    let db = blank(History::Paydb).await;
+    let out = migrate_cli(&db, &dlock_testkit::migrations_dir(History::Paydb));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(accounts(&db).await, 0);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json report");
+    assert!(
+        report["applied"]
+            .as_array()
+            .expect("applied")
+            .iter()
+            .all(|s| s.as_str().is_some_and(|s| s.starts_with('V'))),
+        "the production history applied a repeatable: {report}"
+    );
+}
+
+/// The seed is a second location; a database seeded once keeps working (and keeps its rows) when it
+/// is later migrated with the production history alone: the seed is reported as retired.
+#[tokio::test]
+async fn the_seed_is_a_separate_location_and_a_retired_seed_does_not_break_a_seeded_database() {
+    let db = blank(History::Paydb).await;
+    let prod = dlock_testkit::migrations_dir(History::Paydb);
+    let seed = dlock_testkit::seed_dir(History::Paydb).expect("paydb has a seed location");
+    let out = migrate_cli_dirs(&db, &[&prod, &seed]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(accounts(&db).await, 23, "20 customers and 3 settlement accounts");
+
+    let prod_only = migrate_cli(&db, &prod);
+    assert!(
+        prod_only.status.success(),
+        "{}",
+        String::from_utf8_lossy(&prod_only.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&prod_only.stdout).expect("json report");
+    assert_eq!(report["applied"], serde_json::json!([]));
+    assert_eq!(
+        report["retired"],
+        serde_json::json!(["R__seed_synthetic_accounts.sql"])
+    );
+    assert_eq!(accounts(&db).await, 23, "retiring the seed deletes nothing");
+
+    // A version present in two locations is refused before anything runs.
+    let dup = tempfile::tempdir().expect("tempdir");
+    write(dup.path(), "V1__again.sql", "SELECT 1;");
+    let refused = migrate_cli_dirs(&db, &[&prod, dup.path()]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("two migration files claim version 1"));
+}

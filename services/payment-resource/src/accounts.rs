@@ -29,6 +29,10 @@ pub struct AccountView {
     pub balance_minor: i64,
     pub opening_balance_minor: i64,
     pub fence: i64,
+    /// Held for payouts in flight (entered RAIL_SUBMITTED, not yet POSTED / FAILED / ABANDONED).
+    pub reserved_minor: i64,
+    /// `balanceMinor - reservedMinor`: what a new payout can still reserve.
+    pub available_minor: i64,
     pub ledger_debit_minor: i64,
     pub ledger_credit_minor: i64,
     /// Customer: opening − Σ DEBIT + Σ CREDIT. Settlement: its opening balance (postings do not move
@@ -70,6 +74,8 @@ impl From<AccountWithLedger> for AccountView {
             balance_minor: a.balance_minor,
             opening_balance_minor: a.opening_balance_minor,
             fence: a.fence,
+            reserved_minor: a.reserved_minor,
+            available_minor: a.balance_minor.saturating_sub(a.reserved_minor),
             ledger_debit_minor: r.ledger_debit_minor,
             ledger_credit_minor: r.ledger_credit_minor,
             expected_balance_minor: expected,

@@ -7,9 +7,11 @@ use axum::extract::{FromRequestParts, State};
 use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::request::Parts;
+use axum::middleware::from_fn_with_state;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use dlock_common::auth::{self, Credentials, Gate, Role};
 use dlock_common::error::not_found_fallback;
 use dlock_common::{ApiError, ApiJson, ApiPath, ApiQuery, FencingToken};
 use prometheus_client::registry::Registry;
@@ -44,10 +46,29 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/metrics"),
 ];
 
+/// Who may call each protected route (docs/security.md). Reads of payouts and accounts, health,
+/// readiness, metrics and this document stay open.
+pub const ADMIN: &[Role] = &[Role::Admin];
+pub const EXECUTOR: &[Role] = &[Role::Executor];
+pub const CLIENT: &[Role] = &[Role::Client];
+
+/// Every protected (method, path) and the roles it admits; the OpenAPI document must mark the same
+/// set with its security requirement.
+pub const PROTECTED: &[(&str, &str, &[Role])] = &[
+    ("POST", "/v1/accounts", ADMIN),
+    ("POST", "/v1/payouts", CLIENT),
+    ("POST", "/v1/payouts/{payoutId}/claim", EXECUTOR),
+    ("POST", "/v1/payouts/{payoutId}/transition", EXECUTOR),
+    ("POST", "/v1/payouts/{payoutId}/post", EXECUTOR),
+    ("GET", "/v1/reconciliation", ADMIN),
+];
+
 /// Everything the handlers need, passed explicitly.
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub pool: PgPool,
+    pub metrics: Arc<crate::metrics::Metrics>,
+    pub credentials: Arc<Credentials>,
     pub accounts: Accounts,
     pub payouts: Payouts,
     pub posting: Posting,
@@ -57,15 +78,30 @@ pub fn router(state: AppState, registry: Arc<Registry>) -> Router {
     let metrics = Router::new()
         .route("/metrics", get(dlock_common::metrics::handler))
         .with_state(registry);
+    let creds = state.credentials.clone();
+    let gate =
+        |allowed: &'static [Role]| from_fn_with_state(Gate::new(creds.clone(), allowed), auth::require);
     Router::new()
-        .route("/v1/accounts", post(create_account))
+        .route("/v1/accounts", post(create_account).route_layer(gate(ADMIN)))
         .route("/v1/accounts/{accountId}", get(get_account))
-        .route("/v1/payouts", post(create_payout).get(list_payouts))
+        .route(
+            "/v1/payouts",
+            post(create_payout).route_layer(gate(CLIENT)).get(list_payouts),
+        )
         .route("/v1/payouts/{payoutId}", get(get_payout))
-        .route("/v1/payouts/{payoutId}/claim", post(claim_payout))
-        .route("/v1/payouts/{payoutId}/transition", post(transition_payout))
-        .route("/v1/payouts/{payoutId}/post", post(post_payout))
-        .route("/v1/reconciliation", get(reconciliation))
+        .route(
+            "/v1/payouts/{payoutId}/claim",
+            post(claim_payout).route_layer(gate(EXECUTOR)),
+        )
+        .route(
+            "/v1/payouts/{payoutId}/transition",
+            post(transition_payout).route_layer(gate(EXECUTOR)),
+        )
+        .route(
+            "/v1/payouts/{payoutId}/post",
+            post(post_payout).route_layer(gate(EXECUTOR)),
+        )
+        .route("/v1/reconciliation", get(reconciliation).route_layer(gate(ADMIN)))
         .route("/openapi.yaml", get(openapi))
         .route("/healthz", get(dlock_common::serve::healthz))
         .route("/readyz", get(readyz))
@@ -196,6 +232,8 @@ async fn claim_payout(
 struct TransitionBody {
     from: PayoutState,
     to: PayoutState,
+    /// Why the payout ends FAILED or ABANDONED (a code such as RAIL_REJECTED); ignored otherwise.
+    reason: Option<String>,
 }
 
 async fn transition_payout(
@@ -204,7 +242,11 @@ async fn transition_payout(
     Token(token): Token,
     ApiJson(body): ApiJson<TransitionBody>,
 ) -> ApiResult<Json<Transitioned>> {
-    Ok(Json(s.payouts.transition(id, body.from, body.to, token).await?))
+    Ok(Json(
+        s.payouts
+            .transition_with_reason(id, body.from, body.to, token, body.reason.as_deref())
+            .await?,
+    ))
 }
 
 async fn post_payout(
@@ -215,11 +257,23 @@ async fn post_payout(
     Ok(Json(s.posting.post(id, token).await?))
 }
 
-async fn reconciliation(State(s): State<AppState>) -> ApiResult<Json<Report>> {
-    reconcile::run(&s.pool)
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ReconQuery {
+    stuck_after_seconds: Option<i64>,
+    page_size: Option<i64>,
+}
+
+async fn reconciliation(
+    State(s): State<AppState>,
+    ApiQuery(q): ApiQuery<ReconQuery>,
+) -> ApiResult<Json<Report>> {
+    let options = reconcile::Options::checked(q.stuck_after_seconds, q.page_size)?;
+    let report = reconcile::run_with(&s.pool, &options)
         .await
-        .map(Json)
-        .map_err(|e| crate::error::PaymentError::from(e).into())
+        .map_err(crate::error::PaymentError::from)?;
+    s.metrics.set_stuck(report.break_count(reconcile::STUCK));
+    Ok(Json(report))
 }
 
 async fn openapi() -> impl IntoResponse {

@@ -4,6 +4,14 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use dlock_common::auth::{Credentials, Role};
+
+/// Env prefix of this service's credentials: `PAYMENT_RESOURCE_{ADMIN,EXECUTOR,CLIENT}_TOKEN`
+/// (or `…_TOKEN_FILE`).
+pub const CREDENTIALS_PREFIX: &str = "PAYMENT_RESOURCE";
+/// The roles this service admits (docs/security.md).
+pub const ROLES: &[Role] = &[Role::Admin, Role::Executor, Role::Client];
+
 /// `payment.fencing.enabled` (env `PAYMENT_FENCING_ENABLED`). Selects the statement variant of
 /// (a)(b)(c) at the repository boundary; it is never expressed as a sentinel token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -38,6 +46,8 @@ pub struct Config {
     pub max_connections: u32,
     /// How long a request waits for a pooled connection before answering 503.
     pub acquire_timeout: Duration,
+    /// Bearer credentials per role; a role without one admits nobody. Redacted in `Debug`.
+    pub credentials: Credentials,
 }
 
 impl Config {
@@ -49,6 +59,7 @@ impl Config {
             fencing: Fencing::Enabled,
             max_connections: 16,
             acquire_timeout: Duration::from_secs(5),
+            credentials: Credentials::new(),
         }
     }
 
@@ -58,6 +69,11 @@ impl Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             ..Self::new(database_url)
         }
+    }
+
+    pub fn with_credentials(mut self, credentials: Credentials) -> Self {
+        self.credentials = credentials;
+        self
     }
 
     pub fn with_fencing(mut self, fencing: Fencing) -> Self {

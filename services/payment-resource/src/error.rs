@@ -28,6 +28,19 @@ pub enum PaymentError {
         payout_state: PayoutState,
     },
 
+    /// The reservation (r) found that the account cannot cover the payout, which is now FAILED
+    /// (`INSUFFICIENT_FUNDS`) without having reached the rail.
+    #[error(
+        "account {account_id} has {available_minor} minor units available; payout {payout_id} needs {amount_minor}"
+    )]
+    Unfunded {
+        payout_id: Uuid,
+        account_id: Uuid,
+        available_minor: i64,
+        amount_minor: i64,
+        payout_state: PayoutState,
+    },
+
     #[error("payout {payout_id} is {state}; only a RAIL_ACKED payout can be posted")]
     NotPostable { payout_id: Uuid, state: PayoutState },
 
@@ -44,6 +57,9 @@ pub enum PaymentError {
 
     #[error("{from} -> {to} is not a transition this endpoint performs")]
     UnsupportedTransition { from: PayoutState, to: PayoutState },
+
+    #[error("payout {0} has a rail attempt that rail-proxy has not abandoned; it may have been paid")]
+    AttemptNotAbandoned(Uuid),
 
     #[error("no payout {0}")]
     UnknownPayout(Uuid),
@@ -117,6 +133,18 @@ impl From<PaymentError> for ApiError {
                 .with("balanceMinor", balance_minor)
                 .with("amountMinor", amount_minor)
                 .with("payoutState", payout_state),
+            PaymentError::Unfunded {
+                payout_id,
+                account_id,
+                available_minor,
+                amount_minor,
+                payout_state,
+            } => ApiError::new(unprocessable, "INSUFFICIENT_FUNDS", message)
+                .with("payoutId", payout_id)
+                .with("accountId", account_id)
+                .with("availableMinor", available_minor)
+                .with("amountMinor", amount_minor)
+                .with("payoutState", payout_state),
             PaymentError::NotPostable { payout_id, state } => ApiError::conflict("NOT_POSTABLE", message)
                 .with("payoutId", payout_id)
                 .with("state", state),
@@ -130,6 +158,9 @@ impl From<PaymentError> for ApiError {
             }
             PaymentError::UnsupportedTransition { .. } => {
                 ApiError::bad_request("UNSUPPORTED_TRANSITION", message)
+            }
+            PaymentError::AttemptNotAbandoned(payout_id) => {
+                ApiError::conflict("ATTEMPT_NOT_ABANDONED", message).with("payoutId", payout_id)
             }
             PaymentError::UnknownPayout(_) => ApiError::not_found("UNKNOWN_PAYOUT", message),
             PaymentError::UnknownAccount(_) => ApiError::not_found("UNKNOWN_ACCOUNT", message),

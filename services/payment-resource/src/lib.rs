@@ -68,13 +68,19 @@ pub fn app(config: &Config) -> anyhow::Result<App> {
             "payment.fencing.enabled=false: statements (a)(b)(c) run WITHOUT their fence predicates; a stale holder can corrupt balances"
         );
     }
+    config
+        .credentials
+        .warn_missing("payment-resource", config::CREDENTIALS_PREFIX, config::ROLES);
     let pool = pool(config)?;
     let (metrics, registry) = Metrics::new();
     let metrics = Arc::new(metrics);
     let state = AppState {
         pool: pool.clone(),
+        metrics: metrics.clone(),
+        credentials: Arc::new(config.credentials.clone()),
         accounts: Accounts::new(pool.clone()),
-        payouts: Payouts::new(pool.clone(), metrics.clone()),
+        payouts: Payouts::new(pool.clone(), metrics.clone())
+            .with_statements(Statements::for_fencing(config.fencing)),
         posting: Posting::new(
             pool.clone(),
             Statements::for_fencing(config.fencing),

@@ -60,10 +60,22 @@ async fn main() -> ExitCode {
             fencing_enabled,
             max_connections,
         } => {
+            // Credentials come from the environment or files (mounted Secrets), never from flags.
+            let credentials = match dlock_common::auth::Credentials::from_env(
+                payment_resource::config::CREDENTIALS_PREFIX,
+                payment_resource::config::ROLES,
+            ) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!(event = "config_invalid", error = %e);
+                    return ExitCode::from(2);
+                }
+            };
             let config = Config {
                 listen,
                 fencing: Fencing::from_enabled(fencing_enabled),
                 max_connections,
+                credentials,
                 ..Config::new(database_url)
             };
             match payment_resource::serve(config).await {

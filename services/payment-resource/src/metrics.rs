@@ -29,6 +29,8 @@ pub struct OutcomeLabel {
 pub struct Metrics {
     fenced_out: Family<ResourceLabel, Counter>,
     postings: Family<OutcomeLabel, Counter>,
+    funds_rejected: Counter,
+    stuck: prometheus_client::metrics::gauge::Gauge,
 }
 
 impl Metrics {
@@ -45,6 +47,16 @@ impl Metrics {
             "payment_posting",
             "Posting calls ((a)(b)(c)) by outcome",
             metrics.postings.clone(),
+        );
+        registry.register(
+            "payment_funds_rejected",
+            "Payouts failed because the account could not cover them (at the reservation, before the rail)",
+            metrics.funds_rejected.clone(),
+        );
+        registry.register(
+            "payment_payouts_stuck",
+            "Payouts not terminal after the stuck threshold, as of the last reconciliation run",
+            metrics.stuck.clone(),
         );
         // Export every series from the start: a must-be-zero counter should read 0, not be absent.
         for resource in [Resource::account, Resource::ledger, Resource::payout] {
@@ -68,6 +80,19 @@ impl Metrics {
 
     pub fn fenced_out_count(&self, resource: Resource) -> u64 {
         self.fenced_out.get_or_create(&ResourceLabel { resource }).get()
+    }
+
+    pub fn funds_rejected(&self) {
+        self.funds_rejected.inc();
+    }
+
+    pub fn funds_rejected_count(&self) -> u64 {
+        self.funds_rejected.get()
+    }
+
+    /// Set by every reconciliation run.
+    pub fn set_stuck(&self, n: u64) {
+        self.stuck.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     pub fn posting(&self, outcome: PostingOutcome) {

@@ -79,6 +79,14 @@ pub struct Payout {
     pub attempt_count: i32,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// The amount this payout holds against its account (V4): its amount from RAIL_SUBMITTED until
+    /// it is POSTED (the hold became the debit), FAILED or ABANDONED (released); 0 otherwise.
+    pub reserved_minor: i64,
+    /// The grant that made the reservation (kept after release, for the audit trail).
+    pub reserved_token: Option<i64>,
+    /// Why the payout ended FAILED or ABANDONED (e.g. INSUFFICIENT_FUNDS, RAIL_REJECTED,
+    /// RAIL_NEVER_RECEIVED).
+    pub failure_reason: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -90,6 +98,9 @@ pub struct Account {
     pub balance_minor: i64,
     pub opening_balance_minor: i64,
     pub fence: i64,
+    /// Σ of the holds of this account's payouts in flight (V4); `balance_minor - reserved_minor` is
+    /// what a new reservation may take.
+    pub reserved_minor: i64,
 }
 
 /// An account with its ledger sums recomputed from `ledger_entry` (the P5 read).
@@ -101,6 +112,14 @@ pub struct AccountWithLedger {
     pub ledger_credit_minor: i64,
     /// Σ amount of POSTED payouts in this currency; what a SETTLEMENT account's credits must equal.
     pub posted_payouts_minor: i64,
+}
+
+/// What the reservation (r) returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+pub struct Reserved {
+    pub balance_minor: i64,
+    pub reserved_minor: i64,
+    pub fence: i64,
 }
 
 /// The result of the diagnostic read `SELECT fence, balance_minor`.

@@ -18,6 +18,7 @@ use crate::model::{AccountKind, Payout, PayoutState};
 use crate::posting::report_fenced_out;
 use crate::repo::payout::After;
 use crate::repo::{account, payout};
+use crate::sql::Statements;
 use crate::validate;
 
 /// A request for a new payout.
@@ -59,15 +60,33 @@ pub struct Page {
 pub const DEFAULT_PAGE: i64 = 100;
 pub const MAX_PAGE: i64 = 500;
 
+/// Why a payout ended, when the caller did not say.
+pub const UNSPECIFIED_REASON: &str = "UNSPECIFIED";
+/// The reason recorded when the account cannot cover the payout.
+pub const INSUFFICIENT_FUNDS: &str = "INSUFFICIENT_FUNDS";
+
 #[derive(Debug, Clone)]
 pub struct Payouts {
     pool: PgPool,
     metrics: Arc<Metrics>,
+    statements: Statements,
 }
 
 impl Payouts {
+    /// With the fenced statements; [`Payouts::with_statements`] picks the kill-switch variant.
     pub fn new(pool: PgPool, metrics: Arc<Metrics>) -> Self {
-        Self { pool, metrics }
+        Self {
+            pool,
+            metrics,
+            statements: Statements::FENCED,
+        }
+    }
+
+    /// `statements` is [`Statements::for_fencing`] in production (only its reservation (r) is used
+    /// here); tests may pass a deliberately broken one.
+    pub fn with_statements(mut self, statements: Statements) -> Self {
+        self.statements = statements;
+        self
     }
 
     /// Creates a PENDING payout; `(payout, true)` if new, `(payout, false)` for a replay of the same
@@ -227,10 +246,44 @@ impl Payouts {
         to: PayoutState,
         token: FencingToken,
     ) -> Result<Transitioned, PaymentError> {
+        self.transition_with_reason(payout_id, from, to, token, None)
+            .await
+    }
+
+    /// [`Payouts::transition`], recording `reason` when the payout ends FAILED or ABANDONED.
+    ///
+    /// Two edges do more than change the state (docs/accounting.md, "Reservations"):
+    /// - CLAIMED → RAIL_SUBMITTED is the **reservation**: under the payout's row lock, (r) holds the
+    ///   amount against the account only if the account covers it and no newer grant has written the
+    ///   account; if it cannot cover it the payout ends FAILED (`INSUFFICIENT_FUNDS`) — before anything
+    ///   reached the rail, which only forwards a payout holding its reservation;
+    /// - into FAILED or ABANDONED releases the hold, in the same transaction.
+    pub async fn transition_with_reason(
+        &self,
+        payout_id: Uuid,
+        from: PayoutState,
+        to: PayoutState,
+        token: FencingToken,
+        reason: Option<&str>,
+    ) -> Result<Transitioned, PaymentError> {
         if !PayoutState::can_transition(from, to) {
             return Err(PaymentError::UnsupportedTransition { from, to });
         }
+        if let Some(r) = reason {
+            validate::reason(r)?;
+        }
         let t = token.get();
+        match (from, to) {
+            (PayoutState::Claimed, PayoutState::RailSubmitted) => {
+                return self.reserve(payout_id, token).await;
+            }
+            (_, PayoutState::Failed | PayoutState::Abandoned) => {
+                return self
+                    .end(payout_id, from, to, t, reason.unwrap_or(UNSPECIFIED_REASON))
+                    .await;
+            }
+            _ => {}
+        }
         if let Some(p) = payout::transition(&self.pool, payout_id, from, to, t).await? {
             tracing::info!(event = "payout_transitioned", payout_id = %payout_id, %from, %to, token = t);
             return Ok(Transitioned {
@@ -238,6 +291,161 @@ impl Payouts {
                 idempotent: false,
             });
         }
+        self.refused_transition(payout_id, from, to, t).await
+    }
+
+    /// CLAIMED → RAIL_SUBMITTED with the reservation (r), in one transaction.
+    async fn reserve(&self, payout_id: Uuid, token: FencingToken) -> Result<Transitioned, PaymentError> {
+        let (from, to) = (PayoutState::Claimed, PayoutState::RailSubmitted);
+        let t = token.get();
+        let mut tx = self.pool.begin().await?;
+        let p = payout::for_update(&mut tx, payout_id)
+            .await?
+            .ok_or(PaymentError::UnknownPayout(payout_id))?;
+        if p.state != from || p.claim_token.is_none_or(|c| c > t) {
+            tx.rollback().await?;
+            return self.refused_transition(payout_id, from, to, t).await;
+        }
+        let reserved = account::reserve(
+            &mut tx,
+            self.statements.account_reserve,
+            p.account_id,
+            &p.currency,
+            p.amount_minor,
+            t,
+        )
+        .await?;
+        let Some(reserved) = reserved else {
+            tx.rollback().await?;
+            return Err(self.refused_reservation(&p, t).await?);
+        };
+        let Some(now) = payout::mark_reserved(&mut tx, payout_id, t).await? else {
+            tx.rollback().await?;
+            return self.refused_transition(payout_id, from, to, t).await;
+        };
+        tx.commit().await?;
+        tracing::info!(
+            event = "payout_reserved",
+            payout_id = %payout_id,
+            account_id = %p.account_id,
+            amount_minor = p.amount_minor,
+            token = t,
+            balance_minor = reserved.balance_minor,
+            reserved_minor = reserved.reserved_minor,
+        );
+        Ok(Transitioned {
+            payout: now,
+            idempotent: false,
+        })
+    }
+
+    /// Zero rows at (r), after the rollback: a newer grant on the account (fenced out, nothing
+    /// changes), or the account cannot cover the payout (it ends FAILED, nothing was reserved).
+    async fn refused_reservation(&self, p: &Payout, token: i64) -> Result<PaymentError, PaymentError> {
+        let acct = account::by_id(&self.pool, p.account_id)
+            .await?
+            .ok_or(PaymentError::UnknownAccount(p.account_id))?;
+        let fencing = self.statements.account_reserve != Statements::UNFENCED.account_reserve;
+        if fencing && acct.fence > token {
+            let details = FencedOutDetails {
+                presented: token,
+                highest: acct.fence,
+                resource_type: "account".to_owned(),
+                resource_id: p.account_id.to_string(),
+                owner_id: p.claimed_by.clone().unwrap_or_default(),
+            };
+            report_fenced_out(
+                &self.metrics,
+                Resource::account,
+                &format!("account:{}", p.account_id),
+                &details,
+            );
+            return Ok(PaymentError::FencedOut(details));
+        }
+        let available = acct.balance_minor.saturating_sub(acct.reserved_minor);
+        let state = match self
+            .end_locked(
+                p.payout_id,
+                PayoutState::Claimed,
+                PayoutState::Failed,
+                token,
+                INSUFFICIENT_FUNDS,
+            )
+            .await?
+        {
+            Some(failed) => failed.state,
+            None => self.get(p.payout_id).await?.state,
+        };
+        self.metrics.funds_rejected();
+        tracing::info!(
+            event = "funds_rejected",
+            stage = "reservation",
+            payout_id = %p.payout_id,
+            account_id = %p.account_id,
+            amount_minor = p.amount_minor,
+            available_minor = available,
+            token,
+            payout_state = %state,
+            "the account cannot cover the payout; it fails before anything reaches the rail"
+        );
+        Ok(PaymentError::Unfunded {
+            payout_id: p.payout_id,
+            account_id: p.account_id,
+            available_minor: available,
+            amount_minor: p.amount_minor,
+            payout_state: state,
+        })
+    }
+
+    /// Into FAILED or ABANDONED, releasing the payout's hold.
+    async fn end(
+        &self,
+        payout_id: Uuid,
+        from: PayoutState,
+        to: PayoutState,
+        token: i64,
+        reason: &str,
+    ) -> Result<Transitioned, PaymentError> {
+        match self.end_locked(payout_id, from, to, token, reason).await? {
+            Some(p) => {
+                tracing::info!(
+                    event = "payout_transitioned",
+                    payout_id = %payout_id,
+                    %from,
+                    %to,
+                    token,
+                    reason,
+                );
+                Ok(Transitioned {
+                    payout: p,
+                    idempotent: false,
+                })
+            }
+            None => self.refused_transition(payout_id, from, to, token).await,
+        }
+    }
+
+    /// One transaction: lock the payout, end it, give its hold back to the account. `None`: the
+    /// payout is not in `from` under a claim this token may act on (nothing changed).
+    async fn end_locked(
+        &self,
+        payout_id: Uuid,
+        from: PayoutState,
+        to: PayoutState,
+        token: i64,
+        reason: &str,
+    ) -> Result<Option<Payout>, PaymentError> {
+        end_payout(&self.pool, payout_id, from, to, token, reason).await
+    }
+
+    /// A transition that changed nothing, classified by re-reading the payout.
+    async fn refused_transition(
+        &self,
+        payout_id: Uuid,
+        from: PayoutState,
+        to: PayoutState,
+        t: i64,
+    ) -> Result<Transitioned, PaymentError> {
         let now = self.get(payout_id).await?;
         if let Some(claim) = now.claim_token
             && claim > t
@@ -274,6 +482,43 @@ impl Payouts {
         );
         PaymentError::FencedOut(details)
     }
+}
+
+/// One transaction: lock the payout, end it (FAILED / ABANDONED with `reason`), give its hold back to
+/// the account. `None`: the payout is not in `from` under a claim `token` may act on (nothing changed).
+pub(crate) async fn end_payout(
+    pool: &PgPool,
+    payout_id: Uuid,
+    from: PayoutState,
+    to: PayoutState,
+    token: i64,
+    reason: &str,
+) -> Result<Option<Payout>, PaymentError> {
+    let mut tx = pool.begin().await?;
+    let Some(p) = payout::for_update(&mut tx, payout_id).await? else {
+        tx.rollback().await?;
+        return Err(PaymentError::UnknownPayout(payout_id));
+    };
+    // ABANDONED only when the rail never received it: rail-proxy records that on the attempt after
+    // asking the rail past its deadline. A payout whose attempt may have been paid stays ambiguous.
+    if to == PayoutState::Abandoned
+        && from != PayoutState::Claimed
+        && payout::has_live_attempt(&mut tx, payout_id).await?
+    {
+        tx.rollback().await?;
+        return Err(PaymentError::AttemptNotAbandoned(payout_id));
+    }
+    let Some(ended) = payout::end(&mut tx, payout_id, from, to, token, reason).await? else {
+        tx.rollback().await?;
+        return Ok(None);
+    };
+    if p.reserved_minor > 0 {
+        account::release(&mut tx, p.account_id, p.reserved_minor)
+            .await?
+            .ok_or(PaymentError::UnknownAccount(p.account_id))?;
+    }
+    tx.commit().await?;
+    Ok(Some(ended))
 }
 
 /// `v1.<created_at as unix microseconds>.<payout_id as 32 hex digits>`. Opaque to clients; parsed

@@ -107,7 +107,7 @@ impl Posting {
         let mut tx = self.pool.begin().await?;
 
         // Row-lock the payout first so that two postings of one payout serialise.
-        let p = payout::for_posting(&mut tx, payout_id)
+        let p = payout::for_update(&mut tx, payout_id)
             .await?
             .ok_or(PaymentError::UnknownPayout(payout_id))?;
         match p.state {
@@ -124,6 +124,16 @@ impl Posting {
         let settlement = account::settlement_id(&mut *tx, &p.currency)
             .await?
             .ok_or_else(|| PaymentError::NoSettlementAccount(p.currency.clone()))?;
+
+        // The hold the reservation made becomes the debit: give it back first, so that (a) can take the
+        // amount from the balance without the hold exceeding it (account_reserved_ck). A rollback
+        // below restores it.
+        if p.reserved_minor > 0 {
+            account::release(&mut tx, p.account_id, p.reserved_minor)
+                .await?
+                .ok_or(PaymentError::UnknownAccount(p.account_id))?;
+            payout::clear_reservation(&mut tx, payout_id).await?;
+        }
 
         // (a)
         let debited = account::debit(
@@ -210,14 +220,25 @@ impl Posting {
         }
         // Not a fence: a business rejection. The payout fails (fenced by its claim like (c)); the
         // fenced-out counter is untouched so that it stays a must-be-zero signal.
-        let state = match payout::fail_unfunded(&self.pool, p.payout_id, token).await? {
+        let state = match crate::payouts::end_payout(
+            &self.pool,
+            p.payout_id,
+            PayoutState::RailAcked,
+            PayoutState::Failed,
+            token,
+            crate::payouts::INSUFFICIENT_FUNDS,
+        )
+        .await?
+        {
             Some(failed) => failed.state,
             None => payout::by_id(&self.pool, p.payout_id)
                 .await?
                 .map_or(p.state, |now| now.state),
         };
+        self.metrics.funds_rejected();
         tracing::info!(
             event = "funds_rejected",
+            stage = "posting",
             payout_id = %p.payout_id,
             account_id = %p.account_id,
             amount_minor = p.amount_minor,

@@ -1,5 +1,10 @@
 //! Reconciliation (FR-26): checks the accounting invariants of docs/accounting.md over one snapshot
 //! and attributes every break to the grants (ledger `fence` values) that wrote the legs involved.
+//! It sees the rail too: every ACKED rail submission needs a POSTED payout with its two legs, every
+//! POSTED payout exactly one ACKED submission; and it reports payouts not terminal after a threshold.
+//!
+//! Work is bounded: accounts and payouts are read in keyset pages (`pageSize`), each page checked and
+//! dropped; the report lists at most [`MAX_LISTED`] breaks of each list (the counts are complete).
 //!
 //! The rules are pure functions over what [`crate::repo::recon`] fetched, so they can be read and
 //! unit-tested without a database.
@@ -10,9 +15,62 @@ use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::error::PaymentError;
 use crate::model::{Account, AccountKind, Direction, PayoutState};
 use crate::repo::recon::{self, LedgerGroup, PayoutLegs, PostedTotal};
 use crate::sql;
+
+/// Default and bounds of `stuckAfterSeconds`: how long a payout may stay not terminal before it is
+/// reported STUCK.
+pub const DEFAULT_STUCK_AFTER_SECONDS: i64 = 900;
+pub const MAX_STUCK_AFTER_SECONDS: i64 = 30 * 86_400;
+/// Default and bounds of `pageSize`.
+pub const DEFAULT_PAGE_SIZE: i64 = 500;
+pub const MAX_PAGE_SIZE: i64 = 5_000;
+/// At most this many breaks are listed per list (accounts, payouts); `truncated` says when more exist.
+pub const MAX_LISTED: usize = 1_000;
+/// The break-count key of payouts not terminal after the threshold.
+pub const STUCK: &str = "STUCK";
+
+/// How one run reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    pub stuck_after_seconds: i64,
+    pub page_size: i64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            stuck_after_seconds: DEFAULT_STUCK_AFTER_SECONDS,
+            page_size: DEFAULT_PAGE_SIZE,
+        }
+    }
+}
+
+impl Options {
+    /// Checked values from a request; out of range is a 400, never clamped.
+    pub fn checked(stuck_after_seconds: Option<i64>, page_size: Option<i64>) -> Result<Self, PaymentError> {
+        let stuck = stuck_after_seconds.unwrap_or(DEFAULT_STUCK_AFTER_SECONDS);
+        if !(1..=MAX_STUCK_AFTER_SECONDS).contains(&stuck) {
+            return Err(PaymentError::invalid(
+                "INVALID_STUCK_AFTER",
+                format!("stuckAfterSeconds must be between 1 and {MAX_STUCK_AFTER_SECONDS}, got {stuck}"),
+            ));
+        }
+        let page = page_size.unwrap_or(DEFAULT_PAGE_SIZE);
+        if !(1..=MAX_PAGE_SIZE).contains(&page) {
+            return Err(PaymentError::invalid(
+                "INVALID_LIMIT",
+                format!("pageSize must be between 1 and {MAX_PAGE_SIZE}, got {page}"),
+            ));
+        }
+        Ok(Self {
+            stuck_after_seconds: stuck,
+            page_size: page,
+        })
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -22,8 +80,43 @@ pub struct Report {
     pub payouts_checked: usize,
     /// Accounts with at least one break.
     pub accounts: Vec<AccountReport>,
-    /// Payouts whose legs do not match their state.
+    /// Payouts whose legs or rail attempts do not match their state, and payouts stuck.
     pub payouts: Vec<PayoutBreak>,
+    /// Every break found, by kind (complete even when the lists are truncated).
+    pub break_counts: BTreeMap<String, u64>,
+    /// More breaks exist than the lists show.
+    pub truncated: bool,
+    pub stuck_after_seconds: i64,
+}
+
+impl Report {
+    pub fn break_count(&self, kind: &str) -> u64 {
+        self.break_counts.get(kind).copied().unwrap_or(0)
+    }
+
+    /// Adds one page's findings.
+    fn absorb(&mut self, page: Report) {
+        self.accounts_checked += page.accounts_checked;
+        self.payouts_checked += page.payouts_checked;
+        for (k, n) in page.break_counts {
+            *self.break_counts.entry(k).or_default() += n;
+        }
+        for a in page.accounts {
+            if self.accounts.len() < MAX_LISTED {
+                self.accounts.push(a);
+            } else {
+                self.truncated = true;
+            }
+        }
+        for p in page.payouts {
+            if self.payouts.len() < MAX_LISTED {
+                self.payouts.push(p);
+            } else {
+                self.truncated = true;
+            }
+        }
+        self.clean = self.break_counts.values().all(|n| *n == 0);
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -55,6 +148,20 @@ pub enum AccountBreakKind {
     /// Settlement: Σ CREDIT ≠ Σ POSTED payouts of the currency, or it was debited, or its stored
     /// balance moved.
     SettlementMismatch,
+    /// The account's held amount (`reserved_minor`) ≠ Σ holds of its payouts in flight.
+    ReservationMismatch,
+}
+
+impl AccountBreakKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            AccountBreakKind::BalanceMismatch => "BALANCE_MISMATCH",
+            AccountBreakKind::FenceRegressed => "FENCE_REGRESSED",
+            AccountBreakKind::DuplicateGrant => "DUPLICATE_GRANT",
+            AccountBreakKind::SettlementMismatch => "SETTLEMENT_MISMATCH",
+            AccountBreakKind::ReservationMismatch => "RESERVATION_MISMATCH",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -81,6 +188,26 @@ pub enum PayoutBreakKind {
     MalformedLegs,
     /// Not POSTED, yet legs exist.
     UnexpectedLegs,
+    /// The rail acknowledged (paid) it, yet it is not POSTED and no longer on its way there
+    /// (PENDING, CLAIMED, FAILED or ABANDONED): money left that the ledger does not record.
+    RailPaidNotPosted,
+    /// POSTED, but not exactly one ACKED rail submission: recorded as paid, not paid by the rail.
+    PostedWithoutRailAck,
+    /// Not terminal after the run's threshold (`stuckAfterSeconds`).
+    Stuck,
+}
+
+impl PayoutBreakKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            PayoutBreakKind::MissingLegs => "MISSING_LEGS",
+            PayoutBreakKind::MalformedLegs => "MALFORMED_LEGS",
+            PayoutBreakKind::UnexpectedLegs => "UNEXPECTED_LEGS",
+            PayoutBreakKind::RailPaidNotPosted => "RAIL_PAID_NOT_POSTED",
+            PayoutBreakKind::PostedWithoutRailAck => "POSTED_WITHOUT_RAIL_ACK",
+            PayoutBreakKind::Stuck => STUCK,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -91,8 +218,11 @@ pub struct PayoutBreak {
     pub state: PayoutState,
     pub kind: PayoutBreakKind,
     pub legs: i64,
-    /// The grants that wrote this payout's legs.
+    /// The grants that wrote this payout's legs (for the rail and STUCK kinds with no legs: the
+    /// grant that holds its claim, if any).
     pub fences: Vec<i64>,
+    /// ACKED rail submissions of this payout.
+    pub acked_submissions: i64,
 }
 
 /// opening − debits + credits, or `None` on overflow.
@@ -100,16 +230,115 @@ pub fn customer_expected_balance(opening: i64, debit: i64, credit: i64) -> Optio
     opening.checked_sub(debit)?.checked_add(credit)
 }
 
-/// Runs every check over one REPEATABLE READ, READ ONLY snapshot.
+/// Runs every check with the default [`Options`].
 pub async fn run(pool: &PgPool) -> Result<Report, sqlx::Error> {
+    run_with(pool, &Options::default()).await
+}
+
+/// Runs every check over one REPEATABLE READ, READ ONLY snapshot, page by page.
+pub async fn run_with(pool: &PgPool, options: &Options) -> Result<Report, sqlx::Error> {
     let mut tx = pool.begin().await?;
     sqlx::query(sql::RECON_SNAPSHOT).execute(&mut *tx).await?;
-    let accounts = recon::accounts(&mut *tx).await?;
-    let groups = recon::ledger_groups(&mut *tx).await?;
     let posted = recon::posted_by_currency(&mut *tx).await?;
-    let payouts = recon::payout_legs(&mut *tx).await?;
+    let mut report = Report {
+        clean: true,
+        accounts_checked: 0,
+        payouts_checked: 0,
+        accounts: Vec::new(),
+        payouts: Vec::new(),
+        break_counts: BTreeMap::new(),
+        truncated: false,
+        stuck_after_seconds: options.stuck_after_seconds,
+    };
+    let mut after = Uuid::nil();
+    loop {
+        let page = recon::accounts_page(&mut *tx, after, options.page_size).await?;
+        let Some(last) = page.last() else { break };
+        after = last.account.account_id;
+        let ids: Vec<Uuid> = page.iter().map(|r| r.account.account_id).collect();
+        let groups = recon::ledger_groups(&mut *tx, &ids).await?;
+        let accounts: Vec<Account> = page.iter().map(|r| r.account.clone()).collect();
+        let mut found = evaluate(&accounts, &groups, &posted, &[]);
+        for r in &page {
+            check_holds(&mut found, r);
+        }
+        recount(&mut found);
+        let full = i64::try_from(page.len()).is_ok_and(|n| n == options.page_size);
+        report.absorb(found);
+        if !full {
+            break;
+        }
+    }
+    let mut after = Uuid::nil();
+    loop {
+        let page =
+            recon::payouts_page(&mut *tx, after, options.page_size, options.stuck_after_seconds).await?;
+        let Some(last) = page.last() else { break };
+        after = last.payout_id;
+        let full = i64::try_from(page.len()).is_ok_and(|n| n == options.page_size);
+        report.absorb(evaluate(&[], &[], &posted, &page));
+        if !full {
+            break;
+        }
+    }
     tx.commit().await?;
-    Ok(evaluate(&accounts, &groups, &posted, &payouts))
+    if report.break_count(STUCK) > 0 {
+        tracing::warn!(
+            event = "payouts_stuck",
+            count = report.break_count(STUCK),
+            stuck_after_seconds = options.stuck_after_seconds,
+            "payouts are not terminal after the threshold"
+        );
+    }
+    Ok(report)
+}
+
+/// RESERVATION_MISMATCH: the account's held amount against the holds of its payouts.
+fn check_holds(report: &mut Report, r: &recon::ReconAccount) {
+    let a = &r.account;
+    if a.reserved_minor == r.held_minor {
+        return;
+    }
+    let brk = AccountBreak {
+        kind: AccountBreakKind::ReservationMismatch,
+        message: format!(
+            "account holds {} minor units for payouts in flight, its payouts hold {}",
+            a.reserved_minor, r.held_minor
+        ),
+        fences: Vec::new(),
+        stale_fence: None,
+        payout_ids: Vec::new(),
+    };
+    match report.accounts.iter_mut().find(|x| x.account_id == a.account_id) {
+        Some(existing) => existing.breaks.push(brk),
+        None => report.accounts.push(AccountReport {
+            account_id: a.account_id,
+            currency: a.currency.clone(),
+            kind: a.kind,
+            stored_balance_minor: a.balance_minor,
+            expected_balance_minor: None,
+            opening_balance_minor: a.opening_balance_minor,
+            ledger_debit_minor: 0,
+            ledger_credit_minor: 0,
+            stored_fence: a.fence,
+            breaks: vec![brk],
+        }),
+    }
+}
+
+/// Recomputes `break_counts` and `clean` from the lists (one page, before truncation).
+fn recount(report: &mut Report) {
+    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+    for a in &report.accounts {
+        for b in &a.breaks {
+            *counts.entry(b.kind.name().to_owned()).or_default() += 1;
+        }
+    }
+    for p in &report.payouts {
+        *counts.entry(p.kind.name().to_owned()).or_default() += 1;
+    }
+    report.clean = counts.is_empty();
+    report.break_counts = counts;
 }
 
 /// The checks themselves.
@@ -138,15 +367,24 @@ pub fn evaluate(
             check_account(a, legs, posted.get(a.currency.as_str()).copied().unwrap_or(0))
         })
         .collect();
-    let payout_breaks: Vec<PayoutBreak> = payouts.iter().filter_map(check_payout).collect();
+    let payout_breaks: Vec<PayoutBreak> = payouts
+        .iter()
+        .flat_map(|p| [check_payout(p), check_rail(p), check_stuck(p)])
+        .flatten()
+        .collect();
 
-    Report {
-        clean: account_reports.is_empty() && payout_breaks.is_empty(),
+    let mut report = Report {
+        clean: true,
         accounts_checked: accounts.len(),
         payouts_checked: payouts.len(),
         accounts: account_reports,
         payouts: payout_breaks,
-    }
+        break_counts: BTreeMap::new(),
+        truncated: false,
+        stuck_after_seconds: DEFAULT_STUCK_AFTER_SECONDS,
+    };
+    recount(&mut report);
+    report
 }
 
 fn sum(legs: &[&LedgerGroup], direction: Direction) -> i64 {
@@ -271,14 +509,42 @@ fn check_payout(p: &PayoutLegs) -> Option<PayoutBreak> {
     } else {
         return None;
     };
-    Some(PayoutBreak {
+    Some(payout_break(p, kind))
+}
+
+fn payout_break(p: &PayoutLegs, kind: PayoutBreakKind) -> PayoutBreak {
+    let fences = if p.fences.is_empty() {
+        p.claim_token.into_iter().collect()
+    } else {
+        p.fences.clone()
+    };
+    PayoutBreak {
         payout_id: p.payout_id,
         account_id: p.account_id,
         state: p.state,
         kind,
         legs: p.legs,
-        fences: p.fences.clone(),
-    })
+        fences,
+        acked_submissions: p.acked_submissions,
+    }
+}
+
+/// The rail against the payout: paid but not (on its way to being) posted, or posted but not paid.
+fn check_rail(p: &PayoutLegs) -> Option<PayoutBreak> {
+    let kind = match p.state {
+        PayoutState::Posted if p.acked_submissions != 1 => PayoutBreakKind::PostedWithoutRailAck,
+        PayoutState::Pending | PayoutState::Claimed | PayoutState::Failed | PayoutState::Abandoned
+            if p.acked_submissions > 0 =>
+        {
+            PayoutBreakKind::RailPaidNotPosted
+        }
+        _ => return None,
+    };
+    Some(payout_break(p, kind))
+}
+
+fn check_stuck(p: &PayoutLegs) -> Option<PayoutBreak> {
+    p.stuck.then(|| payout_break(p, PayoutBreakKind::Stuck))
 }
 
 #[cfg(test)]
@@ -293,6 +559,7 @@ mod tests {
             balance_minor: balance,
             opening_balance_minor: opening,
             fence,
+            reserved_minor: 0,
         }
     }
 
@@ -372,6 +639,56 @@ mod tests {
     }
 
     #[test]
+    fn the_rail_against_the_payouts() {
+        let base = PayoutLegs {
+            payout_id: Uuid::new_v4(),
+            account_id: Uuid::new_v4(),
+            currency: "EUR".into(),
+            amount_minor: 10,
+            state: PayoutState::Posted,
+            legs: 2,
+            matching_debits: 1,
+            matching_credits: 1,
+            fences: vec![7],
+            acked_submissions: 1,
+            stuck: false,
+            claim_token: Some(7),
+        };
+        assert!(evaluate(&[], &[], &[], std::slice::from_ref(&base)).clean);
+        let unpaid = PayoutLegs {
+            acked_submissions: 0,
+            ..base.clone()
+        };
+        assert_eq!(
+            check_rail(&unpaid).map(|b| b.kind),
+            Some(PayoutBreakKind::PostedWithoutRailAck)
+        );
+        let paid_but_failed = PayoutLegs {
+            state: PayoutState::Failed,
+            legs: 0,
+            fences: vec![],
+            ..base.clone()
+        };
+        let b = check_rail(&paid_but_failed).expect("break");
+        assert_eq!(b.kind, PayoutBreakKind::RailPaidNotPosted);
+        assert_eq!(b.fences, vec![7], "attributed to the claim's grant");
+        let in_flight = PayoutLegs {
+            state: PayoutState::RailAcked,
+            legs: 0,
+            fences: vec![],
+            ..base.clone()
+        };
+        assert!(check_rail(&in_flight).is_none());
+        let stuck = PayoutLegs {
+            stuck: true,
+            ..in_flight
+        };
+        let r = evaluate(&[], &[], &[], &[stuck]);
+        assert_eq!(r.break_count(STUCK), 1);
+        assert!(!r.clean);
+    }
+
+    #[test]
     fn payout_leg_shapes() {
         let base = PayoutLegs {
             payout_id: Uuid::new_v4(),
@@ -383,6 +700,9 @@ mod tests {
             matching_debits: 1,
             matching_credits: 1,
             fences: vec![7],
+            acked_submissions: 1,
+            stuck: false,
+            claim_token: Some(7),
         };
         assert!(check_payout(&base).is_none());
         let two_grants = PayoutLegs {

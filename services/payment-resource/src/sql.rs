@@ -15,14 +15,15 @@ use crate::config::Fencing;
 macro_rules! payout_columns {
     () => {
         "payout_id, account_id, amount_minor, currency, state, claimed_by, claim_token, \
-         idempotency_key, attempt_count, created_at, updated_at"
+         idempotency_key, attempt_count, created_at, updated_at, reserved_minor, reserved_token, \
+         failure_reason"
     };
 }
 
 /// The column list every account read returns (matches [`crate::model::Account`]).
 macro_rules! account_columns {
     () => {
-        "account_id, currency, kind, balance_minor, opening_balance_minor, fence"
+        "account_id, currency, kind, balance_minor, opening_balance_minor, fence, reserved_minor"
     };
 }
 
@@ -89,12 +90,39 @@ UPDATE payout
  WHERE payout_id = $1 AND state = 'RAIL_ACKED'
 RETURNING state";
 
-/// The statement set the posting component runs for (a), (b) and (c).
+// (r) the reservation (V4, docs/accounting.md "Reservations"): entering RAIL_SUBMITTED holds the
+// payout's amount against the account, only while the account covers it and only for a grant that
+// has not been superseded on the account. `<=`, not `<`: the reservation does not advance the fence
+// (that is (a)'s job, strictly), so the grant that will post with this token must still pass it.
+// $1 account_id, $2 currency, $3 amount_minor, $4 token.
+
+const ACCOUNT_RESERVE_FENCED: &str = "
+UPDATE account
+   SET reserved_minor = reserved_minor + $3,
+       updated_at     = now()
+ WHERE account_id                    = $1
+   AND currency                      = $2
+   AND fence                        <= $4
+   AND balance_minor - reserved_minor >= $3
+RETURNING balance_minor, reserved_minor, fence";
+
+// The kill switch drops the fence predicate only; the funds predicate is not fencing and stays.
+const ACCOUNT_RESERVE_UNFENCED: &str = "
+UPDATE account
+   SET reserved_minor = reserved_minor + $3,
+       updated_at     = now()
+ WHERE account_id                    = $1
+   AND currency                      = $2
+   AND balance_minor - reserved_minor >= $3
+RETURNING balance_minor, reserved_minor, fence";
+
+/// The statement set the posting component runs for (a), (b) and (c), and the reservation (r).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Statements {
     pub account_debit: &'static str,
     pub ledger_leg: &'static str,
     pub payout_post: &'static str,
+    pub account_reserve: &'static str,
 }
 
 impl Statements {
@@ -103,6 +131,7 @@ impl Statements {
         account_debit: ACCOUNT_DEBIT_FENCED,
         ledger_leg: LEDGER_LEG_FENCED,
         payout_post: PAYOUT_POST_FENCED,
+        account_reserve: ACCOUNT_RESERVE_FENCED,
     };
 
     /// The kill switch: the same statements without their fence predicates (never a sentinel token).
@@ -110,6 +139,7 @@ impl Statements {
         account_debit: ACCOUNT_DEBIT_UNFENCED,
         ledger_leg: LEDGER_LEG_UNFENCED,
         payout_post: PAYOUT_POST_UNFENCED,
+        account_reserve: ACCOUNT_RESERVE_UNFENCED,
     };
 
     pub fn for_fencing(fencing: Fencing) -> Statements {
@@ -119,6 +149,15 @@ impl Statements {
         }
     }
 }
+
+/// Gives a payout's hold back to its account: on posting (just before (a) turns it into the debit), and
+/// when the payout ends FAILED or ABANDONED. $1 account_id, $2 the payout's reserved_minor.
+pub const ACCOUNT_RELEASE: &str = "
+UPDATE account
+   SET reserved_minor = reserved_minor - $2,
+       updated_at     = now()
+ WHERE account_id = $1
+RETURNING reserved_minor";
 
 /// The diagnostic read that classifies a zero-row (a); run after the rollback, on a fresh
 /// transaction. $1 account_id.
@@ -147,6 +186,7 @@ pub const ACCOUNT_BY_ID: &str = concat!(
 /// a SETTLEMENT account (its credits must equal it), so the CASE skips that scan for customers.
 pub const ACCOUNT_WITH_LEDGER: &str = "
 SELECT a.account_id, a.currency, a.kind, a.balance_minor, a.opening_balance_minor, a.fence,
+       a.reserved_minor,
        COALESCE((SELECT SUM(l.amount_minor) FROM ledger_entry l
                   WHERE l.account_id = a.account_id AND l.direction = 'DEBIT'), 0)::BIGINT
            AS ledger_debit_minor,
@@ -186,9 +226,9 @@ pub const PAYOUT_BY_IDEMPOTENCY_KEY: &str = concat!(
     " FROM payout WHERE idempotency_key = $1"
 );
 
-/// The posting transaction's first read: locks the payout row so that two postings of one payout
-/// serialise (the second then sees POSTED and answers idempotently).
-pub const PAYOUT_FOR_POSTING: &str = concat!(
+/// The first read of every transaction that changes a payout's hold (posting, reservation, ending):
+/// locks the payout row so that two of them serialise (the second then sees the first's result).
+pub const PAYOUT_FOR_UPDATE: &str = concat!(
     "SELECT ",
     payout_columns!(),
     " FROM payout WHERE payout_id = $1 FOR UPDATE"
@@ -211,20 +251,50 @@ RETURNING ",
     payout_columns!()
 );
 
-/// An executor-driven state change. $1 payout_id, $2 from, $3 to, $4 token; fenced like (c).
-pub const PAYOUT_TRANSITION: &str = concat!(
+/// CLAIMED → RAIL_SUBMITTED, holding the amount: runs in the reservation transaction after (r)
+/// succeeded. $1 payout_id, $2 token; fenced like (c).
+pub const PAYOUT_MARK_RESERVED: &str = concat!(
     "UPDATE payout
-   SET state = $3, updated_at = now()
+   SET state          = 'RAIL_SUBMITTED',
+       reserved_minor = amount_minor,
+       reserved_token = $2,
+       updated_at     = now()
+ WHERE payout_id = $1 AND state = 'CLAIMED' AND claim_token <= $2
+RETURNING ",
+    payout_columns!()
+);
+
+/// Into FAILED or ABANDONED, giving up the hold (the caller releases it on the account in the same
+/// transaction) and recording why. $1 payout_id, $2 from, $3 to, $4 token, $5 reason; fenced like (c).
+pub const PAYOUT_END: &str = concat!(
+    "UPDATE payout
+   SET state          = $3,
+       reserved_minor = 0,
+       failure_reason = $5,
+       updated_at     = now()
  WHERE payout_id = $1 AND state = $2 AND claim_token <= $4
 RETURNING ",
     payout_columns!()
 );
 
-/// A funds rejection (zero-row (a) classified as not fenced) fails the payout. $1 payout_id, $2 token.
-pub const PAYOUT_FAIL_UNFUNDED: &str = concat!(
+/// Whether the payout has a forwardable rail attempt that rail-proxy has not abandoned: such a
+/// payout may have been paid, so it must not end ABANDONED. $1 payout_id. (Read only; rail-proxy
+/// writes rail_submission.)
+pub const PAYOUT_HAS_LIVE_ATTEMPT: &str = "
+SELECT EXISTS (SELECT 1 FROM rail_submission
+                WHERE payout_id = $1
+                  AND outcome IS DISTINCT FROM 'FENCED'
+                  AND abandoned_at IS NULL)";
+
+/// Inside the posting transaction, before (a): the hold becomes the debit, so the payout gives it up.
+/// $1 payout_id.
+pub const PAYOUT_CLEAR_RESERVATION: &str = "UPDATE payout SET reserved_minor = 0 WHERE payout_id = $1";
+
+/// An executor-driven state change. $1 payout_id, $2 from, $3 to, $4 token; fenced like (c).
+pub const PAYOUT_TRANSITION: &str = concat!(
     "UPDATE payout
-   SET state = 'FAILED', updated_at = now()
- WHERE payout_id = $1 AND state = 'RAIL_ACKED' AND claim_token <= $2
+   SET state = $3, updated_at = now()
+ WHERE payout_id = $1 AND state = $2 AND claim_token <= $4
 RETURNING ",
     payout_columns!()
 );
@@ -275,17 +345,32 @@ pub const PAYOUT_LIST_IN_STATE_AFTER: &str = concat!(
 );
 
 // ---------------------------------------------------------------------------------------------
-// reconciliation (read-only)
+// reconciliation (read-only). Every read is one keyset page, so a run's memory and each statement's
+// work are bounded by the page size, whatever the size of the books.
 
-pub const RECON_ACCOUNTS: &str = concat!("SELECT ", account_columns!(), " FROM account ORDER BY account_id");
+/// One page of accounts after the cursor ($1, the nil UUID for the first page), $2 limit, with the
+/// sum of the holds its payouts carry (what `account.reserved_minor` must equal).
+pub const RECON_ACCOUNTS_PAGE: &str = concat!(
+    "SELECT ",
+    account_columns!(),
+    ",
+       COALESCE((SELECT SUM(p.reserved_minor) FROM payout p
+                  WHERE p.account_id = a.account_id AND p.reserved_minor > 0), 0)::BIGINT AS held_minor
+  FROM account a
+ WHERE a.account_id > $1
+ ORDER BY a.account_id
+ LIMIT $2"
+);
 
-/// Ledger legs grouped by the account they sit on, the grant (fence) that wrote them and direction.
+/// Ledger legs of the accounts of one page ($1 their ids), grouped by the grant (fence) that wrote
+/// them and direction.
 pub const RECON_LEDGER_GROUPS: &str = "
 SELECT account_id, fence, direction,
        COUNT(*)::BIGINT                        AS legs,
        SUM(amount_minor)::BIGINT               AS amount_minor,
        array_agg(payout_id ORDER BY payout_id) AS payout_ids
   FROM ledger_entry
+ WHERE account_id = ANY($1)
  GROUP BY account_id, fence, direction
  ORDER BY account_id, fence, direction";
 
@@ -297,9 +382,12 @@ SELECT currency, SUM(amount_minor)::BIGINT AS amount_minor
  GROUP BY currency
  ORDER BY currency";
 
-/// Each payout with the shape of its legs: a POSTED payout needs exactly one DEBIT on its account and
-/// one CREDIT on its currency's settlement account, both of its amount and by one grant.
-pub const RECON_PAYOUT_LEGS: &str = "
+/// One page of payouts after the cursor ($1, the nil UUID first), $2 limit, each with the shape of
+/// its legs and of its rail attempts: a POSTED payout needs exactly one DEBIT on its account and one
+/// CREDIT on its currency's settlement account, both of its amount and by one grant, and exactly one
+/// ACKED submission; an ACKED submission needs a POSTED payout. `stuck`: not terminal and unchanged
+/// for more than $3 seconds (by the database clock).
+pub const RECON_PAYOUTS_PAGE: &str = "
 SELECT p.payout_id, p.account_id, p.currency, p.amount_minor, p.state,
        COUNT(l.entry_id)::BIGINT AS legs,
        (COUNT(*) FILTER (WHERE l.direction = 'DEBIT'
@@ -310,11 +398,16 @@ SELECT p.payout_id, p.account_id, p.currency, p.amount_minor, p.state,
                            AND s.currency = p.currency
                            AND l.amount_minor = p.amount_minor))::BIGINT AS matching_credits,
        COALESCE(array_agg(DISTINCT l.fence ORDER BY l.fence) FILTER (WHERE l.entry_id IS NOT NULL),
-                '{}'::BIGINT[]) AS fences
-  FROM payout p
+                '{}'::BIGINT[]) AS fences,
+       (SELECT COUNT(*) FROM rail_submission r
+         WHERE r.payout_id = p.payout_id AND r.outcome = 'ACKED')::BIGINT AS acked_submissions,
+       (p.state NOT IN ('POSTED','FAILED','ABANDONED')
+        AND p.updated_at < now() - make_interval(secs => $3)) AS stuck,
+       p.claim_token
+  FROM (SELECT * FROM payout WHERE payout_id > $1 ORDER BY payout_id LIMIT $2) p
   LEFT JOIN ledger_entry l ON l.payout_id = p.payout_id
   LEFT JOIN account s      ON s.account_id = l.account_id
- GROUP BY p.payout_id
+ GROUP BY p.payout_id, p.account_id, p.currency, p.amount_minor, p.state, p.updated_at, p.claim_token
  ORDER BY p.payout_id";
 
 // ---------------------------------------------------------------------------------------------

@@ -56,6 +56,26 @@ pub fn idempotency_key(key: &str) -> Result<(), PaymentError> {
     Ok(())
 }
 
+/// Longest accepted failure reason, in bytes.
+pub const MAX_REASON_LEN: usize = 64;
+
+/// A failure reason is a machine-readable code: `^[A-Z][A-Z0-9_]*$`, at most 64 bytes.
+pub fn reason(value: &str) -> Result<(), PaymentError> {
+    let ok = value.len() <= MAX_REASON_LEN
+        && value.bytes().next().is_some_and(|b| b.is_ascii_uppercase())
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(PaymentError::invalid(
+            "INVALID_REASON",
+            format!("reason must match ^[A-Z][A-Z0-9_]*$ and be at most {MAX_REASON_LEN} bytes"),
+        ))
+    }
+}
+
 /// Owner ids follow the lock service's rule (the owner that holds the grant).
 pub fn owner_id(owner: &str) -> Result<(), PaymentError> {
     dlock_common::validate::owner_id(owner).map_err(|e| PaymentError::invalid(e.code, e.message))
@@ -81,6 +101,14 @@ mod tests {
         assert!(amount("amountMinor", -1).is_err());
         assert!(opening_balance(0).is_ok());
         assert!(opening_balance(-1).is_err());
+    }
+
+    #[test]
+    fn reasons() {
+        assert!(reason("RAIL_REJECTED").is_ok());
+        for bad in ["", "rail", "_X", "A-B", "A B", &"A".repeat(MAX_REASON_LEN + 1)] {
+            assert!(reason(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

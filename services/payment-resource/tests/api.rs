@@ -20,9 +20,13 @@ struct Api {
 
 impl Api {
     async fn start(f: &Fixture, fencing: Fencing) -> Api {
-        let server = payment_resource::spawn(Config::ephemeral(f.db.app_url()).with_fencing(fencing))
-            .await
-            .expect("spawn");
+        let server = payment_resource::spawn(
+            Config::ephemeral(f.db.app_url())
+                .with_fencing(fencing)
+                .with_credentials(common::credentials()),
+        )
+        .await
+        .expect("spawn");
         Api {
             server,
             client: Client::new(),
@@ -37,9 +41,13 @@ impl Api {
         token: Option<&str>,
         body: Option<&str>,
     ) -> (u16, Value) {
+        let auth = common::token_for(method.as_str(), path);
         let mut req = self
             .client
             .request(method, format!("{}{path}", self.server.url()));
+        if let Some(a) = auth {
+            req = req.bearer_auth(a);
+        }
         if let Some(t) = token {
             req = req.header("X-Fencing-Token", t);
         }
@@ -286,7 +294,8 @@ async fn accounts_are_created_once_and_read_back_with_their_ledger() {
     assert_eq!(
         v,
         json!({"accountId": id, "currency": "EUR", "kind": "CUSTOMER", "balanceMinor": 5_000,
-               "openingBalanceMinor": 5_000, "fence": 0, "ledgerDebitMinor": 0, "ledgerCreditMinor": 0,
+               "openingBalanceMinor": 5_000, "fence": 0, "reservedMinor": 0, "availableMinor": 5_000,
+               "ledgerDebitMinor": 0, "ledgerCreditMinor": 0,
                "expectedBalanceMinor": 5_000, "consistent": true})
     );
     assert_eq!(api.get(&format!("/v1/accounts/{id}")).await, (200, v));
@@ -526,8 +535,29 @@ async fn posting_outcomes_map_to_http() {
         (409, Some("NOT_POSTABLE"), &json!("PENDING"))
     );
 
-    let big = api.acked(&acct, 50_000, 12).await;
-    let (s, v) = api.post_payout(&big, 12).await;
+    // With reservations an account that cannot cover a payout refuses it as it enters
+    // RAIL_SUBMITTED, before anything reaches the rail …
+    let refused = api.payout(&acct, 50_000).await;
+    assert_eq!(api.claim(&refused, 12, "w12").await.0, 200);
+    let (s, v) = api.transition(&refused, 12, "CLAIMED", "RAIL_SUBMITTED").await;
+    assert_eq!(
+        (s, v["code"].as_str(), &v["payoutState"], &v["availableMinor"]),
+        (422, Some("INSUFFICIENT_FUNDS"), &json!("FAILED"), &json!(8_100)),
+        "{v}"
+    );
+    let (_, v) = api.get(&format!("/v1/payouts/{refused}")).await;
+    assert_eq!(
+        (&v["state"], &v["failureReason"]),
+        (&json!("FAILED"), &json!("INSUFFICIENT_FUNDS"))
+    );
+    // … so (a) meets an unfunded payout only when one reached RAIL_ACKED without a reservation.
+    let acct_id: Uuid = acct.parse().unwrap();
+    let big = f
+        .acked_unreserved(acct_id, 50_000, 13)
+        .await
+        .payout_id
+        .to_string();
+    let (s, v) = api.post_payout(&big, 13).await;
     assert_eq!(
         (s, v["code"].as_str(), &v["payoutState"]),
         (422, Some("INSUFFICIENT_FUNDS"), &json!("FAILED"))
@@ -1056,6 +1086,7 @@ async fn bad_input_on_every_endpoint_is_rejected_with_a_code_and_writes_nothing(
     let resp = api
         .client
         .post(format!("{}/v1/payouts", api.server.url()))
+        .bearer_auth(common::CLIENT_TOKEN)
         .body(payout_body(&acct, "5", "EUR", ok_key))
         .send()
         .await
@@ -1096,4 +1127,120 @@ async fn in_flight_payouts_are_listed_by_state_for_a_new_holder_to_resume() {
     assert!(ids(&v).contains(&pending) && !ids(&v).contains(&claimed));
     let (s, v) = api.get("/v1/payouts?state=NOPE").await;
     assert_eq!((s, v["code"].as_str()), (400, Some("INVALID_STATE")));
+}
+
+/// Sends `method path` with exactly the given Authorization (none when `None`) and a body.
+async fn raw(api: &Api, method: &str, path: &str, auth: Option<&str>) -> (u16, Value, Option<String>) {
+    let mut req = api
+        .client
+        .request(
+            Method::from_bytes(method.as_bytes()).unwrap(),
+            format!("{}{path}", api.server.url()),
+        )
+        .header("X-Fencing-Token", "7");
+    if let Some(a) = auth {
+        req = req.header("Authorization", a);
+    }
+    if method == "POST" {
+        req = req.header("Content-Type", "application/json").body("{}");
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let www = resp
+        .headers()
+        .get("www-authenticate")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        www,
+    )
+}
+
+#[tokio::test]
+async fn every_write_and_admin_endpoint_needs_its_role_and_reads_and_probes_stay_open() {
+    use dlock_common::auth::Role;
+    let f = fixture().await;
+    let api = Api::start(&f, Fencing::Enabled).await;
+    let acct = api.account(1_000, "EUR").await;
+    let payout = api.payout(&acct, 100).await;
+    let before = f.snapshot().await;
+    let concrete = |p: &str| p.replace("{payoutId}", &payout);
+    let token = |r: Role| match r {
+        Role::Admin => common::ADMIN_TOKEN,
+        Role::Executor => common::EXECUTOR_TOKEN,
+        Role::Client => common::CLIENT_TOKEN,
+    };
+    for (method, path, allowed) in payment_resource::api::PROTECTED {
+        let path = concrete(path);
+        let (s, v, www) = raw(&api, method, &path, None).await;
+        assert_eq!(
+            (s, v["code"].as_str()),
+            (401, Some("UNAUTHENTICATED")),
+            "{method} {path}: {v}"
+        );
+        assert_eq!(www.as_deref(), Some("Bearer"), "{method} {path}");
+        for bad in [
+            "Bearer not-a-credential-of-this-service",
+            "Basic dXNlcjpwYXNz",
+            "Bearer",
+        ] {
+            let (s, v, _) = raw(&api, method, &path, Some(bad)).await;
+            assert_eq!(s, 401, "{method} {path} with {bad:?}: {v}");
+        }
+        for role in Role::ALL.into_iter().filter(|r| !allowed.contains(r)) {
+            let (s, v, _) = raw(&api, method, &path, Some(&format!("Bearer {}", token(role)))).await;
+            assert_eq!(
+                (s, v["code"].as_str()),
+                (403, Some("FORBIDDEN")),
+                "{method} {path} as {}: {v}",
+                role.as_str()
+            );
+        }
+        // The admitted role gets past authentication (here: to body validation).
+        let (s, v, _) = raw(
+            &api,
+            method,
+            &path,
+            Some(&format!("Bearer {}", token(allowed[0]))),
+        )
+        .await;
+        assert!(s != 401 && s != 403, "{method} {path}: {s} {v}");
+    }
+    // Refused requests wrote nothing (the admitted ones above had invalid bodies).
+    assert_eq!(f.snapshot().await, before);
+
+    // Probes, the document and reads need no credential.
+    for path in [
+        "/healthz".to_owned(),
+        "/readyz".to_owned(),
+        "/metrics".to_owned(),
+        "/openapi.yaml".to_owned(),
+        "/v1/payouts".to_owned(),
+        format!("/v1/payouts/{payout}"),
+        format!("/v1/accounts/{acct}"),
+    ] {
+        let (s, v, _) = raw(&api, "GET", &path, None).await;
+        assert_eq!(s, 200, "GET {path}: {v}");
+    }
+    api.server.shutdown().await.unwrap();
+
+    // A server without credentials admits nobody (fail closed).
+    let bare = payment_resource::spawn(Config::ephemeral(f.db.app_url()))
+        .await
+        .unwrap();
+    let bare = Api {
+        server: bare,
+        client: Client::new(),
+    };
+    let (s, _, _) = raw(
+        &bare,
+        "POST",
+        "/v1/accounts",
+        Some(&format!("Bearer {}", common::ADMIN_TOKEN)),
+    )
+    .await;
+    assert_eq!(s, 401);
+    assert!(!format!("{:?}", common::credentials()).contains(common::ADMIN_TOKEN));
 }

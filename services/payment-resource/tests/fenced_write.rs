@@ -243,7 +243,7 @@ async fn negative_control_le_in_a_readmits_the_equal_token() {
 async fn insufficient_funds_with_a_winning_token_is_a_funds_rejection_not_fenced_out() {
     let f = fixture().await;
     let acct = f.customer(1_000).await;
-    let p = f.acked(acct, 5_000, 3).await;
+    let p = f.acked_unreserved(acct, 5_000, 3).await;
     let before = f.account(acct).await;
 
     let r = f.posting(Statements::FENCED).post(p.payout_id, tok(3)).await;
@@ -490,7 +490,7 @@ async fn fenced_out_counter_increments_exactly_once_per_fenced_out_call() {
 
     // Neither a funds rejection nor an idempotent repeat counts.
     let poor = f.customer(10).await;
-    let unfunded = f.acked(poor, 500, 2).await;
+    let unfunded = f.acked_unreserved(poor, 500, 2).await;
     assert!(matches!(
         posting.post(unfunded.payout_id, tok(2)).await,
         Err(PaymentError::InsufficientFunds { .. })

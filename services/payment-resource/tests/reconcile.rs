@@ -46,7 +46,7 @@ async fn reconciliation_is_clean_after_fenced_postings_and_the_cli_exits_zero() 
     let newer = f.acked(acct, 100, 7).await;
     posting.post(newer.payout_id, tok(7)).await.unwrap();
     assert!(posting.post(stale.payout_id, tok(6)).await.is_err());
-    let unfunded = f.acked(acct, 5_000, 8).await;
+    let unfunded = f.acked_unreserved(acct, 5_000, 8).await;
     assert!(posting.post(unfunded.payout_id, tok(8)).await.is_err());
     expected_credit += 100;
 
@@ -67,7 +67,9 @@ async fn reconciliation_is_clean_after_fenced_postings_and_the_cli_exits_zero() 
 async fn reconciliation_reports_the_stale_fence_after_a_kill_switch_run() {
     let f = fixture().await;
     let server = payment_resource::spawn(
-        payment_resource::Config::ephemeral(f.db.app_url()).with_fencing(payment_resource::Fencing::Disabled),
+        payment_resource::Config::ephemeral(f.db.app_url())
+            .with_fencing(payment_resource::Fencing::Disabled)
+            .with_credentials(common::credentials()),
     )
     .await
     .unwrap();
@@ -78,6 +80,7 @@ async fn reconciliation_reports_the_stale_fence_after_a_kill_switch_run() {
     for (p, t) in [(newer.payout_id, 9), (stale.payout_id, 5)] {
         let resp = client
             .post(format!("{}/v1/payouts/{p}/post", server.url()))
+            .bearer_auth(common::EXECUTOR_TOKEN)
             .header("X-Fencing-Token", t.to_string())
             .send()
             .await
@@ -87,6 +90,7 @@ async fn reconciliation_reports_the_stale_fence_after_a_kill_switch_run() {
 
     let v: Value = client
         .get(format!("{}/v1/reconciliation", server.url()))
+        .bearer_auth(common::ADMIN_TOKEN)
         .send()
         .await
         .unwrap()

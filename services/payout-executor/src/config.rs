@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use dlock_common::auth::{Credential, CredentialError};
 use dlock_common::validate;
 use uuid::Uuid;
 
@@ -82,6 +83,15 @@ pub struct Cli {
     #[arg(long, env = "PAYOUT_EXECUTOR_LISTEN", default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
 
+    /// How many times one critical section asks rail-proxy about an ambiguous submission before it
+    /// leaves it for a later pass (the rail-proxy deadline ends the ambiguity).
+    #[arg(long, env = "PAYOUT_EXECUTOR_RESOLVE_ATTEMPTS", default_value_t = 6)]
+    pub resolve_attempts: u32,
+
+    /// First wait between two such questions; doubled each time, capped at 5 s.
+    #[arg(long, env = "PAYOUT_EXECUTOR_RESOLVE_BACKOFF_MS", default_value_t = 250)]
+    pub resolve_backoff_ms: u64,
+
     /// Allows --pause-at. Tests and demos only; logged loudly.
     #[arg(long, env = "PAYOUT_EXECUTOR_ENABLE_FAULT_INJECTION")]
     pub enable_fault_injection: bool,
@@ -113,7 +123,18 @@ pub struct Config {
     pub listen: SocketAddr,
     pub fault_injection: bool,
     pub pause_at: Option<Step>,
+    pub resolve_attempts: u32,
+    pub resolve_backoff: Duration,
+    /// Presented to payment-resource (its executor role): `PAYOUT_EXECUTOR_PAYMENT_RESOURCE_TOKEN`
+    /// or `…_TOKEN_FILE`. Never a flag; redacted in Debug.
+    pub payment_credential: Option<Credential>,
+    /// Presented to rail-proxy: `PAYOUT_EXECUTOR_RAIL_PROXY_TOKEN` or `…_TOKEN_FILE`.
+    pub rail_credential: Option<Credential>,
 }
+
+/// Env names of the executor's own credentials.
+pub const PAYMENT_CREDENTIAL_ENV: &str = "PAYOUT_EXECUTOR_PAYMENT_RESOURCE_TOKEN";
+pub const RAIL_CREDENTIAL_ENV: &str = "PAYOUT_EXECUTOR_RAIL_PROXY_TOKEN";
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
@@ -128,6 +149,8 @@ pub enum ConfigError {
     },
     #[error("{0}")]
     Invalid(String),
+    #[error("{0}")]
+    Credential(#[from] CredentialError),
 }
 
 const MAX_WORKERS: u64 = 64;
@@ -178,6 +201,8 @@ impl Cli {
         range("--poll-interval-ms", self.poll_interval_ms, 1, 600_000)?;
         range("--http-timeout-ms", self.http_timeout_ms, 10, 600_000)?;
         range("--shutdown-grace-ms", self.shutdown_grace_ms, 0, 600_000)?;
+        range("--resolve-attempts", u64::from(self.resolve_attempts), 1, 100)?;
+        range("--resolve-backoff-ms", self.resolve_backoff_ms, 1, 60_000)?;
         range(
             "--max-errors-per-payout",
             u64::from(self.max_errors_per_payout),
@@ -226,6 +251,10 @@ impl Cli {
             listen: self.listen,
             fault_injection: self.enable_fault_injection,
             pause_at: self.pause_at,
+            resolve_attempts: self.resolve_attempts,
+            resolve_backoff: Duration::from_millis(self.resolve_backoff_ms),
+            payment_credential: Credential::from_env(PAYMENT_CREDENTIAL_ENV)?,
+            rail_credential: Credential::from_env(RAIL_CREDENTIAL_ENV)?,
         })
     }
 }

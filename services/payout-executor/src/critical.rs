@@ -4,10 +4,17 @@
 //! It drives the payout from whatever state it is in (C1 §1.5 state machine; DESIGN "Data flow"):
 //!
 //! ```text
-//! PENDING ─claim→ CLAIMED ─→ RAIL_SUBMITTED ─submit→ ACKED    → RAIL_ACKED ─post→ POSTED
-//!                                               ├──→ REJECTED → FAILED
-//!                                               └──→ TIMEOUT  → RAIL_AMBIGUOUS ─resolve→ ACKED / REJECTED
+//! PENDING ─claim→ CLAIMED ─reserve→ RAIL_SUBMITTED ─submit→ ACKED    → RAIL_ACKED ─post→ POSTED
+//!                       └─(not covered)→ FAILED      ├──→ REJECTED → FAILED
+//!                                                    └──→ TIMEOUT  → RAIL_AMBIGUOUS ─resolve→ ACKED / REJECTED
+//!                                                              (never received, past the deadline) → ABANDONED
 //! ```
+//!
+//! Funds before the rail: CLAIMED → RAIL_SUBMITTED is the reservation at payment-resource (the
+//! account must cover the payout, under its fence); a payout the account cannot cover ends FAILED
+//! there, and rail-proxy forwards only a reserved payout. Ambiguity always ends: an ambiguous
+//! submission is asked about with bounded retries and backoff; rail-proxy answers "abandoned" once
+//! the rail has never received it and its deadline has passed, and the payout ends ABANDONED.
 //!
 //! A payout found in flight (a dead or paused holder's) is adopted by the claim and resumed: a
 //! RAIL_SUBMITTED payout is resumed from the attempt rail-proxy recorded, never resubmitted while one
@@ -41,14 +48,50 @@ pub enum Ended {
     },
     /// The rail cannot tell yet what became of the ambiguous submission.
     Unresolved,
+    /// Ended ABANDONED by this grant: the rail never received it and rail-proxy's deadline passed.
+    Abandoned { reason: &'static str },
 }
 
-/// What the critical section needs: the two resources and the fault plan.
+/// Failure reasons recorded on the payout.
+pub const REASON_RAIL_REJECTED: &str = "RAIL_REJECTED";
+pub const REASON_NEVER_RECEIVED: &str = "RAIL_NEVER_RECEIVED";
+
+/// How an ambiguous submission is asked about within one critical section.
+#[derive(Debug, Clone, Copy)]
+pub struct ResolvePolicy {
+    /// Questions per critical section (at least 1).
+    pub attempts: u32,
+    /// First wait between two questions; doubled each time, capped at [`MAX_RESOLVE_BACKOFF`].
+    pub backoff: std::time::Duration,
+}
+
+pub const MAX_RESOLVE_BACKOFF: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl ResolvePolicy {
+    /// The wait before question `n + 1` (n counts from 0).
+    pub fn wait(&self, n: u32) -> std::time::Duration {
+        self.backoff
+            .saturating_mul(2u32.saturating_pow(n.min(16)))
+            .min(MAX_RESOLVE_BACKOFF)
+    }
+}
+
+impl Default for ResolvePolicy {
+    fn default() -> Self {
+        Self {
+            attempts: 6,
+            backoff: std::time::Duration::from_millis(250),
+        }
+    }
+}
+
+/// What the critical section needs: the two resources, the fault plan, the resolve policy.
 #[derive(Debug)]
 pub struct Resources {
     pub payments: PaymentApi,
     pub rail: RailApi,
     pub faults: Faults,
+    pub resolve: ResolvePolicy,
 }
 
 /// One payout, one grant.
@@ -124,9 +167,17 @@ impl Critical<'_> {
         );
         match state {
             PayoutState::Claimed => {
-                self.transition(PayoutState::Claimed, PayoutState::RailSubmitted)
-                    .await?;
-                self.submit().await
+                // The reservation: payment-resource holds the amount only if the account covers it.
+                match self
+                    .transition(PayoutState::Claimed, PayoutState::RailSubmitted, None)
+                    .await
+                {
+                    Ok(()) => self.submit().await,
+                    Err(e) if is_api_error(&e, 422, "INSUFFICIENT_FUNDS") => Ok(Ended::Failed {
+                        reason: "insufficient funds (refused at the reservation, before the rail)",
+                    }),
+                    Err(e) => Err(e),
+                }
             }
             PayoutState::RailSubmitted => self.resume_submitted().await,
             PayoutState::RailAcked => self.post().await,
@@ -144,10 +195,18 @@ impl Critical<'_> {
         }
     }
 
-    async fn transition(&self, from: PayoutState, to: PayoutState) -> Result<(), ClientError> {
+    async fn transition(
+        &self,
+        from: PayoutState,
+        to: PayoutState,
+        reason: Option<&str>,
+    ) -> Result<(), ClientError> {
         let api = &self.resources.payments;
         let done = self
-            .write(None, api.transition(self.payout_id, from, to, self.token()))
+            .write(
+                None,
+                api.transition(self.payout_id, from, to, self.token(), reason),
+            )
             .await?;
         tracing::info!(
             event = "payout_transitioned",
@@ -226,20 +285,24 @@ impl Critical<'_> {
     async fn after_rail(&self, outcome: Option<RailOutcome>) -> Result<Ended, ClientError> {
         match outcome {
             Some(RailOutcome::Acked) => {
-                self.transition(PayoutState::RailSubmitted, PayoutState::RailAcked)
+                self.transition(PayoutState::RailSubmitted, PayoutState::RailAcked, None)
                     .await?;
                 self.post().await
             }
             Some(RailOutcome::Rejected) => {
-                self.transition(PayoutState::RailSubmitted, PayoutState::Failed)
-                    .await?;
+                self.transition(
+                    PayoutState::RailSubmitted,
+                    PayoutState::Failed,
+                    Some(REASON_RAIL_REJECTED),
+                )
+                .await?;
                 Ok(Ended::Failed {
                     reason: "rail rejected the payment",
                 })
             }
             // Ambiguous (or unanswered): resolved by asking the rail, never by resubmitting.
             Some(RailOutcome::Timeout) | None => {
-                self.transition(PayoutState::RailSubmitted, PayoutState::RailAmbiguous)
+                self.transition(PayoutState::RailSubmitted, PayoutState::RailAmbiguous, None)
                     .await?;
                 self.resolve().await
             }
@@ -250,32 +313,74 @@ impl Critical<'_> {
         }
     }
 
-    /// RAIL_AMBIGUOUS: ask the rail (via rail-proxy) what happened.
+    /// RAIL_AMBIGUOUS: ask the rail (via rail-proxy) what happened, up to `attempts` times with
+    /// exponential backoff, holding the lock (renewed meanwhile). Paid → posted; rejected → FAILED;
+    /// abandoned by rail-proxy (never received, past its deadline) → ABANDONED; still unknown →
+    /// [`Ended::Unresolved`] for a later pass (the deadline guarantees an end).
     async fn resolve(&self) -> Result<Ended, ClientError> {
-        self.lock.ensure_held()?;
-        let answer = self
-            .guarded(self.resources.rail.resolve(self.payout_id, self.token()))
-            .await;
-        let attempt = match answer {
-            Ok(a) => a,
-            Err(e) if is_api_error(&e, 409, "RAIL_OUTCOME_UNKNOWN") => return Ok(Ended::Unresolved),
-            Err(e) => return Err(e),
+        let policy = self.resources.resolve;
+        let mut n = 0u32;
+        let attempt = loop {
+            self.lock.ensure_held()?;
+            let answer = self
+                .guarded(self.resources.rail.resolve(self.payout_id, self.token()))
+                .await;
+            let retry = match answer {
+                Ok(a) => break a,
+                Err(e) if is_api_error(&e, 409, "RAIL_OUTCOME_UNKNOWN") => "the rail has no record yet",
+                Err(e) if is_api_error(&e, 502, "RAIL_UNAVAILABLE") => "the rail did not answer",
+                Err(e) => return Err(e),
+            };
+            n += 1;
+            if n >= policy.attempts.max(1) {
+                return Ok(Ended::Unresolved);
+            }
+            let wait = policy.wait(n - 1);
+            tracing::info!(
+                event = "rail_resolve_retry",
+                payout_id = %self.payout_id,
+                fencing_token = self.token().get(),
+                attempt = n,
+                wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                retry,
+            );
+            tokio::select! {
+                biased;
+                reason = self.lock.lost() => return Err(self.lock.lock_lost(reason)),
+                _ = tokio::time::sleep(wait) => {}
+            }
         };
         tracing::info!(
             event = "rail_resolved",
             payout_id = %self.payout_id,
             fencing_token = self.token().get(),
             outcome = ?attempt.outcome,
+            abandoned = attempt.abandoned_at.is_some(),
         );
+        if attempt.abandoned_at.is_some() {
+            self.transition(
+                PayoutState::RailAmbiguous,
+                PayoutState::Abandoned,
+                Some(REASON_NEVER_RECEIVED),
+            )
+            .await?;
+            return Ok(Ended::Abandoned {
+                reason: "the rail never received it and the deadline passed",
+            });
+        }
         match attempt.outcome {
             Some(RailOutcome::Acked) => {
-                self.transition(PayoutState::RailAmbiguous, PayoutState::RailAcked)
+                self.transition(PayoutState::RailAmbiguous, PayoutState::RailAcked, None)
                     .await?;
                 self.post().await
             }
             Some(RailOutcome::Rejected) => {
-                self.transition(PayoutState::RailAmbiguous, PayoutState::Failed)
-                    .await?;
+                self.transition(
+                    PayoutState::RailAmbiguous,
+                    PayoutState::Failed,
+                    Some(REASON_RAIL_REJECTED),
+                )
+                .await?;
                 Ok(Ended::Failed {
                     reason: "rail rejected the payment",
                 })

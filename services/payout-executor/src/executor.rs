@@ -19,7 +19,7 @@ use crate::config::{Config, worker_owner_id};
 use crate::critical::Resources;
 use crate::fault::Faults;
 use crate::metrics::{Metrics, Outcome};
-use crate::resources::{PaymentApi, RailApi, http_client};
+use crate::resources::{PaymentApi, RailApi, authenticated_client};
 use crate::worker::{Shared, Tracked, Worker, WorkerExit};
 
 /// How a run ended.
@@ -72,11 +72,17 @@ pub async fn run(
             ..ClientConfig::default()
         },
     )?;
-    let http = http_client(config.http_timeout)?;
+    // Each resource gets its own credential (and so its own client).
+    let payment_http = authenticated_client(config.http_timeout, config.payment_credential.as_ref())?;
+    let rail_http = authenticated_client(config.http_timeout, config.rail_credential.as_ref())?;
     let resources = Resources {
-        payments: PaymentApi::new(http.clone(), &config.payment_resource_url)?,
-        rail: RailApi::new(http, &config.rail_proxy_url)?,
+        payments: PaymentApi::new(payment_http, &config.payment_resource_url)?,
+        rail: RailApi::new(rail_http, &config.rail_proxy_url)?,
         faults: config.pause_at.map_or_else(Faults::none, Faults::pause_at),
+        resolve: crate::critical::ResolvePolicy {
+            attempts: config.resolve_attempts,
+            backoff: config.resolve_backoff,
+        },
     };
     let (metrics, registry) = Metrics::new();
     let shared = Arc::new(Shared {

@@ -40,6 +40,8 @@ pub enum Outcome {
     error,
     /// Shutdown interrupted it.
     interrupted,
+    /// The rail never received it and rail-proxy's deadline passed: this attempt ended it ABANDONED.
+    abandoned,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]

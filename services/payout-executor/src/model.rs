@@ -21,6 +21,12 @@ pub struct Payout {
     pub idempotency_key: String,
     #[serde(default)]
     pub attempt_count: i32,
+    /// Why it ended FAILED or ABANDONED.
+    #[serde(default)]
+    pub failure_reason: Option<String>,
+    /// What it holds against its account (from RAIL_SUBMITTED until it ends).
+    #[serde(default)]
+    pub reserved_minor: i64,
 }
 
 /// `GET /v1/payouts` page.
@@ -84,6 +90,10 @@ pub struct Submission {
     pub presented_token: i64,
     pub outcome: Option<RailOutcome>,
     pub rail_reference: Option<String>,
+    /// Set when rail-proxy gave the attempt up: the rail, asked after the deadline, had never
+    /// received it.
+    #[serde(default)]
+    pub abandoned_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl Submission {

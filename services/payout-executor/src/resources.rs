@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use dlock_client::{ClientError, FencingToken, error_from_body};
 use dlock_common::FENCING_TOKEN_HEADER;
+use dlock_common::auth::Credential;
 use reqwest::Url;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -54,9 +55,27 @@ async fn read<T: DeserializeOwned>(response: reqwest::Response) -> Result<T, Cli
 
 /// One HTTP client for both resources (pooled connections).
 pub fn http_client(request_timeout: Duration) -> Result<reqwest::Client, ClientError> {
+    authenticated_client(request_timeout, None)
+}
+
+/// An HTTP client that presents `credential` as `Authorization: Bearer …` on every request (one per
+/// resource: each has its own credential). The header value is marked sensitive.
+pub fn authenticated_client(
+    request_timeout: Duration,
+    credential: Option<&Credential>,
+) -> Result<reqwest::Client, ClientError> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(c) = credential {
+        let value = c.header_value().ok_or_else(|| ClientError::InvalidArgument {
+            code: "INVALID_CREDENTIAL",
+            message: "the credential cannot be sent as a header".into(),
+        })?;
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
     Ok(reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(2))
         .timeout(request_timeout)
+        .default_headers(headers)
         .build()?)
 }
 
@@ -74,9 +93,11 @@ struct ClaimBody<'a> {
 }
 
 #[derive(Serialize)]
-struct TransitionBody {
+struct TransitionBody<'a> {
     from: PayoutState,
     to: PayoutState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a str>,
 }
 
 impl PaymentApi {
@@ -136,6 +157,7 @@ impl PaymentApi {
         from: PayoutState,
         to: PayoutState,
         token: FencingToken,
+        reason: Option<&str>,
     ) -> Result<Transitioned, ClientError> {
         let u = url(
             &self.base,
@@ -145,7 +167,7 @@ impl PaymentApi {
             .http
             .post(u)
             .header(FENCING_TOKEN_HEADER, token.to_string())
-            .json(&TransitionBody { from, to });
+            .json(&TransitionBody { from, to, reason });
         read(request.send().await?).await
     }
 

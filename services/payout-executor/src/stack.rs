@@ -36,6 +36,38 @@ pub struct StackOptions {
     pub rail_timeout_ms: u64,
     /// Start rail-stub with `--test-mode`, so that [`Stack::set_rail_behaviour`] works.
     pub rail_stub_test_mode: bool,
+    /// rail-proxy's abandonment deadline (`--abandon-after-ms`); `None`: its default.
+    pub rail_abandon_after_ms: Option<u64>,
+    /// Extra rail-proxy arguments (e.g. fault injection).
+    pub rail_proxy_args: Vec<String>,
+}
+
+/// The credentials of one stack, generated fresh for every start. Services receive them through
+/// the environment, never on their command lines.
+#[derive(Clone)]
+pub struct StackCredentials {
+    pub admin: String,
+    pub executor: String,
+    pub client: String,
+    pub rail_executor: String,
+}
+
+impl std::fmt::Debug for StackCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StackCredentials(<redacted>)")
+    }
+}
+
+impl StackCredentials {
+    fn generate() -> Self {
+        let fresh = |role: &str| format!("{role}-{}", Uuid::new_v4().simple());
+        Self {
+            admin: fresh("admin"),
+            executor: fresh("executor"),
+            client: fresh("client"),
+            rail_executor: fresh("rail-executor"),
+        }
+    }
 }
 
 impl StackOptions {
@@ -47,6 +79,8 @@ impl StackOptions {
             lock_server_url: None,
             rail_timeout_ms: 2_000,
             rail_stub_test_mode: false,
+            rail_abandon_after_ms: None,
+            rail_proxy_args: Vec::new(),
         }
     }
 }
@@ -112,6 +146,10 @@ pub struct Stack {
     pub payment: Service,
     pub lock_url: String,
     pub log_dir: PathBuf,
+    pub credentials: StackCredentials,
+    paydb_url: String,
+    rail_timeout_ms: u64,
+    rail_abandon_after_ms: Option<u64>,
     http: reqwest::Client,
     lock: LockClient,
 }
@@ -126,32 +164,35 @@ impl Stack {
             stub = stub.arg("--test-mode");
         }
         let rail_stub = Service::start(stub, dir).await?;
+        let credentials = StackCredentials::generate();
         let rail_proxy = Service::start(
-            Spec::new("rail-proxy", "rail-proxy")?.args([
-                "--database-url".to_owned(),
-                paydb_url.to_owned(),
-                "--listen".to_owned(),
-                "127.0.0.1:{port}".to_owned(),
-                "--rail-url".to_owned(),
-                rail_stub.url(),
-                "--rail-timeout-ms".to_owned(),
-                opts.rail_timeout_ms.to_string(),
-                "--fencing-enabled".to_owned(),
-                opts.rail_fencing.to_string(),
-            ]),
+            rail_proxy_spec(
+                "rail-proxy",
+                paydb_url,
+                &rail_stub.url(),
+                opts.rail_timeout_ms,
+                opts.rail_abandon_after_ms,
+                opts.rail_fencing,
+                &credentials,
+            )?
+            .args(opts.rail_proxy_args.iter().cloned()),
             dir,
         )
         .await?;
         let payment = Service::start(
-            Spec::new("payment-resource", "payment-resource")?.args([
-                "serve".to_owned(),
-                "--database-url".to_owned(),
-                paydb_url.to_owned(),
-                "--listen".to_owned(),
-                "127.0.0.1:{port}".to_owned(),
-                "--payment-fencing-enabled".to_owned(),
-                opts.payment_fencing.to_string(),
-            ]),
+            Spec::new("payment-resource", "payment-resource")?
+                .args([
+                    "serve".to_owned(),
+                    "--database-url".to_owned(),
+                    paydb_url.to_owned(),
+                    "--listen".to_owned(),
+                    "127.0.0.1:{port}".to_owned(),
+                    "--payment-fencing-enabled".to_owned(),
+                    opts.payment_fencing.to_string(),
+                ])
+                .env("PAYMENT_RESOURCE_ADMIN_TOKEN", &credentials.admin)
+                .env("PAYMENT_RESOURCE_EXECUTOR_TOKEN", &credentials.executor)
+                .env("PAYMENT_RESOURCE_CLIENT_TOKEN", &credentials.client),
             dir,
         )
         .await?;
@@ -183,6 +224,10 @@ impl Stack {
             payment,
             lock_url,
             log_dir: dir.to_path_buf(),
+            credentials,
+            paydb_url: paydb_url.to_owned(),
+            rail_timeout_ms: opts.rail_timeout_ms,
+            rail_abandon_after_ms: opts.rail_abandon_after_ms,
             http,
             lock,
         })
@@ -201,18 +246,42 @@ impl Stack {
     /// A long-running payout-executor (until SIGTERM); [`Stack::start_executor`] waits until it
     /// answers `/readyz`.
     pub fn service_executor_spec(&self, name: &str) -> Result<Spec> {
-        Ok(Spec::new(name, "payout-executor")?.args([
-            "--lock-server-url".to_owned(),
-            self.lock_url.clone(),
-            "--payment-resource-url".to_owned(),
-            self.payment.url(),
-            "--rail-proxy-url".to_owned(),
-            self.rail_proxy.url(),
-            "--owner-id".to_owned(),
-            name.to_owned(),
-            "--listen".to_owned(),
-            "127.0.0.1:{port}".to_owned(),
-        ]))
+        Ok(Spec::new(name, "payout-executor")?
+            .env(crate::config::PAYMENT_CREDENTIAL_ENV, &self.credentials.executor)
+            .env(
+                crate::config::RAIL_CREDENTIAL_ENV,
+                &self.credentials.rail_executor,
+            )
+            .args([
+                "--lock-server-url".to_owned(),
+                self.lock_url.clone(),
+                "--payment-resource-url".to_owned(),
+                self.payment.url(),
+                "--rail-proxy-url".to_owned(),
+                self.rail_proxy.url(),
+                "--owner-id".to_owned(),
+                name.to_owned(),
+                "--listen".to_owned(),
+                "127.0.0.1:{port}".to_owned(),
+            ]))
+    }
+
+    /// Replaces rail-proxy with a fresh process (same database, rail and credentials; fencing on),
+    /// e.g. after a fault made it exit. `extra` adds arguments.
+    pub async fn restart_rail_proxy(&mut self, fencing: bool, extra: &[&str]) -> Result<()> {
+        self.rail_proxy.stop();
+        let spec = rail_proxy_spec(
+            "rail-proxy-2",
+            &self.paydb_url,
+            &self.rail_stub.url(),
+            self.rail_timeout_ms,
+            self.rail_abandon_after_ms,
+            fencing,
+            &self.credentials,
+        )?
+        .args(extra.iter().copied());
+        self.rail_proxy = Service::start(spec, &self.log_dir).await?;
+        Ok(())
     }
 
     pub async fn start_executor(&self, spec: Spec) -> Result<Service> {
@@ -235,6 +304,7 @@ impl Stack {
             .json(
                 self.http
                     .post(format!("{}/v1/accounts", self.payment.url()))
+                    .bearer_auth(&self.credentials.admin)
                     .json(&json!({"currency": currency, "openingBalanceMinor": opening_balance_minor})),
             )
             .await?;
@@ -247,6 +317,7 @@ impl Stack {
             .json(
                 self.http
                     .post(format!("{}/v1/payouts", self.payment.url()))
+                    .bearer_auth(&self.credentials.client)
                     .json(&json!({
                         "accountId": account_id,
                         "amountMinor": amount_minor,
@@ -280,8 +351,12 @@ impl Stack {
 
     /// payment-resource's reconciliation report (`clean`, `accounts`, `payouts`).
     pub async fn reconciliation(&self) -> Result<Value> {
-        self.json(self.http.get(format!("{}/v1/reconciliation", self.payment.url())))
-            .await
+        self.json(
+            self.http
+                .get(format!("{}/v1/reconciliation", self.payment.url()))
+                .bearer_auth(&self.credentials.admin),
+        )
+        .await
     }
 
     /// Changes the rail stub's default outcome (`ack`, `reject`, `timeout`); needs
@@ -332,6 +407,35 @@ impl Stack {
     pub async fn metric(&self, base_url: &str, name: &str, labels: &[(&str, &str)]) -> Result<f64> {
         Ok(metric_value(&self.metrics(base_url).await?, name, labels).unwrap_or(0.0))
     }
+}
+
+fn rail_proxy_spec(
+    name: &str,
+    paydb_url: &str,
+    rail_url: &str,
+    rail_timeout_ms: u64,
+    abandon_after_ms: Option<u64>,
+    fencing: bool,
+    credentials: &StackCredentials,
+) -> Result<Spec> {
+    let mut spec = Spec::new(name, "rail-proxy")?
+        .args([
+            "--database-url".to_owned(),
+            paydb_url.to_owned(),
+            "--listen".to_owned(),
+            "127.0.0.1:{port}".to_owned(),
+            "--rail-url".to_owned(),
+            rail_url.to_owned(),
+            "--rail-timeout-ms".to_owned(),
+            rail_timeout_ms.to_string(),
+            "--fencing-enabled".to_owned(),
+            fencing.to_string(),
+        ])
+        .env("RAIL_PROXY_EXECUTOR_TOKEN", &credentials.rail_executor);
+    if let Some(ms) = abandon_after_ms {
+        spec = spec.args(["--abandon-after-ms".to_owned(), ms.to_string()]);
+    }
+    Ok(spec)
 }
 
 /// The value of sample `name` whose labels include all of `labels`, from Prometheus/OpenMetrics text.

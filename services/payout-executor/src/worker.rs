@@ -24,8 +24,6 @@ use crate::model::{Payout, PayoutState};
 
 /// After this many consecutive failures to reach the services, a batch-mode worker gives up.
 const MAX_CONSECUTIVE_FAILURES: u32 = 20;
-/// Upper bound on pages read per state and pass (a guard against a cursor that never ends).
-const MAX_PAGES: usize = 10_000;
 
 /// What the process knows about payouts beyond the listing: the explicit ones, and those it left
 /// unfinished (fenced out, lock lost, errors), so that it re-reads them in later passes.
@@ -124,26 +122,37 @@ pub enum WorkerExit {
     Unreachable,
 }
 
-/// Finds the payouts to work on.
+/// Finds the payouts to work on. Bounded work: a pass reads **one** page of PENDING payouts (from the
+/// worker's keyset cursor, which moves on page by page and wraps around at the end, so every payout
+/// is reached however long the backlog) and one page of each in-flight state — never the whole
+/// backlog.
 struct Discovery<'a> {
     shared: &'a Shared,
+    /// Where this worker's next PENDING page starts (`None`: the oldest).
+    pending_cursor: &'a mut Option<String>,
 }
 
 impl Discovery<'_> {
-    /// PENDING payouts and, where payment-resource can list them, in-flight ones; plus every
-    /// tracked payout, re-read. Explicit mode (`--payout-id`) reads only the tracked ones.
-    async fn pass(&self) -> Result<Vec<Payout>, ClientError> {
+    /// One page of PENDING payouts and, where payment-resource can list them, one page of each
+    /// in-flight state; plus every tracked payout, re-read. Explicit mode (`--payout-id`) reads only
+    /// the tracked ones.
+    async fn pass(&mut self) -> Result<Vec<Payout>, ClientError> {
         let shared = self.shared;
         let mut found: Vec<Payout> = Vec::new();
         let mut seen: HashSet<Uuid> = HashSet::new();
         if shared.config.payout_ids.is_empty() {
-            self.list(PayoutState::Pending, &mut found, &mut seen).await?;
+            let after = self.pending_cursor.clone();
+            let next = self
+                .page(PayoutState::Pending, after.as_deref(), &mut found, &mut seen)
+                .await?;
+            // A short page is the end of the queue: the next pass starts from the oldest again.
+            *self.pending_cursor = next;
             for state in PayoutState::IN_FLIGHT {
                 if !shared.inflight_listing.load(std::sync::atomic::Ordering::Relaxed) {
                     break;
                 }
-                match self.list(state, &mut found, &mut seen).await {
-                    Ok(()) => {}
+                match self.page(state, None, &mut found, &mut seen).await {
+                    Ok(_) => {}
                     // This payment-resource lists only PENDING: in-flight payouts of dead holders
                     // are then found only through --payout-id (or this process's own tracking).
                     Err(ClientError::Api {
@@ -188,29 +197,22 @@ impl Discovery<'_> {
         Ok(found)
     }
 
-    async fn list(
+    /// One page of `state` after `after`; returns the cursor of the next page (`None` at the end).
+    async fn page(
         &self,
         state: PayoutState,
+        after: Option<&str>,
         found: &mut Vec<Payout>,
         seen: &mut HashSet<Uuid>,
-    ) -> Result<(), ClientError> {
+    ) -> Result<Option<String>, ClientError> {
         let api = &self.shared.resources.payments;
-        let mut after: Option<String> = None;
-        for _ in 0..MAX_PAGES {
-            let page = api
-                .list(state, after.as_deref(), self.shared.config.page_size)
-                .await?;
-            for p in page.items {
-                if seen.insert(p.payout_id) {
-                    found.push(p);
-                }
-            }
-            match page.next_cursor {
-                Some(next) if after.as_deref() != Some(next.as_str()) => after = Some(next),
-                _ => return Ok(()),
+        let page = api.list(state, after, self.shared.config.page_size).await?;
+        for p in page.items {
+            if seen.insert(p.payout_id) {
+                found.push(p);
             }
         }
-        Ok(())
+        Ok(page.next_cursor.filter(|next| after != Some(next.as_str())))
     }
 }
 
@@ -231,12 +233,17 @@ impl Worker {
         let shared = &self.shared;
         let config = &shared.config;
         let mut session: Option<Session> = None;
+        let mut pending_cursor: Option<String> = None;
         let mut failures = 0u32;
         let exit = loop {
             if shared.shutdown.is_cancelled() {
                 break WorkerExit::Shutdown;
             }
-            let found = match (Discovery { shared }).pass().await {
+            let mut discovery = Discovery {
+                shared,
+                pending_cursor: &mut pending_cursor,
+            };
+            let found = match discovery.pass().await {
                 Ok(found) => found,
                 Err(e) => {
                     failures += 1;
@@ -257,6 +264,10 @@ impl Worker {
                 }
             }
             if work.is_empty() {
+                // An empty page after a cursor is not the end of the queue: start over first.
+                if pending_cursor.take().is_some() {
+                    continue;
+                }
                 if config.exit_when_idle {
                     break WorkerExit::Idle;
                 }
@@ -459,14 +470,21 @@ impl Worker {
                 Outcome::skipped
             }
             Ok(Ended::Unresolved) => {
+                // Not an error and never given up: rail-proxy's deadline ends every ambiguity
+                // (ABANDONED), so asking again later always terminates.
                 tracing::warn!(
                     event = "payout_unresolved",
                     payout_id = %id,
                     fencing_token = token,
                     "the rail cannot tell yet what became of the submission; will ask again"
                 );
-                tracked.error(id, shared.config.max_errors_per_payout);
+                tracked.watch(id);
                 Outcome::unresolved
+            }
+            Ok(Ended::Abandoned { reason }) => {
+                tracing::warn!(event = "payout_abandoned", payout_id = %id, fencing_token = token, reason);
+                tracked.done(id);
+                Outcome::abandoned
             }
             Err(ClientError::FencedOut(f)) => {
                 // Terminal for this attempt: never retried with this token, nor with a fresh one

@@ -1067,3 +1067,199 @@ async fn bad_configuration_is_refused_and_nothing_is_written() {
     let lock = stack.lock_status(&format!("account:{account}")).await.unwrap();
     assert_eq!(lock.state, LockState::Free);
 }
+
+/// Three payouts of 400 against an account holding 1,000, driven by one executor. With the
+/// reservation only two are covered: the rail receives exactly those two, the third ends FAILED with
+/// its reason before anything was submitted for it, and everything the rail paid is posted.
+/// `bypass` is the negative control: the payouts are put in flight as if no funds check existed
+/// before the rail (RAIL_SUBMITTED holding their amounts without the account's agreement).
+async fn overdraw(name: &str, bypass: bool) -> Result<(), String> {
+    let env = env(name, |_| {}).await;
+    let stack = &env.stack;
+    let account = stack.create_account(CURRENCY, 1_000).await.unwrap();
+    let mut payouts = Vec::new();
+    for _ in 0..3 {
+        payouts.push(stack.create_payout(account, 400, CURRENCY).await.unwrap());
+    }
+    if bypass {
+        let admin = env._paydb.admin_pool().await;
+        sqlx::query(
+            "UPDATE payout SET state = 'RAIL_SUBMITTED', claimed_by = 'no-funds-check', claim_token = 1,
+                               reserved_minor = amount_minor
+              WHERE account_id = $1",
+        )
+        .bind(account)
+        .execute(&admin)
+        .await
+        .unwrap();
+    }
+    let mut e1 = stack
+        .start_executor(stack.executor_spec("e1").unwrap().args(["--workers", "1"]))
+        .await
+        .unwrap();
+    let _ = wait_exit(&mut e1).await;
+
+    let received = stack.rail_received().await.unwrap();
+    let mut reached = 0;
+    for p in &payouts {
+        let now = payout_state(stack, p.payout_id).await;
+        let paid = received.paid(p.payout_id);
+        ensure_that(
+            paid == 0 || now.state == PayoutState::Posted,
+            format!("the rail paid {} but it is {}", p.payout_id, now.state),
+        )?;
+        if received.received(p.payout_id) > 0 {
+            reached += 1;
+        } else {
+            ensure_that(
+                now.state == PayoutState::Failed
+                    && now.failure_reason.as_deref() == Some("INSUFFICIENT_FUNDS"),
+                format!(
+                    "uncovered payout {} ended {} ({:?})",
+                    p.payout_id, now.state, now.failure_reason
+                ),
+            )?;
+            let subs = stack.rail_submissions(p.payout_id).await.unwrap();
+            ensure_that(
+                subs["submissions"].as_array().is_some_and(Vec::is_empty),
+                format!("an uncovered payout was submitted: {subs}"),
+            )?;
+        }
+    }
+    ensure_that(
+        reached == 2,
+        format!("the rail received {reached} of the 3 payouts, expected the 2 covered"),
+    )?;
+    let a = stack.account(account).await.unwrap();
+    ensure_that(a.balance_minor == 200, format!("balance {}", a.balance_minor))?;
+    let recon = stack.reconciliation().await.unwrap();
+    ensure_that(recon["clean"] == true, format!("reconciliation: {recon}"))?;
+    Ok(())
+}
+
+fn ensure_that(cond: bool, msg: String) -> Result<(), String> {
+    if cond { Ok(()) } else { Err(msg) }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payouts_exceeding_the_balance_reach_the_rail_only_when_covered() {
+    overdraw("overdraw", false).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn negative_control_without_a_funds_check_before_the_rail_the_rail_pays_what_the_ledger_cannot_debit() {
+    let violation = overdraw("overdraw-bypass", true)
+        .await
+        .expect_err("without the reservation the rail must receive an uncovered payout");
+    assert!(
+        violation.contains("the rail paid") || violation.contains("the rail received 3"),
+        "{violation}"
+    );
+}
+
+/// The crash between recording the attempt and forwarding it: rail-proxy exits right after its
+/// attempt row commits (fault injection), the rail never hears of the payout. A fresh rail-proxy and
+/// executor ask the rail with bounded retries and backoff; once the deadline has passed the attempt
+/// is abandoned and the payout ends ABANDONED (reason recorded, hold released), and its owner can
+/// create it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_recording_the_attempt_and_forwarding_it_ends_abandoned() {
+    let mut env = env("crash-after-attempt", |o| {
+        o.rail_timeout_ms = 300;
+        o.rail_abandon_after_ms = Some(2_000);
+        o.rail_proxy_args = vec![
+            "--enable-fault-injection".into(),
+            "--fault".into(),
+            "exit-after-attempt".into(),
+        ];
+    })
+    .await;
+    let account = env.stack.create_account(CURRENCY, 10_000).await.unwrap();
+    let p = env.stack.create_payout(account, 700, CURRENCY).await.unwrap();
+    let mut e1 = env
+        .stack
+        .start_executor(env.stack.service_executor_spec("e1").unwrap())
+        .await
+        .unwrap();
+    let exit = env
+        .stack
+        .rail_proxy
+        .wait_exit(LIMIT)
+        .await
+        .expect("rail-proxy exits at the fault");
+    assert_eq!(
+        exit.code(),
+        Some(75),
+        "log {}",
+        env.stack.rail_proxy.log.display()
+    );
+    e1.stop();
+    let admin = env._paydb.admin_pool().await;
+    let (outcome, resolved): (Option<String>, bool) =
+        sqlx::query_as("SELECT outcome, resolved_at IS NOT NULL FROM rail_submission WHERE payout_id = $1")
+            .bind(p.payout_id)
+            .fetch_one(&admin)
+            .await
+            .unwrap();
+    assert_eq!(
+        (outcome, resolved),
+        (None, false),
+        "the attempt committed, unanswered"
+    );
+    assert_eq!(env.stack.rail_received().await.unwrap().received(p.payout_id), 0);
+
+    env.stack.restart_rail_proxy(true, &[]).await.unwrap();
+    let stack = &env.stack;
+    let mut e2 = stack
+        .start_executor(stack.executor_spec("e2").unwrap())
+        .await
+        .unwrap();
+    assert!(wait_exit(&mut e2).await.success(), "log {}", e2.log.display());
+    let now = payout_state(stack, p.payout_id).await;
+    assert_eq!(
+        (now.state, now.failure_reason.as_deref(), now.reserved_minor),
+        (PayoutState::Abandoned, Some("RAIL_NEVER_RECEIVED"), 0)
+    );
+    assert!(
+        !log_events(&e2.log, "rail_resolve_retry").is_empty(),
+        "asked more than once, with backoff"
+    );
+    assert_eq!(log_events(&e2.log, "payout_abandoned").len(), 1);
+    let subs = stack.rail_submissions(p.payout_id).await.unwrap();
+    let attempt = &subs["submissions"][0];
+    assert!(attempt["abandonedAt"].is_string(), "{subs}");
+    assert_eq!(attempt["outcome"], "TIMEOUT");
+    assert_eq!(
+        stack
+            .metric(
+                &stack.rail_proxy.url(),
+                "rail_proxy_attempts_abandoned_total",
+                &[]
+            )
+            .await
+            .unwrap(),
+        1.0
+    );
+    let a = stack.account(account).await.unwrap();
+    assert_eq!(a.balance_minor, 10_000, "nothing was debited");
+    assert_eq!(stack.reconciliation().await.unwrap()["clean"], true);
+
+    // Its owner re-creates it (a new idempotency key): paid and posted once.
+    let again = stack.create_payout(account, 700, CURRENCY).await.unwrap();
+    let mut e3 = stack
+        .start_executor(stack.executor_spec("e3").unwrap())
+        .await
+        .unwrap();
+    assert!(wait_exit(&mut e3).await.success(), "log {}", e3.log.display());
+    assert_eq!(
+        payout_state(stack, again.payout_id).await.state,
+        PayoutState::Posted
+    );
+    let received = stack.rail_received().await.unwrap();
+    assert_eq!(
+        (received.received(p.payout_id), received.paid(again.payout_id)),
+        (0, 1)
+    );
+    assert_eq!(stack.account(account).await.unwrap().balance_minor, 9_300);
+    assert_eq!(stack.reconciliation().await.unwrap()["clean"], true);
+}

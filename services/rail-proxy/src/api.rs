@@ -5,9 +5,11 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, header::CONTENT_TYPE};
+use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use dlock_common::auth::{self, Credentials, Gate, Role};
 use dlock_common::{ApiError, ApiJson, ApiPath, FencingToken};
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
@@ -31,14 +33,27 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/openapi.yaml"),
 ];
 
-pub fn router(proxy: Arc<Proxy>, registry: Arc<Registry>) -> Router {
+/// Who may call the protected routes: only the executor submits and resolves (docs/security.md).
+pub const EXECUTOR: &[Role] = &[Role::Executor];
+
+/// Every protected (method, path) and the roles it admits.
+pub const PROTECTED: &[(&str, &str, &[Role])] = &[
+    ("POST", "/v1/submissions", EXECUTOR),
+    ("POST", "/v1/submissions/{payoutId}/resolve", EXECUTOR),
+];
+
+pub fn router(proxy: Arc<Proxy>, registry: Arc<Registry>, credentials: Arc<Credentials>) -> Router {
     let metrics = Router::new()
         .route("/metrics", get(dlock_common::metrics::handler))
         .with_state(registry);
+    let gate = || from_fn_with_state(Gate::new(credentials.clone(), EXECUTOR), auth::require);
     Router::new()
-        .route("/v1/submissions", post(submit))
+        .route("/v1/submissions", post(submit).route_layer(gate()))
         .route("/v1/submissions/{payoutId}", get(list))
-        .route("/v1/submissions/{payoutId}/resolve", post(resolve))
+        .route(
+            "/v1/submissions/{payoutId}/resolve",
+            post(resolve).route_layer(gate()),
+        )
         .route("/healthz", get(dlock_common::serve::healthz))
         .route("/readyz", get(readyz))
         .route("/openapi.yaml", get(openapi))

@@ -3,7 +3,25 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use dlock_common::auth::{Credentials, Role};
+
 use crate::sql;
+
+/// Env prefix of the credential: `RAIL_PROXY_EXECUTOR_TOKEN` (or `…_TOKEN_FILE`).
+pub const CREDENTIALS_PREFIX: &str = "RAIL_PROXY";
+/// Only the executor submits and resolves (docs/security.md).
+pub const ROLES: &[Role] = &[Role::Executor];
+
+/// Default abandonment deadline: an attempt the rail has never seen is given up this long after it
+/// was recorded.
+pub const DEFAULT_ABANDON_AFTER: Duration = Duration::from_secs(600);
+
+/// Fault injection, for the crash tests. Only reachable with `--enable-fault-injection`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Fault {
+    /// Exit the process right after the attempt row commits, before forwarding to the rail.
+    ExitAfterAttempt,
+}
 
 /// Bounds on the rail timeout: long enough to be meaningful, short enough to never hang a worker.
 pub const MIN_RAIL_TIMEOUT_MS: u64 = 1;
@@ -45,6 +63,12 @@ pub struct Config {
     pub max_connections: u32,
     /// How long a request waits for a paydb connection before answering 503.
     pub db_acquire_timeout: Duration,
+    /// An attempt the rail has no record of is abandoned once it is older than this. Must exceed
+    /// the rail timeout, so that the one forward has certainly ended.
+    pub abandon_after: Duration,
+    /// Bearer credential of the executor role; without one, writes admit nobody. Redacted in Debug.
+    pub credentials: Credentials,
+    pub fault: Option<Fault>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +81,8 @@ pub enum ConfigError {
     DatabaseUrl(String),
     #[error("max connections must be at least 1")]
     MaxConnections,
+    #[error("the abandonment deadline ({abandon_ms} ms) must exceed the rail timeout ({rail_ms} ms)")]
+    AbandonAfter { abandon_ms: u128, rail_ms: u128 },
 }
 
 impl Config {
@@ -70,6 +96,9 @@ impl Config {
             fence: RailFence::from_flag(true),
             max_connections: 10,
             db_acquire_timeout: Duration::from_secs(5),
+            abandon_after: DEFAULT_ABANDON_AFTER,
+            credentials: Credentials::new(),
+            fault: None,
         }
     }
 
@@ -80,6 +109,12 @@ impl Config {
         }
         if self.max_connections == 0 {
             return Err(ConfigError::MaxConnections);
+        }
+        if self.abandon_after <= self.rail_timeout {
+            return Err(ConfigError::AbandonAfter {
+                abandon_ms: self.abandon_after.as_millis(),
+                rail_ms: ms,
+            });
         }
         Ok(())
     }

@@ -25,6 +25,10 @@ pub enum ProxyError {
     /// `rail_submission_attempt_uidx` already holds the one forwardable attempt for this payout.
     #[error("payout {} already has a rail attempt", .0.payout_id)]
     DuplicateAttempt(Box<Submission>),
+    /// The payout does not hold its reservation (not RAIL_SUBMITTED with its amount held): the
+    /// account was never shown to cover it, so it is not forwarded.
+    #[error("payout {payout_id} is {state} without a funds reservation; not forwarded")]
+    NotReserved { payout_id: Uuid, state: String },
     #[error("payout {0} has no rail attempt to resolve")]
     NoAttempt(Uuid),
     #[error("the rail has no record of payout {}'s idempotency key", .0.payout_id)]
@@ -58,6 +62,9 @@ impl From<ProxyError> for ApiError {
             ProxyError::RailOutcomeUnknown(attempt) => {
                 ApiError::conflict("RAIL_OUTCOME_UNKNOWN", message).with("attempt", &*attempt)
             }
+            ProxyError::NotReserved { payout_id, state } => ApiError::conflict("NOT_RESERVED", message)
+                .with("payoutId", payout_id)
+                .with("state", state),
             ProxyError::RailUnavailable(_) => {
                 ApiError::new(StatusCode::BAD_GATEWAY, "RAIL_UNAVAILABLE", message)
             }

@@ -27,7 +27,7 @@ use prometheus_client::registry::Registry;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
-pub use config::{Config, ConfigError, RailFence};
+pub use config::{Config, ConfigError, Fault, RailFence};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -72,6 +72,17 @@ pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
         ),
     }
 
+    if let Some(fault) = config.fault {
+        tracing::warn!(
+            event = "fault_injection_enabled",
+            ?fault,
+            "FAULT INJECTION IS ON (tests and demos only)"
+        );
+    }
+    config
+        .credentials
+        .warn_missing("rail-proxy", config::CREDENTIALS_PREFIX, config::ROLES);
+
     let mut registry = Registry::default();
     let metrics = metrics::Metrics::register(&mut registry);
     let proxy = Arc::new(proxy::Proxy {
@@ -79,8 +90,10 @@ pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
         rail,
         fence: config.fence,
         metrics,
+        abandon_after: config.abandon_after,
+        fault: config.fault,
     });
-    let app = api::router(proxy, Arc::new(registry));
+    let app = api::router(proxy, Arc::new(registry), Arc::new(config.credentials.clone()));
 
     let listener = dlock_common::serve::bind(config.listen).await?;
     let addr = listener.local_addr()?;

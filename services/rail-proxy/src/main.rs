@@ -28,6 +28,21 @@ struct Args {
     /// paydb connection pool size.
     #[arg(long, env = "RAIL_PROXY_DB_MAX_CONNECTIONS", default_value_t = 10)]
     db_max_connections: u32,
+    /// An attempt the rail has never received is abandoned once older than this (must exceed the
+    /// rail timeout).
+    #[arg(long, env = "RAIL_PROXY_ABANDON_AFTER_MS", default_value_t = 600_000)]
+    abandon_after_ms: u64,
+    /// Allows --fault. Tests and demos only; logged loudly.
+    #[arg(long, env = "RAIL_PROXY_ENABLE_FAULT_INJECTION")]
+    enable_fault_injection: bool,
+    /// Fault injection: e.g. `exit-after-attempt` exits right after an attempt row commits.
+    #[arg(
+        long,
+        env = "RAIL_PROXY_FAULT",
+        value_enum,
+        requires = "enable_fault_injection"
+    )]
+    fault: Option<rail_proxy::Fault>,
 }
 
 #[tokio::main]
@@ -39,6 +54,19 @@ async fn main() -> ExitCode {
     config.rail_timeout = Duration::from_millis(args.rail_timeout_ms);
     config.fence = RailFence::from_flag(args.fencing_enabled);
     config.max_connections = args.db_max_connections;
+    config.abandon_after = Duration::from_millis(args.abandon_after_ms);
+    config.fault = args.fault.filter(|_| args.enable_fault_injection);
+    // The executor's credential: from the environment or a file, never a flag.
+    config.credentials = match dlock_common::auth::Credentials::from_env(
+        rail_proxy::config::CREDENTIALS_PREFIX,
+        rail_proxy::config::ROLES,
+    ) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(event = "config_invalid", error = %e, "rail-proxy cannot start");
+            return ExitCode::from(2);
+        }
+    };
     let server = match rail_proxy::spawn(config).await {
         Ok(s) => s,
         Err(e @ rail_proxy::StartError::Config(_)) => {

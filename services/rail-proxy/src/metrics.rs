@@ -18,6 +18,8 @@ pub enum SubmissionOutcome {
     timeout,
     fenced,
     duplicate_attempt,
+    /// Refused because the payout did not hold its funds reservation.
+    not_reserved,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -30,6 +32,8 @@ pub struct Metrics {
     pub duplicate_attempted: Counter,
     pub fenced_out: Family<ResourceLabel, Counter>,
     pub submissions: Family<OutcomeLabel, Counter>,
+    /// Attempts given up: the rail, asked after the deadline, had never received them.
+    pub abandoned: Counter,
 }
 
 impl Metrics {
@@ -54,7 +58,16 @@ impl Metrics {
             "Submission requests by what became of them",
             m.submissions.clone(),
         );
+        registry.register(
+            "rail_proxy_attempts_abandoned",
+            "Attempts abandoned because the rail, asked after the deadline, had never received them",
+            m.abandoned.clone(),
+        );
         m
+    }
+
+    pub fn abandoned(&self) {
+        self.abandoned.inc();
     }
 
     pub fn fenced(&self) {

@@ -6,11 +6,14 @@ use dlock_common::fencing::FencedOutDetails;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::config::RailFence;
+use crate::config::{Fault, RailFence};
 use crate::error::ProxyError;
 use crate::metrics::{Metrics, SubmissionOutcome};
 use crate::rail::{Forwarded, Lookup, Rail};
 use crate::sql::{self, Outcome, Payout, Submission};
+
+/// The exit code of the `exit_after_attempt` fault.
+pub const FAULT_EXIT_CODE: i32 = 75;
 
 #[derive(Debug)]
 pub struct Proxy {
@@ -18,6 +21,10 @@ pub struct Proxy {
     pub rail: Rail,
     pub fence: RailFence,
     pub metrics: Metrics,
+    /// How old an attempt the rail has never seen must be before it is abandoned.
+    pub abandon_after: std::time::Duration,
+    /// Fault injection (tests and demos only; off unless `--enable-fault-injection`).
+    pub fault: Option<Fault>,
 }
 
 impl Proxy {
@@ -40,11 +47,25 @@ impl Proxy {
         }
 
         let Some(attempt) = sql::insert_attempt(&self.pool, &payout, token.get()).await? else {
-            // An attempt exists; it may be in flight, answered, or ambiguous. Never a second forward.
+            // An attempt exists (it may be in flight, answered, or ambiguous: never a second
+            // forward), or the payout does not hold its funds reservation (never a first one).
             let existing = sql::select_attempt(&self.pool, payout_id).await?;
             let Some(existing) = existing else {
-                // The conflicting row cannot vanish (payapp has no DELETE); treat as a fault.
-                return Err(ProxyError::Db(sqlx::Error::RowNotFound));
+                let now = self.payout(payout_id).await?;
+                self.metrics.submission(SubmissionOutcome::not_reserved);
+                tracing::warn!(
+                    event = "rail_submission_not_reserved",
+                    payout_id = %payout_id,
+                    account_id = %now.account_id,
+                    presented = token.get(),
+                    state = %now.state,
+                    reserved_minor = now.reserved_minor,
+                    "payout does not hold its funds reservation; not forwarding"
+                );
+                return Err(ProxyError::NotReserved {
+                    payout_id,
+                    state: now.state,
+                });
             };
             self.metrics.submission(SubmissionOutcome::duplicate_attempt);
             tracing::warn!(
@@ -59,6 +80,17 @@ impl Proxy {
             return Err(ProxyError::DuplicateAttempt(Box::new(existing)));
         };
 
+        if self.fault == Some(Fault::ExitAfterAttempt) {
+            // The crash between recording the attempt and forwarding it: the attempt row is committed
+            // with no outcome and the rail never hears of it.
+            tracing::error!(
+                event = "fault_exit_after_attempt",
+                payout_id = %payout_id,
+                submission_id = %attempt.submission_id,
+                "fault injection: exiting after the attempt row committed, before forwarding"
+            );
+            std::process::exit(FAULT_EXIT_CODE);
+        }
         let forwarded = self.rail.forward(&payout).await;
         let (outcome, reference) = match &forwarded {
             Forwarded::Acked { rail_reference } => (Outcome::Acked, Some(rail_reference.as_str())),
@@ -170,13 +202,34 @@ impl Proxy {
         let attempt = sql::select_attempt(&self.pool, payout_id)
             .await?
             .ok_or(ProxyError::NoAttempt(payout_id))?;
-        if matches!(attempt.outcome.as_deref(), Some("ACKED" | "REJECTED")) {
+        if matches!(attempt.outcome.as_deref(), Some("ACKED" | "REJECTED")) || attempt.abandoned_at.is_some()
+        {
             return Ok(attempt);
         }
         let (outcome, reference) = match self.rail.lookup(&payout.idempotency_key).await {
             Lookup::Acked { rail_reference } => (Outcome::Acked, Some(rail_reference)),
             Lookup::Rejected { .. } => (Outcome::Rejected, None),
             Lookup::Unknown => {
+                // Ambiguity always ends: past the deadline, "never received" is the answer.
+                if let Some(abandoned) = sql::record_abandoned(
+                    &self.pool,
+                    attempt.submission_id,
+                    self.abandon_after.as_secs_f64(),
+                )
+                .await?
+                {
+                    self.metrics.abandoned();
+                    tracing::warn!(
+                        event = "rail_submission_abandoned",
+                        payout_id = %payout_id,
+                        account_id = %payout.account_id,
+                        presented = token.get(),
+                        submission_id = %abandoned.submission_id,
+                        abandon_after_ms = u64::try_from(self.abandon_after.as_millis()).unwrap_or(u64::MAX),
+                        "the rail never received this attempt and the deadline has passed; abandoned"
+                    );
+                    return Ok(abandoned);
+                }
                 tracing::warn!(
                     event = "rail_outcome_unknown",
                     payout_id = %payout_id,

@@ -24,7 +24,8 @@ RETURNING highest_token";
 const SELECT_HIGH_WATER: &str = "SELECT highest_token FROM rail_high_water WHERE account_id = $1";
 
 const SELECT_PAYOUT: &str = "\
-SELECT payout_id, account_id, amount_minor, currency, claimed_by, claim_token, idempotency_key
+SELECT payout_id, account_id, amount_minor, currency, claimed_by, claim_token, idempotency_key,
+       state, reserved_minor
   FROM payout
  WHERE payout_id = $1";
 
@@ -34,26 +35,35 @@ const INSERT_FENCED: &str = "\
 INSERT INTO rail_submission (submission_id, payout_id, idempotency_key, presented_token, outcome, resolved_at)
 VALUES ($1, $2, $3, $4, 'FENCED', now())
 RETURNING submission_id, payout_id, idempotency_key, presented_token, outcome, rail_reference,
-          submitted_at, resolved_at";
+          submitted_at, resolved_at, abandoned_at";
 
 /// The one forwardable attempt per payout (outcome NULL until the rail answers).
 /// `rail_submission_attempt_uidx` decides: if an attempt exists, zero rows and we never forward.
+/// Funds before the rail (docs/accounting.md, "Reservations"): the row is only written while the
+/// payout is RAIL_SUBMITTED and holds its reservation, which payment-resource made under the
+/// account's fence only if the account covered it — so zero rows also means "not reserved", and
+/// nothing is forwarded. The caller tells the two apart by reading the attempt.
 const INSERT_ATTEMPT: &str = "\
 INSERT INTO rail_submission (submission_id, payout_id, idempotency_key, presented_token)
-VALUES ($1, $2, $3, $4)
+SELECT $1, p.payout_id, $3, $4
+  FROM payout p
+ WHERE p.payout_id = $2
+   AND p.state = 'RAIL_SUBMITTED'
+   AND p.reserved_minor > 0
+   AND p.reserved_minor = p.amount_minor
 ON CONFLICT (payout_id) WHERE outcome IS DISTINCT FROM 'FENCED' DO NOTHING
 RETURNING submission_id, payout_id, idempotency_key, presented_token, outcome, rail_reference,
-          submitted_at, resolved_at";
+          submitted_at, resolved_at, abandoned_at";
 
 const SELECT_ATTEMPT: &str = "\
 SELECT submission_id, payout_id, idempotency_key, presented_token, outcome, rail_reference,
-       submitted_at, resolved_at
+       submitted_at, resolved_at, abandoned_at
   FROM rail_submission
  WHERE payout_id = $1 AND outcome IS DISTINCT FROM 'FENCED'";
 
 const SELECT_SUBMISSIONS: &str = "\
 SELECT submission_id, payout_id, idempotency_key, presented_token, outcome, rail_reference,
-       submitted_at, resolved_at
+       submitted_at, resolved_at, abandoned_at
   FROM rail_submission
  WHERE payout_id = $1
  ORDER BY submitted_at, submission_id";
@@ -65,7 +75,7 @@ UPDATE rail_submission
    SET outcome = $2, rail_reference = $3, resolved_at = now()
  WHERE submission_id = $1 AND outcome IS NULL
 RETURNING submission_id, payout_id, idempotency_key, presented_token, outcome, rail_reference,
-          submitted_at, resolved_at";
+          submitted_at, resolved_at, abandoned_at";
 
 /// The real outcome learned by asking the rail, for an ambiguous (TIMEOUT) or unanswered attempt.
 const RECORD_RESOLUTION: &str = "\
@@ -73,7 +83,23 @@ UPDATE rail_submission
    SET outcome = $2, rail_reference = $3, resolved_at = now()
  WHERE submission_id = $1 AND (outcome IS NULL OR outcome = 'TIMEOUT')
 RETURNING submission_id, payout_id, idempotency_key, presented_token, outcome, rail_reference,
-          submitted_at, resolved_at";
+          submitted_at, resolved_at, abandoned_at";
+
+/// Ambiguity always ends: the rail, asked, has no record of the attempt, and the attempt is older
+/// than the abandonment deadline ($2 seconds, by the database clock; longer than the rail timeout, so
+/// the one forward has long ended). The attempt is resolved (TIMEOUT if it had no outcome) and marked
+/// abandoned; its payout may then end ABANDONED. Never on an ACKED or REJECTED attempt.
+const RECORD_ABANDONED: &str = "\
+UPDATE rail_submission
+   SET outcome      = COALESCE(outcome, 'TIMEOUT'),
+       resolved_at  = COALESCE(resolved_at, now()),
+       abandoned_at = now()
+ WHERE submission_id = $1
+   AND (outcome IS NULL OR outcome = 'TIMEOUT')
+   AND abandoned_at IS NULL
+   AND submitted_at < now() - make_interval(secs => $2)
+RETURNING submission_id, payout_id, idempotency_key, presented_token, outcome, rail_reference,
+          submitted_at, resolved_at, abandoned_at";
 
 const PING: &str = "SELECT 1";
 
@@ -87,6 +113,9 @@ pub struct Payout {
     pub claimed_by: Option<String>,
     pub claim_token: Option<i64>,
     pub idempotency_key: String,
+    pub state: String,
+    /// The hold payment-resource made for it (V4); only a payout holding its amount is forwarded.
+    pub reserved_minor: i64,
 }
 
 /// One `rail_submission` row, as the API returns it.
@@ -103,6 +132,8 @@ pub struct Submission {
     pub rail_reference: Option<String>,
     pub submitted_at: DateTime<Utc>,
     pub resolved_at: Option<DateTime<Utc>>,
+    /// Set when the attempt was given up: the rail, asked after the deadline, had never received it.
+    pub abandoned_at: Option<DateTime<Utc>>,
 }
 
 /// The outcomes rail-proxy records (`rail_outcome_ck`).
@@ -227,6 +258,19 @@ pub async fn record_resolution<'e>(
         .bind(submission_id)
         .bind(outcome.as_str())
         .bind(rail_reference)
+        .fetch_optional(db)
+        .await
+}
+
+/// `None`: not abandonable (resolved by the rail, already abandoned, or the deadline not yet passed).
+pub async fn record_abandoned<'e>(
+    db: impl PgExecutor<'e>,
+    submission_id: Uuid,
+    after_seconds: f64,
+) -> sqlx::Result<Option<Submission>> {
+    sqlx::query_as(RECORD_ABANDONED)
+        .bind(submission_id)
+        .bind(after_seconds)
         .fetch_optional(db)
         .await
 }

@@ -14,6 +14,13 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 const TOKEN: &str = "X-Fencing-Token";
+/// The executor's credential for the test proxies.
+const EXECUTOR: &str = "test-rail-executor-credential";
+
+fn credentials() -> dlock_common::auth::Credentials {
+    use dlock_common::auth::{Credential, Credentials, Role};
+    Credentials::new().with(Role::Executor, Credential::new("test", EXECUTOR).unwrap())
+}
 
 struct Harness {
     _db: TestDb,
@@ -42,6 +49,7 @@ impl Harness {
         let mut config = Config::new(db.app_url(), stub.url());
         config.fence = fence;
         config.max_connections = 4;
+        config.credentials = credentials();
         tweak(&mut config);
         let proxy = rail_proxy::spawn(config).await.expect("proxy starts");
         Self {
@@ -68,8 +76,26 @@ impl Harness {
         id
     }
 
-    /// A payout CLAIMED by `owner` with `claim_token`.
+    /// A payout claimed by `owner` with `claim_token` and reserved (RAIL_SUBMITTED, its amount held
+    /// on the account), as payment-resource leaves it for the rail.
     async fn payout(&self, account: Uuid, amount: i64, claim_token: i64, owner: &str) -> Payout {
+        let p = self.claimed(account, amount, claim_token, owner).await;
+        sqlx::query(
+            "WITH p AS (UPDATE payout SET state = 'RAIL_SUBMITTED', reserved_minor = amount_minor,
+                                          reserved_token = claim_token
+                          WHERE payout_id = $1 RETURNING account_id, amount_minor)
+             UPDATE account a SET reserved_minor = a.reserved_minor + p.amount_minor
+               FROM p WHERE a.account_id = p.account_id",
+        )
+        .bind(p.id)
+        .execute(&self.admin)
+        .await
+        .unwrap();
+        p
+    }
+
+    /// A payout CLAIMED by `owner` with `claim_token`, not reserved.
+    async fn claimed(&self, account: Uuid, amount: i64, claim_token: i64, owner: &str) -> Payout {
         let id = Uuid::new_v4();
         let key = format!("payout-{id}");
         sqlx::query(
@@ -92,6 +118,7 @@ impl Harness {
         let mut req = self
             .http
             .post(format!("{}/v1/submissions", self.proxy.url()))
+            .bearer_auth(EXECUTOR)
             .json(&body);
         if let Some(t) = token {
             req = req.header(TOKEN, t);
@@ -108,7 +135,8 @@ impl Harness {
     async fn resolve(&self, payout: Uuid, token: Option<&str>) -> (StatusCode, Value) {
         let mut req = self
             .http
-            .post(format!("{}/v1/submissions/{payout}/resolve", self.proxy.url()));
+            .post(format!("{}/v1/submissions/{payout}/resolve", self.proxy.url()))
+            .bearer_auth(EXECUTOR);
         if let Some(t) = token {
             req = req.header(TOKEN, t);
         }
@@ -681,6 +709,7 @@ async fn bad_input_is_a_4xx_with_a_code_and_writes_nothing() {
     let resp = h
         .http
         .post(format!("{}/v1/submissions", h.proxy.url()))
+        .bearer_auth(EXECUTOR)
         .header(TOKEN, "5")
         .header("content-type", "application/json")
         .body("{\"payoutId\":")
@@ -692,6 +721,7 @@ async fn bad_input_is_a_4xx_with_a_code_and_writes_nothing() {
     let resp = h
         .http
         .post(format!("{}/v1/submissions", h.proxy.url()))
+        .bearer_auth(EXECUTOR)
         .header(TOKEN, "5")
         .body(good.to_string())
         .send()
@@ -763,6 +793,7 @@ async fn health_readiness_and_an_unreachable_paydb() {
 
     let mut down = Config::new("postgres://payapp@127.0.0.1:1/paydb", h.stub.url());
     down.db_acquire_timeout = Duration::from_millis(300);
+    down.credentials = credentials();
     let proxy = rail_proxy::spawn(down)
         .await
         .expect("starts without the database");
@@ -777,6 +808,7 @@ async fn health_readiness_and_an_unreachable_paydb() {
     let resp = h
         .http
         .post(format!("{}/v1/submissions", proxy.url()))
+        .bearer_auth(EXECUTOR)
         .header(TOKEN, "5")
         .json(&json!({"payoutId": Uuid::new_v4()}))
         .send()
@@ -859,4 +891,183 @@ async fn the_openapi_document_matches_the_router() {
         .unwrap();
     assert_eq!(resp.json::<Value>().await.unwrap()["code"], "NOT_FOUND");
     h.stop().await;
+}
+
+#[tokio::test]
+async fn a_payout_without_its_funds_reservation_is_not_forwarded() {
+    let h = Harness::start(RailFence::from_flag(true)).await;
+    let account = h.account().await;
+    // CLAIMED: payment-resource has not reserved it (the account was never shown to cover it).
+    let p = h.claimed(account, 500, 7, "w").await;
+    let before = h.submissions_rows().await;
+    let (status, body) = h.submit(&p, 7).await;
+    assert_eq!(
+        (status, body["code"].as_str(), body["state"].as_str()),
+        (StatusCode::CONFLICT, Some("NOT_RESERVED"), Some("CLAIMED")),
+        "{body}"
+    );
+    assert_eq!(h.rail_requests().await, 0, "nothing reached the rail");
+    assert_eq!(h.submissions_rows().await, before, "no attempt recorded");
+    assert_eq!(
+        h.metric("rail_proxy_submissions_total{outcome=\"not_reserved\"}")
+            .await,
+        1
+    );
+    // Reserved, the same payout goes through once.
+    sqlx::query(
+        "UPDATE payout SET state = 'RAIL_SUBMITTED', reserved_minor = amount_minor WHERE payout_id = $1",
+    )
+    .bind(p.id)
+    .execute(&h.admin)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE account SET reserved_minor = 500 WHERE account_id = $1")
+        .bind(account)
+        .execute(&h.admin)
+        .await
+        .unwrap();
+    let (status, body) = h.submit(&p, 8).await;
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (StatusCode::OK, Some("ACKED")),
+        "{body}"
+    );
+    assert_eq!(h.rail_requests().await, 1);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn an_attempt_the_rail_never_received_is_abandoned_only_after_the_deadline() {
+    let h = Harness::start_with(RailFence::from_flag(true), |c| {
+        c.rail_timeout = Duration::from_millis(200);
+        c.abandon_after = Duration::from_secs(60);
+    })
+    .await;
+    let account = h.account().await;
+    let p = h.payout(account, 700, 30, "worker-dead").await;
+    // The crash between recording the attempt and forwarding it: outcome NULL, the rail never saw it.
+    sqlx::query(
+        "INSERT INTO rail_submission (submission_id, payout_id, idempotency_key, presented_token)
+         VALUES ($1, $2, $3, 30)",
+    )
+    .bind(Uuid::new_v4())
+    .bind(p.id)
+    .bind(&p.key)
+    .execute(&h.admin)
+    .await
+    .unwrap();
+
+    // Before the deadline: unknown, nothing recorded.
+    let (status, body) = h.resolve(p.id, Some("31")).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("RAIL_OUTCOME_UNKNOWN"))
+    );
+    assert_eq!(h.rows_for(p.id).await, vec![(None, false, 30, None)]);
+
+    // Past the deadline (the attempt is dated back, by the database clock): abandoned, resolved.
+    sqlx::query(
+        "UPDATE rail_submission SET submitted_at = now() - interval '61 seconds' WHERE payout_id = $1",
+    )
+    .bind(p.id)
+    .execute(&h.admin)
+    .await
+    .unwrap();
+    let (status, body) = h.resolve(p.id, Some("31")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["outcome"], "TIMEOUT");
+    assert!(body["abandonedAt"].is_string(), "{body}");
+    assert!(body["resolvedAt"].is_string(), "{body}");
+    assert_eq!(h.metric("rail_proxy_attempts_abandoned_total").await, 1);
+    // Asking again answers the same, and nothing was ever forwarded.
+    let (status, again) = h.resolve(p.id, Some("32")).await;
+    assert_eq!(
+        (status, &again["abandonedAt"]),
+        (StatusCode::OK, &body["abandonedAt"])
+    );
+    assert_eq!(h.metric("rail_proxy_attempts_abandoned_total").await, 1);
+    let (status, dup) = h.submit(&p, 33).await;
+    assert_eq!(
+        (status, dup["code"].as_str()),
+        (StatusCode::CONFLICT, Some("DUPLICATE_ATTEMPT"))
+    );
+    assert_eq!(h.rail_requests().await, 0);
+
+    // An attempt the rail did receive is never abandoned, however old: it is resolved from the rail.
+    let q = h.payout(account, 300, 40, "w").await;
+    h.stub_mode("timeout").await;
+    let (_, first) = h.submit(&q, 40).await;
+    assert_eq!(first["outcome"], "TIMEOUT", "{first}");
+    sqlx::query("UPDATE rail_submission SET submitted_at = now() - interval '1 hour' WHERE payout_id = $1")
+        .bind(q.id)
+        .execute(&h.admin)
+        .await
+        .unwrap();
+    let (status, resolved) = h.resolve(q.id, Some("41")).await;
+    assert_eq!(
+        (status, resolved["outcome"].as_str()),
+        (StatusCode::OK, Some("ACKED")),
+        "{resolved}"
+    );
+    assert!(resolved["abandonedAt"].is_null());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn writes_need_the_executor_credential_reads_and_probes_do_not() {
+    let h = Harness::start(RailFence::from_flag(true)).await;
+    let account = h.account().await;
+    let p = h.payout(account, 100, 5, "w").await;
+    let before = (h.submissions_rows().await, h.high_water_rows().await);
+    for (path, body) in [
+        ("/v1/submissions".to_owned(), Some(json!({"payoutId": p.id}))),
+        (format!("/v1/submissions/{}/resolve", p.id), None),
+    ] {
+        for auth in [
+            None,
+            Some("Bearer wrong-credential-wrong-credential"),
+            Some("Basic eDp5"),
+        ] {
+            let mut req = h.http.post(format!("{}{path}", h.proxy.url())).header(TOKEN, "9");
+            if let Some(b) = &body {
+                req = req.json(b);
+            }
+            if let Some(a) = auth {
+                req = req.header("Authorization", a);
+            }
+            let resp = req.send().await.unwrap();
+            assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "{path} {auth:?}");
+            assert_eq!(
+                resp.headers()
+                    .get("www-authenticate")
+                    .map(|v| v.to_str().unwrap().to_owned()),
+                Some("Bearer".to_owned())
+            );
+            let v: Value = resp.json().await.unwrap();
+            assert_eq!(v["code"], "UNAUTHENTICATED");
+        }
+    }
+    assert_eq!((h.submissions_rows().await, h.high_water_rows().await), before);
+    assert_eq!(h.rail_requests().await, 0);
+    for path in [
+        format!("/v1/submissions/{}", p.id),
+        "/healthz".into(),
+        "/readyz".into(),
+        "/metrics".into(),
+        "/openapi.yaml".into(),
+    ] {
+        let resp = h
+            .http
+            .get(format!("{}{path}", h.proxy.url()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "{path}");
+    }
+    h.stop().await;
+
+    // The deadline must exceed the rail timeout.
+    let mut bad = Config::new("postgres://payapp@127.0.0.1:1/paydb", "http://127.0.0.1:1");
+    bad.abandon_after = bad.rail_timeout;
+    assert!(rail_proxy::spawn(bad).await.is_err());
 }

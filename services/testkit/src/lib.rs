@@ -3,7 +3,8 @@
 //! - [`pg::PgServer`] runs one `postgres` process on a free loopback port, as an unprivileged user
 //!   when we are root (postgres refuses to run as root). It dies with the process that started it.
 //! - [`lockdb`] / [`paydb`] give each test its own database, cloned from a template that holds the
-//!   migrated history, on two *separate* servers (C1 §1.1: never one instance for both).
+//!   migrated history plus the synthetic seed ([`demo_dirs`]), on two *separate* servers (C1 §1.1:
+//!   never one instance for both).
 //!
 //! Binaries: `DLOCK_PG_BIN` names a folder with initdb and postgres; otherwise
 //! `$DLOCK_TOOLS_DIR/pg16/bin` (default `/var/tmp/dlock-tools`), which `scripts/setup.sh` fills.
@@ -53,8 +54,26 @@ pub fn migrations_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../migrations")))
 }
 
+/// The production history of `history` (schema only).
 pub fn migrations_dir(history: History) -> PathBuf {
     migrations_root().join(history.name())
+}
+
+/// The synthetic-data location of a history, applied on top of [`migrations_dir`] only by the demo,
+/// the tests and the benchmarks (`migrations/paydb-seed`; lockdb has none).
+pub fn seed_dir(history: History) -> Option<PathBuf> {
+    match history {
+        History::Lockdb => None,
+        History::Paydb => Some(migrations_root().join("paydb-seed")),
+    }
+}
+
+/// Every location a demo / test database of `history` is migrated from: the production history,
+/// then its seed.
+pub fn demo_dirs(history: History) -> Vec<PathBuf> {
+    std::iter::once(migrations_dir(history))
+        .chain(seed_dir(history))
+        .collect()
 }
 
 static LOCKDB_SERVER: OnceLock<PgServer> = OnceLock::new();
@@ -155,7 +174,8 @@ async fn migrated(history: History) -> TestDb {
         if !done.contains(&history) {
             admin_exec(srv.port, "postgres", &format!("CREATE DATABASE {template}")).await;
             let mut conn = connect(srv.port, &template).await;
-            let files = dlock_migrate::load_dir(&migrations_dir(history))
+            // Test databases carry the synthetic seed (settlement accounts the tests rely on).
+            let files = dlock_migrate::load_dirs(&demo_dirs(history))
                 .unwrap_or_else(|e| panic!("load {} migrations: {e}", history.name()));
             dlock_migrate::migrate(&mut conn, &files)
                 .await

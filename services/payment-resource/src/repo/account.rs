@@ -3,7 +3,7 @@
 use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
 
-use crate::model::{Account, AccountKind, AccountWithLedger, FenceAndBalance};
+use crate::model::{Account, AccountKind, AccountWithLedger, FenceAndBalance, Reserved};
 use crate::sql;
 
 /// Statement (a) (`stmt` is [`sql::Statements::account_debit`]): debit and advance the fence. `None`
@@ -21,6 +21,38 @@ pub async fn debit(
         .bind(currency)
         .bind(amount_minor)
         .bind(token)
+        .fetch_optional(conn)
+        .await
+}
+
+/// The reservation (r) (`stmt` is [`sql::Statements::account_reserve`]). `None` is zero rows: the
+/// account cannot cover the amount *or* a newer grant has written it — the caller classifies.
+pub async fn reserve(
+    conn: &mut PgConnection,
+    stmt: &'static str,
+    account_id: Uuid,
+    currency: &str,
+    amount_minor: i64,
+    token: i64,
+) -> Result<Option<Reserved>, sqlx::Error> {
+    sqlx::query_as::<_, Reserved>(stmt)
+        .bind(account_id)
+        .bind(currency)
+        .bind(amount_minor)
+        .bind(token)
+        .fetch_optional(conn)
+        .await
+}
+
+/// Gives `amount_minor` of the account's holds back. `None`: no such account.
+pub async fn release(
+    conn: &mut PgConnection,
+    account_id: Uuid,
+    amount_minor: i64,
+) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar::<_, i64>(sql::ACCOUNT_RELEASE)
+        .bind(account_id)
+        .bind(amount_minor)
         .fetch_optional(conn)
         .await
 }

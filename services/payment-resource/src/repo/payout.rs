@@ -43,9 +43,9 @@ pub async fn by_idempotency_key<'c>(
         .await
 }
 
-/// Reads and row-locks the payout inside the posting transaction.
-pub async fn for_posting(conn: &mut PgConnection, payout_id: Uuid) -> Result<Option<Payout>, sqlx::Error> {
-    sqlx::query_as::<_, Payout>(sql::PAYOUT_FOR_POSTING)
+/// Reads and row-locks the payout inside a transaction that changes its hold.
+pub async fn for_update(conn: &mut PgConnection, payout_id: Uuid) -> Result<Option<Payout>, sqlx::Error> {
+    sqlx::query_as::<_, Payout>(sql::PAYOUT_FOR_UPDATE)
         .bind(payout_id)
         .fetch_optional(conn)
         .await
@@ -98,17 +98,54 @@ pub async fn mark_posted(
         .await
 }
 
-/// RAIL_ACKED → FAILED after a funds rejection. `None`: the payout moved on meanwhile.
-pub async fn fail_unfunded<'c>(
-    ex: impl PgExecutor<'c>,
+/// CLAIMED → RAIL_SUBMITTED with the hold, after (r). `None`: not CLAIMED, or a newer claim.
+pub async fn mark_reserved(
+    conn: &mut PgConnection,
     payout_id: Uuid,
     token: i64,
 ) -> Result<Option<Payout>, sqlx::Error> {
-    sqlx::query_as::<_, Payout>(sql::PAYOUT_FAIL_UNFUNDED)
+    sqlx::query_as::<_, Payout>(sql::PAYOUT_MARK_RESERVED)
         .bind(payout_id)
         .bind(token)
-        .fetch_optional(ex)
+        .fetch_optional(conn)
         .await
+}
+
+/// `from → to` (FAILED or ABANDONED), dropping the hold and recording `reason`. `None`: not in
+/// `from`, or a newer claim.
+pub async fn end(
+    conn: &mut PgConnection,
+    payout_id: Uuid,
+    from: PayoutState,
+    to: PayoutState,
+    token: i64,
+    reason: &str,
+) -> Result<Option<Payout>, sqlx::Error> {
+    sqlx::query_as::<_, Payout>(sql::PAYOUT_END)
+        .bind(payout_id)
+        .bind(from.as_str())
+        .bind(to.as_str())
+        .bind(token)
+        .bind(reason)
+        .fetch_optional(conn)
+        .await
+}
+
+/// `true`: a rail attempt exists that rail-proxy has not abandoned.
+pub async fn has_live_attempt(conn: &mut PgConnection, payout_id: Uuid) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar::<_, bool>(sql::PAYOUT_HAS_LIVE_ATTEMPT)
+        .bind(payout_id)
+        .fetch_one(conn)
+        .await
+}
+
+/// Inside the posting transaction: the payout's hold becomes the debit.
+pub async fn clear_reservation(conn: &mut PgConnection, payout_id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query(sql::PAYOUT_CLEAR_RESERVATION)
+        .bind(payout_id)
+        .execute(conn)
+        .await
+        .map(|_| ())
 }
 
 /// Keyset position: the last (created_at, payout_id) of the previous page.

@@ -24,6 +24,14 @@ pub struct PostedTotal {
     pub amount_minor: i64,
 }
 
+/// An account with the sum of the holds its payouts carry.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct ReconAccount {
+    #[sqlx(flatten)]
+    pub account: Account,
+    pub held_minor: i64,
+}
+
 /// One payout and the shape of its legs.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct PayoutLegs {
@@ -37,16 +45,33 @@ pub struct PayoutLegs {
     pub matching_debits: i64,
     pub matching_credits: i64,
     pub fences: Vec<i64>,
+    /// Its rail attempts the rail acknowledged (0 or 1: one forwardable attempt per payout).
+    pub acked_submissions: i64,
+    /// Not terminal and unchanged for longer than the run's threshold.
+    pub stuck: bool,
+    pub claim_token: Option<i64>,
 }
 
-pub async fn accounts<'c>(ex: impl PgExecutor<'c>) -> Result<Vec<Account>, sqlx::Error> {
-    sqlx::query_as::<_, Account>(sql::RECON_ACCOUNTS)
+/// One keyset page of accounts after `after`.
+pub async fn accounts_page<'c>(
+    ex: impl PgExecutor<'c>,
+    after: Uuid,
+    limit: i64,
+) -> Result<Vec<ReconAccount>, sqlx::Error> {
+    sqlx::query_as::<_, ReconAccount>(sql::RECON_ACCOUNTS_PAGE)
+        .bind(after)
+        .bind(limit)
         .fetch_all(ex)
         .await
 }
 
-pub async fn ledger_groups<'c>(ex: impl PgExecutor<'c>) -> Result<Vec<LedgerGroup>, sqlx::Error> {
+/// The ledger groups of the given accounts.
+pub async fn ledger_groups<'c>(
+    ex: impl PgExecutor<'c>,
+    accounts: &[Uuid],
+) -> Result<Vec<LedgerGroup>, sqlx::Error> {
     sqlx::query_as::<_, LedgerGroup>(sql::RECON_LEDGER_GROUPS)
+        .bind(accounts)
         .fetch_all(ex)
         .await
 }
@@ -57,8 +82,17 @@ pub async fn posted_by_currency<'c>(ex: impl PgExecutor<'c>) -> Result<Vec<Poste
         .await
 }
 
-pub async fn payout_legs<'c>(ex: impl PgExecutor<'c>) -> Result<Vec<PayoutLegs>, sqlx::Error> {
-    sqlx::query_as::<_, PayoutLegs>(sql::RECON_PAYOUT_LEGS)
+/// One keyset page of payouts after `after`, with legs and rail attempts.
+pub async fn payouts_page<'c>(
+    ex: impl PgExecutor<'c>,
+    after: Uuid,
+    limit: i64,
+    stuck_after_seconds: i64,
+) -> Result<Vec<PayoutLegs>, sqlx::Error> {
+    sqlx::query_as::<_, PayoutLegs>(sql::RECON_PAYOUTS_PAGE)
+        .bind(after)
+        .bind(limit)
+        .bind(stuck_after_seconds)
         .fetch_all(ex)
         .await
 }

@@ -19,6 +19,43 @@ use uuid::Uuid;
 /// The seeded EUR settlement account (R__seed_synthetic_accounts.sql).
 pub const EUR_SETTLEMENT: Uuid = Uuid::from_u128(0x0000_0000_0000_4000_8000_0000_0000_0901);
 
+/// The test servers' credentials, one per role.
+pub const ADMIN_TOKEN: &str = "test-admin-credential-0001";
+pub const EXECUTOR_TOKEN: &str = "test-executor-credential-0002";
+pub const CLIENT_TOKEN: &str = "test-client-credential-0003";
+
+pub fn credentials() -> dlock_common::auth::Credentials {
+    use dlock_common::auth::{Credential, Credentials, Role};
+    let c = |v: &str| Credential::new("test", v).expect("test credential");
+    Credentials::new()
+        .with(Role::Admin, c(ADMIN_TOKEN))
+        .with(Role::Executor, c(EXECUTOR_TOKEN))
+        .with(Role::Client, c(CLIENT_TOKEN))
+}
+
+/// The credential a test client presents for `method path`: the one the route admits, so that
+/// tests exercise the route itself (the auth tests send the others on purpose).
+pub fn token_for(method: &str, path: &str) -> Option<&'static str> {
+    use dlock_common::auth::Role;
+    let path = path.split('?').next().unwrap_or(path);
+    let segments: Vec<&str> = path.split('/').collect();
+    payment_resource::api::PROTECTED
+        .iter()
+        .find(|(m, template, _)| {
+            let t: Vec<&str> = template.split('/').collect();
+            *m == method
+                && t.len() == segments.len()
+                && t.iter()
+                    .zip(&segments)
+                    .all(|(a, b)| a == b || (a.starts_with('{') && a.ends_with('}')))
+        })
+        .map(|(_, _, roles)| match roles.first() {
+            Some(Role::Admin) => ADMIN_TOKEN,
+            Some(Role::Executor) => EXECUTOR_TOKEN,
+            _ => CLIENT_TOKEN,
+        })
+}
+
 pub struct Fixture {
     pub db: TestDb,
     /// As payapp, like the service.
@@ -82,7 +119,48 @@ impl Fixture {
             .0
     }
 
-    /// A payout claimed with `token` and walked to RAIL_ACKED, as the executor would.
+    /// Records what rail-proxy would after the rail acknowledged the payout: its one ACKED attempt
+    /// (reconciliation compares POSTED payouts with the rail's acknowledgements).
+    pub async fn rail_acked(&self, payout: &Payout, token: i64) {
+        sqlx::query(
+            "INSERT INTO rail_submission (submission_id, payout_id, idempotency_key, presented_token,
+                                          outcome, rail_reference, resolved_at)
+             VALUES ($1, $2, $3, $4, 'ACKED', $5, now())",
+        )
+        .bind(Uuid::new_v4())
+        .bind(payout.payout_id)
+        .bind(&payout.idempotency_key)
+        .bind(token)
+        .bind(format!("rail-{}", payout.payout_id.simple()))
+        .execute(&self.admin)
+        .await
+        .expect("record the rail's acknowledgement");
+    }
+
+    /// A payout in RAIL_ACKED that holds **no** reservation, as a payout in flight before V4 could:
+    /// the only way left for statement (a) to meet an account that cannot cover a payout, which is
+    /// what its funds-rejection branch is for. Written directly (as postgres); the rail's answer is
+    /// not recorded.
+    pub async fn acked_unreserved(&self, account: Uuid, amount: i64, token: i64) -> Payout {
+        let p = self.pending(account, amount).await;
+        sqlx::query(
+            "UPDATE payout SET state = 'RAIL_ACKED', claimed_by = $2, claim_token = $3, attempt_count = 1
+              WHERE payout_id = $1",
+        )
+        .bind(p.payout_id)
+        .bind(format!("worker-{token}"))
+        .bind(token)
+        .execute(&self.admin)
+        .await
+        .expect("unreserved RAIL_ACKED payout");
+        // No rail acknowledgement is recorded: were one, a funds rejection at (a) would leave money
+        // paid that the ledger does not record, and reconciliation reports exactly that
+        // (RAIL_PAID_NOT_POSTED, see tests/funds.rs).
+        self.payouts.get(p.payout_id).await.expect("read back")
+    }
+
+    /// A payout claimed with `token` and walked to RAIL_ACKED, as the executor would (entering
+    /// RAIL_SUBMITTED reserves its amount), with the rail's acknowledgement recorded.
     pub async fn acked(&self, account: Uuid, amount: i64, token: i64) -> Payout {
         let p = self.pending(account, amount).await;
         self.payouts
@@ -106,8 +184,9 @@ impl Fixture {
                 tok(token),
             )
             .await
-            .expect("ack")
-            .payout
+            .expect("ack");
+        self.rail_acked(&p, token).await;
+        self.payouts.get(p.payout_id).await.expect("read back")
     }
 
     pub async fn account(&self, id: Uuid) -> AccountRow {

@@ -1,4 +1,7 @@
--- Synthetic accounts for the local demo and the harness (C1 §1.8, NFR-12): no real customer data.
+-- Synthetic accounts for the local demo, the tests and the benchmarks only (C1 §1.8, NFR-12): no real
+-- customer data. This file lives outside the production history (migrations/paydb): it is applied only
+-- when a second location is named (dlock-migrate --dir migrations/paydb --dir migrations/paydb-seed),
+-- by the demo, the test kit, the benchmarks, and a PaymentStack whose spec asks for demo data.
 -- Deterministic ids so that scripts can name them; re-applied by the migrator whenever this file's
 -- checksum changes, hence ON CONFLICT DO NOTHING (never overwrites balances a run has moved).
 --
