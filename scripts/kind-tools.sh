@@ -16,7 +16,8 @@
 # Each step leaves a stamp naming what it was built from; a rerun skips what is current. Go builds
 # run under `nice` with bounded parallelism (the machine has two cores shared with cargo).
 #
-# Usage: scripts/kind-tools.sh [STEP...]
+# Usage: scripts/kind-tools.sh [--check] [STEP...]
+#   --check   build nothing; exit 1 naming what is not built yet
 #   steps (default: all, in this order): kind k8s apiserver aux debian base node postgres
 # Needs a Docker daemon (scripts/docker-up.sh starts one).
 set -euo pipefail
@@ -58,6 +59,7 @@ write_stamp() { printf '%s\n' "$2" >"$TOOLS/stamps/$1"; }
 # ---------------------------------------------------------------- kind
 need_kind() {
     if [[ -x "$BIN/kind" ]] && stamp_ok kind "$KIND_VERSION"; then log "kind $KIND_VERSION: cached"; return; fi
+    missing_in_check "${FUNCNAME[0]}" && return
     log "kind $KIND_VERSION: building"
     (cd / && GOBIN="$BIN" gentle go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kind@$KIND_VERSION") ||
         die "go install sigs.k8s.io/kind failed"
@@ -86,6 +88,7 @@ K8S_BINS=(kubelet kubeadm kubectl kube-controller-manager kube-scheduler kube-pr
 need_k8s_bins() {
     local out="$K8S_DIR/kubernetes/server/bin"
     if stamp_ok k8s-bins "$K8S_VERSION"; then log "Kubernetes $K8S_VERSION binaries: cached"; return; fi
+    missing_in_check "${FUNCNAME[0]}" && return
     mkdir -p "$out"
     local work minor="${K8S_VERSION#v1.}" pkgs=() b
     minor="${minor%%.*}"
@@ -109,6 +112,11 @@ need_k8s_bins() {
 # ---------------------------------------------------------------- kube-apiserver
 # Built (and cached under the same stamp) by scripts/cluster-tools.sh for the cluster tier.
 need_apiserver() {
+    if ((CHECK_ONLY)); then
+        [[ "$(cat "$BIN/.kube-apiserver.version" 2>/dev/null)" == "$K8S_VERSION" && -x "$K8S_DIR/kubernetes/server/bin/kube-apiserver" ]] ||
+            missing_in_check "${FUNCNAME[0]}"
+        return
+    fi
     # Another run building it right now (the cluster tier's tools step): wait for it rather than
     # compiling the same thing twice on a shared machine.
     local deadline=$((SECONDS + 3600))
@@ -133,6 +141,7 @@ LPP_VERSION="v0.0.30"      # github.com/rancher/local-path-provisioner
 aux_one() { # aux_one NAME VERSION: builds add-on binary NAME into $AUX unless its stamp matches
     local name="$1" v="$2" t0=$SECONDS
     if [[ -x "$AUX/$name" ]] && stamp_ok "aux-$name" "$v"; then log "$name $v: cached"; return; fi
+    missing_in_check "$name" && return
     mkdir -p "$AUX"
     log "$name $v: building"
     "build_$name" "$v"
@@ -194,6 +203,7 @@ recipe_hash() { # recipe_hash PATH...: hash of the recipe files, so an edited re
 
 need_debian() {
     if have_image "$DEBIAN_IMAGE"; then log "$DEBIAN_IMAGE: present"; return; fi
+    missing_in_check "${FUNCNAME[0]}" && return
     command -v debootstrap >/dev/null || {
         [[ $(id -u) -eq 0 ]] || die "debootstrap is missing (apt-get install debootstrap)"
         DEBIAN_FRONTEND=noninteractive apt-get install -y debootstrap >&2
@@ -218,6 +228,7 @@ need_base() {
     h="$(recipe_hash images/kind-base)"
     tag="$BASE_IMAGE-$h"
     if have_image "$tag"; then docker tag "$tag" "$BASE_IMAGE"; log "$BASE_IMAGE: present"; return; fi
+    missing_in_check "${FUNCNAME[0]}" && return
     local ctx kindsrc
     ctx="$(workdir)"
     kindsrc="$(cd / && go mod download -json "sigs.k8s.io/kind@$KIND_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
@@ -243,11 +254,15 @@ save_archive() { # save_archive OUT IMAGE...
 PG_IMAGE="${DLOCK_KIND_PG_IMAGE:-dlock-local/postgres:16}"
 need_postgres() {
     local pg="$TOOLS/pg16" h
-    [[ -x "$pg/bin/postgres" ]] || "$ROOT/scripts/setup.sh"
+    if [[ ! -x "$pg/bin/postgres" ]]; then
+        missing_in_check pg16 && return
+        "$ROOT/scripts/setup.sh"
+    fi
     h="$(recipe_hash images/postgres)-$("$pg/bin/postgres" --version | awk '{print $3}')"
     if have_image "$PG_IMAGE" && [[ "$(docker image inspect -f '{{index .Config.Labels "dlock.recipe"}}' "$PG_IMAGE")" == "$h" ]]; then
         log "$PG_IMAGE: present"; return
     fi
+    missing_in_check "${FUNCNAME[0]}" && return
     local ctx
     ctx="$(workdir)"
     cp "$ROOT"/images/postgres/* "$ctx/"
@@ -262,6 +277,7 @@ need_node() {
     if have_image "$NODE_IMAGE" && [[ "$(docker image inspect -f '{{index .Config.Labels "dlock.recipe"}}' "$NODE_IMAGE")" == "$h" ]]; then
         log "$NODE_IMAGE: present"; return
     fi
+    missing_in_check "${FUNCNAME[0]}" && return
     local bin="$K8S_DIR/kubernetes/server/bin" ctx b
     [[ -x "$bin/kube-apiserver" && -x "$bin/kubelet" ]] || die "Kubernetes binaries missing under $bin"
     ctx="$(workdir)"
@@ -322,6 +338,14 @@ need_node() {
     docker rmi "$NODE_IMAGE.tmp" >/dev/null
 }
 
+CHECK_ONLY=0
+MISSING=()
+missing_in_check() { # in --check mode: records the step as missing, returns 0 (the caller returns)
+    ((CHECK_ONLY)) || return 1
+    MISSING+=("${1#need_}")
+    return 0
+}
+if [[ "${1:-}" == "--check" ]]; then CHECK_ONLY=1; shift; fi
 STEPS=("$@")
 ((${#STEPS[@]})) || STEPS=(kind k8s apiserver aux debian base node postgres)
 for s in "${STEPS[@]}"; do
@@ -338,3 +362,7 @@ for s in "${STEPS[@]}"; do
     *) die "unknown step $s" ;;
     esac
 done
+if ((CHECK_ONLY && ${#MISSING[@]})); then
+    log "not built yet: ${MISSING[*]}"
+    exit 1
+fi

@@ -21,9 +21,16 @@
 # Where no Docker daemon can run it prints why and the word "skipped", and exits 0.
 # On failure it prints the state (objects, events, pod logs). The cluster is deleted at the end.
 #
+# --if-built: run only when every tool and image of step 2 is already built (scripts/kind-tools.sh
+# --check), else print why and "skipped". This is how the test command calls it: the first build
+# of the tools takes longer than CI's budget on a cold machine (figures in e2e/README.md), so it is
+# done once, by hand or a machine-preparation job: `scripts/kind-tools.sh` (or this script).
+#
 # Env: DLOCK_KIND_CLUSTER (default dlock-e2e), DLOCK_KIND_KEEP=1 (leave the cluster running),
 #      DLOCK_KIND_PAYOUTS (per batch, default 20), DLOCK_KIND_TIMEOUT (seconds per wait, default 600).
 set -euo pipefail
+if_built=0
+if [[ "${1:-}" == "--if-built" ]]; then if_built=1; shift; fi
 
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 # shellcheck source=../../scripts/lib.sh
@@ -70,9 +77,11 @@ if ! docker_state="$("$root/scripts/docker-up.sh" start)"; then
     echo "skipped"
     exit 0
 fi
-kubeconfig="$(mktemp "${TMPDIR:-/tmp}/dlock-kind-kubeconfig.XXXXXX")"
+workdir="$(mktemp -d "${TMPDIR:-/tmp}/dlock-kind.XXXXXX")"
+kubeconfig="$workdir/kubeconfig"
 export KUBECONFIG="$kubeconfig"
 created=0
+pf_pids=()
 # Logs of every pod of the stack and the operator, and of any kube-system pod not Running.
 dump_state_logs() {
     local n p
@@ -98,14 +107,14 @@ dump_state() {
 cleanup() {
     local rc=$?
     trap - EXIT
-    if ((rc != 0)); then
-        [[ -s "$kubeconfig" ]] && dump_state
-    fi
+    if ((rc != 0)) && [[ -s "$kubeconfig" ]]; then dump_state; fi
+    local pid
+    for pid in "${pf_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
     if ((created)) && [[ "${DLOCK_KIND_KEEP:-0}" != 1 ]]; then
         log "deleting kind cluster $cluster"
         kind delete cluster --name "$cluster" >&2 || true
     fi
-    rm -f "$kubeconfig"
+    rm -rf "$workdir"
     if [[ "$docker_state" == started && "${DLOCK_KIND_KEEP:-0}" != 1 ]]; then
         "$root/scripts/docker-up.sh" stop || true
     fi
@@ -116,6 +125,19 @@ trap cleanup EXIT
 
 # ---------------------------------------------------------------- 2. tools
 step tools
+if ((if_built)); then
+    if ! "$root/scripts/kind-tools.sh" --check 2>"$workdir/check.log" ||
+        ! "$root/scripts/cluster-tools.sh" --check helm 2>>"$workdir/check.log"; then
+        grep -E 'not built yet|MISSING' "$workdir/check.log" >&2 || true
+        log "the kind tier's tools are not built on this machine; build them once with scripts/kind-tools.sh (see e2e/README.md)"
+        docker_state_stop() { [[ "$docker_state" == started ]] && "$root/scripts/docker-up.sh" stop; }
+        docker_state_stop || true
+        trap - EXIT
+        rm -rf "$workdir"
+        echo "skipped"
+        exit 0
+    fi
+fi
 "$root/scripts/kind-tools.sh"
 "$root/scripts/cluster-tools.sh" helm
 command -v kubectl >/dev/null || die "kubectl is required"
@@ -192,9 +214,21 @@ POD
 kubectl -n "$ns" wait --for=condition=Ready pod/dlock-kind-psql --timeout="${timeout}s" >&2
 sql() { kubectl -n "$ns" exec dlock-kind-psql -- sh -c 'exec psql "$PGURL" -v ON_ERROR_STOP=1 -At -c "$1"' psql "$1"; }
 
-# An HTTP call to a Service of the stack through the API server's service proxy.
-svc_get() { kubectl get --raw "/api/v1/namespaces/$ns/services/http:$1:8080/proxy$2"; }
-svc_post() { kubectl create --raw "/api/v1/namespaces/$ns/services/http:$1:8080/proxy$2" -f -; }
+# HTTP to a Service of the stack: `kubectl port-forward` to a loopback port (the API server's
+# service proxy rewrites content types, which the services rightly refuse).
+declare -A pf_port=()
+forward() { # forward SERVICE: starts a port-forward to SERVICE:8080, records its local port
+    local out="$workdir/pf-$1.log"
+    kubectl -n "$ns" port-forward "svc/$1" ":8080" --address 127.0.0.1 >"$out" 2>&1 &
+    pf_pids+=($!)
+    forwarding() { grep -q '^Forwarding from 127.0.0.1:' "$out"; }
+    wait_for 60 "a port-forward to $1" forwarding
+    pf_port[$1]="$(sed -n 's/^Forwarding from 127.0.0.1:\([0-9]*\) .*/\1/p' "$out" | head -n1)"
+}
+svc_get() { curl -sS --fail-with-body --max-time 30 "http://127.0.0.1:${pf_port[$1]}$2"; }
+svc_post() { curl -sS --fail-with-body --max-time 30 -H 'content-type: application/json' --data-binary @- "http://127.0.0.1:${pf_port[$1]}$2"; }
+forward "$pstack-payment-resource"
+forward "$pstack-rail-stub"
 
 # Creates one payout through payment-resource's API. The only place payouts are made: adapt here
 # when the API asks for credentials.
