@@ -319,11 +319,14 @@ kubectl -n "$ns" rollout status "deploy/$pstack-payout-executor" --timeout="${ti
 
 # ---------------------------------------------------------------- 9. operator failover
 step failover
-lease="$(kubectl -n "$op_ns" get lease -o name | grep dlock-operator | head -n1)"
+lease="$(kubectl -n "$op_ns" get lease -o name | grep -m1 dlock-operator || true)"
 [[ -n "$lease" ]] || die "no operator Lease in $op_ns"
 holder() { kubectl -n "$op_ns" get "$lease" -o jsonpath='{.spec.holderIdentity}'; }
 leader="$(holder)"
-leader_pod="$(kubectl -n "$op_ns" get pods -o name | sed 's#^pod/##' | while read -r p; do [[ "$leader" == *"$p"* ]] && echo "$p"; done | head -n1)"
+leader_pod=""
+for p in $(kubectl -n "$op_ns" get pods -o jsonpath='{.items[*].metadata.name}'); do
+    if [[ "$leader" == *"$p"* ]]; then leader_pod="$p"; fi
+done
 [[ -n "$leader_pod" ]] || die "Lease holder \"$leader\" is none of the operator pods"
 log "leader $leader (pod $leader_pod): deleting it"
 kubectl -n "$op_ns" delete pod "$leader_pod" --wait=false >&2
