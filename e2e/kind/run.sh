@@ -17,6 +17,7 @@
 #   8. chaos       a second batch while a lock-server pod and an executor pod are deleted
 #   9. failover    delete the operator leader's pod: another replica takes the Lease and reconciles
 #  10. actions     status.actions stays empty (until revoke / restore fast-forward exist)
+#  11. negative    a payout paid twice straight at the rail makes the checks of step 7 fail
 #
 # Where no Docker daemon can run it prints why and the word "skipped", and exits 0.
 # On failure it prints the state (objects, events, pod logs). The cluster is deleted at the end.
@@ -71,6 +72,14 @@ wait_for() {
 
 # ---------------------------------------------------------------- 1. docker
 step docker
+# One run at a time per machine: runs share the cluster name, the images and the daemon this script
+# may start and stop.
+mkdir -p "$tools"
+exec 9>"$tools/kind-tier.lock"
+if ! flock -n 9; then
+    log "another kind tier run holds $tools/kind-tier.lock; waiting for it (up to 40 min)"
+    flock -w 2400 9 || die "the other kind tier run did not finish within 40 min"
+fi
 docker_state=""
 if ! docker_state="$("$root/scripts/docker-up.sh" start)"; then
     log "the kind tier needs a Docker daemon and none can run here (reason above)"
@@ -304,13 +313,14 @@ step chaos
 run2="kind-$(date +%s)-b"
 n2=$((payouts * 2))
 half=$((n2 / 2))
-create_batch "$run2" 1 "$half"
-some_posted() { local c; c="$(batch_counts "$run2")" && [[ "${c%% *}" -ge 1 ]]; }
-wait_for "$timeout" "the first payout of $run2 to post" some_posted
 ls_pod="$(kubectl -n "$ns" get pods -l "app.kubernetes.io/instance=$lsvc,app.kubernetes.io/component=lock-server" -o jsonpath='{.items[0].metadata.name}')"
 ex_pod="$(kubectl -n "$ns" get pods -l "app.kubernetes.io/instance=$pstack,app.kubernetes.io/component=payout-executor" -o jsonpath='{.items[0].metadata.name}')"
-log "mid-batch ($(batch_counts "$run2") posted/failed/created): deleting lock-server pod $ls_pod and executor pod $ex_pod"
+# The first half is created and, while the executors work on it, the pods go; the second half is
+# created while their replacements start.
+create_batch "$run2" 1 "$half"
+log "mid-batch: deleting lock-server pod $ls_pod and executor pod $ex_pod"
 kubectl -n "$ns" delete pod "$ls_pod" "$ex_pod" --wait=false >&2
+log "at the deletion: $(batch_counts "$run2" | awk '{print $1 " posted, " $2 " failed, of " $3 " created"}')"
 create_batch "$run2" $((half + 1)) "$n2"
 wait_for "$timeout" "the executors to post $run2" batch_done "$run2" "$n2"
 check_batch "$run2"
@@ -347,6 +357,21 @@ for obj in "lsvc/$lsvc" "pstack/$pstack"; do
     [[ "$actions" == "[]" ]] || die "$obj reports operator actions nobody requested: $actions"
 done
 log "status.actions empty on both objects"
+
+# ---------------------------------------------------------------- 11. negative control
+# The checks can fail: pay one posted payout of the first batch a second time straight at the rail
+# (under a new idempotency key, bypassing rail-proxy's fence, as an unfenced stale holder would) and
+# the ground-truth check of step 7 must now refuse that batch.
+step negative-control
+victim="$(sql "SELECT payout_id || ' ' || account_id || ' ' || amount_minor FROM payout WHERE idempotency_key = '$run1-1';")"
+read -r v_payout v_account v_amount <<<"$victim"
+printf '{"idempotencyKey":"%s","payoutId":"%s","accountId":"%s","amountMinor":%d,"currency":"EUR"}' \
+    "negative-control-$run1" "$v_payout" "$v_account" "$v_amount" | svc_post "$pstack-rail-stub" /v1/payments >/dev/null
+if (check_batch "$run1") 2>"$workdir/negative.log"; then
+    die "the checks accepted a payout the rail paid twice"
+fi
+grep -q 'paid 1 payouts twice\|paid .* twice' "$workdir/negative.log" || { cat "$workdir/negative.log" >&2; die "the checks failed for another reason than the double payment"; }
+log "negative control: a second payment of $v_payout at the rail is caught ($(grep -o 'the rail paid [0-9]* payouts twice' "$workdir/negative.log"))"
 
 step done
 all_running || die "not every pod is Running at the end"
