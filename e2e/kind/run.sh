@@ -14,7 +14,7 @@
 #                  probes, Service DNS; every pod Running
 #   7. batch       payouts through payment-resource's API; the in-cluster executors post them; every
 #                  payout POSTED once, legs balanced, the rail-stub's ground truth without a duplicate
-#   8. chaos       a second batch while a lock-server pod and an executor pod are deleted
+#   8. chaos       a second batch while a lock-server pod and an executor pod are killed
 #   9. failover    delete the operator leader's pod: another replica takes the Lease and reconciles
 #  10. actions     status.actions stays empty (until revoke / restore fast-forward exist)
 #  11. negative    a payout paid twice straight at the rail makes the checks of step 7 fail
@@ -230,7 +230,7 @@ forward() { # forward SERVICE: starts a port-forward to SERVICE:8080, records it
     local out="$workdir/pf-$1.log"
     kubectl -n "$ns" port-forward "svc/$1" ":8080" --address 127.0.0.1 >"$out" 2>&1 &
     pf_pids+=($!)
-    forwarding() { grep -q '^Forwarding from 127.0.0.1:' "$out"; }
+    forwarding() { grep -qs '^Forwarding from 127.0.0.1:' "$out"; }
     wait_for 60 "a port-forward to $1" forwarding
     pf_port[$1]="$(sed -n 's/^Forwarding from 127.0.0.1:\([0-9]*\) .*/\1/p' "$out" | head -n1)"
 }
@@ -312,16 +312,17 @@ check_batch "$run1"
 step chaos
 run2="kind-$(date +%s)-b"
 n2=$((payouts * 2))
-half=$((n2 / 2))
 ls_pod="$(kubectl -n "$ns" get pods -l "app.kubernetes.io/instance=$lsvc,app.kubernetes.io/component=lock-server" -o jsonpath='{.items[0].metadata.name}')"
 ex_pod="$(kubectl -n "$ns" get pods -l "app.kubernetes.io/instance=$pstack,app.kubernetes.io/component=payout-executor" -o jsonpath='{.items[0].metadata.name}')"
-# The first half is created and, while the executors work on it, the pods go; the second half is
-# created while their replacements start.
-create_batch "$run2" 1 "$half"
-log "mid-batch: deleting lock-server pod $ls_pod and executor pod $ex_pod"
-kubectl -n "$ns" delete pod "$ls_pod" "$ex_pod" --wait=false >&2
-log "at the deletion: $(batch_counts "$run2" | awk '{print $1 " posted, " $2 " failed, of " $3 " created"}')"
-create_batch "$run2" $((half + 1)) "$n2"
+# A few payouts are created, and while the executors work on them both pods are killed (no grace:
+# the processes die as in a crash, and the API forgets the pods at once, so their replacements may
+# start before they are gone); the rest of the batch is created while the replacements start.
+first=5
+create_batch "$run2" 1 "$first"
+log "mid-batch: killing lock-server pod $ls_pod and executor pod $ex_pod"
+kubectl -n "$ns" delete pod "$ls_pod" "$ex_pod" --grace-period=0 --force >&2 2>/dev/null
+log "at the kill: $(batch_counts "$run2" | awk '{print $1 " posted, " $2 " failed, of " $3 " created"}')"
+create_batch "$run2" $((first + 1)) "$n2"
 wait_for "$timeout" "the executors to post $run2" batch_done "$run2" "$n2"
 check_batch "$run2"
 kubectl -n "$ns" rollout status "deploy/$lsvc-lock-server" --timeout="${timeout}s" >&2
