@@ -57,7 +57,6 @@ JSON
         ((SECONDS < deadline)) || { stop >/dev/null; cannot "dockerd did not answer within 60s"; }
         sleep 1
     done
-    # Privileged containers are what kind runs; check that they start here.
     echo started
 }
 
