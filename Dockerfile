@@ -5,6 +5,9 @@
 #
 #   builder  rust:1.95-bookworm, release build of the service binaries (cached registry and target)
 #   runtime  distroless/cc (glibc + libgcc, no shell), user 65532, migrations under /migrations
+#
+# Without a registry to pull rust/distroless from, Dockerfile.prebuilt gives the same image (paths,
+# user, /migrations, entrypoint) from host-built binaries on a local Debian base (the kind tier).
 
 FROM rust:1.95-bookworm AS builder
 WORKDIR /src

@@ -13,3 +13,4 @@ else
   say "cluster tier (kube-apiserver + etcd on loopback)"
   "$DLOCK_ROOT/scripts/test-cluster.sh"
 fi
+say "kind tier (the stack in pods: e2e/kind/run.sh; skipped where Docker cannot run or its tools are not built)" && "$DLOCK_ROOT/e2e/kind/run.sh" --if-built
