@@ -16,6 +16,7 @@ use uuid::Uuid;
 use crate::auth::Admin;
 use crate::error::Error;
 use crate::metrics::{AcquireResult, RevokeOutcome};
+use crate::repo::Revocation;
 use crate::state::AppState;
 
 /// The OpenAPI 3.1 document of this API.
@@ -302,12 +303,24 @@ pub struct RevokeRequest {
     pub reason: String,
     #[serde(default)]
     pub request_id: Option<String>,
+    /// The grant to remove. Kept as raw JSON so that a bad value is `INVALID_TOKEN` (as in the
+    /// header), not a generic body error; see [`pinned_token`].
+    #[serde(default, deserialize_with = "present")]
+    pub fencing_token: Option<serde_json::Value>,
+}
+
+/// `Some` for any value that is present, `null` included: a `"fencingToken": null` must be refused,
+/// not read as "unpinned" (which would remove whatever grant is live).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
+    serde_json::Value::deserialize(d).map(Some)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Outcome {
     Revoked,
+    AlreadyRevoked,
+    HeldByOtherToken,
     NotHeld,
 }
 
@@ -321,6 +334,9 @@ pub struct LockOutcome {
     pub previous_owner: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub previous_token: Option<i64>,
+    /// With `HELD_BY_OTHER_TOKEN`: the token of the live grant that was left alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_token: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
 }
@@ -347,6 +363,15 @@ fn validate_revoke(req: &RevokeRequest) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// `fencingToken` of a revoke body, judged as strictly as the `X-Fencing-Token` header: a JSON
+/// integer > 0 (or its decimal string). `null` is refused too — absent is the only "unpinned".
+fn pinned_token(raw: Option<&serde_json::Value>) -> Result<Option<FencingToken>, ApiError> {
+    let Some(value) = raw else { return Ok(None) };
+    FencingToken::deserialize(value)
+        .map(Some)
+        .map_err(|e| ApiError::bad_request("INVALID_TOKEN", format!("fencingToken: {e}")))
+}
+
 pub async fn revoke(
     _admin: Admin,
     State(state): State<AppState>,
@@ -355,40 +380,90 @@ pub async fn revoke(
 ) -> Result<Json<LockOutcome>, ApiError> {
     validate::lock_key(&key)?;
     validate_revoke(&req)?;
-    let revoked = state.repo().revoke(&key, &req.operator, &req.reason).await?;
-    let outcome = match &revoked {
-        Some(r) => {
-            state.metrics().revoked(RevokeOutcome::revoked);
+    let pinned = pinned_token(req.fencing_token.as_ref())?;
+    let revocation = match pinned {
+        Some(token) => {
+            state
+                .repo()
+                .revoke_pinned(&key, token.get(), &req.operator, &req.reason)
+                .await?
+        }
+        // The unpinned form removes whatever is live now; the operator never uses it.
+        None => match state.repo().revoke(&key, &req.operator, &req.reason).await? {
+            Some(r) => Revocation::Revoked(r),
+            None => Revocation::NotHeld,
+        },
+    };
+    let pinned_token = pinned.map(FencingToken::get);
+    let mut out = LockOutcome {
+        outcome: Outcome::NotHeld,
+        lock_key: key,
+        previous_owner: None,
+        previous_token: None,
+        current_token: None,
+        request_id: req.request_id,
+    };
+    let metric = match revocation {
+        Revocation::Revoked(r) => {
             tracing::warn!(
                 event = "lock_revoked",
-                lock_key = %key,
+                outcome = "revoked",
+                lock_key = %out.lock_key,
+                previous_owner = %r.owner_id,
+                previous_token = r.fencing_token,
+                pinned_token,
+                operator = %req.operator,
+                reason = %req.reason,
+                request_id = out.request_id.as_deref(),
+            );
+            out.outcome = Outcome::Revoked;
+            out.previous_owner = Some(r.owner_id);
+            out.previous_token = Some(r.fencing_token);
+            RevokeOutcome::revoked
+        }
+        Revocation::AlreadyRevoked(r) => {
+            tracing::info!(
+                event = "lock_revoked",
+                outcome = "already_revoked",
+                lock_key = %out.lock_key,
                 previous_owner = %r.owner_id,
                 previous_token = r.fencing_token,
                 operator = %req.operator,
-                reason = %req.reason,
-                request_id = req.request_id.as_deref(),
+                request_id = out.request_id.as_deref(),
             );
-            Outcome::Revoked
+            out.outcome = Outcome::AlreadyRevoked;
+            out.previous_owner = Some(r.owner_id);
+            out.previous_token = Some(r.fencing_token);
+            RevokeOutcome::already_revoked
         }
-        None => {
-            state.metrics().revoked(RevokeOutcome::not_held);
+        Revocation::HeldByOtherToken { current_token } => {
+            tracing::info!(
+                event = "lock_revoked",
+                outcome = "held_by_other_token",
+                lock_key = %out.lock_key,
+                pinned_token,
+                current_token,
+                operator = %req.operator,
+                request_id = out.request_id.as_deref(),
+            );
+            out.outcome = Outcome::HeldByOtherToken;
+            out.current_token = Some(current_token);
+            RevokeOutcome::held_by_other_token
+        }
+        Revocation::NotHeld => {
             tracing::info!(
                 event = "lock_revoked",
                 outcome = "not_held",
-                lock_key = %key,
+                lock_key = %out.lock_key,
+                pinned_token,
                 operator = %req.operator,
-                request_id = req.request_id.as_deref(),
+                request_id = out.request_id.as_deref(),
             );
-            Outcome::NotHeld
+            RevokeOutcome::not_held
         }
     };
-    Ok(Json(LockOutcome {
-        outcome,
-        lock_key: key,
-        previous_owner: revoked.as_ref().map(|r| r.owner_id.clone()),
-        previous_token: revoked.map(|r| r.fencing_token),
-        request_id: req.request_id,
-    }))
+    state.metrics().revoked(metric);
+    Ok(Json(out))
 }
 
 // ---- operations --------------------------------------------------------------------------------

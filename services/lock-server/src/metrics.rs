@@ -21,6 +21,8 @@ pub enum AcquireResult {
 #[allow(non_camel_case_types)]
 pub enum RevokeOutcome {
     revoked,
+    already_revoked,
+    held_by_other_token,
     not_held,
 }
 
@@ -104,7 +106,12 @@ impl Metrics {
         for stale in [false, true] {
             let _ = release.get_or_create(&ReleaseLabels { stale });
         }
-        for outcome in [RevokeOutcome::revoked, RevokeOutcome::not_held] {
+        for outcome in [
+            RevokeOutcome::revoked,
+            RevokeOutcome::already_revoked,
+            RevokeOutcome::held_by_other_token,
+            RevokeOutcome::not_held,
+        ] {
             let _ = revoke.get_or_create(&RevokeLabels { outcome });
         }
         Self {

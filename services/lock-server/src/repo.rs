@@ -49,6 +49,19 @@ pub struct Revoked {
     pub fencing_token: i64,
 }
 
+/// What a token-pinned force-revoke found. Only [`Revocation::Revoked`] wrote anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Revocation {
+    /// The live grant at that token was deleted and audited.
+    Revoked(Revoked),
+    /// That key and token are already in `lock_revocation`: a retry of a revoke that happened.
+    AlreadyRevoked(Revoked),
+    /// A live grant with another token holds the key; it was left alone.
+    HeldByOtherToken { current_token: i64 },
+    /// No live grant holds the key.
+    NotHeld,
+}
+
 #[derive(Debug, Clone)]
 pub struct Repo {
     pool: PgPool,
@@ -165,6 +178,58 @@ impl Repo {
         }
         tx.commit().await?;
         Ok(revoked)
+    }
+
+    /// Deletes the key's live grant only if it carries `token`, appending the audit row in the same
+    /// transaction; otherwise says why not, writing nothing. The operator only ever uses this form.
+    pub async fn revoke_pinned(
+        &self,
+        key: &str,
+        token: i64,
+        operator: &str,
+        reason: &str,
+    ) -> Result<Revocation, Error> {
+        let mut tx = self.pool.begin().await?;
+        let revoked: Option<Revoked> = sqlx::query_as(sql::REVOKE_PINNED_GRANT)
+            .bind(key)
+            .bind(token)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let outcome = match revoked {
+            Some(r) => {
+                sqlx::query(sql::INSERT_REVOCATION)
+                    .bind(key)
+                    .bind(&r.owner_id)
+                    .bind(r.fencing_token)
+                    .bind(operator)
+                    .bind(reason)
+                    .execute(&mut *tx)
+                    .await?;
+                Revocation::Revoked(r)
+            }
+            None => {
+                let before: Option<Revoked> = sqlx::query_as(sql::FIND_REVOCATION)
+                    .bind(key)
+                    .bind(token)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let current: Option<LockRow> = sqlx::query_as(sql::READ_LOCK)
+                    .bind(key)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                match (before, current) {
+                    (Some(r), _) => Revocation::AlreadyRevoked(r),
+                    (None, Some(row)) if !row.expired && row.fencing_token != token => {
+                        Revocation::HeldByOtherToken {
+                            current_token: row.fencing_token,
+                        }
+                    }
+                    _ => Revocation::NotHeld,
+                }
+            }
+        };
+        tx.commit().await?;
+        Ok(outcome)
     }
 
     /// Deletes expired sessions (their locks go by the cascade); returns how many.

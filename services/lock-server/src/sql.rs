@@ -71,6 +71,25 @@ DELETE FROM lock_entry
  WHERE lock_key = $1 AND expires_at > now()
 RETURNING owner_id, fencing_token";
 
+/// Token-pinned force-revoke, first half: removes the key's live grant only if it is the grant
+/// written at `$2` (compare-and-delete, as C1's release), so a retry after a crash can never remove a
+/// newer holder. Binds: `$1` key, `$2` the fencing token to remove. Runs in one transaction with
+/// [`INSERT_REVOCATION`] and, on zero rows, the two diagnostic reads below.
+pub const REVOKE_PINNED_GRANT: &str = "\
+DELETE FROM lock_entry
+ WHERE lock_key = $1 AND fencing_token = $2 AND expires_at > now()
+RETURNING owner_id, fencing_token";
+
+/// After a pinned revoke found zero rows: was that exact grant revoked before (a retry)? The only
+/// read of the append-only `lock_revocation`, and it is on the admin path, never the hot path (C1
+/// §1.2). Binds: `$1` key, `$2` token.
+pub const FIND_REVOCATION: &str = "\
+SELECT prev_owner AS owner_id, prev_token AS fencing_token
+  FROM lock_revocation
+ WHERE lock_key = $1 AND prev_token = $2
+ ORDER BY id
+ LIMIT 1";
+
 /// Force-revoke, second half: the append-only audit row, only when a grant was deleted.
 /// Binds: `$1` key, `$2` prev_owner, `$3` prev_token, `$4` operator, `$5` reason.
 pub const INSERT_REVOCATION: &str = "\

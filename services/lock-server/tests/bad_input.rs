@@ -604,6 +604,69 @@ async fn every_bad_input_is_a_4xx_with_a_code_and_writes_nothing() {
         .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
         .json(json!({"operator": "a", "reason": "r", "requestId": ""})),
         case(
+            "revoke: fencingToken zero",
+            Method::POST,
+            "/v1/admin/locks/k/revoke",
+            400,
+            "INVALID_TOKEN",
+        )
+        .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .json(json!({"operator": "a", "reason": "r", "fencingToken": 0})),
+        case(
+            "revoke: fencingToken negative",
+            Method::POST,
+            "/v1/admin/locks/k/revoke",
+            400,
+            "INVALID_TOKEN",
+        )
+        .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .json(json!({"operator": "a", "reason": "r", "fencingToken": -5})),
+        case(
+            "revoke: fencingToken fractional",
+            Method::POST,
+            "/v1/admin/locks/k/revoke",
+            400,
+            "INVALID_TOKEN",
+        )
+        .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .json(json!({"operator": "a", "reason": "r", "fencingToken": 1.5})),
+        case(
+            "revoke: fencingToken null",
+            Method::POST,
+            "/v1/admin/locks/k/revoke",
+            400,
+            "INVALID_TOKEN",
+        )
+        .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .json(json!({"operator": "a", "reason": "r", "fencingToken": null})),
+        case(
+            "revoke: fencingToken not a number",
+            Method::POST,
+            "/v1/admin/locks/k/revoke",
+            400,
+            "INVALID_TOKEN",
+        )
+        .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .json(json!({"operator": "a", "reason": "r", "fencingToken": "abc"})),
+        case(
+            "revoke: fencingToken overflowing",
+            Method::POST,
+            "/v1/admin/locks/k/revoke",
+            400,
+            "INVALID_TOKEN",
+        )
+        .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .json(json!({"operator": "a", "reason": "r", "fencingToken": "9223372036854775808"})),
+        case(
+            "revoke: fencingToken an object",
+            Method::POST,
+            "/v1/admin/locks/k/revoke",
+            400,
+            "INVALID_TOKEN",
+        )
+        .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .json(json!({"operator": "a", "reason": "r", "fencingToken": {"t": 1}})),
+        case(
             "revoke: bad key",
             Method::POST,
             "/v1/admin/locks/%0A/revoke",

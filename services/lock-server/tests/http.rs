@@ -360,6 +360,64 @@ async fn force_revoke_requires_the_bearer_token_and_reports_the_outcome() {
 }
 
 #[tokio::test]
+async fn force_revoke_pinned_to_a_token_answers_each_outcome() {
+    let (db, srv, api) = setup().await;
+    let admin = Some(ADMIN_TOKEN);
+    let s1 = api.open_session("w1", LONG_TTL_MS).await;
+    let t1 = api.acquire("account:4", s1, "w1", LONG_TTL_MS).await.token();
+    let body = |token: i64| json!({"operator": "alice", "reason": "stuck", "fencingToken": token});
+
+    let r = api.revoke("account:4", admin, body(t1 + 500)).await;
+    assert_eq!(
+        r.body,
+        json!({"outcome": "HELD_BY_OTHER_TOKEN", "lockKey": "account:4", "currentToken": t1})
+    );
+    let r = api.revoke("account:4", admin, body(t1)).await;
+    assert_eq!(
+        r.body,
+        json!({"outcome": "REVOKED", "lockKey": "account:4", "previousOwner": "w1", "previousToken": t1})
+    );
+    // The retry of the same request, after a newer holder took the key: it is left alone.
+    let s2 = api.open_session("w2", LONG_TTL_MS).await;
+    let t2 = api.acquire("account:4", s2, "w2", LONG_TTL_MS).await.token();
+    let r = api.revoke("account:4", admin, body(t1)).await;
+    assert_eq!(
+        r.body,
+        json!({"outcome": "ALREADY_REVOKED", "lockKey": "account:4", "previousOwner": "w1", "previousToken": t1})
+    );
+    assert_eq!(entry(&db.app, "account:4").await.unwrap().fencing_token, t2);
+    assert_eq!(
+        api.renew("account:4", t2, LONG_TTL_MS).await.status,
+        StatusCode::OK
+    );
+    // A decimal string is the same token; a free key is NOT_HELD.
+    let r = api
+        .revoke(
+            "free",
+            admin,
+            json!({"operator": "a", "reason": "r", "fencingToken": "12"}),
+        )
+        .await;
+    assert_eq!(r.body, json!({"outcome": "NOT_HELD", "lockKey": "free"}));
+    assert_eq!(count(&db.app, "SELECT count(*) FROM lock_revocation").await, 1);
+
+    let m = api.metrics().await;
+    for (outcome, n) in [
+        ("revoked", 1.0),
+        ("already_revoked", 1.0),
+        ("held_by_other_token", 1.0),
+        ("not_held", 1.0),
+    ] {
+        assert_eq!(
+            metric(&m, &format!("lock_revoke_total{{outcome=\"{outcome}\"}}")),
+            n,
+            "{outcome}"
+        );
+    }
+    srv.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn force_revoke_without_a_configured_token_is_403_admin_disabled() {
     let db = lockdb().await;
     let mut cfg = config(&db.db);

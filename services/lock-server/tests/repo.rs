@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use lock_server::repo::{Revocation, Revoked};
 use lock_server::{Error, Repo};
 use uuid::Uuid;
 
@@ -377,6 +378,127 @@ async fn revoke_of_a_free_or_lapsed_key_is_not_held_and_writes_nothing() {
     await_lease_lapsed(&db.app, "lapsed").await;
     assert!(repo.revoke("lapsed", "ops", "r").await.unwrap().is_none());
     assert_eq!(count(&db.app, "SELECT count(*) FROM lock_revocation").await, 0);
+}
+
+// ---- force-revoke pinned to a token ------------------------------------------------------------
+
+#[tokio::test]
+async fn pinned_revoke_answers_each_outcome_and_writes_only_when_it_revokes() {
+    let (db, repo) = repo().await;
+    assert_eq!(
+        repo.revoke_pinned("free", 7, "ops", "r").await.unwrap(),
+        Revocation::NotHeld
+    );
+    let s1 = session(&repo, "w1").await;
+    let g1 = repo.acquire("k", "w1", s1, LONG_TTL_SECS).await.unwrap().unwrap();
+    // Another token than the live one: the holder is left alone.
+    assert_eq!(
+        repo.revoke_pinned("k", g1.fencing_token + 1000, "ops", "r")
+            .await
+            .unwrap(),
+        Revocation::HeldByOtherToken {
+            current_token: g1.fencing_token
+        }
+    );
+    assert_eq!(entry(&db.app, "k").await.unwrap().fencing_token, g1.fencing_token);
+    assert_eq!(count(&db.app, "SELECT count(*) FROM lock_revocation").await, 0);
+
+    let want = Revoked {
+        owner_id: "w1".into(),
+        fencing_token: g1.fencing_token,
+    };
+    assert_eq!(
+        repo.revoke_pinned("k", g1.fencing_token, "ops", "stuck")
+            .await
+            .unwrap(),
+        Revocation::Revoked(want.clone())
+    );
+    assert!(entry(&db.app, "k").await.is_none());
+    // The same request again (a retry): recognised from the audit row, nothing more written.
+    assert_eq!(
+        repo.revoke_pinned("k", g1.fencing_token, "ops", "stuck")
+            .await
+            .unwrap(),
+        Revocation::AlreadyRevoked(want)
+    );
+    assert_eq!(count(&db.app, "SELECT count(*) FROM lock_revocation").await, 1);
+
+    // A lapsed grant at that very token is nobody's: NOT_HELD, nothing written.
+    let g2 = repo
+        .acquire("lapsed", "w1", s1, SHORT_TTL_SECS)
+        .await
+        .unwrap()
+        .unwrap();
+    await_lease_lapsed(&db.app, "lapsed").await;
+    assert_eq!(
+        repo.revoke_pinned("lapsed", g2.fencing_token, "ops", "r")
+            .await
+            .unwrap(),
+        Revocation::NotHeld
+    );
+    assert_eq!(count(&db.app, "SELECT count(*) FROM lock_revocation").await, 1);
+}
+
+/// How a revoke is retried in [`scenario_revoke_retried_after_a_crash`].
+#[derive(Clone, Copy)]
+enum RetryForm {
+    Pinned,
+    /// The unsafe form: "whatever is live now".
+    Unpinned,
+}
+
+/// An operator revokes w1's grant, crashes before recording that it did, w2 acquires the key, and the
+/// operator retries the same request. Err when the retry removed w2's newer grant.
+async fn scenario_revoke_retried_after_a_crash(db: &Db, repo: &Repo, retry: RetryForm) -> Result<(), String> {
+    let s1 = session(repo, "w1").await;
+    let t1 = repo
+        .acquire("account:3", "w1", s1, LONG_TTL_SECS)
+        .await
+        .unwrap()
+        .unwrap()
+        .fencing_token;
+    // The operator read t1 and revoked exactly that grant; then it died.
+    let first = repo.revoke_pinned("account:3", t1, "ops", "stuck").await.unwrap();
+    assert!(matches!(first, Revocation::Revoked(_)), "{first:?}");
+    let s2 = session(repo, "w2").await;
+    let t2 = repo
+        .acquire("account:3", "w2", s2, LONG_TTL_SECS)
+        .await
+        .unwrap()
+        .unwrap()
+        .fencing_token;
+    match retry {
+        RetryForm::Pinned => {
+            let again = repo.revoke_pinned("account:3", t1, "ops", "stuck").await.unwrap();
+            assert!(matches!(again, Revocation::AlreadyRevoked(_)), "{again:?}");
+        }
+        RetryForm::Unpinned => {
+            repo.revoke("account:3", "ops", "stuck").await.unwrap();
+        }
+    }
+    match entry(&db.app, "account:3").await {
+        Some(row) if row.fencing_token == t2 => Ok(()),
+        other => Err(format!(
+            "the retry removed the newer holder's grant {t2}: {other:?}"
+        )),
+    }
+}
+
+#[tokio::test]
+async fn a_pinned_revoke_retried_after_a_crash_leaves_the_newer_holder_alone() {
+    let (db, repo) = repo().await;
+    scenario_revoke_retried_after_a_crash(&db, &repo, RetryForm::Pinned)
+        .await
+        .unwrap();
+    assert_eq!(count(&db.app, "SELECT count(*) FROM lock_revocation").await, 1);
+}
+
+/// Negative control: the same scenario with the unpinned delete revokes the newer holder.
+#[tokio::test]
+async fn negative_control_an_unpinned_retry_revokes_the_newer_holder() {
+    let (db, repo) = repo().await;
+    let r = scenario_revoke_retried_after_a_crash(&db, &repo, RetryForm::Unpinned).await;
+    assert!(r.is_err(), "the unpinned retry left the newer holder alone");
 }
 
 // ---- the operator read -------------------------------------------------------------------------
