@@ -147,6 +147,15 @@ impl Kubelet {
         }
     }
 
+    /// The namespace's `default` ServiceAccount, which the controller-manager would create and pod
+    /// admission requires.
+    fn ensure_default_service_account(&self) {
+        if self.kubectl.get(Some(&self.ns), "serviceaccount", "default").is_none() {
+            let sa = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}});
+            let _ = self.kubectl.run_stdin(&["create", "-n", &self.ns, "-f", "-"], &sa.to_string());
+        }
+    }
+
     fn start_served(&mut self, name: &str, dep: &Value) {
         let c = &dep["spec"]["template"]["spec"]["containers"][0];
         let mut argv: Vec<String> = strings(&c["command"]);
@@ -210,6 +219,7 @@ impl Kubelet {
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
         let labels = dep["spec"]["template"]["metadata"]["labels"].clone();
+        self.ensure_default_service_account();
         let pod = json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": format!("{name}-local"), "labels": labels},
@@ -389,7 +399,12 @@ impl Kubelet {
             env.keys().collect::<Vec<_>>()
         );
         // The termination-message file the kubelet would provide, if the container writes one.
-        let termination_path = c["terminationMessagePath"].as_str().map(str::to_owned);
+        // (The API server defaults terminationMessagePath for every container; only a container
+        // that names it in its args writes a report there.)
+        let termination_path = c["terminationMessagePath"]
+            .as_str()
+            .map(str::to_owned)
+            .filter(|p| args.iter().any(|a| a == p));
         let report_file = self.scratch.join(format!("{name}.termination-log"));
         let args: Vec<String> = args
             .into_iter()
@@ -508,6 +523,7 @@ impl Kubelet {
     /// The Job's ended pod, as the Job controller and kubelet leave it: labelled with the Job's name,
     /// its container terminated with the exit code and the termination message.
     fn write_job_pod(&self, job: &Value, exit_code: Option<i32>, message: &str) {
+        self.ensure_default_service_account();
         let name = objects::name(job);
         let c = objects::container(job);
         let pod_name = format!("{name}-run");
