@@ -150,9 +150,15 @@ impl Kubelet {
     /// The namespace's `default` ServiceAccount, which the controller-manager would create and pod
     /// admission requires.
     fn ensure_default_service_account(&self) {
-        if self.kubectl.get(Some(&self.ns), "serviceaccount", "default").is_none() {
+        if self
+            .kubectl
+            .get(Some(&self.ns), "serviceaccount", "default")
+            .is_none()
+        {
             let sa = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}});
-            let _ = self.kubectl.run_stdin(&["create", "-n", &self.ns, "-f", "-"], &sa.to_string());
+            let _ = self
+                .kubectl
+                .run_stdin(&["create", "-n", &self.ns, "-f", "-"], &sa.to_string());
         }
     }
 
