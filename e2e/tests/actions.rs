@@ -489,7 +489,7 @@ async fn restore_fast_forward_gates_reads_every_paydb_advances_and_resumes() {
         &format!("CREATE DATABASE {} TEMPLATE {backup}", lockdb.name),
     )
     .await;
-    let rewound = ctx.wait("lock-server to grant from the restored lockdb", |cx| {
+    ctx.wait("lock-server to grant from the restored lockdb", |cx| {
         let (st, body) = cx.lock_api().call("GET", "/readyz", None, &[]);
         if st == 200 {
             Ok(())
@@ -497,7 +497,6 @@ async fn restore_fast_forward_gates_reads_every_paydb_advances_and_resumes() {
             Err(format!("{st} {body}"))
         }
     });
-    let _ = rewound;
     let stale = api.acquire("worker", "account:after-restore", 600_000);
     assert!(
         stale.token <= 6,

@@ -1,7 +1,6 @@
 //! `dlock`: the local demo, a stack you can explore with curl, and the benchmarks.
 
 mod bench;
-mod drill;
 mod lockdemo;
 mod paybench;
 mod paydemo;
@@ -36,19 +35,9 @@ enum Command {
     },
     /// Start everything on loopback and keep it running; print the endpoints (Ctrl-C stops).
     Up,
-    /// Drills of operational procedures, on loopback.
-    #[command(subcommand)]
-    Drill(DrillCommand),
     /// Benchmarks; results go to stdout (record them in docs/benchmarks.md).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
-}
-
-#[derive(Debug, Subcommand)]
-enum DrillCommand {
-    /// Restore lockdb from a snapshot (the sequence rewinds), show new grants fenced out while
-    /// nothing is double-paid, fast-forward the sequence, show payouts resume.
-    Restore,
 }
 
 #[tokio::main]
@@ -66,7 +55,6 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo { locks_only } => lockdemo::run(&run_dir, !locks_only).await,
         Command::Up => stack::up(&run_dir).await,
-        Command::Drill(DrillCommand::Restore) => drill::restore(run_dir.path()).await,
         Command::Bench(cmd) => bench::run(cmd, &run_dir).await,
     };
     match result {
