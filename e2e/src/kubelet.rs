@@ -274,8 +274,18 @@ impl Kubelet {
     /// A database URL mapped to its local database: by host first, else `default`.
     fn map_url(&self, value: &str, default: Option<&TestDb>) -> Option<String> {
         let url = url::Url::parse(value).ok()?;
-        let by_host = url.host_str().and_then(|h| self.hosts.get(h));
-        map_database_url(value, by_host.or(default)?)
+        let host = url.host_str().unwrap_or_default();
+        // By host first; else by the database the operator's Service name says it is
+        // (`<owner>-lockdb.…` / `<owner>-paydb.…`); else `default`.
+        let by_name = if host.contains("-paydb.") {
+            self.databases.get(&History::Paydb)
+        } else if host.contains("-lockdb.") {
+            self.databases.get(&History::Lockdb)
+        } else {
+            None
+        };
+        let db = self.hosts.get(host).or(by_name).or(default)?;
+        map_database_url(value, db)
     }
 
     /// Uses `db` for `history` instead of a fresh blank database (e.g. one prepared to fail).

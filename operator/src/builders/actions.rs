@@ -98,6 +98,9 @@ pub struct StackRef {
     pub name: String,
     /// The paydb connection Secret exists (else the Job's pod could not even start).
     pub connection_ready: bool,
+    /// paydb's migration Job has succeeded (the periodic check waits for it: the tables it reads
+    /// exist only then).
+    pub migrated: bool,
 }
 
 /// Everything the action planning looks at.
@@ -323,7 +326,8 @@ fn plan_check(inputs: &ActionInputs, jobs: &RestoreJobs<'_>, out: &mut ActionPla
                 .and_then(|f| k8s_openapi::jiff::Timestamp::from_str(&f.checked_at).ok())
                 .map(|t| t.as_second());
             let due = last.is_none_or(|t| inputs.now_secs - t >= interval);
-            if due && !restoring && inputs.schema_ready && !inputs.stacks.is_empty() {
+            let migrated = inputs.stacks.iter().all(|st| st.migrated && st.connection_ready);
+            if due && !restoring && inputs.schema_ready && migrated && !inputs.stacks.is_empty() {
                 let bucket = inputs.now_secs / interval;
                 let name = jobs.owner.child(&format!(
                     "fencing-check-{}",
@@ -1095,10 +1099,12 @@ mod tests {
                 StackRef {
                     name: "pay-a".into(),
                     connection_ready: true,
+                    migrated: true,
                 },
                 StackRef {
                     name: "pay-b".into(),
                     connection_ready: true,
+                    migrated: true,
                 },
             ],
             now: "t".into(),

@@ -177,9 +177,15 @@ pub async fn stacks_of(ctx: &Context, ls: &LockService, owner: &Owner) -> Result
             .await
             .map_err(|e| Error::step("read a paydb connection Secret", e))?
             .is_some();
+        let migrated = ps
+            .status
+            .as_ref()
+            .and_then(|s| s.migration.as_ref())
+            .is_some_and(|m| m.succeeded);
         out.push(StackRef {
             name: ps.name_any(),
             connection_ready,
+            migrated,
         });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
