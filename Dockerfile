@@ -34,11 +34,12 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
         --bin rail-stub \
         --bin payout-executor \
         --bin dlock-migrate \
+        --bin dlock-fastforward \
         --bin dlock-operator \
     && mkdir -p /out \
     && cp target/release/lock-server target/release/payment-resource target/release/rail-proxy \
           target/release/rail-stub target/release/payout-executor target/release/dlock-migrate \
-          target/release/dlock-operator /out/
+          target/release/dlock-fastforward target/release/dlock-operator /out/
 
 # Same Debian release as the builder, so the glibc the binaries link against is present.
 FROM gcr.io/distroless/cc-debian12:nonroot AS runtime

@@ -18,6 +18,7 @@ use base64::Engine;
 use dlock_testkit::{History, TestDb};
 use serde_json::{Value, json};
 
+use crate::proxy::Proxy;
 use crate::{Kubectl, env, objects};
 
 /// One executed Job.
@@ -47,6 +48,25 @@ pub struct Kubelet {
     /// Jobs (by uid) already run, so each runs once, as a Job with backoffLimit 0 would.
     ran: HashSet<String>,
     pub runs: Vec<JobRun>,
+    /// Database URL hosts (e.g. `pay-a-paydb.<ns>.svc`) mapped to a local database of their own,
+    /// so that several PaymentStacks each get their paydb.
+    hosts: HashMap<String, TestDb>,
+    /// Deployments whose pods run as local processes (by Deployment name), and the Service
+    /// authority the proxy routes to them.
+    served: HashMap<String, Served>,
+    pub proxy: Option<Proxy>,
+    scratch: std::path::PathBuf,
+}
+
+/// A Deployment whose one pod runs here.
+struct Served {
+    authority: String,
+    history: History,
+    process: Option<std::process::Child>,
+    port: u16,
+    log: std::path::PathBuf,
+    /// How many times its process was started.
+    starts: usize,
 }
 
 impl Kubelet {
@@ -63,7 +83,209 @@ impl Kubelet {
             databases,
             ran: HashSet::new(),
             runs: Vec::new(),
+            hosts: HashMap::new(),
+            served: HashMap::new(),
+            proxy: None,
+            scratch: std::env::temp_dir().join(format!(
+                "dlock-e2e-kubelet-{}-{}",
+                std::process::id(),
+                crate::env::unique_name("k")
+            )),
         }
+    }
+
+    /// Database URLs whose host is `host` map to `db` (instead of the history's default database).
+    pub fn use_database_for_host(&mut self, host: &str, db: TestDb) {
+        self.hosts.insert(host.to_owned(), db);
+    }
+
+    /// Runs Deployment `name`'s pod as a local process whenever it asks for replicas (one process
+    /// stands for all of them), routed by the proxy from `authority` (the Service's `host:port`).
+    /// Its database URLs map to `history`'s local database (or a host mapping).
+    pub fn serve_deployment(&mut self, name: &str, authority: &str, history: History) {
+        self.served.insert(
+            name.to_owned(),
+            Served {
+                authority: authority.to_owned(),
+                history,
+                process: None,
+                port: 0,
+                log: self.scratch.join(format!("{name}.log")),
+                starts: 0,
+            },
+        );
+    }
+
+    /// How many times a served Deployment's process was started.
+    pub fn served_starts(&self, name: &str) -> usize {
+        self.served.get(name).map_or(0, |s| s.starts)
+    }
+
+    /// The local port of a served Deployment's process, when it runs.
+    pub fn served_port(&self, name: &str) -> Option<u16> {
+        self.served
+            .get(name)
+            .filter(|s| s.process.is_some())
+            .map(|s| s.port)
+    }
+
+    /// Starts or stops the processes of the served Deployments to match their replicas, with a Pod
+    /// object for each running one (what the operator counts before it opens a gate) and the proxy
+    /// route to it.
+    pub fn sync_served(&mut self) {
+        let names: Vec<String> = self.served.keys().cloned().collect();
+        for name in names {
+            let dep = self.kubectl.get(Some(&self.ns), "deployment", &name);
+            let want = dep.as_ref().is_some_and(|d| objects::replicas(d) > 0);
+            let running = self.served.get(&name).is_some_and(|s| s.process.is_some());
+            if want && !running {
+                let dep = dep.unwrap_or_default();
+                self.start_served(&name, &dep);
+            } else if !want && running {
+                self.stop_served(&name);
+            }
+        }
+    }
+
+    /// The namespace's `default` ServiceAccount, which the controller-manager would create and pod
+    /// admission requires.
+    fn ensure_default_service_account(&self) {
+        if self
+            .kubectl
+            .get(Some(&self.ns), "serviceaccount", "default")
+            .is_none()
+        {
+            let sa = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}});
+            let _ = self
+                .kubectl
+                .run_stdin(&["create", "-n", &self.ns, "-f", "-"], &sa.to_string());
+        }
+    }
+
+    fn start_served(&mut self, name: &str, dep: &Value) {
+        let c = &dep["spec"]["template"]["spec"]["containers"][0];
+        let mut argv: Vec<String> = strings(&c["command"]);
+        argv.extend(strings(&c["args"]));
+        let env = self.container_env(c);
+        let history = self.served[name].history;
+        let default_db = self.databases.get(&history).cloned();
+        let port = dlock_testkit::procs::free_port().unwrap_or_else(|e| panic!("free port: {e}"));
+        let program = Path::new(&argv[0])
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut cmd = Command::new(env::workspace_bin(&program));
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default());
+        for (k, v) in &env {
+            match self.map_url(v, default_db.as_ref()) {
+                Some(local) => cmd.env(k, local),
+                None => cmd.env(k, v),
+            };
+        }
+        // The pod listens on all interfaces; here, loopback only.
+        let args: Vec<String> = argv[1..]
+            .iter()
+            .map(|a| {
+                if a.starts_with("0.0.0.0:") {
+                    format!("127.0.0.1:{port}")
+                } else {
+                    a.clone()
+                }
+            })
+            .collect();
+        std::fs::create_dir_all(&self.scratch).ok();
+        let log = self.served[name].log.clone();
+        let file = std::fs::File::create(&log).unwrap_or_else(|e| panic!("create {}: {e}", log.display()));
+        let err = file.try_clone().unwrap_or_else(|e| panic!("dup log: {e}"));
+        cmd.args(&args)
+            .stdin(std::process::Stdio::null())
+            .stdout(file)
+            .stderr(err);
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {program} for {name}: {e}"));
+        // Ready when /readyz answers 200, as the readiness probe would see it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "{program} for {name} exited ({status}):\n{}",
+                    crate::operator::tail(&log, 40)
+                );
+            }
+            if http_ready(port) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{program} for {name} not ready within 60 s:\n{}",
+                crate::operator::tail(&log, 40)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let labels = dep["spec"]["template"]["metadata"]["labels"].clone();
+        self.ensure_default_service_account();
+        let pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("{name}-local"), "labels": labels},
+            "spec": {"containers": [{"name": c["name"], "image": c["image"]}]},
+        });
+        self.kubectl.apply(&self.ns, &pod).ok();
+        let served = self
+            .served
+            .get_mut(name)
+            .unwrap_or_else(|| panic!("{name} is not served"));
+        if let Some(proxy) = &self.proxy {
+            proxy.route(&served.authority, port);
+        }
+        served.process = Some(child);
+        served.port = port;
+        served.starts += 1;
+    }
+
+    fn stop_served(&mut self, name: &str) {
+        let Some(served) = self.served.get_mut(name) else {
+            return;
+        };
+        if let Some(proxy) = &self.proxy {
+            proxy.unroute(&served.authority);
+        }
+        if let Some(mut child) = served.process.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // The pod is gone only once its process is: delete its object afterwards.
+        self.kubectl
+            .run(&[
+                "delete",
+                "pod",
+                &format!("{name}-local"),
+                "-n",
+                &self.ns,
+                "--grace-period=0",
+                "--force",
+                "--ignore-not-found",
+                "--wait=false",
+            ])
+            .ok();
+    }
+
+    /// A database URL mapped to its local database: by host first, else `default`.
+    fn map_url(&self, value: &str, default: Option<&TestDb>) -> Option<String> {
+        let url = url::Url::parse(value).ok()?;
+        let host = url.host_str().unwrap_or_default();
+        // By host first; else by the database the operator's Service name says it is
+        // (`<owner>-lockdb.…` / `<owner>-paydb.…`); else `default`.
+        let by_name = if host.contains("-paydb.") {
+            self.databases.get(&History::Paydb)
+        } else if host.contains("-lockdb.") {
+            self.databases.get(&History::Lockdb)
+        } else {
+            None
+        };
+        let db = self.hosts.get(host).or(by_name).or(default)?;
+        map_database_url(value, db)
     }
 
     /// Uses `db` for `history` instead of a fresh blank database (e.g. one prepared to fail).
@@ -112,9 +334,10 @@ impl Kubelet {
         done
     }
 
-    /// One pass of everything: jobs, then workload status.
+    /// One pass of everything: jobs, served processes, then workload status.
     pub fn step(&mut self) -> Vec<JobRun> {
         let runs = self.run_pending_jobs();
+        self.sync_served();
         self.workloads_ready();
         runs
     }
@@ -133,9 +356,16 @@ impl Kubelet {
 
         let migrations = dlock_testkit::migrations_root();
         let argv: Vec<String> = argv.iter().map(|a| map_migrations_path(a, &migrations)).collect();
-        let history = history_of(&argv).unwrap_or_else(|| {
-            panic!("Job {name}: cannot tell lockdb from paydb in its args {argv:?} (expected a /migrations/<history> dir)")
-        });
+        let program_name = Path::new(&argv[0])
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        // dlock-fastforward's DATABASE_URL is lockdb; its paydb URLs map by host.
+        let history = history_of(&argv)
+            .or_else(|| (program_name == "dlock-fastforward").then_some(History::Lockdb))
+            .unwrap_or_else(|| {
+                panic!("Job {name}: cannot tell lockdb from paydb in its args {argv:?} (expected a /migrations/<history> dir)")
+            });
         let db = self.databases.get(&history).cloned().unwrap_or_else(|| {
             panic!(
                 "Job {name} migrates {}, but the stand-in has no local database for it",
@@ -153,7 +383,7 @@ impl Kubelet {
             .env("PATH", std::env::var_os("PATH").unwrap_or_default());
         let mut mapped_url = false;
         for (k, v) in &env {
-            if let Some(local) = map_database_url(v, &db) {
+            if let Some(local) = self.map_url(v, Some(&db)) {
                 cmd.env(k, local);
                 mapped_url = true;
             } else {
@@ -184,10 +414,32 @@ impl Kubelet {
             "Job {name}: no postgres:// URL in its env or args (env names: {:?})",
             env.keys().collect::<Vec<_>>()
         );
+        // The termination-message file the kubelet would provide, if the container writes one.
+        // (The API server defaults terminationMessagePath for every container; only a container
+        // that names it in its args writes a report there.)
+        let termination_path = c["terminationMessagePath"]
+            .as_str()
+            .map(str::to_owned)
+            .filter(|p| args.iter().any(|a| a == p));
+        let report_file = self.scratch.join(format!("{name}.termination-log"));
+        let args: Vec<String> = args
+            .into_iter()
+            .map(|a| match &termination_path {
+                Some(p) if *p == a => report_file.to_string_lossy().into_owned(),
+                _ => a,
+            })
+            .collect();
+        if termination_path.is_some() {
+            std::fs::create_dir_all(&self.scratch).ok();
+        }
         cmd.args(&args);
         let out = cmd
             .output()
             .unwrap_or_else(|e| panic!("run {} for Job {name}: {e}", binary.display()));
+        if termination_path.is_some() {
+            let message = std::fs::read_to_string(&report_file).unwrap_or_default();
+            self.write_job_pod(job, out.status.code(), &message);
+        }
         JobRun {
             job: name,
             history,
@@ -284,12 +536,68 @@ impl Kubelet {
             .collect()
     }
 
+    /// The Job's ended pod, as the Job controller and kubelet leave it: labelled with the Job's name,
+    /// its container terminated with the exit code and the termination message.
+    fn write_job_pod(&self, job: &Value, exit_code: Option<i32>, message: &str) {
+        self.ensure_default_service_account();
+        let name = objects::name(job);
+        let c = objects::container(job);
+        let pod_name = format!("{name}-run");
+        let pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod_name, "labels": {
+                "batch.kubernetes.io/job-name": name, "job-name": name}},
+            "spec": {"restartPolicy": "Never", "containers": [{"name": c["name"], "image": c["image"]}]},
+        });
+        self.kubectl.apply(&self.ns, &pod).ok();
+        let now = now_rfc3339();
+        let code = exit_code.unwrap_or(137);
+        let status = json!({"status": {
+            "phase": if code == 0 { "Succeeded" } else { "Failed" },
+            "containerStatuses": [{
+                "name": c["name"], "image": c["image"], "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {
+                    "exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" },
+                    "message": message, "startedAt": now, "finishedAt": now}},
+            }],
+        }});
+        self.kubectl
+            .patch_status(&self.ns, "pod", &pod_name, &status)
+            .ok();
+    }
+
     /// Writes the terminal status the Job controller writes after one pod exited with `succeeded`.
     pub fn write_job_status(&self, job: &Value, succeeded: bool) {
         self.kubectl
             .patch_status(&self.ns, "job", objects::name(job), &job_status(succeeded))
             .ok();
     }
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        for s in self.served.values_mut() {
+            if let Some(mut c) = s.process.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+/// `GET /readyz` answers 200.
+fn http_ready(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+    if write!(s, "GET /readyz HTTP/1.0\r\nHost: x\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    buf.split_whitespace().nth(1) == Some("200")
 }
 
 fn strings(v: &Value) -> Vec<String> {

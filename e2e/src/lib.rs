@@ -18,8 +18,10 @@ pub mod env;
 pub mod helm;
 pub mod kubectl;
 pub mod kubelet;
+pub mod lockapi;
 pub mod objects;
 pub mod operator;
+pub mod proxy;
 pub mod rbac;
 pub mod wait;
 

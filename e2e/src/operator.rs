@@ -26,6 +26,19 @@ impl Operator {
     /// free loopback port), starts the binary with that container's command/args/env and the
     /// identity's kubeconfig, and waits for `/readyz`.
     pub fn start(cluster: &Cluster, helm_bin: &PathBuf, identity: &Identity, dir: &Path) -> Operator {
+        Operator::start_with_env(cluster, helm_bin, identity, dir, &[])
+    }
+
+    /// As [`Operator::start`], plus `extra` environment variables (e.g. `HTTP_PROXY` for the
+    /// stand-in of Service DNS, see [`crate::proxy`]). The log is appended to, so a restarted
+    /// operator keeps the earlier lines.
+    pub fn start_with_env(
+        cluster: &Cluster,
+        helm_bin: &PathBuf,
+        identity: &Identity,
+        dir: &Path,
+        extra: &[(&str, &str)],
+    ) -> Operator {
         let port = free_port();
         let port_s = port.to_string();
         let yaml = helm::template(
@@ -52,8 +65,11 @@ impl Operator {
 
         let pod_name = env::unique_name("dlock-operator");
         let log = dir.join("operator.log");
-        let log_file =
-            std::fs::File::create(&log).unwrap_or_else(|e| panic!("create {}: {e}", log.display()));
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap_or_else(|e| panic!("create {}: {e}", log.display()));
         let mut cmd = Command::new(&binary);
         cmd.args(&argv[1..])
             .env_clear()
@@ -78,6 +94,9 @@ impl Operator {
                     ),
                 };
             }
+        }
+        for (k, v) in extra {
+            cmd.env(k, v);
         }
         let child = cmd
             .spawn()
@@ -119,6 +138,12 @@ impl Operator {
     /// The last lines of the operator's log, for failure messages.
     pub fn log_tail(&self) -> String {
         format!("operator log ({}):\n{}", self.log.display(), tail(&self.log, 80))
+    }
+
+    /// SIGKILL, as a crashed or evicted pod: no shutdown path runs.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Still running?

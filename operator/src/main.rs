@@ -58,6 +58,10 @@ struct Args {
     /// Seconds to wait at start-up for the CRDs to be Established before exiting non-zero.
     #[arg(long, env = "DLOCK_OPERATOR_CRD_WAIT_SECS", default_value_t = 60)]
     crd_wait_secs: u64,
+    /// Seconds between comparisons of each LockService's fencing sequence with its paydbs'
+    /// high-water (a Job per check); 0 turns the check off.
+    #[arg(long, env = "DLOCK_OPERATOR_FENCING_CHECK_SECS", default_value_t = 300)]
+    fencing_check_secs: u64,
 }
 
 /// Exit codes: 0 clean shutdown, 1 runtime failure, 2 CRDs missing, 3 leadership lost.
@@ -138,6 +142,8 @@ async fn operate(
     let settings = Settings {
         default_image: args.image.clone(),
         namespace: args.namespace.clone(),
+        fencing_check_interval: (args.fencing_check_secs > 0)
+            .then(|| std::time::Duration::from_secs(args.fencing_check_secs)),
     };
     let ctx = Arc::new(Context::new(
         client.clone(),

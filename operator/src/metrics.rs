@@ -2,12 +2,16 @@
 //! - `dlock_operator_reconciliations_total{kind}`
 //! - `dlock_operator_reconcile_failures_total{kind,reason}`
 //! - `dlock_operator_reconcile_duration_seconds{kind}` (histogram)
+//! - `dlock_operator_fencing_sequence_behind{namespace,name}`: 1 while a LockService's
+//!   `fencing_token_seq` is below the highest token its paydbs have seen (C1 §1.7), else 0;
+//!   `dlock_operator_fencing_sequence{…}` and `dlock_operator_fencing_high_water{…}`: the two numbers.
 
 use std::time::Instant;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -22,6 +26,12 @@ pub struct FailureLabels {
     pub reason: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ObjectLabels {
+    pub namespace: String,
+    pub name: String,
+}
+
 type HistogramFamily = Family<KindLabel, Histogram, fn() -> Histogram>;
 
 #[derive(Debug, Clone)]
@@ -29,6 +39,9 @@ pub struct Metrics {
     reconciliations: Family<KindLabel, Counter>,
     failures: Family<FailureLabels, Counter>,
     duration: HistogramFamily,
+    behind: Family<ObjectLabels, Gauge>,
+    sequence: Family<ObjectLabels, Gauge>,
+    high_water: Family<ObjectLabels, Gauge>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -42,7 +55,25 @@ impl Metrics {
             reconciliations: Family::default(),
             failures: Family::default(),
             duration: HistogramFamily::new_with_constructor(duration_histogram),
+            behind: Family::default(),
+            sequence: Family::default(),
+            high_water: Family::default(),
         };
+        registry.register(
+            "dlock_operator_fencing_sequence_behind",
+            "1 while the LockService's fencing sequence is below a token its resources have seen",
+            m.behind.clone(),
+        );
+        registry.register(
+            "dlock_operator_fencing_sequence",
+            "Last checked value of the LockService's fencing_token_seq",
+            m.sequence.clone(),
+        );
+        registry.register(
+            "dlock_operator_fencing_high_water",
+            "Highest token any paydb of the LockService's PaymentStacks has seen, when last checked",
+            m.high_water.clone(),
+        );
         registry.register(
             "dlock_operator_reconciliations",
             "Reconciliations run, by kind",
@@ -68,6 +99,23 @@ impl Metrics {
             start: Instant::now(),
             histogram: self.duration.get_or_create(&KindLabel { kind }).clone(),
         }
+    }
+
+    /// Exports the last fencing check of one LockService.
+    pub fn fencing_observed(
+        &self,
+        namespace: &str,
+        name: &str,
+        f: Option<&crate::crd::actions::FencingStatus>,
+    ) {
+        let Some(f) = f else { return };
+        let labels = ObjectLabels {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        };
+        self.behind.get_or_create(&labels).set(i64::from(f.is_behind()));
+        self.sequence.get_or_create(&labels).set(f.sequence);
+        self.high_water.get_or_create(&labels).set(f.high_water);
     }
 
     pub fn reconcile_failed(&self, kind: &'static str, reason: &'static str) {

@@ -17,6 +17,47 @@ pub struct Inputs<'a> {
     pub migration: &'a JobState,
     /// resourceVersion of the connection Secret (restarts pods when the URL changes).
     pub db_secret_version: Option<&'a str>,
+    /// A restore fast-forward gates lock traffic: lock-server is held at zero replicas.
+    pub gated: bool,
+}
+
+/// Key of the admin token in [`admin_secret`].
+pub const KEY_ADMIN_TOKEN: &str = "token";
+
+/// `<owner>-lock-server-admin`: lock-server's admin bearer token (for the pinned force-revoke).
+/// Created once with a random token; lock-server reads it from the environment, the operator from
+/// the Secret. Never logged, never in status or Events.
+pub fn admin_secret_name(owner: &Owner) -> String {
+    owner.child("lock-server-admin")
+}
+
+pub fn admin_secret(owner: &Owner) -> k8s_openapi::api::core::v1::Secret {
+    use k8s_openapi::ByteString;
+    use rand::Rng;
+    use rand::distr::Alphanumeric;
+    let token: String = rand::rng()
+        .sample_iter(&Alphanumeric)
+        .take(40)
+        .map(char::from)
+        .collect();
+    k8s_openapi::api::core::v1::Secret {
+        metadata: owner.meta(admin_secret_name(owner), LOCK_SERVER),
+        type_: Some("Opaque".into()),
+        data: Some(std::collections::BTreeMap::from([(
+            KEY_ADMIN_TOKEN.to_owned(),
+            ByteString(token.into_bytes()),
+        )])),
+        ..k8s_openapi::api::core::v1::Secret::default()
+    }
+}
+
+/// The lockdb owner-role URL (managed: the connection Secret's `admin-url`; external: the user's Secret).
+pub fn lockdb_admin_url(ls: &LockService, owner: &Owner) -> Result<crate::crd::SecretKeyRef, SpecError> {
+    let external = match ls.spec.database.mode().ok_or(SpecError::DatabaseMode)? {
+        DatabaseMode::Managed(_) => None,
+        DatabaseMode::External(e) => Some(&e.secret_ref),
+    };
+    Ok(database::admin_url_source(owner, HISTORY, external))
 }
 
 pub const HISTORY: History = History::Lockdb;
@@ -72,13 +113,19 @@ pub fn desired(ls: &LockService, owner: &Owner, inputs: &Inputs<'_>) -> Result<D
     // The schema gate: nothing that needs lockdb's tables is created (or changed) before the Job of
     // the current image has succeeded. Existing Deployments are left as they are meanwhile.
     if *inputs.migration == JobState::Succeeded {
+        let replicas = if inputs.gated {
+            0
+        } else {
+            ls.spec.lock_server.replicas
+        };
         let w = workloads::lock_server(
             owner,
             lock_server_image(ls, inputs.default_image),
-            ls.spec.lock_server.replicas,
+            replicas,
             ls.spec.lock_server.resources.clone(),
             &ls.spec.lease,
             inputs.db_secret_version,
+            &admin_secret_name(owner),
         );
         out.workload(owner, &w);
         out.endpoints

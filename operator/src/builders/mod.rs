@@ -1,6 +1,7 @@
 //! Pure functions from a custom resource to the child objects it asks for. No I/O here: the
 //! controllers observe the cluster, call these, and apply the results with server-side apply.
 
+pub mod actions;
 pub mod database;
 pub mod lockservice;
 pub mod migration;

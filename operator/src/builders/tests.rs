@@ -63,6 +63,7 @@ fn ls_inputs<'a>(migration: &'a JobState) -> lockservice::Inputs<'a> {
         database_ready: true,
         migration,
         db_secret_version: Some("42"),
+        gated: false,
     }
 }
 

@@ -28,6 +28,8 @@ pub const RAIL_PROXY_FENCING_ENV: &str = "RAIL_PROXY_FENCING_ENABLED";
 /// Lease defaults from the LockService, for the lock server and its clients.
 pub const LEASE_TTL_ENV: &str = "DLOCK_LEASE_TTL_MS";
 pub const SESSION_TTL_ENV: &str = "DLOCK_SESSION_TTL_MS";
+/// lock-server reads its admin bearer token from here (services/lock-server/src/config.rs).
+pub const ADMIN_TOKEN_ENV: &str = "DLOCK_ADMIN_TOKEN";
 /// Pod-template annotation carrying the connection Secret's resourceVersion, so pods restart when the
 /// URL they read at start-up changes.
 pub const DB_SECRET_VERSION_ANNOTATION: &str = "dlock.dev/database-secret-version";
@@ -70,13 +72,17 @@ pub fn lock_server(
     resources: Option<ResourceRequirements>,
     lease: &LeaseSpec,
     db_secret_version: Option<&str>,
+    admin_secret: &str,
 ) -> Workload {
+    let mut env = lease_env(lease);
+    // The admin token (force-revoke) from its Secret: never a flag, never a plain value.
+    env.push(secret_env(ADMIN_TOKEN_ENV, admin_secret, "token"));
     Workload {
         component: LOCK_SERVER,
         image,
         replicas,
         args: vec!["--listen".into(), LISTEN_ADDR.into()],
-        env: lease_env(lease),
+        env,
         resources,
         serves_http: true,
         annotations: BTreeMap::new(),

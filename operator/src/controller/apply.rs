@@ -72,19 +72,20 @@ where
     }
 }
 
-/// Deletes every migration Job matching `selector` except `keep`; returns the names deleted.
+/// Deletes every Job matching `selector` (the owner's Jobs of one component, found by label) except
+/// those named in `keep`; returns the names deleted.
 pub async fn delete_stale_jobs(
     client: &Client,
     namespace: &str,
     selector: &str,
-    keep: &str,
+    keep: &[&str],
 ) -> Result<Vec<String>> {
     let api: Api<Job> = Api::namespaced(client.clone(), namespace);
     let jobs = api.list(&ListParams::default().labels(selector)).await?;
     let mut deleted = Vec::new();
     for job in jobs.items {
         let Some(name) = job.metadata.name else { continue };
-        if name != keep && delete::<Job>(client, namespace, &name).await? {
+        if !keep.contains(&name.as_str()) && delete::<Job>(client, namespace, &name).await? {
             deleted.push(name);
         }
     }

@@ -7,6 +7,16 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("the object has no name, namespace or uid yet")]
     MissingObjectKey,
+    /// A step of a reconcile failed at the Kubernetes API; the step is named.
+    #[error("{step}: Kubernetes API call failed: {source}")]
+    Step {
+        step: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+    /// A call to lock-server (an action step) failed.
+    #[error("{step}: {message}")]
+    LockServer { step: &'static str, message: String },
     #[error("cannot serialize {what}: {source}")]
     Serialize {
         what: &'static str,
@@ -19,14 +29,27 @@ impl Error {
     /// Low-cardinality label for `dlock_operator_reconcile_failures_total{reason}`.
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Error::Kube(kube::Error::Api(status)) if status.code == 409 => "conflict",
-            Error::Kube(kube::Error::Api(status)) if status.code == 403 => "forbidden",
-            Error::Kube(kube::Error::Api(status)) if status.code == 422 => "invalid",
-            Error::Kube(kube::Error::Api(_)) => "api_error",
-            Error::Kube(_) => "api_unreachable",
+            Error::Kube(source) | Error::Step { source, .. } => kube_label(source),
+            Error::LockServer { .. } => "lock_server",
             Error::MissingObjectKey => "missing_object_key",
             Error::Serialize { .. } => "serialize",
         }
+    }
+}
+
+impl Error {
+    pub fn step(step: &'static str, source: kube::Error) -> Error {
+        Error::Step { step, source }
+    }
+}
+
+fn kube_label(source: &kube::Error) -> &'static str {
+    match source {
+        kube::Error::Api(status) if status.code == 409 => "conflict",
+        kube::Error::Api(status) if status.code == 403 => "forbidden",
+        kube::Error::Api(status) if status.code == 422 => "invalid",
+        kube::Error::Api(_) => "api_error",
+        _ => "api_unreachable",
     }
 }
 

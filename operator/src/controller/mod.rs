@@ -4,6 +4,7 @@
 //! Each reconcile is level-based: observe the cluster, compute the desired children with the pure
 //! builders, server-side apply them, delete what the spec no longer asks for, write status.
 
+pub mod actions;
 pub mod apply;
 pub mod database;
 pub mod error;
@@ -51,6 +52,9 @@ pub struct Settings {
     pub default_image: String,
     /// Namespace to watch; all when `None`.
     pub namespace: Option<String>,
+    /// How often each LockService's fencing sequence is compared with its paydbs' high-water;
+    /// `None` turns the check off.
+    pub fencing_check_interval: Option<Duration>,
 }
 
 /// State shared by every reconcile. Passed explicitly; no globals.
@@ -59,6 +63,8 @@ pub struct Context {
     pub recorder: Recorder,
     pub metrics: Metrics,
     pub settings: Settings,
+    /// HTTP client for lock-server's API (actions). Honours HTTP_PROXY / NO_PROXY like any client.
+    pub http: reqwest::Client,
     /// Consecutive failures per object, for the error policy's backoff.
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -74,6 +80,10 @@ impl Context {
             client,
             metrics,
             settings,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap_or_default(),
             failures: Mutex::new(HashMap::new()),
         }
     }

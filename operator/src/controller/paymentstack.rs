@@ -48,7 +48,7 @@ pub async fn reconcile(ps: &PaymentStack, ctx: &Context) -> Result<Action> {
     )
     .await?
     else {
-        return steps::finish(ctx, ps, previous, &regarding, &obs, HISTORY, None, None).await;
+        return steps::finish(ctx, ps, previous, &regarding, &obs, HISTORY, None, None, None).await;
     };
     let inputs = Inputs {
         default_image: &ctx.settings.default_image,
@@ -61,7 +61,7 @@ pub async fn reconcile(ps: &PaymentStack, ctx: &Context) -> Result<Action> {
         Ok(d) => d,
         Err(e) => {
             obs.blocked = Some(Blocked::new(e.reason(), e.to_string()));
-            return steps::finish(ctx, ps, previous, &regarding, &obs, HISTORY, None, None).await;
+            return steps::finish(ctx, ps, previous, &regarding, &obs, HISTORY, None, None, None).await;
         }
     };
     obs.deployments = steps::act(ctx, &owner, &regarding, HISTORY, &desired, &prepared.job_state).await?;
@@ -78,6 +78,7 @@ pub async fn reconcile(ps: &PaymentStack, ctx: &Context) -> Result<Action> {
         HISTORY,
         Some(&desired),
         applied_version,
+        None,
     )
     .await
 }

@@ -70,6 +70,8 @@ pub struct Observation {
     pub deployments: Vec<DeploymentHealth>,
     /// How many Deployments the spec asks for once past the gates.
     pub expected_deployments: usize,
+    /// Lock traffic is gated by a restore fast-forward in progress.
+    pub gated: Option<Blocked>,
 }
 
 /// The verdict: phase plus one (status, reason, message) per condition.
@@ -122,6 +124,9 @@ pub fn assess(obs: &Observation) -> Assessment {
                 "the migration Job is running; Deployments that need the schema wait for it",
             );
         }
+    }
+    if let Some(g) = &obs.gated {
+        return Assessment::new(Phase::Pending, g.reason, g.message.clone());
     }
     if let Some(w) = &obs.waiting {
         return Assessment::new(Phase::Pending, w.reason, w.message.clone());
@@ -220,6 +225,9 @@ pub fn build(
         endpoints,
         migration,
         actions: previous.map(|p| p.actions.clone()).unwrap_or_default(),
+        gate: previous.and_then(|p| p.gate.clone()),
+        fencing: previous.and_then(|p| p.fencing.clone()),
+        last_action: previous.and_then(|p| p.last_action.clone()),
     }
 }
 

@@ -138,7 +138,7 @@ pub async fn act(
         }
     }
     let selector = owner.component_selector(&history.migration_component());
-    for job in apply::delete_stale_jobs(client, ns, &selector, &desired.migration_job).await? {
+    for job in apply::delete_stale_jobs(client, ns, &selector, &[desired.migration_job.as_str()]).await? {
         tracing::info!(event = "stale_migration_job_deleted", namespace = %ns, owner = %owner.name, job = %job);
         ctx.publish(
             regarding,
@@ -154,8 +154,23 @@ pub async fn act(
     Ok(deployments)
 }
 
-/// Writes the status computed from `obs` (only when it changed), publishes an Event when the verdict
-/// changed, and picks the requeue interval.
+/// The action part of the status a LockService reconcile computed (None: keep what was there).
+#[derive(Debug, Clone, Default)]
+pub struct ActionsOutcome {
+    pub actions: Vec<crate::crd::ActionStatus>,
+    pub gate: Option<crate::crd::actions::GateStatus>,
+    pub fencing: Option<crate::crd::actions::FencingStatus>,
+    /// An action is in flight: look again soon.
+    pub busy: bool,
+    /// Look again at least this often (the fencing check interval).
+    pub requeue_within: Option<std::time::Duration>,
+}
+
+/// How soon a reconcile with an action in flight runs again (status writes also trigger one).
+const REQUEUE_ACTION: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Writes the status computed from `obs` (only when it changed; the one status write of a
+/// reconcile), publishes an Event when the verdict changed, and picks the requeue interval.
 #[allow(clippy::too_many_arguments)]
 pub async fn finish<K>(
     ctx: &Context,
@@ -166,6 +181,7 @@ pub async fn finish<K>(
     history: History,
     desired: Option<&Desired>,
     applied_version: Option<i64>,
+    actions: Option<&ActionsOutcome>,
 ) -> Result<Action>
 where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
@@ -189,7 +205,7 @@ where
         .filter(|e| !e.is_empty())
         .or_else(|| previous.map(|p| p.endpoints.clone()))
         .unwrap_or_default();
-    let new = status::build(
+    let mut new = status::build(
         previous,
         obj.meta().generation,
         &assessment,
@@ -197,17 +213,28 @@ where
         migration,
         Timestamp::now(),
     );
+    if let Some(a) = actions {
+        new.actions = a.actions.clone();
+        new.gate = a.gate.clone();
+        new.fencing = a.fencing.clone().or(new.fencing);
+        new.last_action = crate::builders::actions::last_action(&new.actions);
+    }
     let ns = obj.meta().namespace.clone().unwrap_or_default();
     let name = obj.meta().name.clone().unwrap_or_default();
     if previous != Some(&new) {
         apply::patch_status::<K>(&ctx.client, &ns, &name, &new).await?;
     }
     announce(ctx, regarding, previous, &assessment, &ns, &name).await;
-    Ok(match assessment.phase {
-        Phase::Ready => Action::requeue(REQUEUE_READY),
-        Phase::Degraded => Action::requeue(REQUEUE_BLOCKED),
-        Phase::Pending | Phase::Migrating => Action::requeue(REQUEUE_PROGRESSING),
-    })
+    if actions.is_some_and(|a| a.busy) {
+        return Ok(Action::requeue(REQUEUE_ACTION));
+    }
+    let after = match assessment.phase {
+        Phase::Ready => REQUEUE_READY,
+        Phase::Degraded => REQUEUE_BLOCKED,
+        Phase::Pending | Phase::Migrating => REQUEUE_PROGRESSING,
+    };
+    let cap = actions.and_then(|a| a.requeue_within).unwrap_or(after);
+    Ok(Action::requeue(after.min(cap)))
 }
 
 /// One Event (and log line) per change of verdict, not per reconcile.

@@ -206,6 +206,7 @@ fn context(api: &FakeApi) -> Context {
     let settings = Settings {
         default_image: IMAGE.into(),
         namespace: None,
+        fencing_check_interval: None,
     };
     Context::new(api.client(), Metrics::register(&mut registry), settings, None)
 }

@@ -31,7 +31,11 @@ pub const MAX_REPLICAS: i32 = 20;
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.lockServer.replicas"),
     printcolumn(name = "Schema", type_ = "integer", json_path = ".status.migration.appliedVersion"),
-    printcolumn(name = "Endpoint", type_ = "string", json_path = ".status.endpoints.lockServer"),
+    printcolumn(name = "Endpoint", type_ = "string", json_path = ".status.endpoints.lockServer", priority = "1"),
+    printcolumn(name = "Last-Action", type_ = "string", json_path = ".status.lastAction"),
+    printcolumn(name = "Sequence", type_ = "integer", json_path = ".status.fencing.sequence"),
+    printcolumn(name = "High-Water", type_ = "integer", json_path = ".status.fencing.highWater"),
+    printcolumn(name = "Gated-By", type_ = "string", json_path = ".status.gate.actionId", priority = "1"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("self.metadata.name.size() <= 36")
         .message("metadata.name must be at most 36 characters: child names add suffixes such as -lockdb-migrate-<hash>")

@@ -1,6 +1,7 @@
 //! The custom resources, group `dlock.dev`, version `v1alpha1`. The CRD YAML in `crds/` is generated
 //! from these types by the `crdgen` binary; a test fails when the committed files are stale.
 
+pub mod actions;
 pub mod database;
 pub mod lockservice;
 pub mod paymentstack;

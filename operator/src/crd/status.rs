@@ -1,11 +1,13 @@
 //! Status shared by both kinds: phase, standard conditions, endpoints, the migration history applied,
-//! and room for operator actions (force-revoke, restore fast-forward) requested through the spec.
+//! and the operator actions (force-revoke, restore fast-forward) requested through annotations.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+pub use super::actions::{ActionPhase, ActionStatus, ActionStep, ActionType, FencingStatus, GateStatus};
 
 /// Coarse lifecycle, for `kubectl get`. Conditions carry the detail.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
@@ -50,25 +52,6 @@ pub struct MigrationStatus {
     pub succeeded: bool,
 }
 
-/// The outcome of one operator action (reserved for force-revoke and restore fast-forward: each is
-/// requested in the spec with an `id`, and reported here under the same id, so retries are idempotent).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ActionStatus {
-    /// The request id from the spec.
-    pub id: String,
-    /// `revoke` or `restore`.
-    #[serde(rename = "type")]
-    pub type_: String,
-    /// e.g. Pending, Running, Succeeded, Failed.
-    pub phase: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    /// Step-by-step detail (e.g. previous owner and token, each fast-forward step).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub details: BTreeMap<String, String>,
-}
-
 /// What the controller last saw and did. Identical for both kinds.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema, Default)]
 #[serde(rename_all = "camelCase")]
@@ -85,9 +68,20 @@ pub struct DlockStatus {
     pub endpoints: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration: Option<MigrationStatus>,
-    /// Outcomes of operator actions, by request id.
+    /// Outcomes of operator actions, keyed by request id (a map list: one entry per id), the most
+    /// recent last, bounded to [`super::actions::ACTION_HISTORY`] finished entries.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["id"]))]
     pub actions: Vec<ActionStatus>,
+    /// LockService: present while lock traffic is gated by a restore fast-forward.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<GateStatus>,
+    /// LockService: the last comparison of the fencing sequence with the resources' high-water.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing: Option<FencingStatus>,
+    /// LockService: id of the most recent action, and its phase (for `kubectl get`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_action: Option<String>,
 }
 
 impl DlockStatus {

@@ -100,6 +100,13 @@ fn names_scope_subresource_and_columns() {
     }
     let ls_columns = serde_json::to_string(&ls.spec.versions[0].additional_printer_columns).unwrap();
     assert!(ls_columns.contains(".status.endpoints.lockServer"));
+    for path in [
+        ".status.lastAction",
+        ".status.fencing.sequence",
+        ".status.fencing.highWater",
+    ] {
+        assert!(ls_columns.contains(path), "{path} missing from {ls_columns}");
+    }
 }
 
 #[test]
@@ -328,6 +335,9 @@ fn status_has_room_for_actions_and_standard_conditions() {
         ] {
             assert!(status.get(field).is_some(), "status.{field} missing");
         }
+        // Keyed by id: one entry per request, merged by id.
+        assert_eq!(status["actions"]["x-kubernetes-list-type"], "map");
+        assert_eq!(status["actions"]["x-kubernetes-list-map-keys"], json!(["id"]));
         let phases = status["phase"]["enum"].as_array().unwrap();
         assert_eq!(phases.len(), 4);
         let condition = &status["conditions"]["items"]["properties"];
