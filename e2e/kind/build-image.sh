@@ -10,7 +10,7 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 image="$1"
 profile="${2:-debug}"
 target="${CARGO_TARGET_DIR:-/var/tmp/dlock-cache/target}/$profile"
-bins=(lock-server payment-resource rail-proxy rail-stub payout-executor dlock-migrate dlock-operator)
+bins=(lock-server payment-resource rail-proxy rail-stub payout-executor dlock-migrate dlock-operator dlock-fastforward)
 
 ctx="$(mktemp -d "${TMPDIR:-/tmp}/dlock-image.XXXXXX")"
 trap 'rm -rf "$ctx"' EXIT
