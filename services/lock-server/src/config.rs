@@ -331,7 +331,10 @@ mod tests {
             Err(ConfigError::EtcdEndpoints)
         ));
         assert!(
-            Cli::try_parse_from(["lock-server"]).is_err(),
+            matches!(
+                Cli::try_parse_from(["lock-server"]).unwrap().into_config(None),
+                Err(ConfigError::MissingDatabaseUrl)
+            ),
             "postgres needs --database-url"
         );
     }
