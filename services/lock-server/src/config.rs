@@ -5,10 +5,24 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Which store holds sessions and grants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendConfig {
+    /// lockdb, with C1's statements ([`Config::database_url`]).
+    Postgres,
+    /// etcd v3: the cluster's client URLs, and the key prefix everything lives under.
+    Etcd { endpoints: Vec<String>, prefix: String },
+}
+
+/// The default key prefix of the etcd backend.
+pub const DEFAULT_ETCD_PREFIX: &str = "/dlock/";
+
 /// Everything the server needs to run. Build it with [`Config::new`] and adjust the public fields.
 #[derive(Clone)]
 pub struct Config {
-    /// lockdb, as role `lockapp` (the sole writer of lockdb).
+    /// The store: PostgreSQL (the default) or etcd.
+    pub backend: BackendConfig,
+    /// lockdb, as role `lockapp` (the sole writer of lockdb). Unused with the etcd backend.
     pub database_url: String,
     /// Where to listen; port 0 picks a free port (see [`crate::RunningServer::addr`]).
     pub listen: SocketAddr,
@@ -27,12 +41,24 @@ impl Config {
     /// reaper every second, 10 connections.
     pub fn new(database_url: impl Into<String>) -> Self {
         Self {
+            backend: BackendConfig::Postgres,
             database_url: database_url.into(),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin_token: None,
             reaper_interval: Some(Duration::from_secs(1)),
             pool_max_connections: 10,
             pool_acquire_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// [`Config::new`] for the etcd backend.
+    pub fn etcd(endpoints: Vec<String>, prefix: impl Into<String>) -> Self {
+        Self {
+            backend: BackendConfig::Etcd {
+                endpoints,
+                prefix: prefix.into(),
+            },
+            ..Self::new(String::new())
         }
     }
 
@@ -53,8 +79,19 @@ impl Config {
 
     /// Refuses settings that would make the server unsafe or useless.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.database_url.trim().is_empty() {
-            return Err(ConfigError::MissingDatabaseUrl);
+        match &self.backend {
+            BackendConfig::Postgres if self.database_url.trim().is_empty() => {
+                return Err(ConfigError::MissingDatabaseUrl);
+            }
+            BackendConfig::Etcd { endpoints, .. }
+                if endpoints.is_empty() || endpoints.iter().any(|e| !e.starts_with("http://")) =>
+            {
+                return Err(ConfigError::EtcdEndpoints);
+            }
+            BackendConfig::Etcd { prefix, .. } if prefix.is_empty() || !prefix.ends_with('/') => {
+                return Err(ConfigError::EtcdPrefix);
+            }
+            _ => {}
         }
         // An empty token would let `Authorization: Bearer ` through.
         if self.admin_token.as_deref().is_some_and(|t| t.trim().is_empty()) {
@@ -77,6 +114,7 @@ impl Config {
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Config")
+            .field("backend", &self.backend)
             .field("database_url", &"<redacted>")
             .field("listen", &self.listen)
             .field("admin_token", &self.admin_token.as_ref().map(|_| "<redacted>"))
@@ -93,6 +131,10 @@ pub enum ConfigError {
     MissingDatabaseUrl,
     #[error("the admin token is empty; set a non-empty token or none at all")]
     EmptyAdminToken,
+    #[error("the etcd backend needs --etcd-endpoints: one or more comma-separated http:// client URLs")]
+    EtcdEndpoints,
+    #[error("the etcd key prefix must be non-empty and end with '/'")]
+    EtcdPrefix,
     #[error("the pool needs at least one connection")]
     PoolSize,
     #[error("the reaper interval must be at least 10 ms (0 disables the reaper)")]
@@ -101,6 +143,12 @@ pub enum ConfigError {
     AdminTokenFile { path: String, source: std::io::Error },
     #[error("give the admin token either in --admin-token-file or in DLOCK_ADMIN_TOKEN, not both")]
     AdminTokenTwice,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    Postgres,
+    Etcd,
 }
 
 /// The environment variable that may carry the admin bearer token.
@@ -114,9 +162,26 @@ pub const ADMIN_TOKEN_ENV: &str = "DLOCK_ADMIN_TOKEN";
 #[derive(Debug, clap::Parser)]
 #[command(name = "lock-server", version, about)]
 pub struct Cli {
-    /// lockdb connection URL, as role lockapp.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    /// Where sessions and grants live: `postgres` (lockdb) or `etcd`.
+    #[arg(long, env = "DLOCK_BACKEND", value_enum, default_value_t = BackendKind::Postgres)]
+    pub backend: BackendKind,
+
+    /// lockdb connection URL, as role lockapp (the postgres backend).
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        required_if_eq("backend", "postgres")
+    )]
+    pub database_url: Option<String>,
+
+    /// etcd client URLs, comma-separated (the etcd backend).
+    #[arg(long, env = "DLOCK_ETCD_ENDPOINTS", value_delimiter = ',')]
+    pub etcd_endpoints: Vec<String>,
+
+    /// Key prefix of the etcd backend.
+    #[arg(long, env = "DLOCK_ETCD_PREFIX", default_value = DEFAULT_ETCD_PREFIX)]
+    pub etcd_prefix: String,
 
     /// Address to listen on.
     #[arg(long, env = "DLOCK_LISTEN", default_value = "127.0.0.1:8080")]
@@ -159,8 +224,16 @@ impl Cli {
             (Some(t), None) | (None, Some(t)) => Some(t),
             (None, None) => None,
         };
+        let backend = match self.backend {
+            BackendKind::Postgres => BackendConfig::Postgres,
+            BackendKind::Etcd => BackendConfig::Etcd {
+                endpoints: self.etcd_endpoints,
+                prefix: self.etcd_prefix,
+            },
+        };
         let config = Config {
-            database_url: self.database_url,
+            backend,
+            database_url: self.database_url.unwrap_or_default(),
             listen: self.listen,
             admin_token,
             reaper_interval: (self.reaper_interval_ms > 0)
@@ -230,6 +303,40 @@ mod tests {
             cli(&["--admin-token-file", p]).into_config(None),
             Err(ConfigError::AdminTokenFile { .. })
         ));
+    }
+
+    #[test]
+    fn etcd_backend_needs_endpoints_not_a_database_url() {
+        let c = Cli::try_parse_from([
+            "lock-server",
+            "--backend",
+            "etcd",
+            "--etcd-endpoints",
+            "http://127.0.0.1:2379,http://127.0.0.1:2381",
+        ])
+        .unwrap()
+        .into_config(None)
+        .unwrap();
+        assert_eq!(
+            c.backend,
+            BackendConfig::Etcd {
+                endpoints: vec!["http://127.0.0.1:2379".into(), "http://127.0.0.1:2381".into()],
+                prefix: DEFAULT_ETCD_PREFIX.into()
+            }
+        );
+        assert!(matches!(
+            Cli::try_parse_from(["lock-server", "--backend", "etcd"])
+                .unwrap()
+                .into_config(None),
+            Err(ConfigError::EtcdEndpoints)
+        ));
+        assert!(
+            matches!(
+                Cli::try_parse_from(["lock-server"]).unwrap().into_config(None),
+                Err(ConfigError::MissingDatabaseUrl)
+            ),
+            "postgres needs --database-url"
+        );
     }
 
     #[test]

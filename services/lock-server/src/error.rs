@@ -26,6 +26,12 @@ pub enum Error {
     Unauthorized,
     #[error("database error: {0}")]
     Database(#[source] sqlx::Error),
+    /// The etcd backend's store did not answer, or answered an error.
+    #[error("etcd error: {0}")]
+    Etcd(#[source] Box<etcd_client::Error>),
+    /// A value in etcd that this server did not write in that shape.
+    #[error("unexpected data in the store: {0}")]
+    Corrupt(String),
 }
 
 impl From<sqlx::Error> for Error {
@@ -36,6 +42,12 @@ impl From<sqlx::Error> for Error {
             }
             _ => Error::Database(e),
         }
+    }
+}
+
+impl Error {
+    pub fn etcd(e: etcd_client::Error) -> Self {
+        Error::Etcd(Box::new(e))
     }
 }
 
@@ -53,7 +65,22 @@ impl From<Error> for ApiError {
                 e @ (sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_)),
             ) => ApiError::unavailable(e),
             Error::Database(e) => ApiError::internal(e),
+            // etcd unreachable, or no leader (during an election): the store is unavailable.
+            Error::Etcd(e) if etcd_unavailable(&e) => ApiError::unavailable(e),
+            Error::Etcd(e) => ApiError::internal(e),
+            Error::Corrupt(m) => ApiError::internal(m),
         }
+    }
+}
+
+fn etcd_unavailable(e: &etcd_client::Error) -> bool {
+    use etcd_client::Error as E;
+    match e {
+        E::TransportError(_) | E::IoError(_) => true,
+        // gRPC codes CANCELLED (1), UNKNOWN (2: a broken connection), DEADLINE_EXCEEDED (4) and
+        // UNAVAILABLE (14, also etcd's "no leader" during an election).
+        E::GRpcStatus(s) => matches!(s.code() as i32, 1 | 2 | 4 | 14),
+        _ => false,
     }
 }
 

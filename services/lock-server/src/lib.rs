@@ -1,7 +1,8 @@
 //! lock-server: the dlock lock service, sole writer of lockdb (C1 §1.1–1.4, §1.7; docs/lock-api.md).
 //!
 //! - [`sql`]: every lockdb statement, C1's text; [`sql::Statements`] is the swappable safety set;
-//! - [`repo`]: one method per statement, zero rows as `None`/`false`;
+//! - [`repo`]: one method per statement, zero rows as `None`/`false`; [`etcd`]: the same operations
+//!   on etcd (`--backend etcd`); [`backend`]: the one the server runs;
 //! - [`api`]: the HTTP handlers; [`routes`]: the router and its route table;
 //! - [`error`]: the one error enum, mapped to HTTP; [`auth`]: the admin bearer token;
 //! - [`metrics`], [`reaper`], [`config`], [`server`] ([`spawn`] in-process, [`run`] until SIGTERM).
@@ -11,8 +12,10 @@
 
 pub mod api;
 pub mod auth;
+pub mod backend;
 pub mod config;
 pub mod error;
+pub mod etcd;
 pub mod metrics;
 pub mod reaper;
 pub mod repo;
@@ -21,10 +24,12 @@ pub mod server;
 pub mod sql;
 pub mod state;
 
-pub use config::{Cli, Config, ConfigError};
+pub use backend::Backend;
+pub use config::{BackendConfig, Cli, Config, ConfigError};
 pub use error::Error;
+pub use etcd::{EtcdFaults, EtcdRepo};
 pub use repo::Repo;
 pub use routes::{RouteSpec, app, routes};
-pub use server::{RunningServer, StartError, run, spawn, spawn_with_statements};
+pub use server::{RunningServer, StartError, run, spawn, spawn_with_backend, spawn_with_statements};
 pub use sql::Statements;
 pub use state::AppState;

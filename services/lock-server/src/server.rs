@@ -9,8 +9,11 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, ConfigError};
+use crate::backend::Backend;
+use crate::config::{BackendConfig, Config, ConfigError};
+use crate::etcd::EtcdRepo;
 use crate::reaper;
+use crate::repo::Repo;
 use crate::routes::app;
 use crate::sql::Statements;
 use crate::state::AppState;
@@ -21,6 +24,8 @@ pub enum StartError {
     Config(#[from] ConfigError),
     #[error("invalid database URL: {0}")]
     DatabaseUrl(#[source] sqlx::Error),
+    #[error("invalid etcd endpoints: {0}")]
+    Etcd(#[source] Box<crate::error::Error>),
     #[error("cannot listen: {0}")]
     Io(#[from] std::io::Error),
     #[error("the server task failed: {0}")]
@@ -78,20 +83,37 @@ impl RunningServer {
         if let Some(reaper) = reaper {
             reaper.await?;
         }
-        state.repo().pool().close().await;
+        state.repo().close().await;
         Ok(served?)
     }
 }
 
-/// Starts the server in-process with the contract's statements and returns once it is listening.
+/// Starts the server in-process with the configured backend (PostgreSQL with the contract's
+/// statements, or etcd) and returns once it is listening.
 pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
-    spawn_with_statements(config, Statements::C1).await
+    match &config.backend {
+        BackendConfig::Postgres => spawn_with_statements(config, Statements::C1).await,
+        BackendConfig::Etcd { endpoints, prefix } => {
+            config.validate()?;
+            let repo = EtcdRepo::connect(endpoints, prefix)
+                .await
+                .map_err(|e| StartError::Etcd(Box::new(e)))?;
+            spawn_with_backend(config, Backend::Etcd(repo)).await
+        }
+    }
 }
 
 /// For negative controls only: [`spawn`] with a deliberately different statement set.
 pub async fn spawn_with_statements(config: Config, stmts: Statements) -> Result<RunningServer, StartError> {
     config.validate()?;
-    let state = AppState::with_statements(pool(&config)?, config.admin_token.clone(), stmts);
+    let backend = Backend::Postgres(Repo::with_statements(pool(&config)?, stmts));
+    spawn_with_backend(config, backend).await
+}
+
+/// [`spawn`] over a given backend (the etcd negative controls pass a deliberately broken one).
+pub async fn spawn_with_backend(config: Config, backend: Backend) -> Result<RunningServer, StartError> {
+    config.validate()?;
+    let state = AppState::with_backend(backend, config.admin_token.clone());
     let listener = serve::bind(config.listen).await?;
     let shutdown = CancellationToken::new();
     let reaper = config

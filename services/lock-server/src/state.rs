@@ -5,13 +5,14 @@ use std::sync::Arc;
 
 use sqlx::PgPool;
 
+use crate::backend::Backend;
 use crate::metrics::Metrics;
 use crate::repo::Repo;
 use crate::sql::Statements;
 
 #[derive(Debug, Clone)]
 pub struct AppState {
-    repo: Repo,
+    repo: Backend,
     metrics: Arc<Metrics>,
     admin_token: Option<Arc<str>>,
 }
@@ -24,15 +25,21 @@ impl AppState {
 
     /// For negative controls only: a server whose repository runs a deliberately different statement set.
     pub fn with_statements(pool: PgPool, admin_token: Option<String>, stmts: Statements) -> Self {
+        Self::with_backend(Backend::Postgres(Repo::with_statements(pool, stmts)), admin_token)
+    }
+
+    /// A state over any backend (etcd, or a deliberately broken one for negative controls).
+    pub fn with_backend(backend: Backend, admin_token: Option<String>) -> Self {
         Self {
-            repo: Repo::with_statements(pool, stmts),
+            repo: backend,
             metrics: Arc::new(Metrics::new()),
             // An empty token is never a valid credential; treat it as "not configured".
             admin_token: admin_token.filter(|t| !t.is_empty()).map(Arc::from),
         }
     }
 
-    pub fn repo(&self) -> &Repo {
+    /// The store the handlers use (PostgreSQL or etcd).
+    pub fn repo(&self) -> &Backend {
         &self.repo
     }
 

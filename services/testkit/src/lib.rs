@@ -11,6 +11,7 @@
 
 #![allow(unsafe_code)] // pg.rs: prctl(PR_SET_PDEATHSIG) and atexit, both documented there
 
+pub mod etcd;
 pub mod pg;
 pub mod procs;
 

@@ -16,7 +16,8 @@ use dlock_client::{
     Session,
 };
 use dlock_testkit::TestDb;
-use lock_server::{Config, RunningServer, Statements};
+use dlock_testkit::etcd::EtcdCluster;
+use lock_server::{Backend, Config, EtcdFaults, EtcdRepo, RunningServer, Statements};
 use sqlx::PgPool;
 use tokio::time::Instant;
 
@@ -27,9 +28,12 @@ pub const LONG: Duration = Duration::from_secs(60);
 pub const WAIT_LIMIT: Duration = Duration::from_secs(30);
 
 pub struct Env {
-    pub db: TestDb,
-    /// As postgres, for inspection only.
-    pub admin: PgPool,
+    /// lockdb, when the server runs the PostgreSQL backend.
+    pub db: Option<TestDb>,
+    /// As postgres, for inspection only (PostgreSQL backend).
+    pub admin: Option<PgPool>,
+    /// The etcd member, when the server runs the etcd backend.
+    pub etcd: Option<EtcdCluster>,
     pub server: RunningServer,
     pub client: LockClient,
 }
@@ -51,11 +55,41 @@ impl Env {
             .expect("lock-server starts");
         let client = LockClient::new(&server.base_url()).expect("client");
         Env {
-            db,
-            admin,
+            db: Some(db),
+            admin: Some(admin),
+            etcd: None,
             server,
             client,
         }
+    }
+
+    /// The same server over the etcd backend (one real etcd member), `faults` only in negative
+    /// controls.
+    pub async fn start_etcd(faults: EtcdFaults) -> Env {
+        let etcd = EtcdCluster::single().expect("etcd starts (scripts/cluster-tools.sh etcd)");
+        let repo = EtcdRepo::connect(&etcd.endpoints(), "/dlock/")
+            .await
+            .expect("etcd client");
+        let repo = EtcdRepo::with_client(repo.client(), "/dlock/", faults);
+        let config = Config::etcd(etcd.endpoints(), "/dlock/")
+            .with_admin_token(ADMIN_TOKEN)
+            .with_reaper_interval(Some(Duration::from_millis(50)));
+        let server = lock_server::spawn_with_backend(config, Backend::Etcd(repo))
+            .await
+            .expect("lock-server starts");
+        let client = LockClient::new(&server.base_url()).expect("client");
+        Env {
+            db: None,
+            admin: None,
+            etcd: Some(etcd),
+            server,
+            client,
+        }
+    }
+
+    /// lockdb as postgres (PostgreSQL-backend tests only).
+    pub fn admin(&self) -> &PgPool {
+        self.admin.as_ref().expect("a PostgreSQL-backend test")
     }
 
     pub fn base_url(&self) -> String {
@@ -111,14 +145,14 @@ impl Env {
 
     pub async fn session_rows(&self) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM lock_session")
-            .fetch_one(&self.admin)
+            .fetch_one(self.admin())
             .await
             .expect("count")
     }
 
     pub async fn lock_rows(&self) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM lock_entry")
-            .fetch_one(&self.admin)
+            .fetch_one(self.admin())
             .await
             .expect("count")
     }

@@ -1,0 +1,576 @@
+//! The etcd backend: the same operations as [`crate::repo::Repo`], on the etcd v3 API.
+//!
+//! Layout under the configured prefix `P` (see docs/design.md, "The etcd backend"):
+//!
+//! - `P s/<session>`          a session: value `{ownerId}`, attached to the session's lease;
+//! - `P l/<key>`              a grant: value `{ownerId, sessionId, acquiredAtMs}`, attached to the
+//!   grant's own lease (TTL = the lock TTL); the fencing token is this key's `mod_revision`;
+//! - `P h/<session>/<key>`    the session's index of its grants, on the grant's lease (for close/reap);
+//! - `P r/<token>/<key>`      the append-only force-revoke audit record, no lease.
+//!
+//! Only etcd's clock decides expiry: a grant is alive exactly while its lease is. The timestamps in
+//! answers (`acquiredAt`, `expiresAt`) are this server's reading of the lease TTL etcd reported and are
+//! informative only; nothing compares them.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
+    TxnOpResponse,
+};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::error::Error;
+use crate::repo::{Grant, LockRow, Renewed, Revocation, Revoked, Session};
+
+/// Deliberately broken variants, for the negative controls only. Production is [`EtcdFaults::NONE`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EtcdFaults {
+    /// The token is the key's per-key `version` (C1 §1.7's per-row counter) instead of the revision.
+    pub token_from_version: bool,
+    /// Release deletes the key whatever its token.
+    pub release_by_key_alone: bool,
+    /// Renew keeps the key's current lease alive whatever the token.
+    pub renew_ignores_token: bool,
+}
+
+impl EtcdFaults {
+    pub const NONE: EtcdFaults = EtcdFaults {
+        token_from_version: false,
+        release_by_key_alone: false,
+        renew_ignores_token: false,
+    };
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SessionValue {
+    owner_id: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct GrantValue {
+    owner_id: String,
+    session_id: Uuid,
+    acquired_at_ms: i64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RevocationValue {
+    lock_key: String,
+    prev_owner: String,
+    prev_token: i64,
+    operator: String,
+    reason: String,
+}
+
+/// etcd leases are whole seconds: a TTL in (fractional) seconds rounds *up*, so a lease never lapses
+/// before the TTL the caller asked for; etcd itself raises anything below its minimum TTL
+/// (1.5 × election timeout, 2 s with the defaults) to that minimum.
+pub fn lease_secs(ttl_secs: f64) -> i64 {
+    // The API validates ttlMs to a bounded positive range before we get here.
+    (ttl_secs.ceil() as i64).max(1)
+}
+
+#[derive(Clone)]
+pub struct EtcdRepo {
+    // Boxed: the client is large and the backend enum is passed around by value.
+    client: Box<Client>,
+    prefix: String,
+    faults: EtcdFaults,
+}
+
+impl std::fmt::Debug for EtcdRepo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdRepo")
+            .field("prefix", &self.prefix)
+            .field("faults", &self.faults)
+            .finish()
+    }
+}
+
+fn lookup_ok<T>(r: Result<T, etcd_client::Error>) -> Result<Option<T>, Error> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        // Revoking or keeping alive a lease that is already gone is "nothing there", not a failure.
+        Err(etcd_client::Error::GRpcStatus(s)) if s.message().contains("lease not found") => Ok(None),
+        Err(e) => Err(Error::etcd(e)),
+    }
+}
+
+fn first_get(resp: &[TxnOpResponse], idx: usize) -> Option<KeyValue> {
+    match resp.get(idx) {
+        Some(TxnOpResponse::Get(g)) => g.kvs().first().cloned(),
+        _ => None,
+    }
+}
+
+fn decode<T: for<'de> Deserialize<'de>>(kv: &KeyValue) -> Result<T, Error> {
+    serde_json::from_slice(kv.value())
+        .map_err(|e| Error::Corrupt(format!("{}: {e}", kv.key_str().unwrap_or("?"))))
+}
+
+fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    // Serialising these plain structs cannot fail.
+    serde_json::to_vec(v).unwrap_or_default()
+}
+
+fn ms_to_time(ms: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(ms).unwrap_or_default()
+}
+
+impl EtcdRepo {
+    /// Connects lazily (the channel dials on first use), so the server starts while etcd is down and
+    /// `/readyz` reports it.
+    pub async fn connect(endpoints: &[String], prefix: &str) -> Result<Self, Error> {
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(std::time::Duration::from_secs(2))
+            .with_timeout(std::time::Duration::from_secs(5))
+            .with_keep_alive(
+                std::time::Duration::from_secs(2),
+                std::time::Duration::from_secs(2),
+            );
+        let client = Client::connect(endpoints, Some(opts))
+            .await
+            .map_err(Error::etcd)?;
+        Ok(Self::with_client(client, prefix, EtcdFaults::NONE))
+    }
+
+    /// For negative controls only: the same backend with a deliberate fault.
+    pub fn with_client(client: Client, prefix: &str, faults: EtcdFaults) -> Self {
+        Self {
+            client: Box::new(client),
+            prefix: prefix.to_owned(),
+            faults,
+        }
+    }
+
+    pub fn client(&self) -> Client {
+        (*self.client).clone()
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn session_key(&self, session_id: Uuid) -> String {
+        format!("{}s/{session_id}", self.prefix)
+    }
+    /// The etcd key of a lock key (public for tests that inspect etcd directly).
+    pub fn lock_key(&self, key: &str) -> String {
+        format!("{}l/{key}", self.prefix)
+    }
+    fn held_prefix(&self, session_id: Uuid) -> String {
+        format!("{}h/{session_id}/", self.prefix)
+    }
+    fn revocation_key(&self, key: &str, token: i64) -> String {
+        format!("{}r/{token:020}/{key}", self.prefix)
+    }
+
+    fn token_of(&self, kv: &KeyValue) -> i64 {
+        if self.faults.token_from_version {
+            kv.version()
+        } else {
+            kv.mod_revision()
+        }
+    }
+
+    async fn grant_lease(&self, secs: i64) -> Result<i64, Error> {
+        Ok(self
+            .client()
+            .lease_grant(secs, None)
+            .await
+            .map_err(Error::etcd)?
+            .id())
+    }
+
+    /// Cleanup of a lease nobody needs any more. Failure only leaves it to lapse by its TTL.
+    fn revoke_lease_later(&self, lease: i64) {
+        let mut c = self.client();
+        tokio::spawn(async move {
+            let _ = c.lease_revoke(lease).await;
+        });
+    }
+
+    /// One keep-alive: the remaining TTL etcd reports, `None` if the lease is gone.
+    async fn keep_alive_once(&self, lease: i64) -> Result<Option<i64>, Error> {
+        let Some((mut keeper, mut stream)) = lookup_ok(self.client().lease_keep_alive(lease).await)? else {
+            return Ok(None);
+        };
+        keeper.keep_alive().await.map_err(Error::etcd)?;
+        let ttl = match lookup_ok(stream.message().await)?.flatten() {
+            Some(r) => r.ttl(),
+            None => 0,
+        };
+        Ok((ttl > 0).then_some(ttl))
+    }
+
+    async fn get_one(&self, key: String) -> Result<Option<KeyValue>, Error> {
+        let r = self.client().get(key, None).await.map_err(Error::etcd)?;
+        Ok(r.kvs().first().cloned())
+    }
+
+    pub async fn create_session(&self, owner_id: &str, ttl_secs: f64) -> Result<Session, Error> {
+        let secs = lease_secs(ttl_secs);
+        let lease = self.client().lease_grant(secs, None).await.map_err(Error::etcd)?;
+        let session_id = Uuid::new_v4();
+        let value = encode(&SessionValue {
+            owner_id: owner_id.to_owned(),
+        });
+        self.client()
+            .put(
+                self.session_key(session_id),
+                value,
+                Some(PutOptions::new().with_lease(lease.id())),
+            )
+            .await
+            .map_err(Error::etcd)?;
+        Ok(Session {
+            session_id,
+            owner_id: owner_id.to_owned(),
+            expires_at: Utc::now() + ChronoDuration::seconds(lease.ttl()),
+        })
+    }
+
+    /// `None`: the session's lease is gone (closed, or lapsed by etcd's clock).
+    pub async fn heartbeat(&self, session_id: Uuid, _ttl_secs: f64) -> Result<Option<DateTime<Utc>>, Error> {
+        let Some(kv) = self.get_one(self.session_key(session_id)).await? else {
+            return Ok(None);
+        };
+        // A keep-alive restores the TTL the lease was granted with; etcd cannot change a lease's TTL.
+        Ok(self
+            .keep_alive_once(kv.lease())
+            .await?
+            .map(|ttl| Utc::now() + ChronoDuration::seconds(ttl)))
+    }
+
+    /// `false`: no such session. Revoking the session's lease first makes every later acquire under
+    /// it fail; then every grant it still holds goes with its own lease (the cascade).
+    pub async fn close_session(&self, session_id: Uuid) -> Result<bool, Error> {
+        let Some(kv) = self.get_one(self.session_key(session_id)).await? else {
+            return Ok(false);
+        };
+        lookup_ok(self.client().lease_revoke(kv.lease()).await)?;
+        self.revoke_grants_of(&[session_id]).await?;
+        Ok(true)
+    }
+
+    async fn revoke_grants_of(&self, sessions: &[Uuid]) -> Result<(), Error> {
+        for s in sessions {
+            let held = self
+                .client()
+                .get(
+                    self.held_prefix(*s),
+                    Some(GetOptions::new().with_prefix().with_keys_only()),
+                )
+                .await
+                .map_err(Error::etcd)?;
+            let leases: BTreeSet<i64> = held.kvs().iter().map(|kv| kv.lease()).collect();
+            for lease in leases {
+                lookup_ok(self.client().lease_revoke(lease).await)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// C1 §1.3's acquire as one etcd transaction (plus the lease the grant will live on).
+    /// `None`: held by a live, different holder (CONTENDED).
+    pub async fn acquire(
+        &self,
+        key: &str,
+        owner_id: &str,
+        session_id: Uuid,
+        ttl_secs: f64,
+    ) -> Result<Option<Grant>, Error> {
+        let lease = self.grant_lease(lease_secs(ttl_secs)).await?;
+        let now_ms = Utc::now().timestamp_millis();
+        let lkey = self.lock_key(key);
+        let skey = self.session_key(session_id);
+        let value = encode(&GrantValue {
+            owner_id: owner_id.to_owned(),
+            session_id,
+            acquired_at_ms: now_ms,
+        });
+        let write = [
+            TxnOp::put(lkey.clone(), value, Some(PutOptions::new().with_lease(lease))),
+            TxnOp::put(
+                format!("{}{key}", self.held_prefix(session_id)),
+                "",
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            TxnOp::get(lkey.clone(), None),
+        ];
+        // One transaction: the session must be alive, and the key absent (never written, released,
+        // or its lease lapsed — a key goes with its lease), or still the grant this very session
+        // holds (re-entry, pinned to the mod_revision we saw, so it cannot overwrite a newer holder).
+        let mut pinned: Option<(i64, i64)> = None; // (mod_revision, lease) of our own grant
+        for _ in 0..3 {
+            let key_cmp = match pinned {
+                None => Compare::create_revision(lkey.clone(), CompareOp::Equal, 0),
+                Some((rev, _)) => Compare::mod_revision(lkey.clone(), CompareOp::Equal, rev),
+            };
+            let txn = Txn::new()
+                .when([
+                    Compare::create_revision(skey.clone(), CompareOp::Greater, 0),
+                    key_cmp,
+                ])
+                .and_then(write.clone())
+                .or_else([TxnOp::get(lkey.clone(), None), TxnOp::get(skey.clone(), None)]);
+            let resp = self.client().txn(txn).await.map_err(Error::etcd)?;
+            let ops = resp.op_responses();
+            if resp.succeeded() {
+                if let Some((_, old)) = pinned.filter(|(_, old)| *old != lease) {
+                    self.revoke_lease_later(old);
+                }
+                let kv = first_get(&ops, 2).ok_or_else(|| Error::Corrupt("acquire wrote nothing".into()))?;
+                let held = ms_to_time(now_ms);
+                return Ok(Some(Grant {
+                    fencing_token: self.token_of(&kv),
+                    owner_id: owner_id.to_owned(),
+                    session_id,
+                    acquired_at: held,
+                    expires_at: held + ChronoDuration::seconds(lease_secs(ttl_secs)),
+                }));
+            }
+            if first_get(&ops, 1).is_none() {
+                self.revoke_lease_later(lease);
+                return Err(Error::SessionGone);
+            }
+            pinned = match first_get(&ops, 0) {
+                // Released or lapsed since: the free-key branch again.
+                None => None,
+                Some(current) => {
+                    let g: GrantValue = decode(&current)?;
+                    if g.session_id != session_id || g.owner_id != owner_id {
+                        self.revoke_lease_later(lease);
+                        return Ok(None);
+                    }
+                    Some((current.mod_revision(), current.lease()))
+                }
+            };
+        }
+        // The key kept changing hands under us: report it as held by someone else.
+        self.revoke_lease_later(lease);
+        Ok(None)
+    }
+
+    /// C1 §1.4 renew. `None`: the grant at `token` is gone (released, revoked, lapsed, taken over).
+    pub async fn renew(&self, key: &str, token: i64, _ttl_secs: f64) -> Result<Option<Renewed>, Error> {
+        let lkey = self.lock_key(key);
+        let Some(kv) = self.get_one(lkey.clone()).await? else {
+            return Ok(None);
+        };
+        if !self.faults.renew_ignores_token && self.token_of(&kv) != token {
+            return Ok(None);
+        }
+        let Some(ttl) = self.keep_alive_once(kv.lease()).await? else {
+            return Ok(None);
+        };
+        // The lease was alive when extended; the grant must still be the one at `token` *after*
+        // that, or the lease we extended may already carry nothing of ours.
+        if !self.faults.renew_ignores_token {
+            let still = self
+                .client()
+                .txn(Txn::new().when([Compare::mod_revision(lkey, CompareOp::Equal, kv.mod_revision())]))
+                .await
+                .map_err(Error::etcd)?;
+            if !still.succeeded() {
+                return Ok(None);
+            }
+        }
+        Ok(Some(Renewed {
+            fencing_token: token,
+            expires_at: Utc::now() + ChronoDuration::seconds(ttl),
+        }))
+    }
+
+    /// C1 §1.4 release: compare-and-delete on key + token (`mod_revision`). `false`: stale.
+    pub async fn release(&self, key: &str, token: i64) -> Result<bool, Error> {
+        let lkey = self.lock_key(key);
+        let compare = if self.faults.release_by_key_alone {
+            Compare::create_revision(lkey.clone(), CompareOp::Greater, 0)
+        } else if self.faults.token_from_version {
+            Compare::version(lkey.clone(), CompareOp::Equal, token)
+        } else {
+            Compare::mod_revision(lkey.clone(), CompareOp::Equal, token)
+        };
+        let resp = self
+            .client()
+            .txn(
+                Txn::new()
+                    .when([compare])
+                    .and_then([TxnOp::delete(lkey, Some(DeleteOptions::new().with_prev_key()))]),
+            )
+            .await
+            .map_err(Error::etcd)?;
+        if !resp.succeeded() {
+            return Ok(false);
+        }
+        // The index entry shares the grant's lease; revoking it removes the entry.
+        if let Some(TxnOpResponse::Delete(d)) = resp.op_responses().first() {
+            for kv in d.prev_kvs() {
+                self.revoke_lease_later(kv.lease());
+            }
+        }
+        Ok(true)
+    }
+
+    pub async fn read(&self, key: &str) -> Result<Option<LockRow>, Error> {
+        let Some(kv) = self.get_one(self.lock_key(key)).await? else {
+            return Ok(None);
+        };
+        let g: GrantValue = decode(&kv)?;
+        let ttl = self
+            .client()
+            .lease_time_to_live(kv.lease(), None)
+            .await
+            .map_err(Error::etcd)?
+            .ttl();
+        // The key exists, so etcd has not revoked its lease: it is held. (TimeToLive truncates to
+        // whole seconds, so 0 only means "under a second left", never "expired".)
+        Ok(Some(LockRow {
+            fencing_token: self.token_of(&kv),
+            owner_id: g.owner_id,
+            acquired_at: ms_to_time(g.acquired_at_ms),
+            expires_at: Utc::now() + ChronoDuration::seconds(ttl.max(0)),
+            expired: false,
+        }))
+    }
+
+    /// Unpinned force-revoke: revokes whatever live grant holds the key. `None`: nothing held.
+    pub async fn revoke(&self, key: &str, operator: &str, reason: &str) -> Result<Option<Revoked>, Error> {
+        let Some(kv) = self.get_one(self.lock_key(key)).await? else {
+            return Ok(None);
+        };
+        match self
+            .revoke_pinned(key, kv.mod_revision(), operator, reason)
+            .await?
+        {
+            Revocation::Revoked(r) => Ok(Some(r)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Token-pinned force-revoke: one transaction deletes the grant only if its `mod_revision` is
+    /// `token` and appends the audit record (which must not exist yet: append-only).
+    pub async fn revoke_pinned(
+        &self,
+        key: &str,
+        token: i64,
+        operator: &str,
+        reason: &str,
+    ) -> Result<Revocation, Error> {
+        let lkey = self.lock_key(key);
+        let rkey = self.revocation_key(key, token);
+        let current = self.get_one(lkey.clone()).await?;
+        if let Some(kv) = current.as_ref().filter(|kv| kv.mod_revision() == token) {
+            let g: GrantValue = decode(kv)?;
+            let record = encode(&RevocationValue {
+                lock_key: key.to_owned(),
+                prev_owner: g.owner_id.clone(),
+                prev_token: token,
+                operator: operator.to_owned(),
+                reason: reason.to_owned(),
+            });
+            let resp = self
+                .client()
+                .txn(
+                    Txn::new()
+                        .when([
+                            Compare::mod_revision(lkey.clone(), CompareOp::Equal, token),
+                            Compare::create_revision(rkey.clone(), CompareOp::Equal, 0),
+                        ])
+                        .and_then([
+                            TxnOp::delete(lkey.clone(), None),
+                            TxnOp::put(rkey.clone(), record, None),
+                        ]),
+                )
+                .await
+                .map_err(Error::etcd)?;
+            if resp.succeeded() {
+                self.revoke_lease_later(kv.lease());
+                return Ok(Revocation::Revoked(Revoked {
+                    owner_id: g.owner_id,
+                    fencing_token: token,
+                }));
+            }
+        }
+        if let Some(r) = self.get_one(rkey).await? {
+            let r: RevocationValue = decode(&r)?;
+            return Ok(Revocation::AlreadyRevoked(Revoked {
+                owner_id: r.prev_owner,
+                fencing_token: r.prev_token,
+            }));
+        }
+        Ok(match self.get_one(lkey).await? {
+            Some(kv) if kv.mod_revision() != token => Revocation::HeldByOtherToken {
+                current_token: kv.mod_revision(),
+            },
+            _ => Revocation::NotHeld,
+        })
+    }
+
+    /// The reaper: grants indexed under a session whose lease is gone are revoked (the cascade that
+    /// PostgreSQL's foreign key does). Returns how many dead sessions still held grants.
+    pub async fn reap(&self) -> Result<u64, Error> {
+        let keys_only = || Some(GetOptions::new().with_prefix().with_keys_only());
+        let live: BTreeSet<String> = self
+            .client()
+            .get(format!("{}s/", self.prefix), keys_only())
+            .await
+            .map_err(Error::etcd)?
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                kv.key_str()
+                    .ok()
+                    .and_then(|k| k.rsplit('/').next())
+                    .map(str::to_owned)
+            })
+            .collect();
+        let held_root = format!("{}h/", self.prefix);
+        let held = self
+            .client()
+            .get(held_root.clone(), keys_only())
+            .await
+            .map_err(Error::etcd)?;
+        let mut dead: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
+        for kv in held.kvs() {
+            let Some(rest) = kv.key_str().ok().and_then(|k| k.strip_prefix(held_root.as_str())) else {
+                continue;
+            };
+            let session = rest.split('/').next().unwrap_or_default();
+            if !live.contains(session) {
+                dead.entry(session.to_owned()).or_default().insert(kv.lease());
+            }
+        }
+        for leases in dead.values() {
+            for lease in leases {
+                lookup_ok(self.client().lease_revoke(*lease).await)?;
+            }
+        }
+        Ok(dead.len() as u64)
+    }
+
+    pub async fn ping(&self) -> Result<(), Error> {
+        self.client().status().await.map_err(Error::etcd)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lease_secs;
+
+    #[test]
+    fn lease_ttl_rounds_up_to_whole_seconds() {
+        assert_eq!(lease_secs(0.05), 1);
+        assert_eq!(lease_secs(1.0), 1);
+        assert_eq!(lease_secs(1.001), 2);
+        assert_eq!(lease_secs(600.0), 600);
+    }
+}

@@ -1,0 +1,525 @@
+//! The lock contract, once, run against both backends: PostgreSQL (C1's statements on a real lockdb)
+//! and etcd (a real etcd process). Every scenario is a function over a [`Harness`]; the
+//! `contract_tests!` macro instantiates it for each backend, and the negative controls run the same
+//! scenarios against a deliberately broken variant of each backend and require a violation.
+//!
+//! Waits are conditions on the store's own clock (the server's read of the key, the session key
+//! disappearing in etcd, `now()` in lockdb), never sleeps.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use dlock_testkit::etcd::EtcdCluster;
+use lock_server::{Backend, Config, EtcdFaults, EtcdRepo, RunningServer, Statements};
+use reqwest::StatusCode;
+use serde_json::json;
+use uuid::Uuid;
+
+enum Store {
+    Pg(Db),
+    // Kept for its Drop (the process), and for direct reads.
+    Etcd(#[allow(dead_code)] EtcdCluster, EtcdRepo),
+}
+
+struct Harness {
+    store: Store,
+    srv: RunningServer,
+    api: Api,
+}
+
+const WAIT: Duration = Duration::from_secs(30);
+
+impl Harness {
+    async fn pg(stmts: Statements) -> Self {
+        let db = lockdb().await;
+        let cfg = config(&db.db)
+            .with_admin_token(ADMIN_TOKEN)
+            .with_reaper_interval(None);
+        let srv = lock_server::spawn_with_statements(cfg, stmts).await.unwrap();
+        let api = Api::new(&srv);
+        Self {
+            store: Store::Pg(db),
+            srv,
+            api,
+        }
+    }
+
+    async fn etcd(faults: EtcdFaults) -> Self {
+        let cluster = EtcdCluster::single().expect("etcd starts (scripts/cluster-tools.sh etcd installs it)");
+        let good = EtcdRepo::connect(&cluster.endpoints(), "/dlock/").await.unwrap();
+        let repo = EtcdRepo::with_client(good.client(), "/dlock/", faults);
+        let cfg = Config::etcd(cluster.endpoints(), "/dlock/")
+            .with_admin_token(ADMIN_TOKEN)
+            .with_reaper_interval(None);
+        let srv = lock_server::spawn_with_backend(cfg, Backend::Etcd(repo))
+            .await
+            .unwrap();
+        let api = Api::new(&srv);
+        Self {
+            store: Store::Etcd(cluster, good),
+            srv,
+            api,
+        }
+    }
+
+    /// A lock TTL that lapses soon: 50 ms in lockdb; in etcd a lease is whole seconds, at least the
+    /// cluster's minimum TTL (1 s with the test kit's 500 ms election timeout).
+    fn short_ttl_ms(&self) -> i64 {
+        match self.store {
+            Store::Pg(_) => SHORT_TTL_MS,
+            Store::Etcd(..) => 1000,
+        }
+    }
+
+    /// Until the store no longer counts the key as held (lockdb: `expires_at <= now()`; etcd: the
+    /// lease lapsed and took the key with it).
+    async fn await_not_held(&self, key: &str) {
+        let started = Instant::now();
+        loop {
+            let v = self.api.get(&format!("/v1/locks/{key}")).await;
+            if v.body["state"] != "HELD" {
+                return;
+            }
+            assert!(
+                started.elapsed() < WAIT,
+                "timed out waiting for {key} to lapse: {v:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Until the session has lapsed by the store's clock.
+    async fn await_session_lapsed(&self, session: Uuid) {
+        match &self.store {
+            Store::Pg(db) => common::await_session_lapsed(&db.app, session).await,
+            Store::Etcd(_, repo) => {
+                let key = format!("{}s/{session}", repo.prefix());
+                let started = Instant::now();
+                loop {
+                    let r = repo.client().get(key.clone(), None).await.unwrap();
+                    if r.kvs().is_empty() {
+                        return;
+                    }
+                    assert!(
+                        started.elapsed() < WAIT,
+                        "timed out waiting for session {session} to lapse"
+                    );
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+    }
+
+    async fn reap(&self) -> u64 {
+        lock_server::reaper::reap_once(self.srv.state()).await.unwrap()
+    }
+}
+
+fn check(violations: Vec<String>) -> Result<(), String> {
+    if violations.is_empty() {
+        Ok(())
+    } else {
+        Err(violations.join("; "))
+    }
+}
+
+// ---- scenarios: Err(violation) when the contract does not hold ----------------------------------
+
+/// Free key → GRANTED; another live holder → CONTENDED (409); the holder's own session → re-entry
+/// with a strictly higher token.
+async fn grant_contend_reenter(h: &Harness) -> Result<(), String> {
+    let api = &h.api;
+    let s1 = api.open_session("w1", LONG_TTL_MS).await;
+    let s2 = api.open_session("w2", LONG_TTL_MS).await;
+    let mut v = Vec::new();
+    let g = api.acquire("k", s1, "w1", LONG_TTL_MS).await;
+    if g.status != StatusCode::OK || g.body["ownerId"] != "w1" || g.body["lockKey"] != "k" {
+        return Err(format!("free key not granted: {g:?}"));
+    }
+    let t1 = g.token();
+    let c = api.acquire("k", s2, "w2", LONG_TTL_MS).await;
+    if c.status != StatusCode::CONFLICT || c.code() != "CONTENDED" {
+        v.push(format!("a live holder's key was not CONTENDED: {c:?}"));
+    }
+    let r = api.acquire("k", s1, "w1", LONG_TTL_MS).await;
+    if r.status != StatusCode::OK || r.token() <= t1 {
+        v.push(format!("re-entry did not grant a higher token than {t1}: {r:?}"));
+    }
+    check(v)
+}
+
+/// Unknown session → 410 SESSION_GONE; closed session → SESSION_GONE on acquire and heartbeat.
+async fn session_gone_rows(h: &Harness) -> Result<(), String> {
+    let api = &h.api;
+    let mut v = Vec::new();
+    let r = api.acquire("k", Uuid::new_v4(), "w", LONG_TTL_MS).await;
+    if r.status != StatusCode::GONE || r.code() != "SESSION_GONE" {
+        v.push(format!("unknown session: {r:?}"));
+    }
+    let s = api.open_session("w", LONG_TTL_MS).await;
+    let hb = api.heartbeat(s, LONG_TTL_MS).await;
+    if hb.status != StatusCode::OK {
+        v.push(format!("heartbeat of a live session: {hb:?}"));
+    }
+    let c = api.close_session(s).await;
+    if !c.status.is_success() {
+        v.push(format!("close: {c:?}"));
+    }
+    let hb = api.heartbeat(s, LONG_TTL_MS).await;
+    if hb.status != StatusCode::GONE || hb.code() != "SESSION_GONE" {
+        v.push(format!("heartbeat after close: {hb:?}"));
+    }
+    let r = api.acquire("k", s, "w", LONG_TTL_MS).await;
+    if r.status != StatusCode::GONE || r.code() != "SESSION_GONE" {
+        v.push(format!("acquire after close: {r:?}"));
+    }
+    check(v)
+}
+
+/// A session that lapses by the store's clock: heartbeat → SESSION_GONE, and (after the reaper)
+/// its locks are free.
+async fn session_lapse_and_reap(h: &Harness) -> Result<(), String> {
+    let api = &h.api;
+    let s = api.open_session("w", h.short_ttl_ms()).await;
+    let s2 = api.open_session("w2", LONG_TTL_MS).await;
+    let g = api.acquire("k", s, "w", LONG_TTL_MS).await;
+    if g.status != StatusCode::OK {
+        return Err(format!("acquire: {g:?}"));
+    }
+    h.await_session_lapsed(s).await;
+    let mut v = Vec::new();
+    let hb = api.heartbeat(s, LONG_TTL_MS).await;
+    if hb.status != StatusCode::GONE || hb.code() != "SESSION_GONE" {
+        v.push(format!("heartbeat of a lapsed session: {hb:?}"));
+    }
+    let reaped = h.reap().await;
+    if reaped != 1 {
+        v.push(format!("the reaper removed {reaped} sessions, not 1"));
+    }
+    let g2 = api.acquire("k", s2, "w2", LONG_TTL_MS).await;
+    if g2.status != StatusCode::OK || g2.token() <= g.token() {
+        v.push(format!(
+            "the reaped session's lock was not free with a higher token: {g2:?}"
+        ));
+    }
+    check(v)
+}
+
+/// Renew extends a live grant and keeps its token; release then stale release; tokens strictly
+/// increase across release and re-acquire of the same key, and across keys.
+async fn renew_release_and_token_order(h: &Harness) -> Result<(), String> {
+    let api = &h.api;
+    let s = api.open_session("w", LONG_TTL_MS).await;
+    let mut v = Vec::new();
+    let t1 = api.acquire("k", s, "w", LONG_TTL_MS).await.token();
+    let r = api.renew("k", t1, LONG_TTL_MS).await;
+    if r.status != StatusCode::OK || r.token() != t1 {
+        v.push(format!("renew of a live grant: {r:?}"));
+    }
+    let rel = api.release("k", t1).await;
+    if rel.body != json!({"lockKey": "k", "fencingToken": t1, "released": true, "stale": false}) {
+        v.push(format!("release: {rel:?}"));
+    }
+    let rel = api.release("k", t1).await;
+    if rel.body != json!({"lockKey": "k", "fencingToken": t1, "released": false, "stale": true}) {
+        v.push(format!("second release not stale: {rel:?}"));
+    }
+    let t2 = api.acquire("k", s, "w", LONG_TTL_MS).await.token();
+    let t3 = api.acquire("other", s, "w", LONG_TTL_MS).await.token();
+    if !(t1 < t2 && t2 < t3) {
+        v.push(format!(
+            "tokens not strictly increasing: {t1}, {t2} (same key again), {t3} (another key)"
+        ));
+    }
+    let m = api.metrics().await;
+    if metric(&m, "lock_release_total{stale=\"true\"}") != 1.0 {
+        v.push("lock_release_total{stale=\"true\"} is not 1".into());
+    }
+    check(v)
+}
+
+/// Closing a session releases its locks (the cascade): another session gets the key.
+async fn cascade_on_close(h: &Harness) -> Result<(), String> {
+    let api = &h.api;
+    let s1 = api.open_session("w1", LONG_TTL_MS).await;
+    let s2 = api.open_session("w2", LONG_TTL_MS).await;
+    let t1 = api.acquire("a", s1, "w1", LONG_TTL_MS).await.token();
+    api.acquire("b", s1, "w1", LONG_TTL_MS).await.token();
+    let c = api.close_session(s1).await;
+    let mut v = Vec::new();
+    if !c.status.is_success() {
+        v.push(format!("close: {c:?}"));
+    }
+    for key in ["a", "b"] {
+        let view = api.get(&format!("/v1/locks/{key}")).await;
+        if view.body["state"] != "FREE" {
+            v.push(format!("{key} not free after its session closed: {view:?}"));
+        }
+        let g = api.acquire(key, s2, "w2", LONG_TTL_MS).await;
+        if g.status != StatusCode::OK || g.token() <= t1 {
+            v.push(format!("{key} not granted to another session: {g:?}"));
+        }
+    }
+    check(v)
+}
+
+/// N concurrent acquirers of one key, each with its own session: exactly one grant.
+async fn n_concurrent_one_grant(h: &Harness) -> Result<(), String> {
+    let mut sessions = Vec::new();
+    for i in 0..16 {
+        sessions.push(h.api.open_session(&format!("w{i}"), LONG_TTL_MS).await);
+    }
+    let replies = futures::future::join_all(sessions.iter().enumerate().map(|(i, s)| {
+        let api = h.api.clone();
+        let s = *s;
+        async move { api.acquire("hot", s, &format!("w{i}"), LONG_TTL_MS).await }
+    }))
+    .await;
+    let granted = replies.iter().filter(|r| r.status == StatusCode::OK).count();
+    let contended = replies
+        .iter()
+        .filter(|r| r.status == StatusCode::CONFLICT && r.code() == "CONTENDED")
+        .count();
+    if granted == 1 && contended == 15 {
+        Ok(())
+    } else {
+        Err(format!(
+            "{granted} grants, {contended} CONTENDED of 16: {replies:?}"
+        ))
+    }
+}
+
+/// W1 acquires with a short lease and pauses past it; W2 takes over; W1 returns. W2's token is
+/// strictly higher, W1's renew is LEASE_EXPIRED, W1's release is stale, W2's grant is intact.
+async fn pause_and_return(h: &Harness) -> Result<(), String> {
+    let api = &h.api;
+    let s1 = api.open_session("w1", LONG_TTL_MS).await;
+    let s2 = api.open_session("w2", LONG_TTL_MS).await;
+    let s3 = api.open_session("w3", LONG_TTL_MS).await;
+    let g1 = api.acquire("k", s1, "w1", h.short_ttl_ms()).await;
+    if g1.status != StatusCode::OK {
+        return Err(format!("W1's acquire: {g1:?}"));
+    }
+    let t1 = g1.token();
+    h.await_not_held("k").await;
+    let g2 = api.acquire("k", s2, "w2", LONG_TTL_MS).await;
+    if g2.status != StatusCode::OK {
+        return Err(format!("W2's takeover: {g2:?}"));
+    }
+    let t2 = g2.token();
+    let mut v = Vec::new();
+    if t2 <= t1 {
+        v.push(format!("W2's token {t2} is not strictly higher than W1's {t1}"));
+    }
+    let renew = api.renew("k", t1, LONG_TTL_MS).await;
+    if renew.status != StatusCode::GONE || renew.code() != "LEASE_EXPIRED" {
+        v.push(format!("W1's renew with token {t1} did not fail: {renew:?}"));
+    }
+    let release = api.release("k", t1).await;
+    if release.status != StatusCode::OK || release.body["stale"] != json!(true) {
+        v.push(format!("W1's release with token {t1} was not stale: {release:?}"));
+    }
+    let view = api.get("/v1/locks/k").await;
+    if view.body["state"] != "HELD" || view.body["ownerId"] != "w2" || view.body["fencingToken"] != json!(t2)
+    {
+        v.push(format!("W2's grant (token {t2}) is not intact: {view:?}"));
+    }
+    let c = api.acquire("k", s3, "w3", LONG_TTL_MS).await;
+    if c.status != StatusCode::CONFLICT {
+        v.push(format!("a third worker got W2's key: {c:?}"));
+    }
+    let renew2 = api.renew("k", t2, LONG_TTL_MS).await;
+    if renew2.status != StatusCode::OK {
+        v.push(format!("W2 cannot renew its own grant: {renew2:?}"));
+    }
+    check(v)
+}
+
+/// A lease that lapsed is not resurrected by renew, even before anyone takes the key over.
+async fn lapsed_renew_is_lease_expired(h: &Harness) -> Result<(), String> {
+    let api = &h.api;
+    let s = api.open_session("w", LONG_TTL_MS).await;
+    let t = api.acquire("k", s, "w", h.short_ttl_ms()).await.token();
+    h.await_not_held("k").await;
+    let r = api.renew("k", t, LONG_TTL_MS).await;
+    let mut v = Vec::new();
+    if r.status != StatusCode::GONE || r.code() != "LEASE_EXPIRED" {
+        v.push(format!("renew of a lapsed lease: {r:?}"));
+    }
+    let view = api.get("/v1/locks/k").await;
+    if view.body["state"] == "HELD" {
+        v.push(format!("the lapsed grant was resurrected: {view:?}"));
+    }
+    check(v)
+}
+
+/// Token-pinned force-revoke: REVOKED, then ALREADY_REVOKED on retry, HELD_BY_OTHER_TOKEN for a
+/// newer holder (left alone), NOT_HELD for a free key; the revoked holder's renew is LEASE_EXPIRED.
+async fn pinned_revoke_outcomes(h: &Harness) -> Result<(), String> {
+    let api = &h.api;
+    let s1 = api.open_session("w1", LONG_TTL_MS).await;
+    let s2 = api.open_session("w2", LONG_TTL_MS).await;
+    let t1 = api.acquire("k", s1, "w1", LONG_TTL_MS).await.token();
+    let body = |t: i64| json!({"operator": "ops", "reason": "stuck", "fencingToken": t});
+    let mut v = Vec::new();
+    let r = api.revoke("k", Some(ADMIN_TOKEN), body(t1)).await;
+    if r.status != StatusCode::OK || r.body["outcome"] != "REVOKED" {
+        v.push(format!("first revoke: {r:?}"));
+    }
+    let r = api.revoke("k", Some(ADMIN_TOKEN), body(t1)).await;
+    if r.status != StatusCode::OK || r.body["outcome"] != "ALREADY_REVOKED" {
+        v.push(format!("retried revoke: {r:?}"));
+    }
+    let renew = api.renew("k", t1, LONG_TTL_MS).await;
+    if renew.code() != "LEASE_EXPIRED" {
+        v.push(format!("the revoked holder renewed: {renew:?}"));
+    }
+    let t2 = api.acquire("k", s2, "w2", LONG_TTL_MS).await.token();
+    let r = api.revoke("k", Some(ADMIN_TOKEN), body(t2 + 1000)).await;
+    if r.body["outcome"] != "HELD_BY_OTHER_TOKEN" {
+        v.push(format!("revoke pinned to another token: {r:?}"));
+    }
+    let still = api.renew("k", t2, LONG_TTL_MS).await;
+    if still.status != StatusCode::OK {
+        v.push(format!("the newer holder was disturbed: {still:?}"));
+    }
+    let r = api.revoke("free", Some(ADMIN_TOKEN), body(t2)).await;
+    if r.body["outcome"] != "NOT_HELD" {
+        v.push(format!("revoke of a free key: {r:?}"));
+    }
+    check(v)
+}
+
+macro_rules! contract_tests {
+    ($($scenario:ident),* $(,)?) => {
+        mod postgres {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $scenario() {
+                    let h = Harness::pg(Statements::C1).await;
+                    super::$scenario(&h).await.unwrap();
+                    h.srv.shutdown().await.unwrap();
+                }
+            )*
+        }
+        mod etcd {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $scenario() {
+                    let h = Harness::etcd(EtcdFaults::NONE).await;
+                    super::$scenario(&h).await.unwrap();
+                    h.srv.shutdown().await.unwrap();
+                }
+            )*
+        }
+    };
+}
+
+contract_tests!(
+    grant_contend_reenter,
+    session_gone_rows,
+    session_lapse_and_reap,
+    renew_release_and_token_order,
+    cascade_on_close,
+    n_concurrent_one_grant,
+    pause_and_return,
+    lapsed_renew_is_lease_expired,
+    pinned_revoke_outcomes,
+);
+
+// ---- negative controls: the same scenarios against a broken backend must report a violation ------
+
+/// Runs `scenario` on a deliberately broken backend and requires it to report a violation.
+macro_rules! must_fail {
+    ($harness:expr, $scenario:ident, $what:expr) => {{
+        let h = $harness;
+        let violation = $scenario(&h)
+            .await
+            .expect_err(concat!("the suite did not catch ", $what));
+        eprintln!("{}: caught: {violation}", $what);
+        h.srv.shutdown().await.unwrap();
+    }};
+}
+
+#[tokio::test]
+async fn control_etcd_token_from_per_key_version_reissues_tokens() {
+    let faults = EtcdFaults {
+        token_from_version: true,
+        ..EtcdFaults::NONE
+    };
+    must_fail!(
+        Harness::etcd(faults).await,
+        renew_release_and_token_order,
+        "tokens from `version`"
+    );
+}
+
+#[tokio::test]
+async fn control_etcd_token_from_per_key_version_breaks_takeover_order() {
+    let faults = EtcdFaults {
+        token_from_version: true,
+        ..EtcdFaults::NONE
+    };
+    must_fail!(
+        Harness::etcd(faults).await,
+        pause_and_return,
+        "tokens from `version`"
+    );
+}
+
+#[tokio::test]
+async fn control_etcd_release_by_key_alone_deletes_the_new_holder() {
+    let faults = EtcdFaults {
+        release_by_key_alone: true,
+        ..EtcdFaults::NONE
+    };
+    must_fail!(
+        Harness::etcd(faults).await,
+        pause_and_return,
+        "release by key alone"
+    );
+}
+
+#[tokio::test]
+async fn control_etcd_renew_ignoring_the_token_renews_the_new_holder() {
+    let faults = EtcdFaults {
+        renew_ignores_token: true,
+        ..EtcdFaults::NONE
+    };
+    must_fail!(
+        Harness::etcd(faults).await,
+        pause_and_return,
+        "renew ignoring the token"
+    );
+}
+
+#[tokio::test]
+async fn control_postgres_release_by_key_alone_deletes_the_new_holder() {
+    must_fail!(
+        Harness::pg(release_by_key_alone()).await,
+        pause_and_return,
+        "release by key alone"
+    );
+}
+
+#[tokio::test]
+async fn control_postgres_acquire_without_nextval_keeps_the_dead_holders_token() {
+    must_fail!(
+        Harness::pg(acquire_without_nextval_in_update()).await,
+        pause_and_return,
+        "acquire without nextval in DO UPDATE"
+    );
+}
+
+#[tokio::test]
+async fn control_postgres_renew_without_expiry_check_resurrects_a_lapsed_lease() {
+    must_fail!(
+        Harness::pg(renew_without_expiry_check()).await,
+        lapsed_renew_is_lease_expired,
+        "renew without the expiry check"
+    );
+}

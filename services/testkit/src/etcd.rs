@@ -1,0 +1,265 @@
+//! Real etcd processes on loopback for the lock-server's etcd backend: one member
+//! ([`EtcdCluster::single`]) or a real three-member cluster ([`EtcdCluster::three`]) whose members can
+//! be stopped and restarted on their data directories (the fault tests stop the leader, then a
+//! follower).
+//!
+//! Binary: `DLOCK_ETCD_BIN`, else `$DLOCK_TOOLS_DIR/bin/etcd` (which `scripts/cluster-tools.sh etcd`
+//! fills: Debian's etcd-server 3.4, or etcd 3.5 built with Go), else `etcd` on `PATH`. Data lives on
+//! `/dev/shm` when there is one: the tests exercise consensus, not the disk. Each process gets
+//! `PR_SET_PDEATHSIG`, so it dies with the test process even if a member is never dropped.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::procs::{ProcError, free_port};
+
+/// The etcd binary the tests run.
+pub fn etcd_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("DLOCK_ETCD_BIN") {
+        return PathBuf::from(p);
+    }
+    let cached = crate::pg::tools_dir().join("bin/etcd");
+    if cached.exists() {
+        return cached;
+    }
+    PathBuf::from("etcd")
+}
+
+#[derive(Debug)]
+struct Member {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    data_dir: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+/// One etcd cluster (1 or 3 members) on loopback. Dropping it kills its members and removes the data.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    base: PathBuf,
+    token: String,
+    members: Vec<Member>,
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+const READY_LIMIT: Duration = Duration::from_secs(60);
+
+impl EtcdCluster {
+    /// A single-member etcd.
+    pub fn single() -> Result<Self, ProcError> {
+        Self::start(1)
+    }
+
+    /// A real three-member cluster (three processes, Raft between them over loopback).
+    pub fn three() -> Result<Self, ProcError> {
+        Self::start(3)
+    }
+
+    fn start(n: usize) -> Result<Self, ProcError> {
+        let root = if Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        let id = format!(
+            "{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let base = root.join(format!("dlock-etcd-{id}"));
+        fs::create_dir_all(&base).map_err(io("create etcd dir"))?;
+        let mut members = Vec::with_capacity(n);
+        for i in 0..n {
+            members.push(Member {
+                name: format!("m{i}"),
+                client_port: free_port()?,
+                peer_port: free_port()?,
+                data_dir: base.join(format!("m{i}")),
+                log: base.join(format!("m{i}.log")),
+                child: None,
+            });
+        }
+        let mut cluster = Self {
+            base,
+            token: format!("dlock-test-{id}"),
+            members,
+        };
+        for i in 0..n {
+            cluster.spawn(i)?;
+        }
+        for i in 0..n {
+            cluster.wait_healthy(i)?;
+        }
+        Ok(cluster)
+    }
+
+    fn initial_cluster(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn spawn(&mut self, i: usize) -> Result<(), ProcError> {
+        let initial = self.initial_cluster();
+        let m = &mut self.members[i];
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&m.log)
+            .map_err(io("open etcd log"))?;
+        let mut cmd = Command::new(etcd_bin());
+        cmd.arg("--name")
+            .arg(&m.name)
+            .arg("--data-dir")
+            .arg(&m.data_dir)
+            .arg("--listen-client-urls")
+            .arg(format!("http://127.0.0.1:{}", m.client_port))
+            .arg("--advertise-client-urls")
+            .arg(format!("http://127.0.0.1:{}", m.client_port))
+            .arg("--listen-peer-urls")
+            .arg(format!("http://127.0.0.1:{}", m.peer_port))
+            .arg("--initial-advertise-peer-urls")
+            .arg(format!("http://127.0.0.1:{}", m.peer_port))
+            .arg("--initial-cluster")
+            .arg(initial)
+            .arg("--initial-cluster-state")
+            .arg("new")
+            .arg("--initial-cluster-token")
+            .arg(&self.token)
+            // Short timeouts so that an election after a stopped leader takes well under a second.
+            .arg("--heartbeat-interval")
+            .arg("50")
+            .arg("--election-timeout")
+            .arg("500")
+            .arg("--log-level")
+            .arg("warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone().map_err(io("dup etcd log"))?))
+            .stderr(Stdio::from(log));
+        // SAFETY: prctl with PR_SET_PDEATHSIG is async-signal-safe and touches no memory of ours.
+        #[allow(unsafe_code)]
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(|source| ProcError::Io {
+            what: format!(
+                "start {} (install it with scripts/cluster-tools.sh etcd)",
+                etcd_bin().display()
+            ),
+            source,
+        })?;
+        m.child = Some(child);
+        Ok(())
+    }
+
+    /// Waits for the member's `/health` to say true (it has a leader and serves).
+    fn wait_healthy(&mut self, i: usize) -> Result<(), ProcError> {
+        let started = Instant::now();
+        loop {
+            if health(self.members[i].client_port) {
+                return Ok(());
+            }
+            let m = &mut self.members[i];
+            if let Some(child) = m.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                return Err(ProcError::Exited {
+                    name: format!("etcd {}", m.name),
+                    status: status.to_string(),
+                    log: m.log.display().to_string(),
+                });
+            }
+            if started.elapsed() > READY_LIMIT {
+                return Err(ProcError::NotReady {
+                    name: format!("etcd {}", m.name),
+                    url: format!("http://127.0.0.1:{}/health", m.client_port),
+                    secs: READY_LIMIT.as_secs(),
+                    log: m.log.display().to_string(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Client URLs of all members.
+    pub fn endpoints(&self) -> Vec<String> {
+        (0..self.members.len()).map(|i| self.endpoint(i)).collect()
+    }
+
+    pub fn endpoint(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.members[i].client_port)
+    }
+
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    pub fn is_running(&self, i: usize) -> bool {
+        self.members[i].child.is_some()
+    }
+
+    /// Kills member `i` (SIGKILL: a crash, not a graceful leave) and waits for it to be gone.
+    pub fn stop(&mut self, i: usize) {
+        if let Some(mut child) = self.members[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Restarts member `i` on its data directory and waits until it is healthy again.
+    pub fn restart(&mut self, i: usize) -> Result<(), ProcError> {
+        self.stop(i);
+        self.spawn(i)?;
+        self.wait_healthy(i)
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.stop(i);
+        }
+        let _ = fs::remove_dir_all(&self.base);
+    }
+}
+
+fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> ProcError {
+    move |source| ProcError::Io {
+        what: what.into(),
+        source,
+    }
+}
+
+/// `GET /health` on the client port; true when etcd answers `"health":"true"`.
+fn health(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if s.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body.contains("\"health\":\"true\"")
+}
