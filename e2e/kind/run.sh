@@ -235,15 +235,26 @@ forward() { # forward SERVICE: starts a port-forward to SERVICE:8080, records it
     pf_port[$1]="$(sed -n 's/^Forwarding from 127.0.0.1:\([0-9]*\) .*/\1/p' "$out" | head -n1)"
 }
 svc_get() { curl -sS --fail-with-body --max-time 30 "http://127.0.0.1:${pf_port[$1]}$2"; }
-svc_post() { curl -sS --fail-with-body --max-time 30 -H 'content-type: application/json' --data-binary @- "http://127.0.0.1:${pf_port[$1]}$2"; }
+svc_post() { # svc_post SERVICE PATH [CURL ARGS…]; body on stdin
+    local svc="$1" path="$2"
+    shift 2
+    curl -sS --fail-with-body --max-time 30 -H 'content-type: application/json' "$@" --data-binary @- "http://127.0.0.1:${pf_port[$svc]}$path"
+}
 forward "$pstack-payment-resource"
 forward "$pstack-rail-stub"
 
-# Creates one payout through payment-resource's API. The only place payouts are made: adapt here
-# when the API asks for credentials.
+# Payouts are created with the stack's `client` credential, from the Secret the operator generated.
+# It goes to curl as a header file (mode 600), never on a command line.
+client_header="$workdir/client-auth-header"
+(umask 077 && printf 'Authorization: Bearer %s\n' \
+    "$(kubectl -n "$ns" get secret "$pstack-payment-credentials" -o jsonpath='{.data.client}' | base64 -d)" \
+    >"$client_header")
+grep -q 'Bearer .\{16,\}' "$client_header" || die "Secret $pstack-payment-credentials has no client credential"
+
+# Creates one payout through payment-resource's API. The only place payouts are made.
 create_payout() { # create_payout IDEMPOTENCY_KEY ACCOUNT_NN AMOUNT_MINOR
     printf '{"accountId":"00000000-0000-4000-8000-0000000000%02d","amountMinor":%d,"currency":"EUR","idempotencyKey":"%s"}' \
-        "$2" "$3" "$1" | svc_post "$pstack-payment-resource" /v1/payouts >/dev/null
+        "$2" "$3" "$1" | svc_post "$pstack-payment-resource" /v1/payouts -H "@$client_header" >/dev/null
 }
 create_batch() { # create_batch RUN FROM TO
     local i

@@ -86,7 +86,7 @@ pub fn migration_job(
         .clone()
         .unwrap_or_else(|| lock_server_image(ls, default_image));
     let source = database::admin_url_source(owner, HISTORY, external);
-    Ok(migration::job(owner, HISTORY, &image, &source))
+    Ok(migration::job(owner, HISTORY, &image, &source, &[]))
 }
 
 pub fn desired(ls: &LockService, owner: &Owner, inputs: &Inputs<'_>) -> Result<Desired, SpecError> {

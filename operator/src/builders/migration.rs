@@ -17,22 +17,31 @@ pub const APP_PASSWORD_ENV: &str = "APP_PASSWORD";
 const BACKOFF_LIMIT: i32 = 4;
 
 /// The Job for `history`, reading the owner-role URL from `admin_url` (a Secret key).
-pub fn job(owner: &Owner, history: History, image: &str, admin_url: &SecretKeyRef) -> Job {
+/// `extra_dirs`: further migration locations applied after the history's own (the opt-in demo seed).
+pub fn job(
+    owner: &Owner,
+    history: History,
+    image: &str,
+    admin_url: &SecretKeyRef,
+    extra_dirs: &[&str],
+) -> Job {
     let component = history.migration_component();
+    let mut command = vec![MIGRATE_BINARY.to_owned(), "--dir".into(), history.dir()];
+    for dir in extra_dirs {
+        command.extend(["--dir".to_owned(), (*dir).to_owned()]);
+    }
+    command.extend([
+        "--app-role".into(),
+        history.app_role().into(),
+        "--app-password-env".into(),
+        APP_PASSWORD_ENV.into(),
+    ]);
     let container = Container {
         name: "migrate".into(),
         image: Some(image.into()),
         // DATABASE_URL comes from the environment (dlock-migrate reads it there): a `--database-url
         // $(DATABASE_URL)` argument would put the password into the process's command line.
-        command: Some(vec![
-            MIGRATE_BINARY.into(),
-            "--dir".into(),
-            history.dir(),
-            "--app-role".into(),
-            history.app_role().into(),
-            "--app-password-env".into(),
-            APP_PASSWORD_ENV.into(),
-        ]),
+        command: Some(command),
         env: Some(vec![
             secret_env("DATABASE_URL", &admin_url.name, &admin_url.key),
             secret_env(

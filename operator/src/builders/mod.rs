@@ -6,6 +6,7 @@ pub mod database;
 pub mod lockservice;
 pub mod migration;
 pub mod paymentstack;
+pub mod security;
 pub mod workloads;
 
 use std::collections::BTreeMap;

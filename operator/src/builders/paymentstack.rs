@@ -4,11 +4,16 @@
 
 use super::database::{self, History};
 use super::migration::{self, JobState};
+use super::security;
 use super::workloads::{self, ExecutorTargets, PAYMENT_RESOURCE, RAIL_PROXY, RAIL_STUB};
 use super::{Child, ChildKind, Desired, Owner, SpecError};
 use crate::crd::{DatabaseMode, LeaseSpec, PaymentStack};
 
 pub const HISTORY: History = History::Paydb;
+
+/// The opt-in synthetic seed in the dlock image (`migrations/paydb-seed`), applied by the migration
+/// Job only when `spec.demoData` is true.
+pub const DEMO_SEED_DIR: &str = "/migrations/paydb-seed";
 
 /// What the stack needs from its LockService.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,7 +53,9 @@ pub fn migration_job(
         .clone()
         .unwrap_or_else(|| image(&ps.spec.payment_resource.image, default_image));
     let source = database::admin_url_source(owner, HISTORY, external);
-    Ok(migration::job(owner, HISTORY, &image, &source))
+    // The synthetic accounts only when the spec asks for demo data (C1 §1.8: harness only).
+    let extra: &[&str] = if ps.spec.demo_data { &[DEMO_SEED_DIR] } else { &[] };
+    Ok(migration::job(owner, HISTORY, &image, &source, extra))
 }
 
 /// The rail rail-proxy forwards to: the spec's URL, else the in-cluster stub.
@@ -102,6 +109,7 @@ pub fn desired(ps: &PaymentStack, owner: &Owner, inputs: &Inputs<'_>) -> Result<
     // The schema gate, and the lock-service gate: held back (existing ones left as they are) until
     // the current Job has succeeded and the LockService is Ready.
     if let (JobState::Succeeded, Some((lock_server_url, lease))) = (inputs.migration, lock_service) {
+        let credentials = security::credentials_secret_name(owner);
         let payment_resource = workloads::payment_resource(
             owner,
             image(&spec.payment_resource.image, inputs.default_image),
@@ -131,6 +139,7 @@ pub fn desired(ps: &PaymentStack, owner: &Owner, inputs: &Inputs<'_>) -> Result<
             spec.payout_executor.resources.clone(),
             &targets,
             lease,
+            &credentials,
         );
         out.workload(owner, &payment_resource);
         out.workload(owner, &rail_proxy);

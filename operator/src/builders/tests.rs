@@ -9,7 +9,7 @@ use super::database::{self, Credentials, History};
 use super::migration::{self, JobState};
 use super::paymentstack::LockServiceView;
 use super::workloads::{PAYMENT_FENCING_ENV, RAIL_PROXY_FENCING_ENV};
-use super::{Child, ChildKind, ChildRef, Desired, Owner, lockservice, paymentstack, short_hash};
+use super::{Child, ChildKind, ChildRef, Desired, Owner, lockservice, paymentstack, security, short_hash};
 use crate::crd::{LeaseSpec, LockService, LockServiceSpec, PaymentStack, PaymentStackSpec};
 
 const IMAGE: &str = "registry.example/dlock:1.2.3";
@@ -302,6 +302,95 @@ fn migration_job_runs_dlock_migrate_with_secrets_only() {
     let cmd = c.command.clone().unwrap();
     assert_eq!(cmd[2], "/migrations/paydb");
     assert_eq!(cmd[4], "payapp");
+}
+
+#[test]
+fn the_demo_seed_is_applied_only_when_the_spec_asks_for_it() {
+    let ps = default_stack();
+    let owner = Owner::of(&ps).unwrap();
+    let cmd = |ps: &PaymentStack| {
+        let job = paymentstack::migration_job(ps, &owner, "dlock:test").unwrap();
+        let c = job.spec.unwrap().template.spec.unwrap().containers[0].clone();
+        c.command.unwrap()
+    };
+    let plain = cmd(&ps);
+    assert!(!plain.iter().any(|a| a.contains("paydb-seed")), "{plain:?}");
+    let mut demo = ps.clone();
+    demo.spec.demo_data = true;
+    let seeded = cmd(&demo);
+    let at = seeded
+        .iter()
+        .position(|a| a == paymentstack::DEMO_SEED_DIR)
+        .expect("seed dir");
+    assert_eq!(seeded[at - 1], "--dir");
+    // A different Job (the spec of a Job is immutable): its name changes with the command.
+    let name = |ps: &PaymentStack| {
+        paymentstack::migration_job(ps, &owner, "dlock:test")
+            .unwrap()
+            .metadata
+            .name
+    };
+    assert_ne!(name(&ps), name(&demo));
+}
+
+#[test]
+fn payment_services_get_their_credentials_from_the_generated_secret_only() {
+    let ps = default_stack();
+    let owner = Owner::of(&ps).unwrap();
+    let ls = ready_lock_service();
+    let d = paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&ls))).unwrap();
+    let secret = security::credentials_secret_name(&owner);
+    let wants: [(&str, &[(&str, &str)]); 3] = [
+        (
+            "payment-resource",
+            &[
+                ("PAYMENT_RESOURCE_ADMIN_TOKEN", security::KEY_ADMIN),
+                ("PAYMENT_RESOURCE_EXECUTOR_TOKEN", security::KEY_EXECUTOR),
+                ("PAYMENT_RESOURCE_CLIENT_TOKEN", security::KEY_CLIENT),
+            ],
+        ),
+        (
+            "rail-proxy",
+            &[("RAIL_PROXY_EXECUTOR_TOKEN", security::KEY_RAIL_PROXY_EXECUTOR)],
+        ),
+        (
+            "payout-executor",
+            &[
+                ("PAYOUT_EXECUTOR_PAYMENT_RESOURCE_TOKEN", security::KEY_EXECUTOR),
+                (
+                    "PAYOUT_EXECUTOR_RAIL_PROXY_TOKEN",
+                    security::KEY_RAIL_PROXY_EXECUTOR,
+                ),
+            ],
+        ),
+    ];
+    for (component, envs) in wants {
+        let dep = deployment(&d, &owner.child(component));
+        let c = &dep
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers[0];
+        for (name, key) in envs {
+            let e = env_of(c, name).unwrap_or_else(|| panic!("{component}: no {name}"));
+            assert!(e.value.is_none(), "{component}: {name} is a plain value");
+            assert_eq!(
+                secret_ref(e),
+                (secret.clone(), (*key).to_owned()),
+                "{component}: {name}"
+            );
+        }
+        // No credential travels as an argument.
+        let args = c.args.clone().unwrap_or_default().join(" ");
+        assert!(
+            !args.contains("TOKEN") && !args.contains("token"),
+            "{component}: {args}"
+        );
+    }
 }
 
 #[test]

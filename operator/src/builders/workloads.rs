@@ -13,6 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::database::{History, KEY_URL, names};
+use super::security;
 use super::{HTTP_PORT, LISTEN_ADDR, Owner, env, secret_env};
 use crate::crd::{KillSwitches, LeaseSpec, RailStubMode};
 
@@ -98,15 +99,25 @@ pub fn payment_resource(
     kill_switches: &KillSwitches,
     db_secret_version: Option<&str>,
 ) -> Workload {
+    let credentials_secret = &security::credentials_secret_name(owner);
+    let mut env = vec![env(
+        PAYMENT_FENCING_ENV,
+        kill_switches.payment_fencing_enabled.to_string(),
+    )];
+    // Each role's bearer credential from the generated Secret: never a flag, never a plain value.
+    for (name, key) in [
+        ("PAYMENT_RESOURCE_ADMIN_TOKEN", security::KEY_ADMIN),
+        ("PAYMENT_RESOURCE_EXECUTOR_TOKEN", security::KEY_EXECUTOR),
+        ("PAYMENT_RESOURCE_CLIENT_TOKEN", security::KEY_CLIENT),
+    ] {
+        env.push(secret_env(name, credentials_secret, key));
+    }
     Workload {
         component: PAYMENT_RESOURCE,
         image,
         replicas,
         args: vec!["serve".into(), "--listen".into(), LISTEN_ADDR.into()],
-        env: vec![env(
-            PAYMENT_FENCING_ENV,
-            kill_switches.payment_fencing_enabled.to_string(),
-        )],
+        env,
         resources,
         serves_http: true,
         annotations: BTreeMap::new(),
@@ -123,6 +134,18 @@ pub fn rail_proxy(
     kill_switches: &KillSwitches,
     db_secret_version: Option<&str>,
 ) -> Workload {
+    let credentials_secret = &security::credentials_secret_name(owner);
+    let env = vec![
+        env(
+            RAIL_PROXY_FENCING_ENV,
+            kill_switches.rail_proxy_fencing_enabled.to_string(),
+        ),
+        secret_env(
+            "RAIL_PROXY_EXECUTOR_TOKEN",
+            credentials_secret,
+            security::KEY_RAIL_PROXY_EXECUTOR,
+        ),
+    ];
     Workload {
         component: RAIL_PROXY,
         image,
@@ -133,10 +156,7 @@ pub fn rail_proxy(
             "--rail-url".into(),
             rail_url.into(),
         ],
-        env: vec![env(
-            RAIL_PROXY_FENCING_ENV,
-            kill_switches.rail_proxy_fencing_enabled.to_string(),
-        )],
+        env,
         resources,
         serves_http: true,
         annotations: BTreeMap::new(),
@@ -177,7 +197,20 @@ pub fn payout_executor(
     resources: Option<ResourceRequirements>,
     targets: &ExecutorTargets,
     lease: &LeaseSpec,
+    credentials_secret: &str,
 ) -> Workload {
+    // The executor presents its own credentials: the executor role of each resource.
+    let mut env = lease_env(lease);
+    env.push(secret_env(
+        "PAYOUT_EXECUTOR_PAYMENT_RESOURCE_TOKEN",
+        credentials_secret,
+        security::KEY_EXECUTOR,
+    ));
+    env.push(secret_env(
+        "PAYOUT_EXECUTOR_RAIL_PROXY_TOKEN",
+        credentials_secret,
+        security::KEY_RAIL_PROXY_EXECUTOR,
+    ));
     Workload {
         component: PAYOUT_EXECUTOR,
         image,
@@ -192,7 +225,7 @@ pub fn payout_executor(
             "--workers".into(),
             workers.to_string(),
         ],
-        env: lease_env(lease),
+        env,
         resources,
         serves_http: false,
         annotations: BTreeMap::new(),

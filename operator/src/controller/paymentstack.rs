@@ -7,10 +7,11 @@ use kube::runtime::controller::Action;
 
 use super::error::{Error, Result};
 use super::status::{Blocked, Observation};
-use super::{Context, steps};
-use crate::builders::Owner;
+use super::{Context, apply, steps};
 use crate::builders::paymentstack::{self as plan, HISTORY, Inputs, LockServiceView};
+use crate::builders::{Owner, security};
 use crate::crd::{LockService, PaymentStack};
+use kube::runtime::events::EventType;
 
 /// The three Deployments that wait for the schema and the LockService.
 const GATED_DEPLOYMENTS: usize = 3;
@@ -64,6 +65,23 @@ pub async fn reconcile(ps: &PaymentStack, ctx: &Context) -> Result<Action> {
             return steps::finish(ctx, ps, previous, &regarding, &obs, HISTORY, None, None, None).await;
         }
     };
+    // The payment credentials (created once, before any Deployment that reads them).
+    let secret = security::credentials_secret(&owner);
+    let (_, created) = apply::create_secret_once(&ctx.client, &owner.namespace, &secret)
+        .await
+        .map_err(|e| match e {
+            Error::Kube(source) => Error::step("create the payment credentials Secret", source),
+            other => other,
+        })?;
+    if created {
+        ctx.publish(
+            &regarding,
+            EventType::Normal,
+            "CredentialsCreated",
+            "generated the payment services' bearer credentials into a Secret".into(),
+        )
+        .await;
+    }
     obs.deployments = steps::act(ctx, &owner, &regarding, HISTORY, &desired, &prepared.job_state).await?;
     obs.expected_deployments = GATED_DEPLOYMENTS + usize::from(ps.spec.rail_stub.enabled);
     obs.migration = Some(prepared.job_state.clone());

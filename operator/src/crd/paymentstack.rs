@@ -58,6 +58,10 @@ pub struct PaymentStackSpec {
     /// Image of the migration Job; defaults to the payment-resource image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration_image: Option<String>,
+    /// Seed paydb with the synthetic, well-known demo accounts (C1 §1.8: for a harness, never for
+    /// real money). Off by default: a production paydb starts with zero accounts.
+    #[serde(default)]
+    pub demo_data: bool,
 }
 
 /// A name in the object's own namespace.
