@@ -83,20 +83,25 @@ impl Drop for Background {
     }
 }
 
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+/// Resolves on SIGTERM or SIGINT (a pod's stop, or Ctrl-C).
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+    // The handlers are registered here, when this is called, not when the future is first polled:
+    // a SIGTERM that arrives right after start-up is announced must start a graceful shutdown, not
+    // kill the process with the default action. Callers take the future before they start serving.
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
+    async move {
+        let wait = |s: Option<tokio::signal::unix::Signal>| async move {
+            match s {
+                Some(mut s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
-    tracing::info!(event = "shutdown_requested");
+        };
+        tokio::select! { _ = wait(int) => {}, _ = wait(term) => {} }
+        tracing::info!(event = "shutdown_requested");
+    }
 }
 
 /// `/healthz`: the process is up and serving.

@@ -137,7 +137,9 @@ pub async fn run(config: Config) -> Result<(), StartError> {
             "no admin token configured; admin endpoints answer 403"
         );
     }
+    // Before the server announces itself (see shutdown_signal).
+    let signal = serve::shutdown_signal();
     let server = spawn(config).await?;
-    serve::shutdown_signal().await;
+    signal.await;
     server.shutdown().await
 }

@@ -96,8 +96,10 @@ pub fn app(config: &Config) -> anyhow::Result<App> {
 
 /// Serves until SIGTERM/SIGINT (the binary's `serve`), then lets in-flight requests finish.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
+    // Before the server announces itself (see shutdown_signal).
+    let signal = dlock_common::serve::shutdown_signal();
     let server = spawn(config).await?;
-    dlock_common::serve::shutdown_signal().await;
+    signal.await;
     server.shutdown().await
 }
 

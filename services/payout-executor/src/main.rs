@@ -23,8 +23,10 @@ async fn main() -> ExitCode {
     let shutdown = CancellationToken::new();
     tokio::spawn({
         let shutdown = shutdown.clone();
+        // Registered now, before the executor starts (see shutdown_signal).
+        let signal = dlock_common::serve::shutdown_signal();
         async move {
-            dlock_common::serve::shutdown_signal().await;
+            signal.await;
             shutdown.cancel();
         }
     });

@@ -67,6 +67,8 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Before the server announces itself (see shutdown_signal).
+    let shutdown = dlock_common::serve::shutdown_signal();
     let server = match rail_proxy::spawn(config).await {
         Ok(s) => s,
         Err(e @ rail_proxy::StartError::Config(_)) => {
@@ -78,7 +80,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    dlock_common::serve::shutdown_signal().await;
+    shutdown.await;
     // The server logs `stopped` itself once in-flight requests are done.
     match server.shutdown().await {
         Ok(()) => ExitCode::SUCCESS,

@@ -37,6 +37,8 @@ async fn main() -> ExitCode {
         timeout_hang_ms: args.timeout_hang_ms,
         test_mode: args.test_mode,
     };
+    // Before the server announces itself (see shutdown_signal).
+    let shutdown = dlock_common::serve::shutdown_signal();
     let server = match rail_stub::spawn(config).await {
         Ok(s) => s,
         Err(e @ rail_stub::StartError::Config(_)) => {
@@ -48,7 +50,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    dlock_common::serve::shutdown_signal().await;
+    shutdown.await;
     // The server logs `stopped` itself once in-flight requests are done.
     match server.shutdown().await {
         Ok(()) => ExitCode::SUCCESS,
