@@ -31,10 +31,20 @@ struct Ctx {
     proxy: Proxy,
     kubelet: Kubelet,
     scratch: env::Scratch,
+    /// Extra environment of the operator process (kept across restarts).
+    op_env: Vec<(String, String)>,
 }
 
 impl Ctx {
     async fn start(test: &str, histories: &[History]) -> Option<Ctx> {
+        Ctx::start_with(test, histories, &[]).await
+    }
+
+    async fn start_with(test: &str, histories: &[History], op_env: &[(&str, &str)]) -> Option<Ctx> {
+        let op_env: Vec<(String, String)> = op_env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
         let c = dlock_e2e::cluster(test)?;
         let Some(helm_bin) = helm::helm(test) else {
             panic!("DLOCK_E2E=1 but helm is missing: run scripts/cluster-tools.sh");
@@ -44,7 +54,7 @@ impl Ctx {
         let scratch = env::Scratch::new(test);
         let id = rbac::install(&c, &helm_bin, &ns, &ns, scratch.path());
         let proxy = Proxy::start();
-        let op = start_operator(&c, &helm_bin, &id, &scratch, &proxy);
+        let op = start_operator(&c, &helm_bin, &id, &scratch, &proxy, &op_env);
         let mut kubelet = Kubelet::new(&c.kubectl, &ns, histories).await;
         kubelet.proxy = Some(proxy.clone());
         kubelet.serve_deployment(
@@ -61,6 +71,7 @@ impl Ctx {
             proxy,
             kubelet,
             scratch,
+            op_env,
         })
     }
 
@@ -137,7 +148,14 @@ impl Ctx {
     }
 
     fn restart_operator(&mut self) {
-        self.op = start_operator(&self.c, &self.helm, &self.id, &self.scratch, &self.proxy);
+        self.op = start_operator(
+            &self.c,
+            &self.helm,
+            &self.id,
+            &self.scratch,
+            &self.proxy,
+            &self.op_env,
+        );
     }
 
     fn event_reasons(&self) -> Vec<String> {
@@ -156,19 +174,16 @@ fn start_operator(
     id: &Identity,
     scratch: &env::Scratch,
     proxy: &Proxy,
+    extra: &[(String, String)],
 ) -> Operator {
     let url = proxy.url();
-    Operator::start_with_env(
-        c,
-        &helm.to_path_buf(),
-        id,
-        scratch.path(),
-        &[
-            ("HTTP_PROXY", &url),
-            ("http_proxy", &url),
-            ("NO_PROXY", "127.0.0.1,localhost"),
-        ],
-    )
+    let mut vars: Vec<(&str, &str)> = vec![
+        ("HTTP_PROXY", &url),
+        ("http_proxy", &url),
+        ("NO_PROXY", "127.0.0.1,localhost"),
+    ];
+    vars.extend(extra.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    Operator::start_with_env(c, &helm.to_path_buf(), id, scratch.path(), &vars)
 }
 
 fn action(ls: &Value, id: &str) -> Option<Value> {
@@ -600,5 +615,131 @@ async fn restore_fast_forward_gates_reads_every_paydb_advances_and_resumes() {
     assert!(ls["status"].get("gate").is_none(), "{}", ls["status"]);
     let later = ctx.lock_api().acquire("worker", "account:later", 600_000);
     assert_eq!(later.token, 108);
+    ctx.op.assert_healthy();
+}
+
+/// The operator's gauge for this LockService (`None` until it is exported).
+fn behind_gauge(ctx: &Ctx) -> Option<u64> {
+    let labels = format!("namespace=\"{}\",name=\"{LS}\"", ctx.ns);
+    ctx.op
+        .get("/metrics")
+        .lines()
+        .filter(|l| l.starts_with("dlock_operator_fencing_sequence_behind{") && l.contains(&labels))
+        .find_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_rewound_outside_dlock_is_detected_and_clears_after_the_fast_forward() {
+    let test = "a_sequence_rewound_outside_dlock_is_detected_and_clears_after_the_fast_forward";
+    // A one-second check interval: each check is a real `dlock-fastforward read` Job.
+    let Some(mut ctx) = Ctx::start_with(
+        test,
+        &[History::Lockdb, History::Paydb],
+        &[("DLOCK_OPERATOR_FENCING_CHECK_SECS", "1")],
+    )
+    .await
+    else {
+        return;
+    };
+    let pay = dlock_testkit::blank(History::Paydb).await;
+    let ns = ctx.ns.clone();
+    ctx.kubelet
+        .use_database_for_host(&format!("pay-a-paydb.{ns}.svc"), pay.clone());
+    ctx.k().apply(&ns, &lockservice()).ok();
+    ctx.k().apply(&ns, &paymentstack("pay-a")).ok();
+    ready_at_generation(&mut ctx);
+    ctx.wait("PaymentStack pay-a Ready", |cx| {
+        let o = cx.must_get("paymentstack", "pay-a");
+        if objects::condition_is(&o, "Ready", "True") {
+            Ok(())
+        } else {
+            Err(o["status"].to_string())
+        }
+    });
+
+    // 1. Grants and resources agree: a check runs, finds nothing behind, the gauge says 0.
+    let api = ctx.lock_api();
+    for i in 0..3 {
+        let g = api.acquire("worker", &format!("account:{i}"), 600_000);
+        api.release(&g);
+    }
+    exec(
+        &pay,
+        &format!("INSERT INTO rail_high_water (account_id, highest_token) VALUES ('{A1}', 3)"),
+    )
+    .await;
+    let fencing = ctx.wait("a fencing check that saw high-water 3", |cx| {
+        let ls = cx.must_get("lockservice", LS);
+        let f = ls["status"]["fencing"].clone();
+        if f["highWater"] == 3 && f["sequence"] == 3 && behind_gauge(cx) == Some(0) {
+            Ok(f)
+        } else {
+            Err(format!("fencing: {f}, gauge {:?}", behind_gauge(cx)))
+        }
+    });
+    assert_eq!(fencing["highWaterStack"], "pay-a", "{fencing}");
+    let ls = ctx.must_get("lockservice", LS);
+    assert!(
+        objects::condition_is(&ls, "Degraded", "False"),
+        "{}",
+        ls["status"]
+    );
+
+    // 2. Behind our back (a restore of lockdb done outside dlock, or a resource that saw tokens of
+    //    another lockdb): the paydb has seen token 500, the sequence is at 3. Nobody asks for a
+    //    check; the next periodic one notices.
+    exec(
+        &pay,
+        &format!("UPDATE rail_high_water SET highest_token = 500 WHERE account_id = '{A1}'"),
+    )
+    .await;
+    let ls = ctx.wait("Degraded/FencingSequenceBehind", |cx| {
+        let ls = cx.must_get("lockservice", LS);
+        let reason = objects::condition(&ls, "Degraded").map(|c| c["reason"].clone());
+        if objects::condition_is(&ls, "Degraded", "True")
+            && reason == Some(json!("FencingSequenceBehind"))
+            && behind_gauge(cx) == Some(1)
+        {
+            Ok(ls)
+        } else {
+            Err(format!("status: {}, gauge {:?}", ls["status"], behind_gauge(cx)))
+        }
+    });
+    let message = objects::condition(&ls, "Degraded")
+        .and_then(|c| c["message"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    assert!(
+        message.contains("at 3") && message.contains("500") && message.contains("pay-a"),
+        "both numbers and the stack in the message: {message}"
+    );
+    assert_eq!(ls["status"]["fencing"]["sequence"], 3, "{}", ls["status"]);
+    assert_eq!(ls["status"]["fencing"]["highWater"], 500, "{}", ls["status"]);
+    assert!(ctx.event_reasons().iter().any(|r| r == "FencingSequenceBehind"));
+    // Detection changes nothing by itself: no gate, lock-server keeps serving, the sequence is
+    // where it was.
+    assert!(ls["status"].get("gate").is_none(), "{}", ls["status"]);
+    assert_eq!(sequence(&ctx.lockdb()).await, 3);
+
+    // 3. The fast-forward clears it, and the next check agrees (the gauge returns to 0).
+    ctx.annotate("dlock.dev/restore", &json!({"id": "ff-detected", "margin": 10}));
+    let done = ctx.wait_action("ff-detected", |a| {
+        a["phase"] == "Succeeded" || a["phase"] == "Failed"
+    });
+    assert_eq!(done["phase"], "Succeeded", "{done}");
+    assert_eq!(done["sequenceAfter"], 510, "{done}");
+    ctx.wait("the next check to see the sequence caught up", |cx| {
+        let ls = cx.must_get("lockservice", LS);
+        let f = &ls["status"]["fencing"];
+        if f["sequence"] == 510
+            && objects::condition_is(&ls, "Degraded", "False")
+            && behind_gauge(cx) == Some(0)
+        {
+            Ok(())
+        } else {
+            Err(format!("status: {}, gauge {:?}", ls["status"], behind_gauge(cx)))
+        }
+    });
+    assert!(ctx.event_reasons().iter().any(|r| r == "FencingSequenceCaughtUp"));
     ctx.op.assert_healthy();
 }

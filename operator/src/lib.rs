@@ -13,5 +13,6 @@ pub mod controller;
 pub mod crd;
 pub mod http;
 pub mod metrics;
+pub mod reasons;
 pub mod startup;
 pub mod telemetry;

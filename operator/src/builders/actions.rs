@@ -9,6 +9,7 @@
 //! is sent, and the revoke removes exactly that token, so a crash anywhere and a re-run of the same
 //! id can never remove a newer holder.
 
+use crate::reasons::Reason;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -139,47 +140,9 @@ pub struct ActionInputs {
 /// A step's Event: reason and note.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ActionEvent {
-    pub reason: ActionReason,
+    pub reason: Reason,
     pub warning: bool,
     pub note: String,
-}
-
-/// Event reasons of the actions (one enum, no string literals spread over the controller).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ActionReason {
-    ActionRequestInvalid,
-    FencingSequenceBehind,
-    FencingSequenceCaughtUp,
-    RevokeWaiting,
-    RevokeTargetRecorded,
-    RevokeSucceeded,
-    RevokeFailed,
-    RestoreGateClosing,
-    RestoreGateClosed,
-    RestoreHighWaterRead,
-    RestoreSequenceAdvanced,
-    RestoreSucceeded,
-    RestoreFailed,
-}
-
-impl ActionReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ActionReason::ActionRequestInvalid => "ActionRequestInvalid",
-            ActionReason::FencingSequenceBehind => "FencingSequenceBehind",
-            ActionReason::FencingSequenceCaughtUp => "FencingSequenceCaughtUp",
-            ActionReason::RevokeWaiting => "RevokeWaiting",
-            ActionReason::RevokeTargetRecorded => "RevokeTargetRecorded",
-            ActionReason::RevokeSucceeded => "RevokeSucceeded",
-            ActionReason::RevokeFailed => "RevokeFailed",
-            ActionReason::RestoreGateClosing => "RestoreGateClosing",
-            ActionReason::RestoreGateClosed => "RestoreGateClosed",
-            ActionReason::RestoreHighWaterRead => "RestoreHighWaterRead",
-            ActionReason::RestoreSequenceAdvanced => "RestoreSequenceAdvanced",
-            ActionReason::RestoreSucceeded => "RestoreSucceeded",
-            ActionReason::RestoreFailed => "RestoreFailed",
-        }
-    }
 }
 
 /// The next step of the actions, as decided from the inputs.
@@ -212,13 +175,13 @@ impl ActionPlan {
         self.gate.is_some()
     }
 
-    fn event(&mut self, reason: ActionReason, note: String) {
+    fn event(&mut self, reason: Reason, note: String) {
         let warning = matches!(
             reason,
-            ActionReason::ActionRequestInvalid
-                | ActionReason::RevokeFailed
-                | ActionReason::RestoreFailed
-                | ActionReason::FencingSequenceBehind
+            Reason::ActionRequestInvalid
+                | Reason::RevokeFailed
+                | Reason::RestoreFailed
+                | Reason::FencingSequenceBehind
         );
         self.events.push(ActionEvent {
             reason,
@@ -303,10 +266,10 @@ fn plan_check(inputs: &ActionInputs, jobs: &RestoreJobs<'_>, out: &mut ActionPla
             };
             let was_behind = out.fencing.as_ref().is_some_and(FencingStatus::is_behind);
             if next.is_behind() && !was_behind {
-                out.event(ActionReason::FencingSequenceBehind, behind_message(&next));
+                out.event(Reason::FencingSequenceBehind, behind_message(&next));
             } else if !next.is_behind() && was_behind {
                 out.event(
-                    ActionReason::FencingSequenceCaughtUp,
+                    Reason::FencingSequenceCaughtUp,
                     format!(
                         "fencing_token_seq ({}) is again at or above the high-water ({})",
                         next.sequence, next.high_water
@@ -389,11 +352,11 @@ fn invalid(
             s.started_at = Some(inputs.now.clone());
             s.finished_at = Some(inputs.now.clone());
             out.put(s);
-            out.event(ActionReason::ActionRequestInvalid, format!("{id}: {error}"));
+            out.event(Reason::ActionRequestInvalid, format!("{id}: {error}"));
         }
         None => {
             // No id to record it under: only an Event (the recorder folds repeats into one).
-            out.event(ActionReason::ActionRequestInvalid, error.to_string());
+            out.event(Reason::ActionRequestInvalid, error.to_string());
         }
     }
 }
@@ -437,7 +400,7 @@ fn plan_revoke(inputs: &ActionInputs, r: &RevokeRequest, out: &mut ActionPlan) {
         if existing.is_none() || s.message.as_deref() != Some(msg) {
             s.phase = ActionPhase::Pending;
             s.message = Some(msg.into());
-            out.event(ActionReason::RevokeWaiting, format!("{}: {msg}", r.id));
+            out.event(Reason::RevokeWaiting, format!("{}: {msg}", r.id));
             out.put(s);
         }
         return;
@@ -457,7 +420,7 @@ fn plan_revoke(inputs: &ActionInputs, r: &RevokeRequest, out: &mut ActionPlan) {
                 lock.owner_id.as_deref().unwrap_or("?")
             ));
             out.event(
-                ActionReason::RevokeTargetRecorded,
+                Reason::RevokeTargetRecorded,
                 format!("{}: target token {token} on key {} recorded", r.id, r.key),
             );
         }
@@ -470,7 +433,7 @@ fn plan_revoke(inputs: &ActionInputs, r: &RevokeRequest, out: &mut ActionPlan) {
             ));
             s.finished_at = Some(inputs.now.clone());
             out.event(
-                ActionReason::RevokeSucceeded,
+                Reason::RevokeSucceeded,
                 format!("{}: {} is not held; nothing revoked", r.id, r.key),
             );
         }
@@ -496,7 +459,7 @@ pub fn revoke_outcome(
     let (phase, reason, message) = match answer.outcome.as_str() {
         "REVOKED" => (
             ActionPhase::Succeeded,
-            ActionReason::RevokeSucceeded,
+            Reason::RevokeSucceeded,
             format!(
                 "revoked the grant of {} with token {token} on {key}",
                 answer.previous_owner.as_deref().unwrap_or("?")
@@ -504,17 +467,17 @@ pub fn revoke_outcome(
         ),
         "ALREADY_REVOKED" => (
             ActionPhase::Succeeded,
-            ActionReason::RevokeSucceeded,
+            Reason::RevokeSucceeded,
             format!("token {token} on {key} had already been revoked (a retry); nothing else touched"),
         ),
         "NOT_HELD" => (
             ActionPhase::Succeeded,
-            ActionReason::RevokeSucceeded,
+            Reason::RevokeSucceeded,
             format!("token {token} on {key} was released before the revoke; nothing revoked"),
         ),
         "HELD_BY_OTHER_TOKEN" => (
             ActionPhase::Failed,
-            ActionReason::RevokeFailed,
+            Reason::RevokeFailed,
             format!(
                 "token {token} on {key} is gone; the key is now held by token {}, which was left alone (request a new id to revoke it)",
                 answer
@@ -524,7 +487,7 @@ pub fn revoke_outcome(
         ),
         other => (
             ActionPhase::Failed,
-            ActionReason::RevokeFailed,
+            Reason::RevokeFailed,
             format!("lock-server answered an unknown outcome {other:?}; nothing assumed"),
         ),
     };
@@ -693,7 +656,7 @@ fn plan_restore(inputs: &ActionInputs, r: &RestoreRequest, jobs: &RestoreJobs<'_
                 message: format!("restore fast-forward {} in progress", r.id),
             });
             out.event(
-                ActionReason::RestoreGateClosing,
+                Reason::RestoreGateClosing,
                 format!(
                     "{}: scaling lock-server to zero; no grant is issued until the sequence has moved",
                     r.id
@@ -722,7 +685,7 @@ fn plan_restore(inputs: &ActionInputs, r: &RestoreRequest, jobs: &RestoreJobs<'_
                     ),
                 );
                 out.event(
-                    ActionReason::RestoreFailed,
+                    Reason::RestoreFailed,
                     format!("{}: {}", r.id, s.message.clone().unwrap_or_default()),
                 );
                 out.put(s);
@@ -734,7 +697,7 @@ fn plan_restore(inputs: &ActionInputs, r: &RestoreRequest, jobs: &RestoreJobs<'_
                 inputs.stacks.len()
             ));
             out.event(
-                ActionReason::RestoreGateClosed,
+                Reason::RestoreGateClosed,
                 format!("{}: no lock-server pod can serve; reading high-water", r.id),
             );
             out.put(s);
@@ -757,7 +720,7 @@ fn plan_restore(inputs: &ActionInputs, r: &RestoreRequest, jobs: &RestoreJobs<'_
                     format!("reading the high-water failed: {why}; lock traffic stays gated"),
                 );
                 out.event(
-                    ActionReason::RestoreFailed,
+                    Reason::RestoreFailed,
                     format!("{}: {}", r.id, s.message.clone().unwrap_or_default()),
                 );
                 out.put(s);
@@ -769,7 +732,7 @@ fn plan_restore(inputs: &ActionInputs, r: &RestoreRequest, jobs: &RestoreJobs<'_
                 let Some(report) = parsed.filter(|p| p.error.is_none()) else {
                     failed(&mut s, now, "the read Job succeeded but its report is missing or unreadable; lock traffic stays gated".into());
                     out.event(
-                        ActionReason::RestoreFailed,
+                        Reason::RestoreFailed,
                         format!("{}: {}", r.id, s.message.clone().unwrap_or_default()),
                     );
                     out.put(s);
@@ -785,7 +748,7 @@ fn plan_restore(inputs: &ActionInputs, r: &RestoreRequest, jobs: &RestoreJobs<'_
                     "highest token seen by any resource: {highest}; advancing fencing_token_seq to at least {target}"
                 ));
                 out.event(
-                    ActionReason::RestoreHighWaterRead,
+                    Reason::RestoreHighWaterRead,
                     format!(
                         "{}: high-water {highest}, sequence {}; advancing to {target}",
                         r.id,
@@ -813,7 +776,7 @@ fn plan_restore(inputs: &ActionInputs, r: &RestoreRequest, jobs: &RestoreJobs<'_
                         format!("advancing the sequence failed: {why}; lock traffic stays gated"),
                     );
                     out.event(
-                        ActionReason::RestoreFailed,
+                        Reason::RestoreFailed,
                         format!("{}: {}", r.id, s.message.clone().unwrap_or_default()),
                     );
                     out.put(s);
@@ -830,7 +793,7 @@ fn plan_restore(inputs: &ActionInputs, r: &RestoreRequest, jobs: &RestoreJobs<'_
                     else {
                         failed(&mut s, now, "the advance Job succeeded but its report is missing or unreadable; lock traffic stays gated".into());
                         out.event(
-                            ActionReason::RestoreFailed,
+                            Reason::RestoreFailed,
                             format!("{}: {}", r.id, s.message.clone().unwrap_or_default()),
                         );
                         out.put(s);
@@ -845,7 +808,7 @@ fn plan_restore(inputs: &ActionInputs, r: &RestoreRequest, jobs: &RestoreJobs<'_
                             ),
                         );
                         out.event(
-                            ActionReason::RestoreFailed,
+                            Reason::RestoreFailed,
                             format!("{}: {}", r.id, s.message.clone().unwrap_or_default()),
                         );
                         out.put(s);
@@ -867,7 +830,7 @@ fn plan_restore(inputs: &ActionInputs, r: &RestoreRequest, jobs: &RestoreJobs<'_
                     ));
                     out.gate = None;
                     out.event(
-                        ActionReason::RestoreSequenceAdvanced,
+                        Reason::RestoreSequenceAdvanced,
                         format!("{}: {}", r.id, s.message.clone().unwrap_or_default()),
                     );
                     out.put(s);
@@ -895,7 +858,7 @@ fn plan_restore(inputs: &ActionInputs, r: &RestoreRequest, jobs: &RestoreJobs<'_
                     s.sequence_after.map_or_else(|| "?".into(), |v| v.to_string())
                 ));
                 out.event(
-                    ActionReason::RestoreSucceeded,
+                    Reason::RestoreSucceeded,
                     format!("{}: {}", r.id, s.message.clone().unwrap_or_default()),
                 );
                 out.put(s);
@@ -986,7 +949,7 @@ mod tests {
             (a.phase, a.step, a.target_token),
             (ActionPhase::Running, Some(ActionStep::Revoke), Some(7))
         );
-        assert_eq!(p.events[0].reason, ActionReason::RevokeTargetRecorded);
+        assert_eq!(p.events[0].reason, Reason::RevokeTargetRecorded);
 
         // Next reconcile (or after a crash): the recorded token is revoked, whatever the key shows now.
         let mut i2 = revoke_inputs();
@@ -1059,7 +1022,7 @@ mod tests {
             (p.actions[0].phase, p.revoke.clone()),
             (ActionPhase::Pending, None)
         );
-        assert_eq!(p.events[0].reason, ActionReason::RevokeWaiting);
+        assert_eq!(p.events[0].reason, Reason::RevokeWaiting);
         // The same wait again: no new Event, no status change.
         let mut again = i.clone();
         again.actions = p.actions.clone();
@@ -1232,7 +1195,7 @@ mod tests {
         assert_eq!(p.actions[0].phase, ActionPhase::Failed);
         assert!(p.actions[0].message.as_deref().unwrap().contains("pay-b"));
         assert!(p.gated(), "the gate stays closed");
-        assert_eq!(p.events.last().unwrap().reason, ActionReason::RestoreFailed);
+        assert_eq!(p.events.last().unwrap().reason, Reason::RestoreFailed);
         // The failed id is final; the gate stays closed while it is the current request.
         let p2 = run(&then(&p, gone.clone()));
         assert!(p2.gated() && p2.jobs.is_empty());

@@ -4,7 +4,7 @@
 use super::database::{self, History};
 use super::migration::{self, JobState};
 use super::workloads::{self, LOCK_SERVER};
-use super::{Child, ChildKind, Desired, Owner, SpecError};
+use super::{Child, Desired, Owner, SpecError, network};
 use crate::crd::{DatabaseMode, LockService};
 
 /// What the controller observed, and its defaults.
@@ -91,18 +91,17 @@ pub fn migration_job(
 
 pub fn desired(ls: &LockService, owner: &Owner, inputs: &Inputs<'_>) -> Result<Desired, SpecError> {
     let mut out = Desired::default();
-    let db = database::names(owner, HISTORY);
     match ls.spec.database.mode().ok_or(SpecError::DatabaseMode)? {
         DatabaseMode::Managed(managed) => {
             out.apply.push(Child::Service(database::service(owner, HISTORY)));
             out.apply
                 .push(Child::StatefulSet(database::statefulset(owner, HISTORY, managed)));
         }
-        DatabaseMode::External(_) => {
-            out.delete(ChildKind::StatefulSet, db.server.clone());
-            out.delete(ChildKind::Service, db.server);
-        }
+        // External: a managed StatefulSet and Service left from before are orphans (the sweep).
+        DatabaseMode::External(_) => {}
     }
+    // Who may reach lock-server, from before its first pod starts.
+    out.apply.push(Child::NetworkPolicy(network::lock_server(owner)));
 
     let job = migration_job(ls, owner, inputs.default_image)?;
     out.migration_job = job.metadata.name.clone().unwrap_or_default();
@@ -130,6 +129,8 @@ pub fn desired(ls: &LockService, owner: &Owner, inputs: &Inputs<'_>) -> Result<D
         out.workload(owner, &w);
         out.endpoints
             .insert("lockServer".into(), owner.http_url(&owner.child(LOCK_SERVER)));
+    } else {
+        out.hold_workload(owner, LOCK_SERVER);
     }
     Ok(out)
 }

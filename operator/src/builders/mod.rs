@@ -5,6 +5,7 @@ pub mod actions;
 pub mod database;
 pub mod lockservice;
 pub mod migration;
+pub mod network;
 pub mod paymentstack;
 pub mod security;
 pub mod workloads;
@@ -14,6 +15,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, SecretKeySelector, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
 
@@ -76,6 +78,14 @@ impl Owner {
     pub fn component_selector(&self, component: &str) -> String {
         format!(
             "{LABEL_INSTANCE}={},{LABEL_COMPONENT}={component},{LABEL_OWNER_KIND}={},{LABEL_MANAGED_BY}={MANAGED_BY}",
+            self.name, self.kind
+        )
+    }
+
+    /// Label selector (as a string) for every child of this owner, whatever its component.
+    pub fn owner_selector(&self) -> String {
+        format!(
+            "{LABEL_INSTANCE}={},{LABEL_OWNER_KIND}={},{LABEL_MANAGED_BY}={MANAGED_BY}",
             self.name, self.kind
         )
     }
@@ -145,6 +155,7 @@ pub enum Child {
     StatefulSet(StatefulSet),
     Job(Job),
     Deployment(Deployment),
+    NetworkPolicy(NetworkPolicy),
 }
 
 impl Child {
@@ -154,6 +165,7 @@ impl Child {
             Child::StatefulSet(_) => ChildKind::StatefulSet,
             Child::Job(_) => ChildKind::Job,
             Child::Deployment(_) => ChildKind::Deployment,
+            Child::NetworkPolicy(_) => ChildKind::NetworkPolicy,
         }
     }
 
@@ -163,6 +175,7 @@ impl Child {
             Child::StatefulSet(o) => &o.metadata,
             Child::Job(o) => &o.metadata,
             Child::Deployment(o) => &o.metadata,
+            Child::NetworkPolicy(o) => &o.metadata,
         };
         meta.name.as_deref().unwrap_or_default()
     }
@@ -174,21 +187,37 @@ pub enum ChildKind {
     StatefulSet,
     Job,
     Deployment,
+    NetworkPolicy,
 }
 
-/// A child the spec no longer asks for: deleted if present.
+impl ChildKind {
+    /// The kinds whose orphans [`Desired`] implies: every child of the owner of one of these kinds
+    /// (found by label) that is neither applied nor held is deleted. Jobs are not among them: each
+    /// family of Jobs (migration, restore, fencing check) keeps its own by label and component.
+    pub const SWEPT: [ChildKind; 4] = [
+        ChildKind::NetworkPolicy,
+        ChildKind::Deployment,
+        ChildKind::Service,
+        ChildKind::StatefulSet,
+    ];
+}
+
+/// A child named without its body: one the spec still asks for but this reconcile leaves as it is.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ChildRef {
     pub kind: ChildKind,
     pub name: String,
 }
 
-/// Everything one reconcile should converge to, given what was observed.
+/// Everything one reconcile should converge to, given what was observed. What it names neither in
+/// `apply` nor in `hold` is an orphan: the apply step deletes the owner's children of the
+/// [`ChildKind::SWEPT`] kinds found by label that are not named here.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Desired {
     /// Applied in order (database before Job before Deployments).
     pub apply: Vec<Child>,
-    pub delete: Vec<ChildRef>,
+    /// Still wanted, but held back as they are (e.g. Deployments behind the schema gate).
+    pub hold: Vec<ChildRef>,
     /// The migration Job of the current inputs; every other migration Job of the owner is stale.
     pub migration_job: String,
     /// Service URLs to publish in status, by component (camelCase).
@@ -207,11 +236,13 @@ impl Desired {
         self.apply.iter().find(|c| c.kind() == kind && c.name() == name)
     }
 
-    fn delete(&mut self, kind: ChildKind, name: String) {
-        self.delete.push(ChildRef { kind, name });
+    /// Whether `kind`/`name` is applied or held: anything else of a swept kind is an orphan.
+    pub fn wants(&self, kind: ChildKind, name: &str) -> bool {
+        self.find(kind, name).is_some() || self.hold.iter().any(|r| r.kind == kind && r.name == name)
     }
 
-    /// A workload's Deployment, and its Service when it serves HTTP (else the Service is deleted).
+    /// A workload's Deployment, and its Service when it serves HTTP (without one, a Service of that
+    /// name is an orphan).
     fn workload(&mut self, owner: &Owner, w: &workloads::Workload) {
         self.apply
             .push(Child::Deployment(workloads::deployment(owner, w)));
@@ -221,10 +252,15 @@ impl Desired {
         }
     }
 
-    /// A workload the spec no longer asks for.
-    fn drop_workload(&mut self, owner: &Owner, component: &str) {
-        self.delete(ChildKind::Deployment, owner.child(component));
-        self.delete(ChildKind::Service, owner.child(component));
+    /// A workload held behind a gate: its existing Deployment and Service stay as they are
+    /// (nothing new is created before the gate opens).
+    fn hold_workload(&mut self, owner: &Owner, component: &str) {
+        for kind in [ChildKind::Deployment, ChildKind::Service] {
+            self.hold.push(ChildRef {
+                kind,
+                name: owner.child(component),
+            });
+        }
     }
 }
 
@@ -238,8 +274,8 @@ pub enum SpecError {
 }
 
 impl SpecError {
-    pub fn reason(&self) -> &'static str {
-        "InvalidSpec"
+    pub fn reason(&self) -> crate::reasons::Reason {
+        crate::reasons::Reason::InvalidSpec
     }
 }
 

@@ -5,8 +5,8 @@
 use super::database::{self, History};
 use super::migration::{self, JobState};
 use super::security;
-use super::workloads::{self, ExecutorTargets, PAYMENT_RESOURCE, RAIL_PROXY, RAIL_STUB};
-use super::{Child, ChildKind, Desired, Owner, SpecError};
+use super::workloads::{self, ExecutorTargets, PAYMENT_RESOURCE, PAYOUT_EXECUTOR, RAIL_PROXY, RAIL_STUB};
+use super::{Child, Desired, Owner, SpecError, network};
 use crate::crd::{DatabaseMode, LeaseSpec, PaymentStack};
 
 pub const HISTORY: History = History::Paydb;
@@ -70,18 +70,19 @@ pub fn rail_url(ps: &PaymentStack, owner: &Owner) -> Result<String, SpecError> {
 pub fn desired(ps: &PaymentStack, owner: &Owner, inputs: &Inputs<'_>) -> Result<Desired, SpecError> {
     let spec = &ps.spec;
     let mut out = Desired::default();
-    let db = database::names(owner, HISTORY);
     match spec.database.mode().ok_or(SpecError::DatabaseMode)? {
         DatabaseMode::Managed(managed) => {
             out.apply.push(Child::Service(database::service(owner, HISTORY)));
             out.apply
                 .push(Child::StatefulSet(database::statefulset(owner, HISTORY, managed)));
         }
-        DatabaseMode::External(_) => {
-            out.delete(ChildKind::StatefulSet, db.server.clone());
-            out.delete(ChildKind::Service, db.server);
-        }
+        // External: a managed StatefulSet and Service left from before are orphans (the sweep).
+        DatabaseMode::External(_) => {}
     }
+    // Who may reach the payment services, from before their first pods start.
+    out.apply
+        .push(Child::NetworkPolicy(network::payment_resource(owner)));
+    out.apply.push(Child::NetworkPolicy(network::rail_proxy(owner)));
     let rail_url = rail_url(ps, owner)?;
 
     let job = migration_job(ps, owner, inputs.default_image)?;
@@ -96,11 +97,11 @@ pub fn desired(ps: &PaymentStack, owner: &Owner, inputs: &Inputs<'_>) -> Result<
             spec.rail_stub.mode,
         );
         out.workload(owner, &w);
+        out.apply.push(Child::NetworkPolicy(network::rail_stub(owner)));
         out.endpoints
             .insert("railStub".into(), owner.http_url(&owner.child(RAIL_STUB)));
-    } else {
-        out.drop_workload(owner, RAIL_STUB);
     }
+    // Disabled: its Deployment, Service and NetworkPolicy are orphans (the sweep).
 
     let lock_service = inputs
         .lock_service
@@ -128,6 +129,7 @@ pub fn desired(ps: &PaymentStack, owner: &Owner, inputs: &Inputs<'_>) -> Result<
             inputs.db_secret_version,
         );
         let targets = ExecutorTargets {
+            lock_service: spec.lock_service_ref.name.clone(),
             lock_server_url: lock_server_url.to_owned(),
             payment_resource_url: owner.http_url(&owner.child(PAYMENT_RESOURCE)),
             rail_proxy_url: owner.http_url(&owner.child(RAIL_PROXY)),
@@ -148,6 +150,10 @@ pub fn desired(ps: &PaymentStack, owner: &Owner, inputs: &Inputs<'_>) -> Result<
             .insert("paymentResource".into(), targets.payment_resource_url);
         out.endpoints.insert("railProxy".into(), targets.rail_proxy_url);
         out.endpoints.insert("lockServer".into(), targets.lock_server_url);
+    } else {
+        for component in [PAYMENT_RESOURCE, RAIL_PROXY, PAYOUT_EXECUTOR] {
+            out.hold_workload(owner, component);
+        }
     }
     Ok(out)
 }

@@ -9,7 +9,7 @@ use super::database::{self, Credentials, History};
 use super::migration::{self, JobState};
 use super::paymentstack::LockServiceView;
 use super::workloads::{PAYMENT_FENCING_ENV, RAIL_PROXY_FENCING_ENV};
-use super::{Child, ChildKind, ChildRef, Desired, Owner, lockservice, paymentstack, security, short_hash};
+use super::{Child, ChildKind, Desired, Owner, lockservice, paymentstack, security, short_hash};
 use crate::crd::{LeaseSpec, LockService, LockServiceSpec, PaymentStack, PaymentStackSpec};
 
 const IMAGE: &str = "registry.example/dlock:1.2.3";
@@ -93,7 +93,7 @@ fn containers(child: &Child) -> Vec<Container> {
         Child::StatefulSet(s) => s.spec.as_ref().map(|s| &s.template),
         Child::Job(j) => j.spec.as_ref().map(|s| &s.template),
         Child::Deployment(d) => d.spec.as_ref().map(|s| &s.template),
-        Child::Service(_) => None,
+        Child::Service(_) | Child::NetworkPolicy(_) => None,
     };
     spec.and_then(|t| t.spec.as_ref())
         .map(|p| p.containers.clone())
@@ -131,6 +131,7 @@ fn all_children(d: &Desired) -> impl Iterator<Item = (&str, ObjectMeta)> {
             Child::StatefulSet(o) => o.metadata.clone(),
             Child::Job(o) => o.metadata.clone(),
             Child::Deployment(o) => o.metadata.clone(),
+            Child::NetworkPolicy(o) => o.metadata.clone(),
         };
         (c.name(), m)
     })
@@ -184,9 +185,9 @@ fn every_child_has_a_controller_owner_reference_and_the_standard_labels() {
         );
         checked += 1;
     }
-    // lockdb svc+sts, Job, lock-server dep+svc, 2 Secrets; paydb svc+sts, Job, rail-stub dep+svc,
-    // payment-resource dep+svc, rail-proxy dep+svc, payout-executor dep.
-    assert_eq!(checked, 5 + 2 + 10);
+    // lockdb svc+sts, Job, lock-server dep+svc+policy, 2 Secrets; paydb svc+sts, Job, rail-stub
+    // dep+svc+policy, payment-resource dep+svc+policy, rail-proxy dep+svc+policy, payout-executor dep.
+    assert_eq!(checked, 6 + 2 + 13);
 }
 
 #[test]
@@ -232,14 +233,9 @@ fn external_database_has_no_server_and_deletes_one_left_over() {
     let owner = Owner::of(&ls).unwrap();
     let d = lockservice::desired(&ls, &owner, &ls_inputs(&JobState::Absent)).unwrap();
     assert!(d.apply.iter().all(|c| c.kind() != ChildKind::StatefulSet));
-    assert!(d.delete.contains(&ChildRef {
-        kind: ChildKind::StatefulSet,
-        name: "locks-lockdb".into()
-    }));
-    assert!(d.delete.contains(&ChildRef {
-        kind: ChildKind::Service,
-        name: "locks-lockdb".into()
-    }));
+    // A managed server left from before is neither applied nor held: the sweep deletes it.
+    assert!(!d.wants(ChildKind::StatefulSet, "locks-lockdb"));
+    assert!(!d.wants(ChildKind::Service, "locks-lockdb"));
     // The migration reads the owner URL from the referenced Secret key.
     let job = d.find(ChildKind::Job, &d.migration_job).unwrap();
     let c = &containers(job)[0];
@@ -637,6 +633,7 @@ fn child_json(child: &Child) -> serde_json::Result<serde_json::Value> {
         Child::StatefulSet(o) => serde_json::to_value(o),
         Child::Job(o) => serde_json::to_value(o),
         Child::Deployment(o) => serde_json::to_value(o),
+        Child::NetworkPolicy(o) => serde_json::to_value(o),
     }
 }
 
@@ -669,7 +666,7 @@ fn kill_switches_become_env_vars() {
 }
 
 #[test]
-fn children_the_spec_drops_are_deleted() {
+fn children_the_spec_drops_are_orphans_and_gated_ones_are_held() {
     let mut ps = default_stack();
     ps.spec.rail_proxy.rail_url = Some("https://rail.example".into());
     let owner = Owner::of(&ps).unwrap();
@@ -678,26 +675,44 @@ fn children_the_spec_drops_are_deleted() {
         paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
     assert!(with_stub.find(ChildKind::Deployment, "shop-rail-stub").is_some());
     assert!(with_stub.find(ChildKind::Service, "shop-rail-stub").is_some());
-    assert!(with_stub.delete.iter().all(|r| !r.name.contains("rail-stub")));
+    assert!(
+        with_stub
+            .find(ChildKind::NetworkPolicy, "shop-rail-stub")
+            .is_some()
+    );
     assert!(with_stub.endpoints.contains_key("railStub"));
 
     ps.spec.rail_stub.enabled = false;
     let without = paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
-    assert!(without.find(ChildKind::Deployment, "shop-rail-stub").is_none());
-    assert!(without.find(ChildKind::Service, "shop-rail-stub").is_none());
-    for kind in [ChildKind::Deployment, ChildKind::Service] {
-        assert!(without.delete.contains(&ChildRef {
-            kind,
-            name: "shop-rail-stub".into()
-        }));
+    for kind in [
+        ChildKind::Deployment,
+        ChildKind::Service,
+        ChildKind::NetworkPolicy,
+    ] {
+        assert!(
+            !without.wants(kind, "shop-rail-stub"),
+            "{kind:?} of the stub is still wanted"
+        );
     }
     assert!(!without.endpoints.contains_key("railStub"));
-    // The dropped stub is deleted even while the schema gate holds everything else back.
+    // The dropped stub is an orphan even while the schema gate holds everything else back ...
     let gated = paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Running, Some(&view))).unwrap();
-    assert!(gated.delete.iter().any(|r| r.name == "shop-rail-stub"));
-    // Nothing the spec still asks for is ever in the delete list.
-    for r in &without.delete {
-        assert!(without.find(r.kind, &r.name).is_none(), "{r:?}");
+    assert!(!gated.wants(ChildKind::Deployment, "shop-rail-stub"));
+    // ... and what the gate holds back is kept as it is: held, not applied, not an orphan.
+    for component in ["payment-resource", "rail-proxy", "payout-executor"] {
+        let name = format!("shop-{component}");
+        assert!(
+            gated.find(ChildKind::Deployment, &name).is_none(),
+            "{name} applied behind the gate"
+        );
+        assert!(
+            gated.wants(ChildKind::Deployment, &name),
+            "{name} would be swept behind the gate"
+        );
+    }
+    // Nothing is both applied and held.
+    for r in &gated.hold {
+        assert!(gated.find(r.kind, &r.name).is_none(), "{r:?}");
     }
 }
 
@@ -836,4 +851,195 @@ fn short_hash_is_stable() {
     assert_eq!(short_hash(b"dlock"), short_hash(b"dlock"));
     assert_ne!(short_hash(b"dlock:1"), short_hash(b"dlock:2"));
     assert_eq!(short_hash(b"anything").len(), 8);
+}
+
+// ------------------------------------------------------------------ NetworkPolicies
+
+/// `matchLabels` semantics (the only form the builders use): every listed label present and equal.
+fn selects(
+    sel: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    assert!(
+        sel.match_expressions.is_none(),
+        "only matchLabels is evaluated here"
+    );
+    sel.match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// A pod: its namespace and labels.
+type Pod = (&'static str, std::collections::BTreeMap<String, String>);
+
+/// Whether `policy` (in namespace "pay") admits a connection from `from` to port 8080.
+fn admits(policy: &k8s_openapi::api::networking::v1::NetworkPolicy, from: &Pod) -> bool {
+    let spec = policy.spec.as_ref().unwrap();
+    spec.ingress.iter().flatten().any(|rule| {
+        let port_ok = rule.ports.iter().flatten().any(|p| {
+            p.port
+                == Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(
+                    8080,
+                ))
+        });
+        let peer_ok = rule.from.iter().flatten().any(|peer| {
+            assert!(peer.ip_block.is_none());
+            // No namespaceSelector: the policy's own namespace only; `{}`: any namespace.
+            let ns_ok = match &peer.namespace_selector {
+                None => from.0 == "pay",
+                Some(sel) => selects(sel, &std::collections::BTreeMap::new()),
+            };
+            ns_ok && peer.pod_selector.as_ref().is_none_or(|sel| selects(sel, &from.1))
+        });
+        port_ok && peer_ok
+    })
+}
+
+fn policies(d: &Desired) -> Vec<&k8s_openapi::api::networking::v1::NetworkPolicy> {
+    d.apply
+        .iter()
+        .filter_map(|c| match c {
+            Child::NetworkPolicy(p) => Some(p),
+            _ => None,
+        })
+        .collect()
+}
+
+fn pod_labels(d: &Desired, name: &str) -> std::collections::BTreeMap<String, String> {
+    deployment(d, name)
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .labels
+        .clone()
+        .unwrap()
+}
+
+#[test]
+fn network_policies_admit_only_the_callers_each_service_needs() {
+    let ls = managed_ls();
+    let ls_owner = Owner::of(&ls).unwrap();
+    let locks = lockservice::desired(&ls, &ls_owner, &ls_inputs(&JobState::Succeeded)).unwrap();
+    let shop = default_stack();
+    let shop_owner = Owner::of(&shop).unwrap();
+    let view = ready_lock_service();
+    let stack =
+        paymentstack::desired(&shop, &shop_owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
+    // Another stack in the namespace that takes its locks from another LockService.
+    let mut other = stack_named("other", "locks-2");
+    other.spec.rail_stub.enabled = true;
+    let other_owner = Owner::of(&other).unwrap();
+    let other_d = paymentstack::desired(
+        &other,
+        &other_owner,
+        &ps_inputs(&JobState::Succeeded, Some(&view)),
+    )
+    .unwrap();
+
+    let executor: Pod = ("pay", pod_labels(&stack, "shop-payout-executor"));
+    let rail_proxy: Pod = ("pay", pod_labels(&stack, "shop-rail-proxy"));
+    let payment_resource: Pod = ("pay", pod_labels(&stack, "shop-payment-resource"));
+    let rail_stub: Pod = ("pay", pod_labels(&stack, "shop-rail-stub"));
+    let lock_server: Pod = ("pay", pod_labels(&locks, "locks-lock-server"));
+    let other_executor: Pod = ("pay", pod_labels(&other_d, "other-payout-executor"));
+    let other_rail_proxy: Pod = ("pay", pod_labels(&other_d, "other-rail-proxy"));
+    let operator: Pod = (
+        "dlock-system",
+        [("app.kubernetes.io/name".to_owned(), "dlock-operator".to_owned())].into(),
+    );
+    let stranger: Pod = ("pay", [("app".to_owned(), "curl".to_owned())].into());
+    let stranger_elsewhere: Pod = ("other-ns", executor.1.clone());
+    let everyone = [
+        ("executor", &executor),
+        ("rail-proxy", &rail_proxy),
+        ("payment-resource", &payment_resource),
+        ("rail-stub", &rail_stub),
+        ("lock-server", &lock_server),
+        ("other-executor", &other_executor),
+        ("other-rail-proxy", &other_rail_proxy),
+        ("operator", &operator),
+        ("stranger", &stranger),
+        ("executor-labels-in-another-namespace", &stranger_elsewhere),
+    ];
+
+    // Who may connect to whom: exactly these, nobody else.
+    let expected: [(&str, &Desired, &Pod, &[&str]); 4] = [
+        ("shop-payment-resource", &stack, &payment_resource, &["executor"]),
+        ("shop-rail-proxy", &stack, &rail_proxy, &["executor"]),
+        ("shop-rail-stub", &stack, &rail_stub, &["rail-proxy"]),
+        (
+            "locks-lock-server",
+            &locks,
+            &lock_server,
+            &["executor", "operator"],
+        ),
+    ];
+    for (policy_name, desired, target, allowed) in expected {
+        let policy = policies(desired)
+            .into_iter()
+            .find(|p| p.metadata.name.as_deref() == Some(policy_name))
+            .unwrap_or_else(|| panic!("no NetworkPolicy {policy_name}"));
+        let spec = policy.spec.as_ref().unwrap();
+        assert_eq!(spec.policy_types.as_deref(), Some(&["Ingress".to_owned()][..]));
+        assert!(
+            selects(spec.pod_selector.as_ref().unwrap(), &target.1),
+            "{policy_name} does not select its own pods"
+        );
+        // It selects no other pod of the namespace.
+        for (who, pod) in everyone {
+            if !std::ptr::eq(pod, target) && pod.0 == "pay" {
+                assert!(
+                    !selects(spec.pod_selector.as_ref().unwrap(), &pod.1),
+                    "{policy_name} selects {who}"
+                );
+            }
+        }
+        let admitted: Vec<&str> = everyone
+            .iter()
+            .filter(|(_, pod)| admits(policy, pod))
+            .map(|(who, _)| *who)
+            .collect();
+        assert_eq!(admitted, allowed, "{policy_name} admits {admitted:?}");
+    }
+}
+
+#[test]
+fn network_policies_exist_before_the_pods_they_protect() {
+    // Behind the schema gate no Deployment is applied, but the policies are.
+    let shop = default_stack();
+    let owner = Owner::of(&shop).unwrap();
+    let gated = paymentstack::desired(&shop, &owner, &ps_inputs(&JobState::Running, None)).unwrap();
+    let names: Vec<&str> = policies(&gated)
+        .iter()
+        .filter_map(|p| p.metadata.name.as_deref())
+        .collect();
+    assert_eq!(
+        names,
+        ["shop-payment-resource", "shop-rail-proxy", "shop-rail-stub"]
+    );
+    assert!(
+        gated
+            .deployments()
+            .all(|d| d.metadata.name.as_deref() == Some("shop-rail-stub"))
+    );
+    let ls = managed_ls();
+    let ls_owner = Owner::of(&ls).unwrap();
+    let locks = lockservice::desired(&ls, &ls_owner, &ls_inputs(&JobState::Running)).unwrap();
+    assert_eq!(policies(&locks).len(), 1);
+    assert_eq!(locks.deployments().count(), 0);
+}
+
+fn stack_named(name: &str, lock_service: &str) -> PaymentStack {
+    let mut ps = stack(json!({
+        "lockServiceRef": {"name": lock_service},
+        "database": {"managed": {}},
+        "railStub": {"enabled": true},
+    }));
+    ps.metadata = meta(name);
+    ps
 }

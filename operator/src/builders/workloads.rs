@@ -13,8 +13,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::database::{History, KEY_URL, names};
-use super::security;
 use super::{HTTP_PORT, LISTEN_ADDR, Owner, env, secret_env};
+use super::{network, security};
 use crate::crd::{KillSwitches, LeaseSpec, RailStubMode};
 
 pub const LOCK_SERVER: &str = "lock-server";
@@ -47,6 +47,8 @@ pub struct Workload {
     /// Serves HTTP on [`HTTP_PORT`] with `/healthz` and `/readyz` (and so gets probes and a Service).
     pub serves_http: bool,
     pub annotations: BTreeMap<String, String>,
+    /// Pod labels beyond the standard ones (e.g. what a NetworkPolicy admits by).
+    pub pod_labels: BTreeMap<String, String>,
 }
 
 impl Workload {
@@ -87,6 +89,7 @@ pub fn lock_server(
         resources,
         serves_http: true,
         annotations: BTreeMap::new(),
+        pod_labels: BTreeMap::new(),
     }
     .with_database(owner, History::Lockdb, db_secret_version)
 }
@@ -121,6 +124,7 @@ pub fn payment_resource(
         resources,
         serves_http: true,
         annotations: BTreeMap::new(),
+        pod_labels: BTreeMap::new(),
     }
     .with_database(owner, History::Paydb, db_secret_version)
 }
@@ -160,6 +164,7 @@ pub fn rail_proxy(
         resources,
         serves_http: true,
         annotations: BTreeMap::new(),
+        pod_labels: BTreeMap::new(),
     }
     .with_database(owner, History::Paydb, db_secret_version)
 }
@@ -179,12 +184,15 @@ pub fn rail_stub(image: String, mode: Option<RailStubMode>) -> Workload {
         resources: None,
         serves_http: true,
         annotations: BTreeMap::new(),
+        pod_labels: BTreeMap::new(),
     }
 }
 
-/// URLs payout-executor talks to. It has no database credentials at all.
+/// What payout-executor talks to. It has no database credentials at all.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecutorTargets {
+    /// The LockService it takes its locks from (a pod label lock-server's NetworkPolicy admits by).
+    pub lock_service: String,
     pub lock_server_url: String,
     pub payment_resource_url: String,
     pub rail_proxy_url: String,
@@ -229,6 +237,8 @@ pub fn payout_executor(
         resources,
         serves_http: false,
         annotations: BTreeMap::new(),
+        // lock-server's NetworkPolicy admits the executors of the stacks that use it by this label.
+        pod_labels: BTreeMap::from([(network::LABEL_LOCK_SERVICE.into(), targets.lock_service.clone())]),
     }
 }
 
@@ -284,7 +294,11 @@ pub fn deployment(owner: &Owner, w: &Workload) -> Deployment {
             },
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(owner.labels(w.component)),
+                    labels: Some({
+                        let mut labels = owner.labels(w.component);
+                        labels.extend(w.pod_labels.clone());
+                        labels
+                    }),
                     annotations: (!w.annotations.is_empty()).then(|| w.annotations.clone()),
                     ..ObjectMeta::default()
                 }),

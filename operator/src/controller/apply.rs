@@ -5,13 +5,14 @@ use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::error::{Error, Result};
-use crate::builders::{Child, ChildKind, ChildRef, FIELD_MANAGER};
+use crate::builders::{Child, ChildKind, ChildRef, Desired, FIELD_MANAGER, Owner};
 
 fn apply_params() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force()
@@ -43,6 +44,7 @@ pub async fn apply_child(client: &Client, namespace: &str, child: &Child) -> Res
         Child::StatefulSet(o) => apply(client, namespace, o).await.map(|_| Applied::Other)?,
         Child::Job(o) => apply(client, namespace, o).await.map(|_| Applied::Other)?,
         Child::Deployment(o) => Applied::Deployment(Box::new(apply(client, namespace, o).await?)),
+        Child::NetworkPolicy(o) => apply(client, namespace, o).await.map(|_| Applied::Other)?,
     })
 }
 
@@ -54,7 +56,57 @@ pub async fn delete_child(client: &Client, namespace: &str, child: &ChildRef) ->
         ChildKind::StatefulSet => delete::<StatefulSet>(client, namespace, &child.name).await,
         ChildKind::Job => delete::<Job>(client, namespace, &child.name).await,
         ChildKind::Deployment => delete::<Deployment>(client, namespace, &child.name).await,
+        ChildKind::NetworkPolicy => delete::<NetworkPolicy>(client, namespace, &child.name).await,
     }
+}
+
+/// Names of the owner's children of one kind, found by the owner's labels and kept only when their
+/// controller reference is this very owner (a namesake's children are not ours to delete).
+async fn children_of<K>(client: &Client, owner: &Owner) -> Result<Vec<String>>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + DeserializeOwned
+        + Clone
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), &owner.namespace);
+    let list = api
+        .list(&ListParams::default().labels(&owner.owner_selector()))
+        .await?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|o| {
+            o.meta()
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|r| r.uid == owner.owner_ref.uid && r.controller == Some(true))
+        })
+        .filter_map(|o| o.meta().name.clone())
+        .collect())
+}
+
+/// The orphans: the owner's children of the swept kinds (by label) that `desired` neither applies
+/// nor holds. Pure apart from the reads; the caller deletes them.
+pub async fn orphans(client: &Client, owner: &Owner, desired: &Desired) -> Result<Vec<ChildRef>> {
+    let mut out = Vec::new();
+    for kind in ChildKind::SWEPT {
+        let names = match kind {
+            ChildKind::NetworkPolicy => children_of::<NetworkPolicy>(client, owner).await?,
+            ChildKind::Deployment => children_of::<Deployment>(client, owner).await?,
+            ChildKind::Service => children_of::<Service>(client, owner).await?,
+            ChildKind::StatefulSet => children_of::<StatefulSet>(client, owner).await?,
+            ChildKind::Job => continue,
+        };
+        out.extend(
+            names
+                .into_iter()
+                .filter(|n| !desired.wants(kind, n))
+                .map(|name| ChildRef { kind, name }),
+        );
+    }
+    Ok(out)
 }
 
 async fn delete<K>(client: &Client, namespace: &str, name: &str) -> Result<bool>

@@ -2,6 +2,7 @@
 //! connection URLs (managed: from the Service name; external: from the referenced Secret's URL),
 //! applies the connection Secret, and reports whether the database can take the migration.
 
+use crate::reasons::Reason;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
@@ -34,7 +35,7 @@ pub async fn resolve(
 ) -> Result<Result<DatabaseState, Blocked>> {
     let Some(mode) = spec.mode() else {
         return Ok(Err(Blocked::new(
-            "InvalidSpec",
+            Reason::InvalidSpec,
             "spec.database must set exactly one of managed or external",
         )));
     };
@@ -47,7 +48,7 @@ pub async fn resolve(
     let (stored, created) = apply::create_secret_once(client, ns, &fresh).await?;
     let Some(credentials) = Credentials::from_secret(&stored, managed) else {
         return Ok(Err(Blocked::new(
-            "CredentialsInvalid",
+            Reason::CredentialsInvalid,
             format!(
                 "Secret {} lacks a password key the database needs; restore it from a backup (it is never regenerated, since the database already uses it)",
                 names.credentials_secret
@@ -62,7 +63,7 @@ pub async fn resolve(
             let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
             let Some(secret) = secrets.get_opt(&r.name).await? else {
                 return Ok(Err(Blocked::new(
-                    "ExternalSecretMissing",
+                    Reason::ExternalSecretMissing,
                     format!(
                         "Secret {} named by spec.database.external.secretRef does not exist",
                         r.name
@@ -76,7 +77,7 @@ pub async fn resolve(
                 .and_then(|v| String::from_utf8(v.0.clone()).ok());
             let Some(owner_url) = owner_url else {
                 return Ok(Err(Blocked::new(
-                    "ExternalSecretInvalid",
+                    Reason::ExternalSecretInvalid,
                     format!("Secret {} has no UTF-8 key {:?}", r.name, r.key),
                 )));
             };
@@ -84,7 +85,7 @@ pub async fn resolve(
                 Ok(urls) => urls,
                 Err(e) => {
                     return Ok(Err(Blocked::new(
-                        "ExternalUrlInvalid",
+                        Reason::ExternalUrlInvalid,
                         format!("Secret {} key {:?}: {e}", r.name, r.key),
                     )));
                 }

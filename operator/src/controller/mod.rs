@@ -11,6 +11,7 @@ pub mod error;
 pub mod lockservice;
 pub mod migration;
 pub mod paymentstack;
+pub mod pipeline;
 pub mod status;
 pub mod steps;
 
@@ -22,6 +23,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::Api;
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::{Action, Controller};
@@ -35,6 +37,7 @@ pub use error::{Error, Result};
 use crate::builders::{LABEL_MANAGED_BY, MANAGED_BY};
 use crate::crd::{LockService, PaymentStack};
 use crate::metrics::Metrics;
+use crate::reasons::Reason;
 
 /// How often a healthy object is looked at again even without any watch event.
 const REQUEUE_READY: Duration = Duration::from_secs(300);
@@ -89,16 +92,16 @@ impl Context {
     }
 
     /// Publishes an Event; failures are logged, never fatal (Events are explanations, not state).
-    pub async fn publish(&self, regarding: &ObjectReference, type_: EventType, reason: &str, note: String) {
+    pub async fn publish(&self, regarding: &ObjectReference, type_: EventType, reason: Reason, note: String) {
         let ev = Event {
             type_,
-            reason: reason.into(),
+            reason: reason.as_str().into(),
             note: Some(note),
             action: "Reconcile".into(),
             secondary: None,
         };
         if let Err(e) = self.recorder.publish(&ev, regarding).await {
-            tracing::warn!(event = "event_publish_failed", reason, error = %e);
+            tracing::warn!(event = "event_publish_failed", reason = reason.as_str(), error = %e);
         }
     }
 
@@ -177,7 +180,7 @@ where
             ctx.publish(
                 &regarding,
                 EventType::Warning,
-                "InvalidObject",
+                Reason::InvalidObject,
                 invalid.error.clone(),
             )
             .await;
@@ -194,8 +197,13 @@ where
         Err(e) => {
             ctx.metrics.reconcile_failed(kind, e.metric_label());
             tracing::warn!(event = "reconcile_failed", kind, namespace, name, error = %e);
-            ctx.publish(&regarding, EventType::Warning, "ReconcileFailed", e.to_string())
-                .await;
+            ctx.publish(
+                &regarding,
+                EventType::Warning,
+                Reason::ReconcileFailed,
+                e.to_string(),
+            )
+            .await;
         }
     }
     result
@@ -256,11 +264,12 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     .owns(api::<Service>(&client, ns), children())
     .owns(api::<Job>(&client, ns), children())
     .owns(api::<Deployment>(&client, ns), children())
+    .owns(api::<NetworkPolicy>(&client, ns), children())
     .graceful_shutdown_on(stop(rx.clone()))
     .run(
         |obj, ctx| {
-            instrumented(obj, ctx, |ls, ctx| async move {
-                lockservice::reconcile(&ls, &ctx).await
+            instrumented(obj, ctx, |ls: LockService, ctx| async move {
+                pipeline::reconcile(&ls, &ctx).await
             })
         },
         error_policy,
@@ -278,6 +287,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         .owns(api::<Service>(&client, ns), children())
         .owns(api::<Job>(&client, ns), children())
         .owns(api::<Deployment>(&client, ns), children())
+        .owns(api::<NetworkPolicy>(&client, ns), children())
         // A LockService change (e.g. it became Ready) re-reconciles the stacks that reference it.
         .watches(
             api::<DeserializeGuard<LockService>>(&client, ns),
@@ -300,8 +310,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         .graceful_shutdown_on(stop(rx))
         .run(
             |obj, ctx| {
-                instrumented(obj, ctx, |ps, ctx| async move {
-                    paymentstack::reconcile(&ps, &ctx).await
+                instrumented(obj, ctx, |ps: PaymentStack, ctx| async move {
+                    pipeline::reconcile(&ps, &ctx).await
                 })
             },
             error_policy,

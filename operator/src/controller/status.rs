@@ -10,17 +10,18 @@ use k8s_openapi::jiff::Timestamp;
 use crate::builders::migration::JobState;
 use crate::crd::status::{CONDITION_DEGRADED, CONDITION_PROGRESSING, CONDITION_READY};
 use crate::crd::{DlockStatus, MigrationStatus, Phase};
+use crate::reasons::Reason;
 
 /// Something a human must fix (or wait for) before the controller can go on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Blocked {
-    /// CamelCase reason, shared by the condition and the Event.
-    pub reason: &'static str,
+    /// Shared by the condition and the Event.
+    pub reason: Reason,
     pub message: String,
 }
 
 impl Blocked {
-    pub fn new(reason: &'static str, message: impl Into<String>) -> Blocked {
+    pub fn new(reason: Reason, message: impl Into<String>) -> Blocked {
         Blocked {
             reason,
             message: message.into(),
@@ -78,12 +79,12 @@ pub struct Observation {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Assessment {
     pub phase: Phase,
-    pub reason: &'static str,
+    pub reason: Reason,
     pub message: String,
 }
 
 impl Assessment {
-    fn new(phase: Phase, reason: &'static str, message: impl Into<String>) -> Assessment {
+    fn new(phase: Phase, reason: Reason, message: impl Into<String>) -> Assessment {
         Assessment {
             phase,
             reason,
@@ -104,14 +105,14 @@ pub fn assess(obs: &Observation) -> Assessment {
     if let Some(JobState::Failed(msg)) = &obs.migration {
         return Assessment::new(
             Phase::Degraded,
-            "MigrationFailed",
+            Reason::MigrationFailed,
             format!("the migration Job failed: {msg}; fix the cause, then delete the Job to retry"),
         );
     }
     if !obs.database_ready {
         return Assessment::new(
             Phase::Pending,
-            "WaitingForDatabase",
+            Reason::WaitingForDatabase,
             "waiting for the database to accept connections",
         );
     }
@@ -120,7 +121,7 @@ pub fn assess(obs: &Observation) -> Assessment {
         _ => {
             return Assessment::new(
                 Phase::Migrating,
-                "Migrating",
+                Reason::Migrating,
                 "the migration Job is running; Deployments that need the schema wait for it",
             );
         }
@@ -140,14 +141,14 @@ pub fn assess(obs: &Observation) -> Assessment {
     if !unavailable.is_empty() || obs.deployments.len() < obs.expected_deployments {
         return Assessment::new(
             Phase::Pending,
-            "RollingOut",
+            Reason::RollingOut,
             format!(
                 "waiting for Deployments to become available: {}",
                 unavailable.join(", ")
             ),
         );
     }
-    Assessment::new(Phase::Ready, "Ready", "all components are available")
+    Assessment::new(Phase::Ready, Reason::Ready, "all components are available")
 }
 
 /// The migration block of the status. The applied version is kept from the previous status while
@@ -189,7 +190,7 @@ pub fn build(
     let ready = assessment.phase == Phase::Ready;
     let degraded = assessment.phase == Phase::Degraded;
     let progressing = !ready && !degraded;
-    let cond = |type_: &str, on: bool, reason: &str| {
+    let cond = |type_: &str, on: bool, reason: Reason| {
         let status = if on { "True" } else { "False" };
         let since = previous
             .and_then(|p| p.condition(type_))
@@ -199,7 +200,7 @@ pub fn build(
         Condition {
             type_: type_.into(),
             status: status.into(),
-            reason: reason.into(),
+            reason: reason.as_str().into(),
             message: assessment.message.clone(),
             observed_generation: generation,
             last_transition_time: since,
@@ -214,12 +215,12 @@ pub fn build(
             cond(
                 CONDITION_PROGRESSING,
                 progressing,
-                if progressing { reason } else { "Idle" },
+                if progressing { reason } else { Reason::Idle },
             ),
             cond(
                 CONDITION_DEGRADED,
                 degraded,
-                if degraded { reason } else { "AsExpected" },
+                if degraded { reason } else { Reason::AsExpected },
             ),
         ],
         endpoints,
@@ -261,24 +262,24 @@ mod tests {
 
         let mut o = migrated();
         o.deployments[0].available = 1;
-        assert_eq!(assess(&o).reason, "RollingOut");
+        assert_eq!(assess(&o).reason, Reason::RollingOut);
         o.deployments[0].available = 2;
         o.deployments[0].observed = false;
-        assert_eq!(assess(&o).reason, "RollingOut");
+        assert_eq!(assess(&o).reason, Reason::RollingOut);
 
         let mut o = migrated();
         o.deployments.clear();
         assert_eq!(
             assess(&o).reason,
-            "RollingOut",
+            Reason::RollingOut,
             "an expected Deployment is missing"
         );
 
         let mut o = migrated();
-        o.waiting = Some(Blocked::new("WaitingForLockService", "not yet"));
+        o.waiting = Some(Blocked::new(Reason::WaitingForLockService, "not yet"));
         assert_eq!(
             (assess(&o).phase, assess(&o).reason),
-            (Phase::Pending, "WaitingForLockService")
+            (Phase::Pending, Reason::WaitingForLockService)
         );
 
         let mut o = migrated();
@@ -288,15 +289,15 @@ mod tests {
         assert_eq!(assess(&o).phase, Phase::Migrating);
 
         o.database_ready = false;
-        assert_eq!(assess(&o).reason, "WaitingForDatabase");
+        assert_eq!(assess(&o).reason, Reason::WaitingForDatabase);
 
         o.migration = Some(JobState::Failed("boom".into()));
         let a = assess(&o);
-        assert_eq!((a.phase, a.reason), (Phase::Degraded, "MigrationFailed"));
+        assert_eq!((a.phase, a.reason), (Phase::Degraded, Reason::MigrationFailed));
         assert!(a.message.contains("boom") && a.is_warning());
 
-        o.blocked = Some(Blocked::new("ExternalSecretMissing", "no secret"));
-        assert_eq!(assess(&o).reason, "ExternalSecretMissing");
+        o.blocked = Some(Blocked::new(Reason::ExternalSecretMissing, "no secret"));
+        assert_eq!(assess(&o).reason, Reason::ExternalSecretMissing);
     }
 
     #[test]

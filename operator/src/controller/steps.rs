@@ -2,6 +2,7 @@
 //! apply the desired children and delete the rest ([`act`]), then write status and explain what
 //! changed with Events ([`finish`]).
 
+use crate::reasons::Reason;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -53,7 +54,7 @@ pub async fn prepare(
         ctx.publish(
             regarding,
             EventType::Normal,
-            "CredentialsCreated",
+            Reason::CredentialsCreated,
             format!("generated the {} passwords into a Secret", history.name()),
         )
         .await;
@@ -116,19 +117,28 @@ pub async fn act(
             ctx.publish(
                 regarding,
                 EventType::Normal,
-                "MigrationStarted",
+                Reason::MigrationStarted,
                 format!("created migration Job {} for {}", child.name(), history.name()),
             )
             .await;
         }
     }
-    for gone in &desired.delete {
+    // Orphans by label: whatever of the owner's children the plan neither applies nor holds.
+    let orphans = apply::orphans(client, owner, desired)
+        .await
+        .map_err(|e| match e {
+            super::error::Error::Kube(source) => {
+                super::error::Error::step("list children for orphans", source)
+            }
+            other => other,
+        })?;
+    for gone in &orphans {
         if apply::delete_child(client, ns, gone).await? {
             tracing::info!(event = "child_deleted", namespace = %ns, owner = %owner.name, kind = ?gone.kind, name = %gone.name);
             ctx.publish(
                 regarding,
                 EventType::Normal,
-                "ChildDeleted",
+                Reason::ChildDeleted,
                 format!(
                     "deleted {:?} {}: the spec no longer asks for it",
                     gone.kind, gone.name
@@ -143,7 +153,7 @@ pub async fn act(
         ctx.publish(
             regarding,
             EventType::Normal,
-            "StaleMigrationJobDeleted",
+            Reason::StaleMigrationJobDeleted,
             format!(
                 "deleted migration Job {job}: superseded by {}",
                 desired.migration_job
@@ -249,14 +259,14 @@ async fn announce(
     let before = previous
         .and_then(|p| p.condition(crate::crd::status::CONDITION_READY))
         .map(|c| (c.reason.as_str(), c.message.as_str()));
-    if before == Some((assessment.reason, assessment.message.as_str())) {
+    if before == Some((assessment.reason.as_str(), assessment.message.as_str())) {
         return;
     }
     let phase = assessment.phase.to_string();
     if assessment.is_warning() {
-        tracing::warn!(event = "phase_changed", namespace, name, phase, reason = assessment.reason, message = %assessment.message);
+        tracing::warn!(event = "phase_changed", namespace, name, phase, reason = assessment.reason.as_str(), message = %assessment.message);
     } else {
-        tracing::info!(event = "phase_changed", namespace, name, phase, reason = assessment.reason, message = %assessment.message);
+        tracing::info!(event = "phase_changed", namespace, name, phase, reason = assessment.reason.as_str(), message = %assessment.message);
     }
     let type_ = if assessment.is_warning() {
         EventType::Warning

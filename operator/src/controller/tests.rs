@@ -10,7 +10,7 @@ use kube::Client;
 use kube::client::Body;
 use serde_json::{Value, json};
 
-use super::{Context, Settings, backoff, lockservice, paymentstack};
+use super::{Context, Settings, backoff, pipeline};
 use crate::crd::{LockService, PaymentStack, Phase};
 use crate::metrics::Metrics;
 
@@ -231,12 +231,12 @@ fn load_ps(api: &FakeApi) -> PaymentStack {
 }
 
 async fn reconcile_ls(api: &FakeApi, ctx: &Context) -> LockService {
-    lockservice::reconcile(&load_ls(api), ctx).await.unwrap();
+    pipeline::reconcile(&load_ls(api), ctx).await.unwrap();
     load_ls(api)
 }
 
 async fn reconcile_ps(api: &FakeApi, ctx: &Context) -> PaymentStack {
-    paymentstack::reconcile(&load_ps(api), ctx).await.unwrap();
+    pipeline::reconcile(&load_ps(api), ctx).await.unwrap();
     load_ps(api)
 }
 

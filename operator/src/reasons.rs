@@ -1,0 +1,158 @@
+//! Every reason the operator writes into a condition or an Event: one enum, so a reason cannot be
+//! misspelt in one place, and `docs/operations.md` can list them all from here.
+
+use std::fmt;
+
+/// CamelCase reasons of conditions and Events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    // The verdict (Ready / Progressing / Degraded conditions).
+    Ready,
+    Idle,
+    AsExpected,
+    RollingOut,
+    Migrating,
+    MigrationFailed,
+    WaitingForDatabase,
+    WaitingForLockService,
+    LockServiceNotFound,
+    LockTrafficGated,
+    InvalidSpec,
+    CredentialsInvalid,
+    ExternalSecretMissing,
+    ExternalSecretInvalid,
+    ExternalUrlInvalid,
+    // What the reconciler did (Events).
+    CredentialsCreated,
+    MigrationStarted,
+    StaleMigrationJobDeleted,
+    ChildDeleted,
+    InvalidObject,
+    ReconcileFailed,
+    // The actions and the periodic fencing check.
+    ActionRequestInvalid,
+    FencingSequenceBehind,
+    FencingSequenceCaughtUp,
+    RevokeWaiting,
+    RevokeTargetRecorded,
+    RevokeSucceeded,
+    RevokeFailed,
+    RestoreGateClosing,
+    RestoreGateClosed,
+    RestoreHighWaterRead,
+    RestoreSequenceAdvanced,
+    RestoreSucceeded,
+    RestoreFailed,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 34] = [
+        Reason::Ready,
+        Reason::Idle,
+        Reason::AsExpected,
+        Reason::RollingOut,
+        Reason::Migrating,
+        Reason::MigrationFailed,
+        Reason::WaitingForDatabase,
+        Reason::WaitingForLockService,
+        Reason::LockServiceNotFound,
+        Reason::LockTrafficGated,
+        Reason::InvalidSpec,
+        Reason::CredentialsInvalid,
+        Reason::ExternalSecretMissing,
+        Reason::ExternalSecretInvalid,
+        Reason::ExternalUrlInvalid,
+        Reason::CredentialsCreated,
+        Reason::MigrationStarted,
+        Reason::StaleMigrationJobDeleted,
+        Reason::ChildDeleted,
+        Reason::InvalidObject,
+        Reason::ReconcileFailed,
+        Reason::ActionRequestInvalid,
+        Reason::FencingSequenceBehind,
+        Reason::FencingSequenceCaughtUp,
+        Reason::RevokeWaiting,
+        Reason::RevokeTargetRecorded,
+        Reason::RevokeSucceeded,
+        Reason::RevokeFailed,
+        Reason::RestoreGateClosing,
+        Reason::RestoreGateClosed,
+        Reason::RestoreHighWaterRead,
+        Reason::RestoreSequenceAdvanced,
+        Reason::RestoreSucceeded,
+        Reason::RestoreFailed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Ready => "Ready",
+            Reason::Idle => "Idle",
+            Reason::AsExpected => "AsExpected",
+            Reason::RollingOut => "RollingOut",
+            Reason::Migrating => "Migrating",
+            Reason::MigrationFailed => "MigrationFailed",
+            Reason::WaitingForDatabase => "WaitingForDatabase",
+            Reason::WaitingForLockService => "WaitingForLockService",
+            Reason::LockServiceNotFound => "LockServiceNotFound",
+            Reason::LockTrafficGated => "LockTrafficGated",
+            Reason::InvalidSpec => "InvalidSpec",
+            Reason::CredentialsInvalid => "CredentialsInvalid",
+            Reason::ExternalSecretMissing => "ExternalSecretMissing",
+            Reason::ExternalSecretInvalid => "ExternalSecretInvalid",
+            Reason::ExternalUrlInvalid => "ExternalUrlInvalid",
+            Reason::CredentialsCreated => "CredentialsCreated",
+            Reason::MigrationStarted => "MigrationStarted",
+            Reason::StaleMigrationJobDeleted => "StaleMigrationJobDeleted",
+            Reason::ChildDeleted => "ChildDeleted",
+            Reason::InvalidObject => "InvalidObject",
+            Reason::ReconcileFailed => "ReconcileFailed",
+            Reason::ActionRequestInvalid => "ActionRequestInvalid",
+            Reason::FencingSequenceBehind => "FencingSequenceBehind",
+            Reason::FencingSequenceCaughtUp => "FencingSequenceCaughtUp",
+            Reason::RevokeWaiting => "RevokeWaiting",
+            Reason::RevokeTargetRecorded => "RevokeTargetRecorded",
+            Reason::RevokeSucceeded => "RevokeSucceeded",
+            Reason::RevokeFailed => "RevokeFailed",
+            Reason::RestoreGateClosing => "RestoreGateClosing",
+            Reason::RestoreGateClosed => "RestoreGateClosed",
+            Reason::RestoreHighWaterRead => "RestoreHighWaterRead",
+            Reason::RestoreSequenceAdvanced => "RestoreSequenceAdvanced",
+            Reason::RestoreSucceeded => "RestoreSucceeded",
+            Reason::RestoreFailed => "RestoreFailed",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Reason;
+
+    #[test]
+    fn reasons_are_unique_camel_case_and_match_their_variant() {
+        let mut seen = std::collections::HashSet::new();
+        for r in Reason::ALL {
+            let s = r.as_str();
+            assert!(seen.insert(s), "{s} twice");
+            assert!(s.chars().next().is_some_and(|c| c.is_ascii_uppercase()), "{s}");
+            assert!(s.chars().all(|c| c.is_ascii_alphanumeric()), "{s}");
+            assert_eq!(format!("{r:?}"), s, "the string is the variant's name");
+        }
+    }
+
+    #[test]
+    fn every_reason_is_documented_in_the_runbook() {
+        let doc = include_str!("../../docs/operations.md");
+        let missing: Vec<&str> = Reason::ALL
+            .iter()
+            .map(|r| r.as_str())
+            .filter(|s| !doc.contains(&format!("`{s}`")))
+            .collect();
+        assert!(missing.is_empty(), "docs/operations.md does not name {missing:?}");
+    }
+}
