@@ -1,6 +1,7 @@
 //! `dlock`: the local demo, a stack you can explore with curl, and the benchmarks.
 
 mod bench;
+mod drill;
 mod lockdemo;
 mod paybench;
 mod paydemo;
@@ -38,6 +39,20 @@ enum Command {
     /// Benchmarks; results go to stdout (record them in docs/benchmarks.md).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Operational drills on loopback (no Kubernetes); a verdict like `dlock demo`.
+    #[command(subcommand)]
+    Drill(DrillCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum DrillCommand {
+    /// Snapshot lockdb, keep paying, restore the snapshot, show every new grant fenced out and
+    /// nothing paid twice, run the fast-forward, show the payouts resume (docs/operations.md).
+    Restore {
+        /// Negative control: skip the fast-forward; the "payouts resume" check must then fail.
+        #[arg(long, hide = true)]
+        skip_fast_forward: bool,
+    },
 }
 
 #[tokio::main]
@@ -56,6 +71,9 @@ async fn main() -> ExitCode {
         Command::Demo { locks_only } => lockdemo::run(&run_dir, !locks_only).await,
         Command::Up => stack::up(&run_dir).await,
         Command::Bench(cmd) => bench::run(cmd, &run_dir).await,
+        Command::Drill(DrillCommand::Restore { skip_fast_forward }) => {
+            drill::restore(&run_dir, drill::Options { skip_fast_forward }).await
+        }
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

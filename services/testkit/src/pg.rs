@@ -26,6 +26,8 @@ pub enum PgError {
     Initdb { status: String, log: String },
     #[error("postgres did not become ready within {secs}s; see {log}")]
     NotReady { secs: u64, log: String },
+    #[error("postgres did not shut down within {secs}s; see {log}")]
+    NotStopped { secs: u64, log: String },
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> PgError {
@@ -53,8 +55,14 @@ pub fn tools_dir() -> PathBuf {
 #[derive(Debug)]
 pub struct PgServer {
     pub port: u16,
+    /// The server's folder: `data/` (PGDATA, see [`pgdata`](Self::pgdata)) and `server.log`.
     pub data_dir: PathBuf,
     pub pid: u32,
+    // What a restart needs to start the same server again.
+    owner: Option<(u32, u32)>,
+    settings: Vec<(String, String)>,
+    /// False between [`shutdown`](Self::shutdown) and [`restart`](Self::restart).
+    running: bool,
 }
 
 /// Servers to stop at process exit (tests keep theirs in statics, which are never dropped).
@@ -124,6 +132,12 @@ impl PgServer {
                         port,
                         data_dir: base.clone(),
                         pid,
+                        owner,
+                        settings: settings
+                            .iter()
+                            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                            .collect(),
+                        running: true,
                     });
                 }
                 Err(e) => {
@@ -142,9 +156,73 @@ impl PgServer {
         format!("postgres://{user}@127.0.0.1:{}/{db}", self.port)
     }
 
+    /// PGDATA: the cluster's data directory (what a physical backup copies).
+    pub fn pgdata(&self) -> PathBuf {
+        self.data_dir.join("data")
+    }
+
+    /// Stops the server cleanly and keeps its data: a fast shutdown (SIGINT) ends the sessions,
+    /// writes a checkpoint and removes postmaster.pid, so PGDATA is then a consistent physical state
+    /// that can be copied or replaced. [`restart`](Self::restart) starts it again.
+    pub fn shutdown(&mut self) -> Result<(), PgError> {
+        if !self.running {
+            return Ok(());
+        }
+        // SAFETY: kill with a pid we started; a stale pid only yields ESRCH.
+        unsafe {
+            libc::kill(self.pid as i32, libc::SIGINT);
+        }
+        let limit = Duration::from_secs(30);
+        let started = Instant::now();
+        while alive(self.pid) {
+            if started.elapsed() > limit {
+                return Err(PgError::NotStopped {
+                    secs: limit.as_secs(),
+                    log: self.data_dir.join("server.log").display().to_string(),
+                });
+            }
+            // Waiting for another process to exit: there is nothing to block on but its /proc entry.
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Nothing to stop at exit any more (and the pid may be reused); restart registers again.
+        if let Ok(mut r) = RUNNING.lock() {
+            r.retain(|(p, _)| *p != self.pid);
+        }
+        self.running = false;
+        Ok(())
+    }
+
+    /// Starts postgres again on the same port and PGDATA, with the same settings, after
+    /// [`shutdown`](Self::shutdown) (PGDATA may have been replaced meanwhile, e.g. by a restore).
+    pub fn restart(&mut self) -> Result<(), PgError> {
+        if self.running {
+            return Ok(());
+        }
+        let settings: Vec<(&str, &str)> = self
+            .settings
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let data = self.pgdata();
+        let log_path = self.data_dir.join("server.log");
+        let pid = spawn_postgres(&bin_dir(), &data, &log_path, self.port, self.owner, &settings)?;
+        if let Err(e) = wait_ready(&data, pid, Duration::from_secs(30)) {
+            stop_pid(pid);
+            return Err(e);
+        }
+        if let Ok(mut r) = RUNNING.lock() {
+            r.push((pid, self.data_dir.clone()));
+        }
+        self.pid = pid;
+        self.running = true;
+        Ok(())
+    }
+
     /// Stops the server and removes its data.
     pub fn stop(&self) {
-        stop_pid(self.pid);
+        if self.running {
+            stop_pid(self.pid);
+        }
         let _ = fs::remove_dir_all(&self.data_dir);
         if let Ok(mut r) = RUNNING.lock() {
             r.retain(|(p, _)| *p != self.pid);
