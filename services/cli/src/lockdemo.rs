@@ -1,14 +1,16 @@
 //! The lock half of the demo, over lock-server's HTTP API as any client sees it: acquire, contend,
-//! expire, take over, and what the stale holder gets back.
+//! expire, take over, and what the stale holder gets back. On either lock backend: the scenes and
+//! their checks are the same; what decides the expiry (lockdb's clock or etcd's lease) is said where
+//! it happens.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use dlock_testkit::History;
+use payout_executor::stack::LockBackend;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::stack::{Database, RunDir, lock_server, step};
+use crate::stack::{LockStore, RunDir, lock_server_on, step};
 
 const KEY: &str = "account:demo";
 const LEASE_MS: i64 = 1500;
@@ -113,14 +115,18 @@ fn token(body: &Value) -> Result<i64> {
         .ok_or_else(|| anyhow!("no fencingToken in {body}"))
 }
 
-/// Runs the lock scenes; returns whether every expectation held.
-pub async fn run(run_dir: &RunDir, payments: bool) -> Result<bool> {
+/// Runs the lock scenes on `backend`; returns whether every expectation held.
+pub async fn run(run_dir: &RunDir, payments: bool, backend: LockBackend) -> Result<bool> {
     let started = Instant::now();
-    println!("dlock demo — fencing tokens from the lock service");
+    println!("dlock demo — fencing tokens from the lock service (lock backend: {backend})");
     println!();
-    println!("Starting lockdb and lock-server on loopback:");
-    let lockdb = Database::start(History::Lockdb).await?;
-    let ls = lock_server(&lockdb, run_dir.path(), &[]).await?;
+    let store_name = match backend {
+        LockBackend::Postgres => "lockdb",
+        LockBackend::Etcd => "etcd",
+    };
+    println!("Starting {store_name} and lock-server (--backend {backend}) on loopback:");
+    let store = LockStore::start(backend).await?;
+    let ls = lock_server_on(&store, run_dir.path(), &[]).await?;
     let api = Api::new(ls.url())?;
     let mut ok = true;
     let mut check = |what: &str, held: bool| {
@@ -135,6 +141,12 @@ pub async fn run(run_dir: &RunDir, payments: bool) -> Result<bool> {
     let (st, g1) = api.acquire(KEY, &s1, "worker-1", LEASE_MS).await?;
     let t1 = token(&g1).with_context(|| format!("W1 acquire answered {st}"))?;
     step(format!("W1 granted, fencing token {t1}"));
+    if backend == LockBackend::Etcd {
+        step(format!(
+            "(etcd leases are whole seconds: the lease is rounded up to {} s, never shortened)",
+            (LEASE_MS + 999) / 1000
+        ));
+    }
 
     println!("2. W2 asks for the same key while W1's lease is live.");
     let (st, body) = api.acquire(KEY, &s2, "worker-2", LEASE_MS).await?;
@@ -146,14 +158,27 @@ pub async fn run(run_dir: &RunDir, payments: bool) -> Result<bool> {
     check("W2 is refused (409 CONTENDED)", st == StatusCode::CONFLICT);
 
     println!("3. W1 pauses (a GC pause, SIGSTOP, a slow disk): it stops renewing.");
+    // What decides the expiry differs: lockdb keeps the row and its clock (`now()`) marks it
+    // EXPIRED; etcd's lease clock revokes the lease, and the grant's key goes with it (FREE).
+    let lapsed = match backend {
+        LockBackend::Postgres => "EXPIRED",
+        LockBackend::Etcd => "FREE",
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let state = api.read(KEY).await?;
-        if state["state"] == "EXPIRED" {
-            step(format!(
-                "lockdb's clock says the lease expired at {}",
-                state["expiresAt"].as_str().unwrap_or("?")
-            ));
+        if state["state"] == lapsed {
+            step(match backend {
+                LockBackend::Postgres => format!(
+                    "lockdb's clock says the lease expired at {}",
+                    state["expiresAt"].as_str().unwrap_or("?")
+                ),
+                LockBackend::Etcd => {
+                    "etcd's lease clock ran out: the lease lapsed and took W1's grant key with it \
+                                      (the key reads FREE)"
+                        .to_owned()
+                }
+            });
             break;
         }
         if Instant::now() > deadline {
@@ -170,7 +195,14 @@ pub async fn run(run_dir: &RunDir, payments: bool) -> Result<bool> {
         &format!("the takeover token is strictly higher ({t2} > {t1})"),
         t2 > t1,
     );
-    step("(gaps are expected: a refused acquire still consumes a value of the global sequence)");
+    step(match backend {
+        LockBackend::Postgres => {
+            "(gaps are expected: a refused acquire still consumes a value of the global sequence)"
+        }
+        LockBackend::Etcd => {
+            "(gaps are expected: the token is etcd's cluster-wide revision, which every write raises — sessions too)"
+        }
+    });
 
     println!("5. W1 wakes up and carries on with token {t1}.");
     let (st, body) = api.renew(KEY, t1, LEASE_MS).await?;
@@ -213,30 +245,35 @@ pub async fn run(run_dir: &RunDir, payments: bool) -> Result<bool> {
     );
     println!();
     println!(
-        "Lock scenes: {} ({:.1} s)",
+        "Lock scenes: {} (lock backend: {backend}, {:.1} s)",
         if ok { "PASS" } else { "FAIL" },
         started.elapsed().as_secs_f64()
     );
     drop(ls);
-    drop(lockdb);
+    drop(store);
     if !payments {
         return Ok(ok);
     }
 
     println!();
-    println!("dlock demo — the payments stack: fencing enforced by the resources themselves");
+    println!(
+        "dlock demo — the payments stack: fencing enforced by the resources themselves (lock backend: {backend})"
+    );
     let mut verdicts = Vec::new();
     for fencing in [true, false] {
         println!();
-        println!(
-            "{}",
-            if fencing {
-                "Run 1: fencing on. Two databases, five services, two executors, one injected pause:"
-            } else {
+        let stores = match backend {
+            LockBackend::Postgres => "Two databases",
+            LockBackend::Etcd => "paydb on PostgreSQL, the locks on etcd",
+        };
+        if fencing {
+            println!("Run 1: fencing on. {stores}, five services, two executors, one injected pause:");
+        } else {
+            println!(
                 "Run 2: the same scenario with both kill switches off (payment.fencing.enabled, rail.proxy.fencing.enabled):"
-            }
-        );
-        verdicts.push(crate::paydemo::run(fencing, run_dir.path()).await?);
+            );
+        }
+        verdicts.push(crate::paydemo::run(fencing, run_dir.path(), backend).await?);
     }
     crate::paydemo::print(&verdicts);
     let fenced = &verdicts[0];
@@ -249,7 +286,7 @@ pub async fn run(run_dir: &RunDir, payments: bool) -> Result<bool> {
     println!();
     println!(
         "Verdict: {} — with fencing on, every payout was paid and posted exactly once, the paused holder was refused by \
-         the resource itself, and the books reconcile. ({:.0} s in all)",
+         the resource itself, and the books reconcile. (lock backend: {backend}; {:.0} s in all)",
         if ok && proof { "PASS" } else { "FAIL" },
         started.elapsed().as_secs_f64()
     );

@@ -30,9 +30,13 @@ struct Cli {
 enum Command {
     /// Start everything on loopback, show fencing at work, print a verdict, stop everything.
     Demo {
-        /// Only the lock scenes (lockdb and lock-server).
+        /// Only the lock scenes (the lock store and lock-server).
         #[arg(long)]
         locks_only: bool,
+        /// Where lock-server keeps the locks: lockdb on PostgreSQL, or a single-member etcd
+        /// (`lock-server --backend etcd`). paydb is PostgreSQL either way.
+        #[arg(long, value_enum, default_value_t = payout_executor::stack::LockBackend::Postgres)]
+        backend: payout_executor::stack::LockBackend,
     },
     /// Start everything on loopback and keep it running; print the endpoints (Ctrl-C stops).
     Up,
@@ -68,7 +72,7 @@ async fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Demo { locks_only } => lockdemo::run(&run_dir, !locks_only).await,
+        Command::Demo { locks_only, backend } => lockdemo::run(&run_dir, !locks_only, backend).await,
         Command::Up => stack::up(&run_dir).await,
         Command::Bench(cmd) => bench::run(cmd, &run_dir).await,
         Command::Drill(DrillCommand::Restore { skip_fast_forward }) => {

@@ -1,7 +1,8 @@
 //! The payments half of the demo: a batch of payouts across the seeded synthetic accounts, two
 //! executor processes, one of them stopped (SIGSTOP) with a token in hand right before it writes to
 //! the rail; the other takes over; the stopped one resumes with its stale token. Run once with
-//! fencing on and once with both kill switches off, then compare.
+//! fencing on and once with both kill switches off, then compare. The locks live in lockdb or, with
+//! `--backend etcd`, in a single-member etcd the stack starts; paydb is PostgreSQL either way.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use dlock_testkit::History;
-use payout_executor::stack::{Stack, StackOptions, eventually, log_events, process_state};
+use payout_executor::stack::{LockBackend, Stack, StackOptions, eventually, log_events, process_state};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -70,7 +71,7 @@ async fn progress(http: &reqwest::Client, stack: &Stack, total: usize) -> Result
     ))
 }
 
-pub async fn run(fencing: bool, run_dir: &Path) -> Result<Verdict> {
+pub async fn run(fencing: bool, run_dir: &Path, backend: LockBackend) -> Result<Verdict> {
     let started = Instant::now();
     let label = if fencing {
         "fencing on"
@@ -81,14 +82,26 @@ pub async fn run(fencing: bool, run_dir: &Path) -> Result<Verdict> {
         label,
         ..Verdict::default()
     };
-    let lockdb = Database::start(History::Lockdb).await?;
+    // On etcd the stack starts the etcd member itself; lockdb is not needed at all.
+    let lockdb = match backend {
+        LockBackend::Postgres => Some(Database::start(History::Lockdb).await?),
+        LockBackend::Etcd => None,
+    };
     let paydb = Database::start(History::Paydb).await?;
     let mut opts = StackOptions::new(run_dir.join(if fencing { "fenced" } else { "unfenced" }));
     opts.rail_fencing = fencing;
     opts.payment_fencing = fencing;
-    let stack = Stack::start(&lockdb.app_url(), &paydb.app_url(), &opts).await?;
+    opts.lock_backend = backend;
+    let lockdb_url = lockdb.as_ref().map(Database::app_url).unwrap_or_default();
+    let stack = Stack::start(&lockdb_url, &paydb.app_url(), &opts).await?;
+    if let Some(etcd) = &stack.etcd {
+        step(format!(
+            "etcd: one member on {}, holding the locks",
+            etcd.endpoint(0)
+        ));
+    }
     step(format!(
-        "lock-server {}, payment-resource {}, rail-proxy {}, rail-stub {}{}",
+        "lock-server {} (backend {backend}), payment-resource {}, rail-proxy {}, rail-stub {}{}",
         stack.lock_url,
         stack.payment.url(),
         stack.rail_proxy.url(),

@@ -4,8 +4,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
+use dlock_testkit::etcd::{EtcdCluster, etcd_bin};
 use dlock_testkit::procs::{Service, Spec};
 use dlock_testkit::{History, PgServer, demo_dirs};
+use payout_executor::stack::LockBackend;
 use sqlx::Connection;
 
 /// Where data and logs go; removed at the end unless something failed or the user named it.
@@ -100,7 +102,64 @@ pub async fn lock_server(db: &Database, run_dir: &Path, extra: &[&str]) -> Resul
         .args(extra.iter().copied())
         .env("DLOCK_ADMIN_TOKEN", "demo-admin-token");
     let svc = Service::start(spec, run_dir).await?;
-    step(format!("lock-server on {} (pid {})", svc.url(), svc.pid()));
+    step(format!(
+        "lock-server on {} (pid {}), backend postgres",
+        svc.url(),
+        svc.pid()
+    ));
+    Ok(svc)
+}
+
+/// Where the demo's lock-server keeps its locks: lockdb on its own PostgreSQL 16 server, or a
+/// single-member etcd on loopback (data on tmpfs).
+pub enum LockStore {
+    Postgres(Database),
+    Etcd(EtcdCluster),
+}
+
+impl LockStore {
+    pub async fn start(backend: LockBackend) -> Result<Self> {
+        match backend {
+            LockBackend::Postgres => Ok(Self::Postgres(Database::start(History::Lockdb).await?)),
+            LockBackend::Etcd => {
+                // On this thread, not in `spawn_blocking`: etcd gets PR_SET_PDEATHSIG, which
+                // fires when the *thread* that started it exits, and tokio retires idle blocking
+                // threads after 10 s. Startup blocks for about a second, before anything else runs.
+                let etcd = EtcdCluster::single().context("start etcd for the locks")?;
+                step(format!(
+                    "etcd: one member on {} ({}), data on tmpfs",
+                    etcd.endpoint(0),
+                    etcd_bin().display()
+                ));
+                Ok(Self::Etcd(etcd))
+            }
+        }
+    }
+}
+
+/// lock-server over `store`: [`lock_server`] on lockdb, `--backend etcd` on etcd.
+pub async fn lock_server_on(store: &LockStore, run_dir: &Path, extra: &[&str]) -> Result<Service> {
+    let etcd = match store {
+        LockStore::Postgres(db) => return lock_server(db, run_dir, extra).await,
+        LockStore::Etcd(etcd) => etcd,
+    };
+    let spec = Spec::new("lock-server", "lock-server")?
+        .args([
+            "--backend".to_owned(),
+            "etcd".to_owned(),
+            "--etcd-endpoints".to_owned(),
+            etcd.endpoints().join(","),
+            "--listen".to_owned(),
+            "127.0.0.1:{port}".to_owned(),
+        ])
+        .args(extra.iter().copied())
+        .env("DLOCK_ADMIN_TOKEN", "demo-admin-token");
+    let svc = Service::start(spec, run_dir).await?;
+    step(format!(
+        "lock-server on {} (pid {}), backend etcd",
+        svc.url(),
+        svc.pid()
+    ));
     Ok(svc)
 }
 

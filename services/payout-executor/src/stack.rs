@@ -5,7 +5,9 @@
 //! Used by this crate's cross-process proof tests and meant for the `dlock demo` command. The caller
 //! brings the two databases (separate PostgreSQL 16 instances, C1 §1.1) as URLs for the app roles
 //! (lockapp / payapp); binaries are found by `dlock_testkit::procs::binary` (next to the running
-//! executable, or in `DLOCK_BIN_DIR`).
+//! executable, or in `DLOCK_BIN_DIR`). With [`LockBackend::Etcd`] the locks live in a real
+//! single-member etcd the stack starts itself (lock-server `--backend etcd`), and no lockdb is used;
+//! paydb stays PostgreSQL either way.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -14,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use dlock_client::{LockClient, LockStatus};
+use dlock_testkit::etcd::EtcdCluster;
 use dlock_testkit::procs::{Service, Spec};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -21,11 +24,40 @@ use uuid::Uuid;
 
 use crate::model::Payout;
 
+/// Where lock-server keeps sessions and grants (also `dlock demo --backend`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LockBackend {
+    /// lockdb on PostgreSQL 16 (C1's statements): the default.
+    #[default]
+    Postgres,
+    /// A real single-member etcd on loopback (`--backend etcd`), started with the stack.
+    Etcd,
+}
+
+impl LockBackend {
+    /// The value of lock-server's `--backend`.
+    pub fn name(self) -> &'static str {
+        match self {
+            LockBackend::Postgres => "postgres",
+            LockBackend::Etcd => "etcd",
+        }
+    }
+}
+
+impl std::fmt::Display for LockBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// How to start the stack.
 #[derive(Debug, Clone)]
 pub struct StackOptions {
     /// Where each process writes `<name>.log`.
     pub log_dir: PathBuf,
+    /// lock-server's store. With [`StackOptions::lock_server_url`] it only names the backend of that
+    /// outside server (nothing is started for it).
+    pub lock_backend: LockBackend,
     /// `rail.proxy.fencing.enabled` (the kill switch of (d)).
     pub rail_fencing: bool,
     /// `payment.fencing.enabled` (the kill switch of (a)(b)(c)).
@@ -74,6 +106,7 @@ impl StackOptions {
     pub fn new(log_dir: impl Into<PathBuf>) -> Self {
         Self {
             log_dir: log_dir.into(),
+            lock_backend: LockBackend::Postgres,
             rail_fencing: true,
             payment_fencing: true,
             lock_server_url: None,
@@ -144,6 +177,10 @@ pub struct Stack {
     pub rail_stub: Service,
     pub rail_proxy: Service,
     pub payment: Service,
+    /// The etcd member the locks live in ([`LockBackend::Etcd`] with a lock-server of our own).
+    /// Declared after the services, so that it is dropped after lock-server has stopped.
+    pub etcd: Option<EtcdCluster>,
+    pub lock_backend: LockBackend,
     pub lock_url: String,
     pub log_dir: PathBuf,
     pub credentials: StackCredentials,
@@ -155,7 +192,10 @@ pub struct Stack {
 }
 
 impl Stack {
-    /// Starts every service and waits until each answers `/readyz`.
+    /// Starts every service and waits until each answers `/readyz`. `lockdb_url` is used only by
+    /// a lock-server of our own on [`LockBackend::Postgres`]. On [`LockBackend::Etcd`], call it
+    /// from a thread that outlives the stack (the runtime's `block_on` thread, as the tests and
+    /// `dlock` do): the etcd member dies with the thread that started it.
     pub async fn start(lockdb_url: &str, paydb_url: &str, opts: &StackOptions) -> Result<Self> {
         let dir = opts.log_dir.as_path();
         let mut stub =
@@ -196,21 +236,32 @@ impl Stack {
             dir,
         )
         .await?;
-        let (lock_server, lock_url) = match &opts.lock_server_url {
-            Some(url) => (None, url.clone()),
+        let (lock_server, lock_url, etcd) = match &opts.lock_server_url {
+            Some(url) => (None, url.clone(), None),
             None => {
-                let svc = Service::start(
-                    Spec::new("lock-server", "lock-server")?.args([
-                        "--database-url",
-                        lockdb_url,
-                        "--listen",
-                        "127.0.0.1:{port}",
-                    ]),
-                    dir,
-                )
-                .await?;
+                let (spec, etcd) = match opts.lock_backend {
+                    LockBackend::Postgres => (
+                        Spec::new("lock-server", "lock-server")?.args(["--database-url", lockdb_url]),
+                        None,
+                    ),
+                    LockBackend::Etcd => {
+                        // On this thread, not in `spawn_blocking`: etcd gets PR_SET_PDEATHSIG,
+                        // which fires when the *thread* that started it exits, and tokio retires
+                        // idle blocking threads after 10 s — etcd would die mid-run. Startup
+                        // blocks this thread for about a second.
+                        let etcd = EtcdCluster::single().context("start etcd for the locks")?;
+                        let spec = Spec::new("lock-server", "lock-server")?.args([
+                            "--backend".to_owned(),
+                            "etcd".to_owned(),
+                            "--etcd-endpoints".to_owned(),
+                            etcd.endpoints().join(","),
+                        ]);
+                        (spec, Some(etcd))
+                    }
+                };
+                let svc = Service::start(spec.args(["--listen", "127.0.0.1:{port}"]), dir).await?;
                 let url = svc.url();
-                (Some(svc), url)
+                (Some(svc), url, etcd)
             }
         };
         let http = reqwest::Client::builder()
@@ -222,6 +273,8 @@ impl Stack {
             rail_stub,
             rail_proxy,
             payment,
+            etcd,
+            lock_backend: opts.lock_backend,
             lock_url,
             log_dir: dir.to_path_buf(),
             credentials,

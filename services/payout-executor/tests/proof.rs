@@ -6,7 +6,13 @@
 //! account is debited once, the books reconcile.
 //!
 //! Negative controls run the same scenarios with the kill switches off and with the broken acquire
-//! (no `nextval` in `DO UPDATE`), and assert what then actually happens.
+//! (no `nextval` in `DO UPDATE`; on etcd the per-key version as the token), and assert what then
+//! actually happens.
+//!
+//! Every test runs once per lock backend, from the same source: `<test>::postgres` (lockdb on its own
+//! PostgreSQL 16 server) and `<test>::etcd` (lock-server `--backend etcd` on a real single-member
+//! etcd; paydb stays PostgreSQL). The assertions are the same; where the backends differ in what they
+//! show (a lapsed grant, the broken token), the difference is spelled out where it is checked.
 //!
 //! Binaries come from the workspace build: `cargo test --workspace` builds them; for this crate
 //! alone first run `cargo build --bins -p lock-server -p payment-resource -p rail-proxy -p rail-stub
@@ -19,9 +25,10 @@ use std::time::Duration;
 
 use dlock_client::LockState;
 use dlock_testkit::TestDb;
+use dlock_testkit::etcd::EtcdCluster;
 use dlock_testkit::procs::Service;
 use payout_executor::model::{Payout, PayoutState};
-use payout_executor::stack::{self, Stack, StackOptions, eventually, log_events, process_state};
+use payout_executor::stack::{self, LockBackend, Stack, StackOptions, eventually, log_events, process_state};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -30,11 +37,46 @@ const LIMIT: Duration = Duration::from_secs(60);
 const CURRENCY: &str = "EUR";
 /// The paused holder's lease: short, so that it lapses quickly once the process is stopped.
 const SHORT_LEASE_MS: &str = "1500";
-/// The paused holder's session outlives the test, so its lapsed grant stays on the row (EXPIRED)
-/// for the takeover to find — the path the broken acquire gets wrong.
+/// The paused holder's session outlives the test, so on PostgreSQL its lapsed grant stays on the row
+/// (EXPIRED) for the takeover to find — the path the broken acquire gets wrong. (On etcd the grant's
+/// own lease decides: the key goes when it lapses, whatever the session.)
 const LONG_SESSION_MS: &str = "120000";
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// For each named `async fn(LockBackend)`, a module of the same name with one test per backend.
+macro_rules! on_both_backends {
+    ($($name:ident),+ $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$name(super::LockBackend::Postgres).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn etcd() {
+                super::$name(super::LockBackend::Etcd).await;
+            }
+        }
+    )+};
+}
+
+on_both_backends!(
+    paused_holder_is_fenced_at_rail_proxy,
+    paused_holder_is_fenced_at_payment_resource,
+    paused_holder_returning_to_a_payout_the_takeover_posted_changes_nothing,
+    batch_of_two_executors_posts_every_payout_exactly_once,
+    killed_executor_payout_is_finished_by_the_other_without_paying_twice,
+    negative_control_rail_fencing_off_stale_submit_is_not_fenced_at_the_rail,
+    negative_control_payment_fencing_off_stale_post_lands_and_regresses_the_fence,
+    negative_control_broken_acquire_hands_the_takeover_the_paused_holders_token,
+    executor_serves_metrics_and_stops_gracefully_on_sigterm,
+    ambiguous_timeout_is_resolved_by_asking_the_rail_and_a_rejection_fails_the_payout,
+    bad_configuration_is_refused_and_nothing_is_written,
+    payouts_exceeding_the_balance_reach_the_rail_only_when_covered,
+    negative_control_without_a_funds_check_before_the_rail_the_rail_pays_what_the_ledger_cannot_debit,
+    a_crash_between_recording_the_attempt_and_forwarding_it_ends_abandoned,
+);
 
 fn log_dir(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!(
@@ -46,8 +88,11 @@ fn log_dir(name: &str) -> PathBuf {
 
 struct Env {
     stack: Stack,
-    _lockdb: TestDb,
+    /// `None` on etcd: the locks do not live in PostgreSQL there.
+    _lockdb: Option<TestDb>,
     _paydb: TestDb,
+    /// The etcd member of a lock-server running in this process (the stack's own is in the stack).
+    _etcd: Option<EtcdCluster>,
 }
 
 impl Drop for Env {
@@ -59,18 +104,24 @@ impl Drop for Env {
     }
 }
 
-async fn env(name: &str, configure: impl FnOnce(&mut StackOptions)) -> Env {
-    let lockdb = dlock_testkit::lockdb().await;
+async fn env(name: &str, backend: LockBackend, configure: impl FnOnce(&mut StackOptions)) -> Env {
+    let lockdb = match backend {
+        LockBackend::Postgres => Some(dlock_testkit::lockdb().await),
+        LockBackend::Etcd => None,
+    };
     let paydb = dlock_testkit::paydb().await;
-    let mut opts = StackOptions::new(log_dir(name));
+    let mut opts = StackOptions::new(log_dir(&format!("{name}-{backend}")));
+    opts.lock_backend = backend;
     configure(&mut opts);
-    let stack = Stack::start(&lockdb.app_url(), &paydb.app_url(), &opts)
+    let lockdb_url = lockdb.as_ref().map(TestDb::app_url).unwrap_or_default();
+    let stack = Stack::start(&lockdb_url, &paydb.app_url(), &opts)
         .await
         .unwrap_or_else(|e| panic!("start the stack (logs in {}): {e:#}", opts.log_dir.display()));
     Env {
         stack,
         _lockdb: lockdb,
         _paydb: paydb,
+        _etcd: None,
     }
 }
 
@@ -93,18 +144,40 @@ async fn wait_exit(svc: &mut Service) -> ExitStatus {
         .unwrap_or_else(|| panic!("{name} did not exit within {}s; log: {log}", LIMIT.as_secs()))
 }
 
-/// Waits until the paused holder's lease has lapsed on the lock-server; returns its token.
-async fn wait_lapsed(stack: &Stack, key: &str) -> i64 {
-    eventually(
-        &format!("the lease on {key} to lapse (EXPIRED)"),
+/// Waits until the paused holder's lease on `key` has lapsed on the lock-server and checks what the
+/// server then shows for the paused holder's grant, `token`. Each store decides the lapse by its own
+/// clock and shows it its own way: lockdb keeps the row, EXPIRED with its token, until someone takes
+/// the key (by lockdb's `now()`); etcd deletes the key together with its lease when the lease's TTL
+/// runs out (etcd's lease clock), so the key reads FREE and no token is left to show.
+async fn wait_lapsed(stack: &Stack, key: &str, token: i64) {
+    let backend = stack.lock_backend;
+    let lapsed = match backend {
+        LockBackend::Postgres => LockState::Expired,
+        LockBackend::Etcd => LockState::Free,
+    };
+    let shown = eventually(
+        &format!("the lease on {key} to lapse ({lapsed:?} on {backend})"),
         LIMIT,
         || async {
             let s = stack.lock_status(key).await.ok()?;
-            (s.state == LockState::Expired).then(|| s.fencing_token.map(|t| t.get()))?
+            (s.state == lapsed).then(|| s.fencing_token.map(|t| t.get()))
         },
     )
     .await
-    .unwrap_or_else(|e| panic!("{e:#}"))
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    match backend {
+        LockBackend::Postgres => assert_eq!(shown, Some(token), "lockdb keeps the lapsed grant"),
+        LockBackend::Etcd => assert_eq!(shown, None, "etcd deleted the key with its lease"),
+    }
+}
+
+/// The token a stopped executor held when it stopped itself (its `fault_pause` event).
+fn paused_token(svc: &Service) -> i64 {
+    let pause = log_events(&svc.log, "fault_pause");
+    pause
+        .first()
+        .and_then(|e| e["fencing_token"].as_i64())
+        .unwrap_or_else(|| panic!("no fault_pause with a token in {}", svc.log.display()))
 }
 
 /// The fencing tokens an executor's log says it acquired `key` with, in order.
@@ -202,7 +275,7 @@ struct Run {
 // ---------------------------------------------------------------------------------------------
 // Scenario 1: paused before the rail submit.
 
-/// E1, stopped at `step` of payout P with its lease lapsed.
+/// E1, stopped at `step` of payout P with its lease lapsed (`e1_token`: the grant it stopped with).
 struct Stopped {
     env: Env,
     e1: Service,
@@ -235,7 +308,8 @@ async fn stop_first_holder(env: Env, step: &str) -> Stopped {
         .await
         .unwrap();
     wait_stopped(&e1).await;
-    let e1_token = wait_lapsed(stack, &key).await;
+    let e1_token = paused_token(&e1);
+    wait_lapsed(stack, &key, e1_token).await;
     let held = payout_state(stack, payout.payout_id).await;
     assert_eq!(held.claim_token, Some(e1_token), "{held:?}");
     Stopped {
@@ -365,9 +439,8 @@ async fn assert_paid_once(run: &Run) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn paused_holder_is_fenced_at_rail_proxy() {
-    let run = paused_before_rail_submit(env("rail-fenced", |_| {}).await).await;
+async fn paused_holder_is_fenced_at_rail_proxy(backend: LockBackend) {
+    let run = paused_before_rail_submit(env("rail-fenced", backend, |_| {}).await).await;
     assert_paid_once(&run).await;
     assert!(
         run.takeover_token > run.e1_token,
@@ -461,9 +534,8 @@ async fn paused_before_post(env: Env, takeover: Takeover) -> Run {
     stopped.takeover_then_resume(e2_payout, p2).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn paused_holder_is_fenced_at_payment_resource() {
-    let run = paused_before_post(env("post-fenced", |_| {}).await, Takeover::OtherPayout).await;
+async fn paused_holder_is_fenced_at_payment_resource(backend: LockBackend) {
+    let run = paused_before_post(env("post-fenced", backend, |_| {}).await, Takeover::OtherPayout).await;
     assert_paid_once(&run).await;
     assert!(
         run.takeover_token > run.e1_token,
@@ -511,9 +583,8 @@ async fn paused_holder_is_fenced_at_payment_resource() {
 /// The takeover adopted and posted P1 itself; the stale post that follows changes nothing. It is not
 /// refused with 409 either: payment-resource answers a post of an already-POSTED payout with an
 /// idempotent 200 (checked before (a), whatever the token), so no fence counter moves.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn paused_holder_returning_to_a_payout_the_takeover_posted_changes_nothing() {
-    let run = paused_before_post(env("post-same", |_| {}).await, Takeover::SamePayout).await;
+async fn paused_holder_returning_to_a_payout_the_takeover_posted_changes_nothing(backend: LockBackend) {
+    let run = paused_before_post(env("post-same", backend, |_| {}).await, Takeover::SamePayout).await;
     assert_paid_once(&run).await;
     assert!(
         run.takeover_token > run.e1_token,
@@ -541,9 +612,8 @@ async fn paused_holder_returning_to_a_payout_the_takeover_posted_changes_nothing
 // ---------------------------------------------------------------------------------------------
 // 3. Batch: two executors, two workers each, no faults.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn batch_of_two_executors_posts_every_payout_exactly_once() {
-    let env = env("batch", |_| {}).await;
+async fn batch_of_two_executors_posts_every_payout_exactly_once(backend: LockBackend) {
+    let env = env("batch", backend, |_| {}).await;
     let stack = &env.stack;
     let opening = 1_000_000;
     let mut accounts = Vec::new();
@@ -615,9 +685,8 @@ async fn batch_of_two_executors_posts_every_payout_exactly_once() {
 // ---------------------------------------------------------------------------------------------
 // 4. A killed executor: the other finishes its payout after the lease lapses, paying once.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_executor_payout_is_finished_by_the_other_without_paying_twice() {
-    let env = env("killed", |_| {}).await;
+async fn killed_executor_payout_is_finished_by_the_other_without_paying_twice(backend: LockBackend) {
+    let env = env("killed", backend, |_| {}).await;
     let stack = &env.stack;
     let opening = 500_000;
     let mut payouts = Vec::new();
@@ -711,9 +780,9 @@ async fn killed_executor_payout_is_finished_by_the_other_without_paying_twice() 
 /// and E1's next step is no longer a paused write: it checks its lease, finds it lost, and abandons
 /// the section (`lock_lost`). No resource fence acts at all. The rail is still paid once — for this
 /// payout; the index cannot stop a stale holder from submitting a payout nobody has submitted yet.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn negative_control_rail_fencing_off_stale_submit_is_not_fenced_at_the_rail() {
-    let run = paused_before_rail_submit(env("rail-unfenced", |o| o.rail_fencing = false).await).await;
+async fn negative_control_rail_fencing_off_stale_submit_is_not_fenced_at_the_rail(backend: LockBackend) {
+    let run =
+        paused_before_rail_submit(env("rail-unfenced", backend, |o| o.rail_fencing = false).await).await;
     assert_paid_once(&run).await;
     // The fence of scenario 1 did not act; nothing was fenced anywhere.
     assert_eq!(run.delta.rail_fenced, 0.0, "{:?}", run.delta);
@@ -758,10 +827,9 @@ async fn negative_control_rail_fencing_off_stale_submit_is_not_fenced_at_the_rai
 /// stops it (P1 was still RAIL_ACKED, so neither the state check nor ledger_leg_uq applies); the
 /// balance is not debited twice only because P1 had not been posted by anyone else. Reconciliation
 /// catches it as FENCE_REGRESSED, attributed to the stale grant.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn negative_control_payment_fencing_off_stale_post_lands_and_regresses_the_fence() {
+async fn negative_control_payment_fencing_off_stale_post_lands_and_regresses_the_fence(backend: LockBackend) {
     let run = paused_before_post(
-        env("post-unfenced", |o| o.payment_fencing = false).await,
+        env("post-unfenced", backend, |o| o.payment_fencing = false).await,
         Takeover::OtherPayout,
     )
     .await;
@@ -797,7 +865,8 @@ async fn negative_control_payment_fencing_off_stale_post_lands_and_regresses_the
 }
 
 // ---------------------------------------------------------------------------------------------
-// 5(ii). Negative control: the broken acquire (no nextval in DO UPDATE), lock-server in-process.
+// 5(ii). Negative control: the broken acquire (no nextval in DO UPDATE; on etcd the per-key version
+// as the token), lock-server in-process.
 
 /// C1 §1.3 acquire without `fencing_token = nextval('fencing_token_seq')` in the DO UPDATE branch:
 /// a takeover keeps the dead holder's token (Warning 1). Test code only.
@@ -814,56 +883,203 @@ ON CONFLICT (lock_key) DO UPDATE
     OR (lock_entry.owner_id = EXCLUDED.owner_id AND lock_entry.session_id = EXCLUDED.session_id)
 RETURNING fencing_token, owner_id, session_id, acquired_at, expires_at";
 
-/// Scenario 1 against a lock-server running in this process with `acquire`.
-async fn scenario_one_in_process(name: &str, acquire: &'static str) -> Run {
-    let lockdb = dlock_testkit::lockdb().await;
-    let statements = lock_server::Statements {
-        acquire,
-        ..lock_server::Statements::C1
+/// Which acquire the in-process lock-server runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Acquire {
+    /// The contract's: C1 §1.3 on PostgreSQL, the grant key's `mod_revision` on etcd.
+    Correct,
+    /// The broken one that hands a takeover the lapsed holder's token. PostgreSQL:
+    /// [`BROKEN_ACQUIRE`]. etcd: the token is the key's per-key `version` (C1 §1.7's per-row
+    /// counter, [`lock_server::EtcdFaults::token_from_version`]); the lapsed lease deleted the key,
+    /// so the takeover recreates it at version 1 — the paused holder's token again.
+    Broken,
+}
+
+/// The stack against a lock-server running in this process on `backend` with `acquire`.
+async fn in_process_env(
+    name: &str,
+    backend: LockBackend,
+    acquire: Acquire,
+) -> (Env, lock_server::RunningServer) {
+    let broken = acquire == Acquire::Broken;
+    let (server, lockdb, etcd) = match backend {
+        LockBackend::Postgres => {
+            let lockdb = dlock_testkit::lockdb().await;
+            let statements = lock_server::Statements {
+                acquire: if broken {
+                    BROKEN_ACQUIRE
+                } else {
+                    lock_server::sql::ACQUIRE
+                },
+                ..lock_server::Statements::C1
+            };
+            let server =
+                lock_server::spawn_with_statements(lock_server::Config::new(lockdb.app_url()), statements)
+                    .await
+                    .unwrap();
+            (server, Some(lockdb), None)
+        }
+        LockBackend::Etcd => {
+            // On the test's thread (see Stack::start: PR_SET_PDEATHSIG is per thread).
+            let etcd = EtcdCluster::single().unwrap_or_else(|e| panic!("start etcd: {e}"));
+            let prefix = lock_server::config::DEFAULT_ETCD_PREFIX;
+            let repo = lock_server::EtcdRepo::connect(&etcd.endpoints(), prefix)
+                .await
+                .unwrap();
+            let faults = lock_server::EtcdFaults {
+                token_from_version: broken,
+                ..lock_server::EtcdFaults::NONE
+            };
+            let repo = lock_server::EtcdRepo::with_client(repo.client(), prefix, faults);
+            let server = lock_server::spawn_with_backend(
+                lock_server::Config::etcd(etcd.endpoints(), prefix),
+                lock_server::Backend::Etcd(repo),
+            )
+            .await
+            .unwrap();
+            (server, None, Some(etcd))
+        }
     };
-    let server = lock_server::spawn_with_statements(lock_server::Config::new(lockdb.app_url()), statements)
-        .await
-        .unwrap();
     let paydb = dlock_testkit::paydb().await;
-    let mut opts = StackOptions::new(log_dir(name));
+    let mut opts = StackOptions::new(log_dir(&format!("{name}-{backend}")));
+    opts.lock_backend = backend;
     opts.lock_server_url = Some(server.base_url());
-    let stack = Stack::start(&lockdb.app_url(), &paydb.app_url(), &opts)
+    let lockdb_url = lockdb.as_ref().map(TestDb::app_url).unwrap_or_default();
+    let stack = Stack::start(&lockdb_url, &paydb.app_url(), &opts)
         .await
         .unwrap_or_else(|e| panic!("start the stack: {e:#}"));
-    let run = paused_before_rail_submit(Env {
+    let env = Env {
         stack,
         _lockdb: lockdb,
         _paydb: paydb,
-    })
-    .await;
+        _etcd: etcd,
+    };
+    (env, server)
+}
+
+/// Scenario 1 against a lock-server running in this process on `backend` with `acquire`.
+async fn scenario_one_in_process(name: &str, backend: LockBackend, acquire: Acquire) -> Run {
+    let (env, server) = in_process_env(name, backend, acquire).await;
+    let run = paused_before_rail_submit(env).await;
     server.shutdown().await.unwrap();
     run
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn negative_control_broken_acquire_hands_the_takeover_the_paused_holders_token() {
-    // Control: the same harness with C1's acquire keeps scenario 1's property.
-    let good = scenario_one_in_process("acquire-c1", lock_server::sql::ACQUIRE).await;
+/// What the takeover got from a broken acquire: its grants on the key, its fenced-out events, and
+/// the payout fence counter's delta, next to the paused holder's token.
+struct Refused {
+    e1_token: i64,
+    takeover_grants: Vec<i64>,
+    e2_fenced: Vec<Value>,
+    payout_fenced: f64,
+}
+
+impl Refused {
+    fn of(run: &Run) -> Self {
+        Self {
+            e1_token: run.e1_token,
+            takeover_grants: acquired_tokens(&run.e2, &run.key),
+            e2_fenced: fenced_events(&run.e2),
+            payout_fenced: run.delta.payout_fenced,
+        }
+    }
+}
+
+/// Scenario 1 up to the takeover's refusals, on etcd with the broken token. Every acquire recreates
+/// the lapsed key, so every grant is version 1 again — the paused holder's token — and the takeover
+/// is refused at the payout claim on every pass: it never finishes, and neither would the resumed
+/// holder. So the takeover is stopped (SIGTERM) once it has been refused, and the paused holder is
+/// left stopped.
+async fn etcd_broken_takeover(name: &str) -> Refused {
+    let (env, server) = in_process_env(name, LockBackend::Etcd, Acquire::Broken).await;
+    let stopped = stop_first_holder(env, "before_rail_submit").await;
+    let stack = &stopped.env.stack;
+    let p = stopped.payout.payout_id;
+    let mut e2 = stack
+        .start_executor(
+            stack
+                .executor_spec("e2")
+                .unwrap()
+                .args(["--payout-id".to_owned(), p.to_string()]),
+        )
+        .await
+        .unwrap();
+    eventually("the takeover to be fenced out", LIMIT, || async {
+        (!fenced_events(&e2).is_empty()).then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}; log {}", e2.log.display()));
+    sigterm(&e2);
+    let status = wait_exit(&mut e2).await;
+    assert!(status.success(), "{status}; log {}", e2.log.display());
+    let refused = Refused {
+        e1_token: stopped.e1_token,
+        takeover_grants: acquired_tokens(&e2, &stopped.key),
+        e2_fenced: fenced_events(&e2),
+        payout_fenced: Counters::read(stack).await.minus(stopped.before).payout_fenced,
+    };
+    // Nothing reached the rail: the paused holder never resumed, the takeover never got past the claim.
+    assert_eq!(stack.rail_received().await.unwrap().received(p), 0);
+    server.shutdown().await.unwrap();
+    refused
+}
+
+async fn negative_control_broken_acquire_hands_the_takeover_the_paused_holders_token(backend: LockBackend) {
+    // Control: the same harness with the contract's acquire keeps scenario 1's property.
+    let good = scenario_one_in_process("acquire-c1", backend, Acquire::Correct).await;
     assert_paid_once(&good).await;
     assert!(good.takeover_token > good.e1_token);
     assert_eq!(good.delta.rail_fenced, 1.0);
     assert_eq!(good.delta.payout_fenced, 0.0);
 
-    let broken = scenario_one_in_process("acquire-broken", BROKEN_ACQUIRE).await;
+    let broken = match backend {
+        LockBackend::Postgres => {
+            Refused::of(&scenario_one_in_process("acquire-broken", backend, Acquire::Broken).await)
+        }
+        LockBackend::Etcd => etcd_broken_takeover("acquire-broken").await,
+    };
     // The violation: the takeover was granted the dead holder's token, not a strictly higher one.
+    let takeover_token = *broken
+        .takeover_grants
+        .first()
+        .expect("the takeover acquired the key");
     assert_eq!(
-        broken.takeover_token, broken.e1_token,
+        takeover_token, broken.e1_token,
         "the broken acquire must reissue the paused holder's token"
     );
     // Downstream, the strict comparisons saw an equal token and refused the *new* holder: its adopt
     // of P was fenced at payment-resource's payout claim (claim_token < :token is false for equal
     // tokens). Scenario 1 asserts the takeover is never fenced; here it is.
-    let e2_fenced = fenced_events(&broken.e2);
-    assert_eq!(e2_fenced.len(), 1, "{e2_fenced:?}");
+    let e2_fenced = &broken.e2_fenced;
+    match backend {
+        // Once: its next pass re-inserts the released row, and the INSERT branch still draws
+        // nextval, so it is granted a higher token and adopts P.
+        LockBackend::Postgres => assert_eq!(e2_fenced.len(), 1, "{e2_fenced:?}"),
+        // On every pass (it was stopped after the first ones): each re-created key is version 1
+        // again, so every grant is the paused holder's token and every adopt is refused alike.
+        LockBackend::Etcd => {
+            assert!(!e2_fenced.is_empty());
+            assert!(
+                broken.takeover_grants.iter().all(|t| *t == broken.e1_token),
+                "{:?}",
+                broken.takeover_grants
+            );
+            assert!(
+                e2_fenced.iter().all(|f| f["resource"] == "payout"
+                    && f["presented"] == broken.e1_token
+                    && f["stored"] == broken.e1_token),
+                "{e2_fenced:?}"
+            );
+        }
+    }
     assert_eq!(e2_fenced[0]["resource"], "payout");
     assert_eq!(e2_fenced[0]["presented"], broken.e1_token);
     assert_eq!(e2_fenced[0]["stored"], broken.e1_token);
-    assert_eq!(broken.delta.payout_fenced, 1.0, "{:?}", broken.delta);
+    assert_eq!(
+        broken.payout_fenced,
+        e2_fenced.len() as f64,
+        "every refusal was counted by payment-resource"
+    );
     assert!(fenced_events(&good.e2).is_empty());
 }
 
@@ -879,9 +1095,8 @@ fn sigterm(svc: &Service) {
     assert!(status.success());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn executor_serves_metrics_and_stops_gracefully_on_sigterm() {
-    let env = env("service", |_| {}).await;
+async fn executor_serves_metrics_and_stops_gracefully_on_sigterm(backend: LockBackend) {
+    let env = env("service", backend, |_| {}).await;
     let stack = &env.stack;
     let account = stack.create_account(CURRENCY, 50_000).await.unwrap();
     let mut executor = stack
@@ -941,9 +1156,10 @@ async fn executor_serves_metrics_and_stops_gracefully_on_sigterm() {
     assert_eq!(lock.state, LockState::Free, "released after the payout: {lock:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ambiguous_timeout_is_resolved_by_asking_the_rail_and_a_rejection_fails_the_payout() {
-    let env = env("ambiguous", |o| {
+async fn ambiguous_timeout_is_resolved_by_asking_the_rail_and_a_rejection_fails_the_payout(
+    backend: LockBackend,
+) {
+    let env = env("ambiguous", backend, |o| {
         o.rail_stub_test_mode = true;
         o.rail_timeout_ms = 300;
     })
@@ -1023,9 +1239,8 @@ async fn ambiguous_timeout_is_resolved_by_asking_the_rail_and_a_rejection_fails_
     assert_eq!(stack.reconciliation().await.unwrap()["clean"], true);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_configuration_is_refused_and_nothing_is_written() {
-    let env = env("bad-config", |_| {}).await;
+async fn bad_configuration_is_refused_and_nothing_is_written(backend: LockBackend) {
+    let env = env("bad-config", backend, |_| {}).await;
     let stack = &env.stack;
     let account = stack.create_account(CURRENCY, 10_000).await.unwrap();
     let p = stack.create_payout(account, 500, CURRENCY).await.unwrap();
@@ -1073,8 +1288,8 @@ async fn bad_configuration_is_refused_and_nothing_is_written() {
 /// its reason before anything was submitted for it, and everything the rail paid is posted.
 /// `bypass` is the negative control: the payouts are put in flight as if no funds check existed
 /// before the rail (RAIL_SUBMITTED holding their amounts without the account's agreement).
-async fn overdraw(name: &str, bypass: bool) -> Result<(), String> {
-    let env = env(name, |_| {}).await;
+async fn overdraw(name: &str, backend: LockBackend, bypass: bool) -> Result<(), String> {
+    let env = env(name, backend, |_| {}).await;
     let stack = &env.stack;
     let account = stack.create_account(CURRENCY, 1_000).await.unwrap();
     let mut payouts = Vec::new();
@@ -1141,14 +1356,14 @@ fn ensure_that(cond: bool, msg: String) -> Result<(), String> {
     if cond { Ok(()) } else { Err(msg) }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn payouts_exceeding_the_balance_reach_the_rail_only_when_covered() {
-    overdraw("overdraw", false).await.unwrap();
+async fn payouts_exceeding_the_balance_reach_the_rail_only_when_covered(backend: LockBackend) {
+    overdraw("overdraw", backend, false).await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn negative_control_without_a_funds_check_before_the_rail_the_rail_pays_what_the_ledger_cannot_debit() {
-    let violation = overdraw("overdraw-bypass", true)
+async fn negative_control_without_a_funds_check_before_the_rail_the_rail_pays_what_the_ledger_cannot_debit(
+    backend: LockBackend,
+) {
+    let violation = overdraw("overdraw-bypass", backend, true)
         .await
         .expect_err("without the reservation the rail must receive an uncovered payout");
     assert!(
@@ -1162,9 +1377,8 @@ async fn negative_control_without_a_funds_check_before_the_rail_the_rail_pays_wh
 /// executor ask the rail with bounded retries and backoff; once the deadline has passed the attempt
 /// is abandoned and the payout ends ABANDONED (reason recorded, hold released), and its owner can
 /// create it again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_between_recording_the_attempt_and_forwarding_it_ends_abandoned() {
-    let mut env = env("crash-after-attempt", |o| {
+async fn a_crash_between_recording_the_attempt_and_forwarding_it_ends_abandoned(backend: LockBackend) {
+    let mut env = env("crash-after-attempt", backend, |o| {
         o.rail_timeout_ms = 300;
         o.rail_abandon_after_ms = Some(2_000);
         o.rail_proxy_args = vec![
