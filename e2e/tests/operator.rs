@@ -25,6 +25,7 @@ const CHILD_KINDS: &[&str] = &[
     "services",
     "configmaps",
     "secrets",
+    "networkpolicies.networking.k8s.io",
 ];
 
 struct Ctx {
@@ -408,6 +409,26 @@ async fn paymentstack_comes_up_behind_its_lockservice_and_drops_disabled_childre
         1,
         "one managed paydb"
     );
+    // Who may connect: one NetworkPolicy per HTTP workload of the stack, stored by the API server.
+    let mut policies: Vec<String> = ctx
+        .children_of_kind(&ps, "networkpolicies.networking.k8s.io")
+        .iter()
+        .map(|p| objects::name(p).to_owned())
+        .collect();
+    policies.sort();
+    assert_eq!(
+        policies,
+        ["pay-payment-resource", "pay-rail-proxy", "pay-rail-stub"]
+    );
+    let ls_policies = ctx.children_of_kind(
+        &ctx.must_get("lockservice", "locks"),
+        "networkpolicies.networking.k8s.io",
+    );
+    assert_eq!(ls_policies.len(), 1, "lock-server's policy");
+    assert_eq!(
+        ls_policies[0]["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]["dlock.dev/lock-service"],
+        "locks"
+    );
     // The payments stack is not owned by (or owning) the LockService's children.
     let ls = ctx.must_get("lockservice", "locks");
     assert!(
@@ -417,7 +438,8 @@ async fn paymentstack_comes_up_behind_its_lockservice_and_drops_disabled_childre
     );
 
     // Spec changes: the rail-stub is switched off (rail-proxy pointed at a real rail instead) and
-    // the executor scaled; the rail-stub's Deployment and Service go, the executor follows.
+    // the executor scaled; the rail-stub's Deployment, Service and NetworkPolicy go (found by label),
+    // the executor follows.
     ctx.k()
         .patch(
             &ctx.ns,
