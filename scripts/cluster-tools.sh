@@ -5,6 +5,9 @@
 #                                         is needed, not github)
 #   $DLOCK_TOOLS_DIR/bin/helm             built with Go from helm.sh/helm/v3
 #   $DLOCK_TOOLS_DIR/bin/etcd             etcd-server from apt if it is new enough, else built with Go
+#   $DLOCK_TOOLS_DIR/bin/etcdutl          etcd's offline tool (snapshot restore --bump-revision), built
+#                                         with Go at $ETCD_VERSION; not in the default set (setup.sh
+#                                         asks for it: the etcd restore test uses it)
 #   kubectl                               must already be on PATH (checked, not installed)
 #
 # Reruns reuse everything: each tool has a stamp file naming the version it was built from. The Go
@@ -14,7 +17,7 @@
 #
 # Usage: scripts/cluster-tools.sh [--check] [TOOL...]
 #   --check   report what is missing, install nothing (exit 1 if anything is)
-#   TOOL      any of kubectl etcd helm kube-apiserver (default: all)
+#   TOOL      any of kubectl etcd etcdutl helm kube-apiserver (default: all but etcdutl)
 set -euo pipefail
 
 TOOLS="${DLOCK_TOOLS_DIR:-/var/tmp/dlock-tools}"
@@ -211,6 +214,39 @@ need_etcd() {
     log "etcd: $("$BIN/etcd" --version | head -n1)"
 }
 
+# ---------------------------------------------------------------- etcdutl
+need_etcdutl() {
+    # Restoring a snapshot rewinds etcd's revision, and the revision is lock-server's fencing token,
+    # so a restore must be able to move it forward: `etcdutl snapshot restore --bump-revision N
+    # --mark-compacted`, which exists from etcd 3.5 on (Debian ships 3.4: no etcdutl, no such flags).
+    # Only the offline tool is built. Checked: the 3.4 server (bin/etcd) starts on a data dir this
+    # etcdutl restored, continues from the bumped revision and answers reads below it as compacted,
+    # so bin/etcd stays whatever need_etcd chose and no second server is needed.
+    local ev="$ETCD_VERSION"
+    if stamp_ok etcdutl "$ev"; then
+        log "etcdutl $ev: cached at $BIN/etcdutl"
+        return
+    fi
+    if ((CHECK_ONLY)); then log "etcdutl $ev: MISSING"; MISSING=1; return; fi
+    need_go
+    local work
+    work="$(mktemp -d "${TMPDIR:-/tmp}/dlock-etcdutl.XXXXXX")"
+    WORKDIRS+=("$work")
+    # As for need_etcd: etcdutl's go.mod replaces its sibling modules with ../ paths, so it is built
+    # from a throwaway module that requires it at the release tag.
+    printf 'module dlock.local/etcdutl-build\n\ngo 1.23\n' >"$work/go.mod"
+    log "etcdutl $ev: building in $work"
+    (cd "$work" && gentle go get "go.etcd.io/etcd/etcdutl/v3@$ev") || die "go get go.etcd.io/etcd/etcdutl/v3 failed"
+    (cd "$work" && gentle go build -trimpath -ldflags "-s -w" -o "$BIN/etcdutl.new" go.etcd.io/etcd/etcdutl/v3) ||
+        die "go build etcdutl failed"
+    # The flags are the reason for this tool; a release without them is not good enough.
+    "$BIN/etcdutl.new" snapshot restore --help 2>&1 | grep -q -- '--bump-revision' ||
+        die "etcdutl $ev has no snapshot restore --bump-revision"
+    mv "$BIN/etcdutl.new" "$BIN/etcdutl"
+    write_stamp etcdutl "$ev"
+    log "etcdutl: $("$BIN/etcdutl" version | head -n1)"
+}
+
 # ---------------------------------------------------------------- kubectl
 need_kubectl() {
     command -v kubectl >/dev/null ||
@@ -223,9 +259,10 @@ for tool in "${WANT[@]}"; do
     case "$tool" in
     kubectl) need_kubectl ;;
     etcd) need_etcd ;;
+    etcdutl) need_etcdutl ;;
     helm) need_helm ;;
     kube-apiserver) need_kube_apiserver ;;
-    *) die "unknown tool $tool (want kubectl, etcd, helm or kube-apiserver)" ;;
+    *) die "unknown tool $tool (want kubectl, etcd, etcdutl, helm or kube-apiserver)" ;;
     esac
 done
 if ((CHECK_ONLY && MISSING)); then

@@ -4,6 +4,8 @@
 #   - an unprivileged user to run postgres as when we are root (postgres refuses root)
 #   - protoc (Debian protobuf-compiler): the etcd-client crate's build script compiles etcd's .proto
 #   - etcd (scripts/cluster-tools.sh etcd): the lock-server's etcd backend tests run real members
+#   - etcdutl 3.5 (scripts/cluster-tools.sh etcdutl, built with Go, ~1.5-2.5 min once): the etcd
+#     restore test restores a real snapshot with --bump-revision
 #   - the Rust workspace, built once into $CARGO_TARGET_DIR
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -52,6 +54,9 @@ install_apt protobuf-compiler protoc
 # Debian's etcd-server 3.4 suffices for the etcd backend (v3 transactions, leases, revisions are all
 # 3.x API); cluster-tools.sh builds etcd 3.5 with Go only where apt has none.
 "$DLOCK_ROOT/scripts/cluster-tools.sh" etcd
+# The restore fast-forward on etcd needs `etcdutl snapshot restore --bump-revision`, which 3.4 lacks;
+# a failed build stops here, so the test command never runs without it (the test would skip).
+"$DLOCK_ROOT/scripts/cluster-tools.sh" etcdutl
 
 say "building the workspace (cargo target dir: $CARGO_TARGET_DIR)"
 cd "$DLOCK_ROOT"

@@ -6,6 +6,12 @@
 //!
 //! The operator runs [`read`] and [`advance`] as Jobs (`dlock-fastforward read|advance`), with the
 //! database URLs from Secrets; the local drill (`dlock drill restore`) calls them directly.
+//!
+//! On the etcd backend the token is etcd's revision, and restoring an etcd snapshot rewinds the
+//! revision exactly as restoring lockdb rewinds the sequence. A revision cannot be `setval`'d on a
+//! running cluster; it can only be raised while the snapshot is restored (`etcdutl snapshot restore
+//! --bump-revision N --mark-compacted`), so the etcd fast-forward is [`etcd_bump`], which computes
+//! that `N` from the same high-water read (`dlock-fastforward etcd-bump`).
 
 pub mod sql;
 
@@ -24,6 +30,10 @@ pub enum Error {
     Database { what: String, message: String },
     #[error("--at-least must be a positive integer, got {0}")]
     Target(i64),
+    #[error("{what} must not be negative, got {value}")]
+    Negative { what: &'static str, value: i64 },
+    #[error("high-water {high_water} + margin {margin} does not fit a 64-bit etcd revision")]
+    Overflow { high_water: i64, margin: i64 },
 }
 
 /// The highest tokens one paydb has seen.
@@ -124,4 +134,104 @@ pub async fn advance(url: &str, at_least: i64) -> Result<Advanced, Error> {
         .map_err(db)?;
     let _ = c.close().await;
     Ok(Advanced { before, after })
+}
+
+/// How far an etcd snapshot's revision must be raised while it is restored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdBump {
+    /// The revision the snapshot holds (`etcdutl snapshot status`'s REVISION).
+    pub snapshot_revision: i64,
+    /// The highest token any paydb has seen.
+    pub high_water: i64,
+    pub margin: i64,
+    /// `--bump-revision` for `etcdutl snapshot restore` (0: the snapshot is already far enough).
+    pub bump: i64,
+    /// The revision of the restored member; the first grant after the restore is above it.
+    pub restored_revision: i64,
+}
+
+/// `bump = max(0, high_water + margin - snapshot_revision)`: after `etcdutl snapshot restore
+/// --bump-revision bump` the member's revision is `max(snapshot_revision, high_water + margin)`, so
+/// the next grant's token (the next revision) is above every token a resource has seen plus the
+/// margin. The margin covers what the read cannot see: tokens handed out but not yet presented to
+/// any paydb, and the revisions etcd spent on sessions, leases and releases after the snapshot.
+///
+/// Never lowers: a snapshot that is already past the target needs no bump (0). Negative inputs are
+/// refused rather than clamped (a negative revision or margin is a caller's mistake, and clamping
+/// would hide it); so is a target beyond `i64::MAX`, the largest revision etcd can hold.
+pub fn etcd_bump(snapshot_revision: i64, high_water: i64, margin: i64) -> Result<EtcdBump, Error> {
+    for (what, value) in [
+        ("the snapshot revision", snapshot_revision),
+        ("the high-water", high_water),
+        ("the margin", margin),
+    ] {
+        if value < 0 {
+            return Err(Error::Negative { what, value });
+        }
+    }
+    let target = high_water
+        .checked_add(margin)
+        .ok_or(Error::Overflow { high_water, margin })?;
+    // Both are non-negative, so the difference cannot overflow.
+    let bump = (target - snapshot_revision).max(0);
+    Ok(EtcdBump {
+        snapshot_revision,
+        high_water,
+        margin,
+        bump,
+        restored_revision: snapshot_revision.max(target),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bump_lifts_the_restored_revision_to_high_water_plus_margin() {
+        let b = etcd_bump(120, 175, 1000).unwrap();
+        assert_eq!((b.bump, b.restored_revision), (1055, 1175));
+        assert_eq!(b.snapshot_revision + b.bump, b.high_water + b.margin);
+        // Nothing seen beyond the snapshot: the margin alone.
+        assert_eq!(etcd_bump(120, 120, 50).unwrap().bump, 50);
+        // Margin 0 still puts the next grant above the high-water (it is restored + 1).
+        let b = etcd_bump(120, 175, 0).unwrap();
+        assert_eq!((b.bump, b.restored_revision), (55, 175));
+        // A fresh cluster and empty paydbs.
+        assert_eq!(etcd_bump(0, 0, 0).unwrap().bump, 0);
+    }
+
+    #[test]
+    fn a_snapshot_already_past_the_target_is_never_lowered() {
+        let b = etcd_bump(5000, 175, 1000).unwrap();
+        assert_eq!((b.bump, b.restored_revision), (0, 5000));
+        let b = etcd_bump(1175, 175, 1000).unwrap();
+        assert_eq!((b.bump, b.restored_revision), (0, 1175));
+        assert_eq!(etcd_bump(1174, 175, 1000).unwrap().bump, 1);
+    }
+
+    #[test]
+    fn negative_inputs_are_refused() {
+        for (r, h, m) in [(-1, 175, 1000), (120, -1, 1000), (120, 175, -1), (i64::MIN, 0, 0)] {
+            let e = etcd_bump(r, h, m).unwrap_err();
+            assert!(matches!(e, Error::Negative { .. }), "{r} {h} {m}: {e}");
+        }
+        assert_eq!(
+            etcd_bump(1, 2, -3).unwrap_err().to_string(),
+            "the margin must not be negative, got -3"
+        );
+    }
+
+    #[test]
+    fn targets_beyond_the_largest_revision_are_refused_not_wrapped() {
+        let e = etcd_bump(0, i64::MAX, 1).unwrap_err();
+        assert!(matches!(e, Error::Overflow { .. }), "{e}");
+        assert!(etcd_bump(0, i64::MAX - 10, 11).is_err());
+        // The largest representable target is fine, from any snapshot revision.
+        let b = etcd_bump(0, i64::MAX - 10, 10).unwrap();
+        assert_eq!((b.bump, b.restored_revision), (i64::MAX, i64::MAX));
+        let b = etcd_bump(i64::MAX, i64::MAX, 0).unwrap();
+        assert_eq!((b.bump, b.restored_revision), (0, i64::MAX));
+    }
 }

@@ -7,6 +7,11 @@
 //! fills: Debian's etcd-server 3.4, or etcd 3.5 built with Go), else `etcd` on `PATH`. Data lives on
 //! `/dev/shm` when there is one: the tests exercise consensus, not the disk. Each process gets
 //! `PR_SET_PDEATHSIG`, so it dies with the test process even if a member is never dropped.
+//!
+//! Restores: [`EtcdCluster::restore_flags`] are the flags `etcdutl snapshot restore` needs to write
+//! a data directory for one member (same name, peer URL and cluster token), and
+//! [`EtcdCluster::restart_on`] starts that member on it, on the same ports ([`etcdutl_bin`] finds
+//! the tool, which `scripts/cluster-tools.sh etcdutl` builds).
 
 use std::fs;
 use std::io::{Read, Write};
@@ -29,6 +34,23 @@ pub fn etcd_bin() -> PathBuf {
         return cached;
     }
     PathBuf::from("etcd")
+}
+
+/// `etcdutl` (etcd >= 3.5's offline tool): `DLOCK_ETCDUTL_BIN`, else `$DLOCK_TOOLS_DIR/bin/etcdutl`,
+/// else `etcdutl` on `PATH`; `None` when there is none.
+pub fn etcdutl_bin() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("DLOCK_ETCDUTL_BIN") {
+        return Some(PathBuf::from(p));
+    }
+    let cached = crate::pg::tools_dir().join("bin/etcdutl");
+    if cached.is_file() {
+        return Some(cached);
+    }
+    std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|d| d.join("etcdutl"))
+            .find(|p| p.is_file())
+    })
 }
 
 #[derive(Debug)]
@@ -227,6 +249,38 @@ impl EtcdCluster {
     /// Restarts member `i` on its data directory and waits until it is healthy again.
     pub fn restart(&mut self, i: usize) -> Result<(), ProcError> {
         self.stop(i);
+        self.spawn(i)?;
+        self.wait_healthy(i)
+    }
+
+    /// The cluster's scratch folder (removed on drop): a place for snapshots and restored data.
+    pub fn dir(&self) -> &Path {
+        &self.base
+    }
+
+    /// The flags `etcdutl snapshot restore` needs so that the data directory it writes belongs to
+    /// member `i` of this cluster: etcd derives the member and cluster IDs from them, and a member
+    /// started with other ones would refuse its own data.
+    pub fn restore_flags(&self, i: usize) -> Vec<String> {
+        let m = &self.members[i];
+        vec![
+            "--name".into(),
+            m.name.clone(),
+            "--initial-cluster".into(),
+            self.initial_cluster(),
+            "--initial-cluster-token".into(),
+            self.token.clone(),
+            "--initial-advertise-peer-urls".into(),
+            format!("http://127.0.0.1:{}", m.peer_port),
+        ]
+    }
+
+    /// Stops member `i`, then starts it on `data_dir` (e.g. one `etcdutl snapshot restore` wrote
+    /// with [`Self::restore_flags`]) on the same ports, and waits until it is healthy. Put the
+    /// directory under [`Self::dir`] so that it is removed with the cluster.
+    pub fn restart_on(&mut self, i: usize, data_dir: impl Into<PathBuf>) -> Result<(), ProcError> {
+        self.stop(i);
+        self.members[i].data_dir = data_dir.into();
         self.spawn(i)?;
         self.wait_healthy(i)
     }
