@@ -364,6 +364,8 @@ fn paymentstack(name: &str) -> Value {
         "spec": {
             "lockServiceRef": {"name": LS},
             "database": {"managed": {}},
+            // The tests write high-water marks for the seeded accounts.
+            "demoData": true,
             "paymentResource": {"replicas": 1},
             "railProxy": {"replicas": 1},
             "payoutExecutor": {"replicas": 1, "workers": 1},

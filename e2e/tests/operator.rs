@@ -427,7 +427,9 @@ async fn paymentstack_comes_up_behind_its_lockservice_and_drops_disabled_childre
     assert_eq!(ls_policies.len(), 1, "lock-server's policy");
     assert_eq!(
         ls_policies[0]["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]["dlock.dev/lock-service"],
-        "locks"
+        "locks",
+        "{}",
+        ls_policies[0]
     );
     // The payments stack is not owned by (or owning) the LockService's children.
     let ls = ctx.must_get("lockservice", "locks");

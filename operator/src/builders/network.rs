@@ -80,10 +80,11 @@ pub fn rail_stub(owner: &Owner) -> NetworkPolicy {
 /// lock-server: the executors of the stacks that use this LockService, and the operator.
 pub fn lock_server(owner: &Owner) -> NetworkPolicy {
     let executors = NetworkPolicyPeer {
-        pod_selector: Some(selector(BTreeMap::from([(
-            LABEL_MANAGED_BY.into(),
-            MANAGED_BY.into(),
-        )]))),
+        pod_selector: Some(selector(BTreeMap::from([
+            (LABEL_NAME.into(), PAYOUT_EXECUTOR.into()),
+            (LABEL_MANAGED_BY.into(), MANAGED_BY.into()),
+            (LABEL_LOCK_SERVICE.into(), owner.name.clone()),
+        ]))),
         ..NetworkPolicyPeer::default()
     };
     let operator = NetworkPolicyPeer {
