@@ -190,6 +190,24 @@ impl ActionPlan {
         });
     }
 
+    /// A new comparison of the sequence with the high-water, whoever made it (the periodic check or
+    /// a restore): an Event when it crosses over in either direction.
+    fn record_fencing(&mut self, next: FencingStatus) {
+        let was_behind = self.fencing.as_ref().is_some_and(FencingStatus::is_behind);
+        if next.is_behind() && !was_behind {
+            self.event(Reason::FencingSequenceBehind, behind_message(&next));
+        } else if !next.is_behind() && was_behind {
+            self.event(
+                Reason::FencingSequenceCaughtUp,
+                format!(
+                    "fencing_token_seq ({}) is again at or above the high-water ({})",
+                    next.sequence, next.high_water
+                ),
+            );
+        }
+        self.fencing = Some(next);
+    }
+
     fn put(&mut self, status: ActionStatus) {
         match self.actions.iter_mut().find(|a| a.id == status.id) {
             Some(a) => *a = status,
@@ -264,19 +282,7 @@ fn plan_check(inputs: &ActionInputs, jobs: &RestoreJobs<'_>, out: &mut ActionPla
                 checked_at: inputs.now.clone(),
                 job_name: Some(name.clone()),
             };
-            let was_behind = out.fencing.as_ref().is_some_and(FencingStatus::is_behind);
-            if next.is_behind() && !was_behind {
-                out.event(Reason::FencingSequenceBehind, behind_message(&next));
-            } else if !next.is_behind() && was_behind {
-                out.event(
-                    Reason::FencingSequenceCaughtUp,
-                    format!(
-                        "fencing_token_seq ({}) is again at or above the high-water ({})",
-                        next.sequence, next.high_water
-                    ),
-                );
-            }
-            out.fencing = Some(next);
+            out.record_fencing(next);
         }
         // Ended without a usable report: keep the last result; the next bucket tries again.
         Some((_, JobRun::Succeeded(None) | JobRun::Failed(_))) => {}
@@ -845,7 +851,7 @@ fn plan_restore(inputs: &ActionInputs, r: &RestoreRequest, jobs: &RestoreJobs<'_
                 s.finished_at = Some(now.clone());
                 if let Some(after) = s.sequence_after {
                     let top = s.stacks.iter().max_by_key(|st| st.highest);
-                    out.fencing = Some(FencingStatus {
+                    out.record_fencing(FencingStatus {
                         sequence: after,
                         high_water: top.map_or(0, |st| st.highest),
                         high_water_stack: top.map(|st| st.name.clone()),
@@ -1173,6 +1179,22 @@ mod tests {
             p8.fencing.as_ref().map(|f| (f.sequence, f.high_water)),
             Some((106, 6))
         );
+        let caught_up = |p: &ActionPlan| {
+            p.events
+                .iter()
+                .any(|e| e.reason == Reason::FencingSequenceCaughtUp)
+        };
+        assert!(!caught_up(&p8), "never behind: nothing to announce");
+        // Found behind before (by the periodic check): the resume announces that it caught up.
+        let mut was_behind = back.clone();
+        was_behind.fencing = Some(FencingStatus {
+            sequence: 3,
+            high_water: 6,
+            high_water_stack: Some("pay-a".into()),
+            checked_at: "t".into(),
+            job_name: None,
+        });
+        assert!(caught_up(&run(&then(&p7, was_behind))));
         let p9 = run(&then(&p8, back));
         assert!(
             !p9.busy && p9.events.is_empty() && p9.jobs.is_empty(),
