@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use dlock_fastforward::{HighWater, advance, read_high_water, read_sequence};
+use dlock_stack::{Stack, StackOptions, eventually};
 use dlock_testkit::History;
 use payout_executor::model::Payout;
-use payout_executor::stack::{Stack, StackOptions, eventually};
 use serde_json::Value;
 use tokio::task::JoinSet;
 use uuid::Uuid;

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use payout_executor::stack::LockBackend;
+use dlock_stack::LockBackend;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use dlock_stack::{LockBackend, Stack, StackOptions, eventually, log_events, process_state};
 use dlock_testkit::History;
-use payout_executor::stack::{LockBackend, Stack, StackOptions, eventually, log_events, process_state};
 use serde_json::Value;
 use uuid::Uuid;
 

@@ -4,10 +4,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
+use dlock_stack::LockBackend;
 use dlock_testkit::etcd::{EtcdCluster, etcd_bin};
 use dlock_testkit::procs::{Service, Spec};
 use dlock_testkit::{History, PgServer, demo_dirs};
-use payout_executor::stack::LockBackend;
 use sqlx::Connection;
 
 /// Where data and logs go; removed at the end unless something failed or the user named it.

@@ -10,9 +10,10 @@
 //! - [`worker`]: the loop (discovery, bounded acquire, attempt, release) and what is tracked;
 //! - [`executor`]: the process (workers, `/metrics`, `/healthz`, `/readyz`, shutdown);
 //! - [`fault`]: the SIGSTOP fault injection behind `--enable-fault-injection`;
-//! - [`metrics`]: counters and histograms;
-//! - [`stack`]: the whole dlock stack as real processes on loopback, for the cross-process proof
-//!   tests and the demo.
+//! - [`metrics`]: counters and histograms.
+//!
+//! The whole stack as processes on loopback (the proof tests, the demo) is the dev-only crate
+//! `dlock-stack` (services/stack), which this crate's binary does not link.
 
 pub mod config;
 pub mod critical;
@@ -21,7 +22,6 @@ pub mod fault;
 pub mod metrics;
 pub mod model;
 pub mod resources;
-pub mod stack;
 pub mod worker;
 
 pub use config::{Cli, Config};

@@ -24,11 +24,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use dlock_client::LockState;
+use dlock_stack::{self as stack, LockBackend, Stack, StackOptions, eventually, log_events, process_state};
 use dlock_testkit::TestDb;
 use dlock_testkit::etcd::EtcdCluster;
 use dlock_testkit::procs::Service;
 use payout_executor::model::{Payout, PayoutState};
-use payout_executor::stack::{self, LockBackend, Stack, StackOptions, eventually, log_events, process_state};
 use serde_json::Value;
 use uuid::Uuid;
 

@@ -2,7 +2,8 @@
 //! payment-resource and any number of payout-executors — plus the HTTP probes the proof needs
 //! (metrics scraping, the rail's ground truth, reconciliation, lock status, process state).
 //!
-//! Used by this crate's cross-process proof tests and meant for the `dlock demo` command. The caller
+//! A dev-only crate: used by payout-executor's cross-process proof tests and by the `dlock` command
+//! (demo, drill, benchmarks); no shipped binary links it (a test in this crate checks that). The caller
 //! brings the two databases (separate PostgreSQL 16 instances, C1 §1.1) as URLs for the app roles
 //! (lockapp / payapp); binaries are found by `dlock_testkit::procs::binary` (next to the running
 //! executable, or in `DLOCK_BIN_DIR`). With [`LockBackend::Etcd`] the locks live in a real
@@ -22,7 +23,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::model::Payout;
+use payout_executor::model::Payout;
 
 /// Where lock-server keeps sessions and grants (also `dlock demo --backend`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -300,9 +301,12 @@ impl Stack {
     /// answers `/readyz`.
     pub fn service_executor_spec(&self, name: &str) -> Result<Spec> {
         Ok(Spec::new(name, "payout-executor")?
-            .env(crate::config::PAYMENT_CREDENTIAL_ENV, &self.credentials.executor)
             .env(
-                crate::config::RAIL_CREDENTIAL_ENV,
+                payout_executor::config::PAYMENT_CREDENTIAL_ENV,
+                &self.credentials.executor,
+            )
+            .env(
+                payout_executor::config::RAIL_CREDENTIAL_ENV,
                 &self.credentials.rail_executor,
             )
             .args([
