@@ -15,4 +15,4 @@ else
   say "cluster tier (kube-apiserver + etcd on loopback)"
   "$DLOCK_ROOT/scripts/test-cluster.sh"
 fi
-say "kind tier (the stack in pods: e2e/kind/run.sh; skipped where Docker cannot run or its tools are not built)" && "$DLOCK_ROOT/e2e/kind/run.sh" --if-built
+say "kind tier (the stack in pods: e2e/kind/run.sh; its tools are built once per machine; skipped where Docker cannot run)" && "$DLOCK_ROOT/e2e/kind/run.sh"

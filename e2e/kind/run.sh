@@ -16,16 +16,16 @@
 #                  payout POSTED once, legs balanced, the rail-stub's ground truth without a duplicate
 #   8. chaos       a second batch while a lock-server pod and an executor pod are killed
 #   9. failover    delete the operator leader's pod: another replica takes the Lease and reconciles
-#  10. actions     status.actions stays empty (until revoke / restore fast-forward exist)
+#  10. actions     `kubectl annotate` revoke of a held lock (REVOKED, pinned to its token) and a
+#                  restore fast-forward (gate, read and advance Jobs, resume); a third batch is paid
 #  11. negative    a payout paid twice straight at the rail makes the checks of step 7 fail
 #
 # Where no Docker daemon can run it prints why and the word "skipped", and exits 0.
 # On failure it prints the state (objects, events, pod logs). The cluster is deleted at the end.
 #
 # --if-built: run only when every tool and image of step 2 is already built (scripts/kind-tools.sh
-# --check), else print why and "skipped". This is how the test command calls it: the first build
-# of the tools takes longer than CI's budget on a cold machine (figures in e2e/README.md), so it is
-# done once, by hand or a machine-preparation job: `scripts/kind-tools.sh` (or this script).
+# --check), else print why and "skipped" (for a quick local run of the test command). The test
+# command itself builds them when missing: once per machine, about 15 minutes cold (e2e/README.md).
 #
 # Env: DLOCK_KIND_CLUSTER (default dlock-e2e), DLOCK_KIND_KEEP=1 (leave the cluster running),
 #      DLOCK_KIND_PAYOUTS (per batch, default 20), DLOCK_KIND_TIMEOUT (seconds per wait, default 600).
@@ -362,13 +362,49 @@ wait_for "$timeout" "the new leader to scale lock-server to 3 ready replicas" sc
 kubectl -n "$ns" wait --for=condition=Ready "lsvc/$lsvc" --timeout="${timeout}s" >&2
 
 # ---------------------------------------------------------------- 10. operator actions
-# Placeholder until force-revoke / restore fast-forward land: nothing requested, nothing reported.
-step actions-stay-empty
-for obj in "lsvc/$lsvc" "pstack/$pstack"; do
-    actions="$(kubectl -n "$ns" get "$obj" -o json | jq -c '.status.actions // []')"
-    [[ "$actions" == "[]" ]] || die "$obj reports operator actions nobody requested: $actions"
-done
-log "status.actions empty on both objects"
+# Both actions from one `kubectl annotate` line each, executed by the operator in the cluster:
+# a pinned force-revoke of a lock held through lock-server's API, then a restore fast-forward
+# (gate -> read Job over the paydb -> advance Job -> resume), after which payouts flow again.
+step actions
+forward "$lsvc-lock-server"
+action() { # action ID: the status.actions entry of ID (or empty)
+    kubectl -n "$ns" get "lsvc/$lsvc" -o json | jq -c --arg id "$1" '.status.actions // [] | map(select(.id == $id)) | .[0] // empty'
+}
+finished() { local a; a="$(action "$1")"; [[ -n "$a" ]] && jq -e '.phase == "Succeeded" or .phase == "Failed"' <<<"$a" >/dev/null; }
+session="$(printf '{"ownerId":"kind-stuck-worker","ttlMs":600000}' | svc_post "$lsvc-lock-server" /v1/sessions | jq -r .sessionId)"
+grant="$(printf '{"sessionId":"%s","ownerId":"kind-stuck-worker","ttlMs":600000}' "$session" |
+    svc_post "$lsvc-lock-server" /v1/locks/kind:stuck/acquire)"
+held_token="$(jq -r .fencingToken <<<"$grant")"
+[[ "$held_token" =~ ^[0-9]+$ ]] || die "no grant to revoke: $grant"
+log "revoke: kind:stuck is held with token $held_token; requesting its revoke"
+kubectl -n "$ns" annotate "lsvc/$lsvc" --overwrite \
+    'dlock.dev/revoke={"id":"kind-r-1","key":"kind:stuck","reason":"kind tier","requestedBy":"e2e"}' >&2
+wait_for "$timeout" "revoke kind-r-1 to finish" finished kind-r-1
+revoked="$(action kind-r-1)"
+log "revoke: $revoked"
+jq -e --argjson t "$held_token" '.phase == "Succeeded" and .outcome == "REVOKED" and .previousToken == $t and .targetToken == $t' \
+    <<<"$revoked" >/dev/null || die "revoke kind-r-1 did not revoke token $held_token"
+state="$(svc_get "$lsvc-lock-server" /v1/locks/kind:stuck | jq -r .state)"
+[[ "$state" == FREE ]] || die "kind:stuck is $state after the revoke"
+
+log "restore: requesting a fast-forward"
+kubectl -n "$ns" annotate "lsvc/$lsvc" --overwrite 'dlock.dev/restore={"id":"kind-ff-1","margin":100}' >&2
+wait_for "$timeout" "restore kind-ff-1 to finish" finished kind-ff-1
+restored="$(action kind-ff-1)"
+log "restore: $(jq -c '{phase, sequenceBefore, targetSequence, sequenceAfter, stacks: [.stacks[]? | {name, highest}]}' <<<"$restored")"
+jq -e '.phase == "Succeeded" and .sequenceAfter >= .targetSequence and .targetSequence > (.stacks | map(.highest) | max)' \
+    <<<"$restored" >/dev/null || die "restore kind-ff-1 did not move the sequence past the high-water"
+kubectl -n "$ns" rollout status "deploy/$lsvc-lock-server" --timeout="${timeout}s" >&2
+kubectl -n "$ns" wait --for=condition=Ready "lsvc/$lsvc" --timeout="${timeout}s" >&2
+gate="$(kubectl -n "$ns" get "lsvc/$lsvc" -o json | jq -c '.status.gate // empty')"
+[[ -z "$gate" ]] || die "the gate is still closed: $gate"
+# Lock traffic resumed: a third batch is paid in full, with the same checks.
+run3="kind-$(date +%s)-c"
+create_batch "$run3" 1 "$payouts"
+wait_for "$timeout" "the executors to post $run3 after the fast-forward" batch_done "$run3" "$payouts"
+check_batch "$run3"
+pactions="$(kubectl -n "$ns" get "pstack/$pstack" -o json | jq -c '.status.actions // []')"
+[[ "$pactions" == "[]" ]] || die "pstack/$pstack reports actions nobody requested: $pactions"
 
 # ---------------------------------------------------------------- 11. negative control
 # The checks can fail: pay one posted payout of the first batch a second time straight at the rail
