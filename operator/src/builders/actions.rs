@@ -208,6 +208,13 @@ impl ActionPlan {
         self.fencing = Some(next);
     }
 
+    /// Ends a restore as Failed with `message` (the gate stays closed) and says so in an Event.
+    fn fail_restore(&mut self, mut s: ActionStatus, id: &str, now: &str, message: String) {
+        self.event(Reason::RestoreFailed, format!("{id}: {message}"));
+        failed(&mut s, now, message);
+        self.put(s);
+    }
+
     fn put(&mut self, status: ActionStatus) {
         match self.actions.iter_mut().find(|a| a.id == status.id) {
             Some(a) => *a = status,
@@ -629,6 +636,20 @@ pub struct AdvanceReport {
     pub error: Option<String>,
 }
 
+/// Why a restore Job failed: the error of its JSON report, else the report's raw text, else `default`.
+fn job_error<R: serde::de::DeserializeOwned>(
+    report: &Option<String>,
+    error: impl FnOnce(R) -> Option<String>,
+    default: &str,
+) -> String {
+    report
+        .as_deref()
+        .and_then(|t| serde_json::from_str::<R>(t).ok())
+        .and_then(error)
+        .or_else(|| report.clone())
+        .unwrap_or_else(|| default.to_owned())
+}
+
 fn failed(s: &mut ActionStatus, now: &str, message: String) {
     s.phase = ActionPhase::Failed;
     s.finished_at = Some(now.to_owned());
@@ -682,19 +703,10 @@ fn plan_restore(inputs: &ActionInputs, r: &RestoreRequest, jobs: &RestoreJobs<'_
                 return;
             }
             if let Some(missing) = inputs.stacks.iter().find(|st| !st.connection_ready) {
-                failed(
-                    &mut s,
-                    now,
-                    format!(
+                out.fail_restore(s, &r.id, now, format!(
                         "PaymentStack {} has no paydb connection Secret yet, so its high-water cannot be read; lock traffic stays gated. Fix it, then request a new restore id",
                         missing.name
-                    ),
-                );
-                out.event(
-                    Reason::RestoreFailed,
-                    format!("{}: {}", r.id, s.message.clone().unwrap_or_default()),
-                );
-                out.put(s);
+                    ));
                 return;
             }
             s.step = Some(ActionStep::ReadHighWater);
@@ -714,34 +726,24 @@ fn plan_restore(inputs: &ActionInputs, r: &RestoreRequest, jobs: &RestoreJobs<'_
                 .push(read_job(jobs, read_name, RESTORE_COMPONENT, &inputs.stacks)),
             JobRun::Running => out.keep_jobs.push(read_name),
             JobRun::Failed(report) => {
-                let why = report
-                    .as_deref()
-                    .and_then(|t| serde_json::from_str::<ReadReport>(t).ok())
-                    .and_then(|r| r.error)
-                    .or_else(|| report.clone())
-                    .unwrap_or_else(|| "the read Job failed without a report".into());
-                failed(
-                    &mut s,
+                let why = job_error(
+                    report,
+                    |r: ReadReport| r.error,
+                    "the read Job failed without a report",
+                );
+                out.fail_restore(
+                    s,
+                    &r.id,
                     now,
                     format!("reading the high-water failed: {why}; lock traffic stays gated"),
                 );
-                out.event(
-                    Reason::RestoreFailed,
-                    format!("{}: {}", r.id, s.message.clone().unwrap_or_default()),
-                );
-                out.put(s);
             }
             JobRun::Succeeded(report) => {
                 let parsed = report
                     .as_deref()
                     .and_then(|t| serde_json::from_str::<ReadReport>(t).ok());
                 let Some(report) = parsed.filter(|p| p.error.is_none()) else {
-                    failed(&mut s, now, "the read Job succeeded but its report is missing or unreadable; lock traffic stays gated".into());
-                    out.event(
-                        Reason::RestoreFailed,
-                        format!("{}: {}", r.id, s.message.clone().unwrap_or_default()),
-                    );
-                    out.put(s);
+                    out.fail_restore(s, &r.id, now, "the read Job succeeded but its report is missing or unreadable; lock traffic stays gated".into());
                     return;
                 };
                 let highest = report.stacks.iter().map(|st| st.highest).max().unwrap_or(0);
@@ -770,22 +772,17 @@ fn plan_restore(inputs: &ActionInputs, r: &RestoreRequest, jobs: &RestoreJobs<'_
                 JobRun::Absent => out.jobs.push(advance_job(jobs, advance_name, target)),
                 JobRun::Running => out.keep_jobs.push(advance_name),
                 JobRun::Failed(report) => {
-                    let why = report
-                        .as_deref()
-                        .and_then(|t| serde_json::from_str::<AdvanceReport>(t).ok())
-                        .and_then(|r| r.error)
-                        .or_else(|| report.clone())
-                        .unwrap_or_else(|| "the advance Job failed without a report".into());
-                    failed(
-                        &mut s,
+                    let why = job_error(
+                        report,
+                        |r: AdvanceReport| r.error,
+                        "the advance Job failed without a report",
+                    );
+                    out.fail_restore(
+                        s,
+                        &r.id,
                         now,
                         format!("advancing the sequence failed: {why}; lock traffic stays gated"),
                     );
-                    out.event(
-                        Reason::RestoreFailed,
-                        format!("{}: {}", r.id, s.message.clone().unwrap_or_default()),
-                    );
-                    out.put(s);
                 }
                 JobRun::Succeeded(report) => {
                     let parsed = report
@@ -797,27 +794,13 @@ fn plan_restore(inputs: &ActionInputs, r: &RestoreRequest, jobs: &RestoreJobs<'_
                         error: None,
                     }) = parsed
                     else {
-                        failed(&mut s, now, "the advance Job succeeded but its report is missing or unreadable; lock traffic stays gated".into());
-                        out.event(
-                            Reason::RestoreFailed,
-                            format!("{}: {}", r.id, s.message.clone().unwrap_or_default()),
-                        );
-                        out.put(s);
+                        out.fail_restore(s, &r.id, now, "the advance Job succeeded but its report is missing or unreadable; lock traffic stays gated".into());
                         return;
                     };
                     if after < target {
-                        failed(
-                            &mut s,
-                            now,
-                            format!(
+                        out.fail_restore(s, &r.id, now, format!(
                                 "the sequence is at {after}, below the target {target}; lock traffic stays gated"
-                            ),
-                        );
-                        out.event(
-                            Reason::RestoreFailed,
-                            format!("{}: {}", r.id, s.message.clone().unwrap_or_default()),
-                        );
-                        out.put(s);
+                            ));
                         return;
                     }
                     if s.sequence_before.is_none() {
