@@ -109,19 +109,29 @@ pub fn id_of(raw: &str) -> Option<String> {
     valid_id(id).then(|| id.to_owned())
 }
 
-pub fn parse_revoke(raw: &str) -> Result<RevokeRequest, RequestError> {
-    const A: &str = ANNOTATION_REVOKE;
-    let r: RevokeRequest = serde_json::from_str(raw).map_err(|e| RequestError::Json {
-        annotation: A,
+/// The JSON of one request annotation, with its id checked (what every request has in common).
+fn parse_request<T: serde::de::DeserializeOwned>(
+    annotation: &'static str,
+    raw: &str,
+    id: impl FnOnce(&T) -> &str,
+) -> Result<T, RequestError> {
+    let r: T = serde_json::from_str(raw).map_err(|e| RequestError::Json {
+        annotation,
         message: e.to_string(),
     })?;
-    if !valid_id(&r.id) {
+    if !valid_id(id(&r)) {
         return Err(field(
-            A,
+            annotation,
             "id",
             "must be 1-63 characters of a-z, 0-9, '-' and '.', starting with a letter or digit",
         ));
     }
+    Ok(r)
+}
+
+pub fn parse_revoke(raw: &str) -> Result<RevokeRequest, RequestError> {
+    const A: &str = ANNOTATION_REVOKE;
+    let r = parse_request(A, raw, |r: &RevokeRequest| &r.id)?;
     if !printable(&r.key, MAX_KEY_BYTES) {
         return Err(field(
             A,
@@ -148,17 +158,7 @@ pub fn parse_revoke(raw: &str) -> Result<RevokeRequest, RequestError> {
 
 pub fn parse_restore(raw: &str) -> Result<RestoreRequest, RequestError> {
     const A: &str = ANNOTATION_RESTORE;
-    let r: RestoreRequest = serde_json::from_str(raw).map_err(|e| RequestError::Json {
-        annotation: A,
-        message: e.to_string(),
-    })?;
-    if !valid_id(&r.id) {
-        return Err(field(
-            A,
-            "id",
-            "must be 1-63 characters of a-z, 0-9, '-' and '.', starting with a letter or digit",
-        ));
-    }
+    let r = parse_request(A, raw, |r: &RestoreRequest| &r.id)?;
     if r.margin.is_some_and(|m| !(1..=MAX_MARGIN).contains(&m)) {
         return Err(field(A, "margin", "must be between 1 and 10^12"));
     }
