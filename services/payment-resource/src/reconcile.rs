@@ -638,9 +638,10 @@ mod tests {
         assert_eq!(r.accounts[0].breaks[0].kind, AccountBreakKind::DuplicateGrant);
     }
 
-    #[test]
-    fn the_rail_against_the_payouts() {
-        let base = PayoutLegs {
+    /// A POSTED payout as reconciliation expects it: two matching legs under its claim's grant, one
+    /// ACKED submission.
+    fn posted_payout() -> PayoutLegs {
+        PayoutLegs {
             payout_id: Uuid::new_v4(),
             account_id: Uuid::new_v4(),
             currency: "EUR".into(),
@@ -653,7 +654,12 @@ mod tests {
             acked_submissions: 1,
             stuck: false,
             claim_token: Some(7),
-        };
+        }
+    }
+
+    #[test]
+    fn the_rail_against_the_payouts() {
+        let base = posted_payout();
         assert!(evaluate(&[], &[], &[], std::slice::from_ref(&base)).clean);
         let unpaid = PayoutLegs {
             acked_submissions: 0,
@@ -690,20 +696,7 @@ mod tests {
 
     #[test]
     fn payout_leg_shapes() {
-        let base = PayoutLegs {
-            payout_id: Uuid::new_v4(),
-            account_id: Uuid::new_v4(),
-            currency: "EUR".into(),
-            amount_minor: 10,
-            state: PayoutState::Posted,
-            legs: 2,
-            matching_debits: 1,
-            matching_credits: 1,
-            fences: vec![7],
-            acked_submissions: 1,
-            stuck: false,
-            claim_token: Some(7),
-        };
+        let base = posted_payout();
         assert!(check_payout(&base).is_none());
         let two_grants = PayoutLegs {
             fences: vec![7, 8],
