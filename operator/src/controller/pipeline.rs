@@ -121,18 +121,18 @@ pub fn at(step: &'static str) -> impl Fn(Error) -> Error {
 /// The reconcile of both kinds.
 pub async fn reconcile<K: Reconciled>(obj: &K, ctx: &Context) -> Result<Action> {
     let owner = Owner::of(obj).ok_or(Error::MissingObjectKey)?;
-    let regarding = obj.object_ref(&());
+    let regarding = &obj.object_ref(&());
     let previous = obj.status();
     let mut obs = Observation::default();
     let stop = |obs: Observation| async move {
-        steps::finish(ctx, obj, previous, &regarding, &obs, K::HISTORY, None, None, None).await
+        steps::finish(ctx, obj, previous, regarding, &obs, K::HISTORY, None, None, None).await
     };
 
     // 1. Observe.
     let Some(prepared) = steps::prepare(
         ctx,
         &owner,
-        &obj.object_ref(&()),
+        regarding,
         K::HISTORY,
         obj.database(),
         &mut obs,
@@ -160,7 +160,7 @@ pub async fn reconcile<K: Reconciled>(obj: &K, ctx: &Context) -> Result<Action> 
             .map_err(at(once.step))?;
         if created {
             ctx.publish(
-                &obj.object_ref(&()),
+                regarding,
                 EventType::Normal,
                 Reason::CredentialsCreated,
                 once.note.into(),
@@ -171,7 +171,7 @@ pub async fn reconcile<K: Reconciled>(obj: &K, ctx: &Context) -> Result<Action> 
     obs.deployments = steps::act(
         ctx,
         &owner,
-        &obj.object_ref(&()),
+        regarding,
         K::HISTORY,
         &plan.desired,
         &prepared.job_state,
@@ -187,7 +187,7 @@ pub async fn reconcile<K: Reconciled>(obj: &K, ctx: &Context) -> Result<Action> 
         ctx,
         obj,
         previous,
-        &obj.object_ref(&()),
+        regarding,
         &obs,
         K::HISTORY,
         Some(&plan.desired),
@@ -201,7 +201,7 @@ pub async fn reconcile<K: Reconciled>(obj: &K, ctx: &Context) -> Result<Action> 
         } else {
             EventType::Normal
         };
-        ctx.publish(&obj.object_ref(&()), type_, e.reason, e.note).await;
+        ctx.publish(regarding, type_, e.reason, e.note).await;
     }
     Ok(action)
 }
