@@ -23,11 +23,16 @@ COPY docs/openapi ./docs/openapi
 COPY migrations ./migrations
 
 # --locked: the image is built from exactly the versions in Cargo.lock. The target dir is a cache
-# mount, so the binaries are copied out of it within the same step.
+# mount, so the binaries are copied out of it within the same step. The packages are named (-p):
+# built alone they are built with their default features only, so the fault injection the dev-only
+# test kit turns on for the workspace's tests (cargo feature `fault-injection`) is not in the image
+# (services/testkit/tests/shipped.rs checks both the packages and that feature).
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/usr/local/cargo/git \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked \
+        -p lock-server -p payment-resource -p rail-proxy -p rail-stub -p payout-executor \
+        -p dlock-migrate -p dlock-fastforward -p dlock-operator \
         --bin lock-server \
         --bin payment-resource \
         --bin rail-proxy \

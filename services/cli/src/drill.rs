@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use dlock_fastforward::{HighWater, advance, read_high_water, read_sequence};
-use dlock_stack::{Stack, StackOptions, eventually};
 use dlock_testkit::History;
+use dlock_testkit::stack::{Stack, StackOptions};
+use dlock_testkit::wait::eventually;
 use payout_executor::model::Payout;
 use serde_json::Value;
 use tokio::task::JoinSet;

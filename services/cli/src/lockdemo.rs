@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use dlock_stack::LockBackend;
+use dlock_testkit::stack::LockBackend;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -101,11 +101,7 @@ impl Api {
             .await?
             .text()
             .await?;
-        Ok(text
-            .lines()
-            .filter(|l| l.starts_with(name))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum())
+        Ok(dlock_testkit::metrics::metric_sum(&text, name, &[]))
     }
 }
 

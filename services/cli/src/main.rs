@@ -35,8 +35,8 @@ enum Command {
         locks_only: bool,
         /// Where lock-server keeps the locks: lockdb on PostgreSQL, or a single-member etcd
         /// (`lock-server --backend etcd`). paydb is PostgreSQL either way.
-        #[arg(long, value_enum, default_value_t = dlock_stack::LockBackend::Postgres)]
-        backend: dlock_stack::LockBackend,
+        #[arg(long, value_enum, default_value_t = dlock_testkit::stack::LockBackend::Postgres)]
+        backend: dlock_testkit::stack::LockBackend,
     },
     /// Start everything on loopback and keep it running; print the endpoints (Ctrl-C stops).
     Up,

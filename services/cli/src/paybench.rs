@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
-use dlock_stack::{Stack, StackOptions};
 use dlock_testkit::History;
+use dlock_testkit::stack::{Stack, StackOptions};
 use serde_json::Value;
 use uuid::Uuid;
 

@@ -9,8 +9,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use dlock_stack::{LockBackend, Stack, StackOptions, eventually, log_events, process_state};
 use dlock_testkit::History;
+use dlock_testkit::stack::{LockBackend, Stack, StackOptions, log_events, process_state};
+use dlock_testkit::wait::eventually;
 use serde_json::Value;
 use uuid::Uuid;
 

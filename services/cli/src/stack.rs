@@ -4,9 +4,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
-use dlock_stack::LockBackend;
 use dlock_testkit::etcd::{EtcdCluster, etcd_bin};
 use dlock_testkit::procs::{Service, Spec};
+use dlock_testkit::stack::LockBackend;
 use dlock_testkit::{History, PgServer, demo_dirs};
 use sqlx::Connection;
 

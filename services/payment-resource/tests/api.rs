@@ -146,9 +146,7 @@ impl Api {
 }
 
 fn metric(text: &str, series: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0)
+    dlock_testkit::metrics::counter(text, series).unwrap_or(0)
 }
 
 /// (METHOD, path) of every operation in the OpenAPI document, read line by line: paths are the

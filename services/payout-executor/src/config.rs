@@ -140,6 +140,11 @@ pub const RAIL_CREDENTIAL_ENV: &str = "PAYOUT_EXECUTOR_RAIL_PROXY_TOKEN";
 pub enum ConfigError {
     #[error("--pause-at is fault injection and needs --enable-fault-injection")]
     PauseWithoutFaultInjection,
+    #[error(
+        "--enable-fault-injection: this build has no fault injection (it is the cargo feature \
+         `fault-injection` of payout-executor, off in release images)"
+    )]
+    FaultInjectionNotBuilt,
     #[error("{field} must be between {min} and {max}, got {value}")]
     OutOfRange {
         field: &'static str,
@@ -194,6 +199,9 @@ impl Cli {
     pub fn into_config(self) -> Result<Config, ConfigError> {
         if self.pause_at.is_some() && !self.enable_fault_injection {
             return Err(ConfigError::PauseWithoutFaultInjection);
+        }
+        if self.enable_fault_injection && !cfg!(feature = "fault-injection") {
+            return Err(ConfigError::FaultInjectionNotBuilt);
         }
         range("--workers", u64::from(self.workers), 1, MAX_WORKERS)?;
         range("--page-size", u64::from(self.page_size), 1, MAX_PAGE)?;
@@ -301,10 +309,20 @@ mod tests {
         );
         let c = cli(&["--pause-at", "before_rail_submit", "--enable-fault-injection"])
             .unwrap()
-            .into_config()
-            .unwrap();
-        assert_eq!(c.pause_at, Some(Step::BeforeRailSubmit));
+            .into_config();
+        if cfg!(feature = "fault-injection") {
+            assert_eq!(c.unwrap().pause_at, Some(Step::BeforeRailSubmit));
+        } else {
+            assert_eq!(c.unwrap_err(), ConfigError::FaultInjectionNotBuilt);
+        }
         assert!(cli(&["--pause-at", "whenever", "--enable-fault-injection"]).is_err());
+    }
+
+    /// A build without the feature (a release image) refuses the flag instead of ignoring it.
+    #[test]
+    fn fault_injection_is_refused_by_a_build_without_it() {
+        let c = cli(&["--enable-fault-injection"]).unwrap().into_config();
+        assert_eq!(c.is_ok(), cfg!(feature = "fault-injection"), "{c:?}");
     }
 
     #[test]

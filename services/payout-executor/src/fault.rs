@@ -5,12 +5,13 @@
 //! itself SIGSTOP. Every thread stops, background lease renewals included, so the lease lapses on the
 //! server: exactly the hazard fencing exists for. Whoever resumes it (SIGCONT) lets the worker go on
 //! with the write it had already decided to make, without checking the lock again — that gap between
-//! check and write is the point. Only available behind `--enable-fault-injection`.
+//! check and write is the point. Only available behind `--enable-fault-injection`, and only in a build
+//! with the cargo feature `fault-injection` (the tests and the demo enable it through the dev-only
+//! test kit; the release image is built without it, so there the pause below is not even compiled).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use dlock_client::FencingToken;
-use tokio::signal::unix::SignalKind;
 use uuid::Uuid;
 
 /// The steps at which the process can be paused.
@@ -60,49 +61,63 @@ impl Faults {
         if self.pause_at != Some(step) || self.fired.swap(true, Ordering::SeqCst) {
             return false;
         }
-        let pid = std::process::id();
-        // Listen for SIGCONT before stopping: a SIGSTOP sent by another process (`kill`) takes effect
-        // on our threads a little after `kill` returns, so only the SIGCONT proves that the stop
-        // happened and is over. Without this wait the write could slip out before the stop.
-        let mut resumed = match tokio::signal::unix::signal(SignalKind::from_raw(libc::SIGCONT)) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(event = "fault_pause_failed", error = %e, "cannot listen for SIGCONT; not paused");
-                return false;
-            }
-        };
-        tracing::warn!(
-            event = "fault_pause",
-            step = step.as_str(),
-            payout_id = %payout_id,
-            fencing_token = token.get(),
-            pid,
-            "FAULT INJECTION: stopping this whole process with SIGSTOP; resume it with SIGCONT"
-        );
-        match std::process::Command::new("kill")
-            .args(["-STOP", &pid.to_string()])
-            .status()
-        {
-            Ok(status) if status.success() => {}
-            Ok(status) => {
-                tracing::error!(event = "fault_pause_failed", %status, "kill -STOP failed; not paused");
-                return false;
-            }
-            Err(e) => {
-                tracing::error!(event = "fault_pause_failed", error = %e, "cannot run kill; not paused");
-                return false;
-            }
-        }
-        resumed.recv().await;
-        tracing::warn!(
-            event = "fault_resumed",
-            step = step.as_str(),
-            payout_id = %payout_id,
-            fencing_token = token.get(),
-            "resumed after SIGSTOP; going on with the write WITHOUT re-checking the lock"
-        );
-        true
+        stop_this_process(step, payout_id, token).await
     }
+}
+
+/// Without the feature there is no way to plan a pause (the config refuses the flag), and no code
+/// that stops the process.
+#[cfg(not(feature = "fault-injection"))]
+async fn stop_this_process(_step: Step, _payout_id: Uuid, _token: FencingToken) -> bool {
+    false
+}
+
+#[cfg(feature = "fault-injection")]
+async fn stop_this_process(step: Step, payout_id: Uuid, token: FencingToken) -> bool {
+    let pid = std::process::id();
+    // Listen for SIGCONT before stopping: a SIGSTOP sent by another process (`kill`) takes effect
+    // on our threads a little after `kill` returns, so only the SIGCONT proves that the stop
+    // happened and is over. Without this wait the write could slip out before the stop.
+    let mut resumed = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::from_raw(
+        libc::SIGCONT,
+    )) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(event = "fault_pause_failed", error = %e, "cannot listen for SIGCONT; not paused");
+            return false;
+        }
+    };
+    tracing::warn!(
+        event = "fault_pause",
+        step = step.as_str(),
+        payout_id = %payout_id,
+        fencing_token = token.get(),
+        pid,
+        "FAULT INJECTION: stopping this whole process with SIGSTOP; resume it with SIGCONT"
+    );
+    match std::process::Command::new("kill")
+        .args(["-STOP", &pid.to_string()])
+        .status()
+    {
+        Ok(status) if status.success() => {}
+        Ok(status) => {
+            tracing::error!(event = "fault_pause_failed", %status, "kill -STOP failed; not paused");
+            return false;
+        }
+        Err(e) => {
+            tracing::error!(event = "fault_pause_failed", error = %e, "cannot run kill; not paused");
+            return false;
+        }
+    }
+    resumed.recv().await;
+    tracing::warn!(
+        event = "fault_resumed",
+        step = step.as_str(),
+        payout_id = %payout_id,
+        fencing_token = token.get(),
+        "resumed after SIGSTOP; going on with the write WITHOUT re-checking the lock"
+    );
+    true
 }
 
 #[cfg(test)]

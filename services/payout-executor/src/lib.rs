@@ -9,11 +9,12 @@
 //! - [`critical`]: the critical section of one payout under one grant (the state machine);
 //! - [`worker`]: the loop (discovery, bounded acquire, attempt, release) and what is tracked;
 //! - [`executor`]: the process (workers, `/metrics`, `/healthz`, `/readyz`, shutdown);
-//! - [`fault`]: the SIGSTOP fault injection behind `--enable-fault-injection`;
+//! - [`fault`]: the SIGSTOP fault injection behind `--enable-fault-injection` (cargo feature
+//!   `fault-injection`, off in the release image);
 //! - [`metrics`]: counters and histograms.
 //!
-//! The whole stack as processes on loopback (the proof tests, the demo) is the dev-only crate
-//! `dlock-stack` (services/stack), which this crate's binary does not link.
+//! The whole stack as processes on loopback (the proof tests, the demo) is `dlock_testkit::stack`
+//! (the dev-only test kit), which this crate's binary does not link.
 
 pub mod config;
 pub mod critical;

@@ -24,10 +24,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use dlock_client::LockState;
-use dlock_stack::{self as stack, LockBackend, Stack, StackOptions, eventually, log_events, process_state};
 use dlock_testkit::TestDb;
 use dlock_testkit::etcd::EtcdCluster;
 use dlock_testkit::procs::Service;
+use dlock_testkit::stack::{self, LockBackend, Stack, StackOptions, log_events, process_state};
+use dlock_testkit::wait::eventually;
 use payout_executor::model::{Payout, PayoutState};
 use serde_json::Value;
 use uuid::Uuid;
@@ -1137,7 +1138,11 @@ async fn executor_serves_metrics_and_stops_gracefully_on_sigterm(backend: LockBa
     let text = stack.metrics(&url).await.unwrap();
     for resource in ["account", "ledger", "payout", "rail"] {
         assert_eq!(
-            stack::metric_value(&text, "lock_fenced_out_observed_total", &[("resource", resource)]),
+            dlock_testkit::metrics::metric_value(
+                &text,
+                "lock_fenced_out_observed_total",
+                &[("resource", resource)]
+            ),
             Some(0.0),
             "{resource}: the must-be-zero series is exported, at zero"
         );

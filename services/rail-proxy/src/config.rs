@@ -16,7 +16,9 @@ pub const ROLES: &[Role] = &[Role::Executor];
 /// was recorded.
 pub const DEFAULT_ABANDON_AFTER: Duration = Duration::from_secs(600);
 
-/// Fault injection, for the crash tests. Only reachable with `--enable-fault-injection`.
+/// Fault injection, for the crash tests. Only reachable with `--enable-fault-injection`, and only in
+/// a build with the cargo feature `fault-injection` (off in the release image; a build without it
+/// refuses the flag at start-up).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Fault {
     /// Exit the process right after the attempt row commits, before forwarding to the rail.
@@ -83,6 +85,11 @@ pub enum ConfigError {
     MaxConnections,
     #[error("the abandonment deadline ({abandon_ms} ms) must exceed the rail timeout ({rail_ms} ms)")]
     AbandonAfter { abandon_ms: u128, rail_ms: u128 },
+    #[error(
+        "--fault: this build has no fault injection (it is the cargo feature `fault-injection` of \
+         rail-proxy, off in release images)"
+    )]
+    FaultInjectionNotBuilt,
 }
 
 impl Config {
@@ -102,13 +109,16 @@ impl Config {
         }
     }
 
-    pub fn validate_timeout(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let ms = self.rail_timeout.as_millis();
         if ms < u128::from(MIN_RAIL_TIMEOUT_MS) || ms > u128::from(MAX_RAIL_TIMEOUT_MS) {
             return Err(ConfigError::RailTimeout(ms));
         }
         if self.max_connections == 0 {
             return Err(ConfigError::MaxConnections);
+        }
+        if self.fault.is_some() && !cfg!(feature = "fault-injection") {
+            return Err(ConfigError::FaultInjectionNotBuilt);
         }
         if self.abandon_after <= self.rail_timeout {
             return Err(ConfigError::AbandonAfter {
@@ -117,5 +127,24 @@ impl Config {
             });
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A build without the feature (the release image) refuses a fault instead of ignoring it.
+    #[test]
+    fn a_fault_needs_a_build_with_fault_injection() {
+        let mut config = Config::new("postgres://payapp@localhost/paydb", "http://127.0.0.1:1");
+        assert!(config.validate().is_ok());
+        config.fault = Some(Fault::ExitAfterAttempt);
+        assert_eq!(
+            config.validate().is_ok(),
+            cfg!(feature = "fault-injection"),
+            "{:?}",
+            config.validate()
+        );
     }
 }

@@ -44,7 +44,7 @@ pub type RunningServer = Background;
 /// Connects to paydb lazily (so `/readyz` can report it down), binds, and serves until
 /// [`RunningServer::shutdown`].
 pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
-    config.validate_timeout()?;
+    config.validate()?;
     // sqlx ignores the scheme when parsing; insist on it so a wrong URL fails at start.
     let url = &config.database_url;
     let options: PgConnectOptions = ["postgres://", "postgresql://"]

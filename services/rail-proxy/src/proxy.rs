@@ -80,6 +80,8 @@ impl Proxy {
             return Err(ProxyError::DuplicateAttempt(Box::new(existing)));
         };
 
+        // Compiled only into builds with the `fault-injection` feature (never the release image).
+        #[cfg(feature = "fault-injection")]
         if self.fault == Some(Fault::ExitAfterAttempt) {
             // The crash between recording the attempt and forwarding it: the attempt row is committed
             // with no outcome and the rail never hears of it.

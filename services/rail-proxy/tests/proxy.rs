@@ -229,11 +229,7 @@ impl Harness {
 
     /// The value of the series whose text before the value is exactly `series`.
     async fn metric(&self, series: &str) -> u64 {
-        let text = self.metrics().await;
-        text.lines()
-            .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
-            .map(|v| v.trim().parse().expect("integer counter"))
-            .unwrap_or(0)
+        dlock_testkit::metrics::counter(&self.metrics().await, series).unwrap_or(0)
     }
 }
 

@@ -58,10 +58,7 @@ async fn metric(client: &Client, s: &RunningServer, name: &str) -> u64 {
         .text()
         .await
         .expect("text");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
-        .map(|v| v.trim().parse().expect("counter value"))
-        .unwrap_or_else(|| panic!("{name} not in metrics:\n{text}"))
+    dlock_testkit::metrics::counter(&text, name).unwrap_or_else(|| panic!("{name} not in metrics:\n{text}"))
 }
 
 #[tokio::test]

@@ -1,4 +1,7 @@
-//! Real PostgreSQL 16 for tests and for the local demo.
+//! The test support of the workspace — dev-only: no shipped binary links it (tests/shipped.rs checks
+//! the Dockerfile's binaries). Real PostgreSQL 16 and etcd for tests and for the local demo, the
+//! services as real processes ([`procs`], [`stack`]), metric scraping with one rule ([`metrics`]),
+//! waiting on conditions ([`wait`]).
 //!
 //! - [`pg::PgServer`] runs one `postgres` process on a free loopback port, as an unprivileged user
 //!   when we are root (postgres refuses to run as root). It dies with the process that started it.
@@ -12,8 +15,11 @@
 #![allow(unsafe_code)] // pg.rs: prctl(PR_SET_PDEATHSIG) and atexit, both documented there
 
 pub mod etcd;
+pub mod metrics;
 pub mod pg;
 pub mod procs;
+pub mod stack;
+pub mod wait;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;

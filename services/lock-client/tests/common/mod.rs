@@ -19,13 +19,11 @@ use dlock_testkit::TestDb;
 use dlock_testkit::etcd::EtcdCluster;
 use lock_server::{Backend, Config, EtcdFaults, EtcdRepo, RunningServer, Statements};
 use sqlx::PgPool;
-use tokio::time::Instant;
 
 pub const ADMIN_TOKEN: &str = "client-tests-admin-token";
 /// Long enough never to lapse during a test.
 pub const LONG: Duration = Duration::from_secs(60);
-/// Every wait in these tests gives up after this long (a failure, never a pass).
-pub const WAIT_LIMIT: Duration = Duration::from_secs(30);
+pub use dlock_testkit::wait::WAIT_LIMIT;
 
 pub struct Env {
     /// lockdb, when the server runs the PostgreSQL backend.
@@ -130,17 +128,10 @@ impl Env {
 
     /// The server's counter line `name{labels}` from `/metrics` (0 if absent).
     pub async fn metric(&self, series: &str) -> u64 {
-        let text = reqwest::get(format!("{}/metrics", self.base_url()))
+        let text = dlock_testkit::metrics::scrape(&self.base_url())
             .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("metrics body");
-        text.lines()
-            .filter_map(|l| l.strip_prefix(series))
-            .filter_map(|rest| rest.trim().parse::<u64>().ok())
-            .next()
-            .unwrap_or(0)
+            .expect("metrics");
+        dlock_testkit::metrics::counter(&text, series).unwrap_or(0)
     }
 
     pub async fn session_rows(&self) -> i64 {
@@ -158,26 +149,9 @@ impl Env {
     }
 }
 
-/// `fut`, or a test failure naming `what` after [`WAIT_LIMIT`].
-pub async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
-    match tokio::time::timeout(WAIT_LIMIT, fut).await {
-        Ok(v) => v,
-        Err(_) => panic!("timed out waiting for {what}"),
-    }
-}
-
-/// Polls `cond` until it holds, failing after [`WAIT_LIMIT`].
-pub async fn wait_until<F, Fut>(what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let give_up = Instant::now() + WAIT_LIMIT;
-    while !cond().await {
-        assert!(Instant::now() < give_up, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+// Not every test file that includes this module waits.
+#[allow(unused_imports)]
+pub use dlock_testkit::wait::{wait_until, within};
 
 // ---- the pause-and-takeover scenario -----------------------------------------------------------
 

@@ -427,11 +427,7 @@ impl Api {
 
 /// The value of one sample in OpenMetrics text, e.g. `lock_acquire_total{result="granted"}`.
 pub fn metric(text: &str, sample: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no sample {sample} in\n{text}"))
+    dlock_testkit::metrics::sample(text, sample).unwrap_or_else(|| panic!("no sample {sample} in\n{text}"))
 }
 
 /// The two-worker pause-and-return at the lock level, over HTTP. W1 acquires and "pauses" past its

@@ -2,23 +2,23 @@
 //! payment-resource and any number of payout-executors — plus the HTTP probes the proof needs
 //! (metrics scraping, the rail's ground truth, reconciliation, lock status, process state).
 //!
-//! A dev-only crate: used by payout-executor's cross-process proof tests and by the `dlock` command
-//! (demo, drill, benchmarks); no shipped binary links it (a test in this crate checks that). The caller
+//! Used by payout-executor's cross-process proof tests and by the `dlock` command (demo, drill,
+//! benchmarks); like the rest of this crate, no shipped binary links it (tests/shipped.rs). The caller
 //! brings the two databases (separate PostgreSQL 16 instances, C1 §1.1) as URLs for the app roles
-//! (lockapp / payapp); binaries are found by `dlock_testkit::procs::binary` (next to the running
+//! (lockapp / payapp); binaries are found by [`crate::procs::binary`] (next to the running
 //! executable, or in `DLOCK_BIN_DIR`). With [`LockBackend::Etcd`] the locks live in a real
 //! single-member etcd the stack starts itself (lock-server `--backend etcd`), and no lockdb is used;
 //! paydb stays PostgreSQL either way.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::etcd::EtcdCluster;
+use crate::metrics::metric_value;
+use crate::procs::{Service, Spec};
 use anyhow::{Context, Result, anyhow, bail};
 use dlock_client::{LockClient, LockStatus};
-use dlock_testkit::etcd::EtcdCluster;
-use dlock_testkit::procs::{Service, Spec};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -495,36 +495,6 @@ fn rail_proxy_spec(
     Ok(spec)
 }
 
-/// The value of sample `name` whose labels include all of `labels`, from Prometheus/OpenMetrics text.
-pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            let (series_name, label_text) = match series.split_once('{') {
-                Some((n, rest)) => (n, rest.strip_suffix('}')?),
-                None => (series, ""),
-            };
-            if series_name != name {
-                return None;
-            }
-            let have: Vec<(&str, &str)> = label_text
-                .split(',')
-                .filter(|p| !p.is_empty())
-                .filter_map(|p| {
-                    let (k, v) = p.split_once('=')?;
-                    Some((k.trim(), v.trim().trim_matches('"')))
-                })
-                .collect();
-            labels
-                .iter()
-                .all(|want| have.contains(want))
-                .then(|| value.trim().parse::<f64>().ok())
-                .flatten()
-        })
-        .next()
-}
-
 /// The scheduler state letter of a process (`R`, `S`, `T` stopped, `Z`, ...) from `/proc/<pid>/stat`.
 pub fn process_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -544,24 +514,6 @@ pub fn kill_hard(pid: u32) -> Result<()> {
     }
 }
 
-/// Polls `probe` every 25 ms until it yields a value, failing with `what` after `limit`.
-pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut probe: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let started = Instant::now();
-    loop {
-        if let Some(v) = probe().await {
-            return Ok(v);
-        }
-        if started.elapsed() > limit {
-            bail!("timed out after {}s waiting for {what}", limit.as_secs());
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
 /// The JSON log lines of a service whose `event` field is `event`.
 pub fn log_events(log: &Path, event: &str) -> Vec<Value> {
     std::fs::read_to_string(log)
@@ -575,39 +527,6 @@ pub fn log_events(log: &Path, event: &str) -> Vec<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const TEXT: &str = "# HELP lock_fenced_out Writes refused\n\
-# TYPE lock_fenced_out counter\n\
-lock_fenced_out_total{resource=\"account\"} 0\n\
-lock_fenced_out_total{resource=\"rail\"} 3\n\
-rail_duplicate_attempted_total 2\n\
-payouts_processed_total{outcome=\"posted\",worker=\"x\"} 5\n\
-# EOF\n";
-
-    #[test]
-    fn reads_samples_by_name_and_labels() {
-        assert_eq!(
-            metric_value(TEXT, "lock_fenced_out_total", &[("resource", "rail")]),
-            Some(3.0)
-        );
-        assert_eq!(
-            metric_value(TEXT, "lock_fenced_out_total", &[("resource", "account")]),
-            Some(0.0)
-        );
-        assert_eq!(
-            metric_value(TEXT, "lock_fenced_out_total", &[("resource", "payout")]),
-            None
-        );
-        assert_eq!(
-            metric_value(TEXT, "rail_duplicate_attempted_total", &[]),
-            Some(2.0)
-        );
-        assert_eq!(
-            metric_value(TEXT, "payouts_processed_total", &[("outcome", "posted")]),
-            Some(5.0)
-        );
-        assert_eq!(metric_value(TEXT, "rail_duplicate_attempted", &[]), None);
-    }
 
     #[test]
     fn reads_our_own_process_state() {
