@@ -6,9 +6,13 @@
 //! - [`telemetry`]: tracing set-up (JSON lines by default);
 //! - [`payout`]: the payout state machine (`payout_state_ck`);
 //! - [`metrics`]: the `/metrics` handler over a prometheus-client registry;
-//! - [`serve`]: health endpoints and graceful shutdown.
+//! - [`serve`]: the server kit — a binary's life ([`serve::main`]: config, signals, start, drain,
+//!   [`serve::exit`] codes), health endpoints, serving in the background;
+//! - [`db`]: the database pool and its flags, one name for each setting;
+//! - [`auth`]: bearer credentials per role, from env or files, redacted in `Debug`.
 
 pub mod auth;
+pub mod db;
 pub mod error;
 pub mod fencing;
 pub mod metrics;

@@ -1,15 +1,87 @@
-//! Serving an axum router: until SIGTERM or Ctrl-C ([`run`]), until any other signal ([`run_until`]),
-//! or in the background of this process with a shutdown handle ([`spawn_background`]); plus the
-//! liveness endpoint.
+//! The server kit. [`main`] is the whole life of every service binary, one shape for all: logging,
+//! configuration (invalid: exit 2, nothing started), the SIGTERM/SIGINT handlers registered before
+//! start-up is announced, start, wait, graceful drain, and the [`exit`] codes. Below it: serving an
+//! axum router until SIGTERM or Ctrl-C ([`run`]), until any other signal ([`run_until`]), or in the
+//! background of this process with a shutdown handle ([`spawn_background`]); the liveness endpoint.
 
+use std::fmt::Display;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::process::ExitCode;
 
 use axum::Router;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+/// The exit codes of every dlock binary.
+pub mod exit {
+    /// Done, or stopped by SIGTERM/SIGINT after a graceful drain.
+    pub const OK: u8 = 0;
+    /// Started (or tried to) and failed: the database URL, the port, the drain, or — for the
+    /// executor — payouts that could not be driven.
+    pub const FAILURE: u8 = 1;
+    /// Bad configuration: nothing was started. (clap's own usage errors exit 2 as well.)
+    pub const CONFIG: u8 = 2;
+}
+
+/// A server a service's `spawn` returned: what [`main`] needs to know of it.
+pub trait Server: Send {
+    /// Why the drain failed.
+    type StopError: Display;
+    /// Stops accepting, lets in-flight requests finish, closes what the server opened.
+    fn stop(self) -> impl Future<Output = Result<(), Self::StopError>> + Send;
+}
+
+/// Whether a start-up error means bad configuration (exit 2) or a failure to start (exit 1).
+pub trait StartFailure: Display {
+    fn is_config(&self) -> bool;
+}
+
+/// The whole life of a service binary: `config` (already parsed by clap, checked here), then
+/// `spawn`, serving until SIGTERM/SIGINT, then the drain. Logs `config_invalid`, `start_failed`,
+/// `shutdown_requested`, `serve_failed` as JSON events (the service's own events come from `spawn`).
+pub async fn main<C, E, S, SE, F, Fut>(service: &'static str, config: Result<C, E>, spawn: F) -> ExitCode
+where
+    E: Display,
+    S: Server,
+    SE: StartFailure,
+    F: FnOnce(C) -> Fut,
+    Fut: Future<Output = Result<S, SE>>,
+{
+    crate::telemetry::init(service);
+    let config = match config {
+        Ok(c) => c,
+        Err(e) => return config_invalid(service, &e),
+    };
+    // Before the server announces itself (see shutdown_signal).
+    let signal = shutdown_signal();
+    let server = match spawn(config).await {
+        Ok(s) => s,
+        Err(e) if e.is_config() => return config_invalid(service, &e),
+        Err(e) => {
+            tracing::error!(event = "start_failed", error = %e, "{service} cannot start");
+            eprintln!("{service}: {e}");
+            return ExitCode::from(exit::FAILURE);
+        }
+    };
+    signal.await;
+    // The server logs `stopped` itself once in-flight requests are done.
+    match server.stop().await {
+        Ok(()) => ExitCode::from(exit::OK),
+        Err(e) => {
+            tracing::error!(event = "serve_failed", error = %e);
+            ExitCode::from(exit::FAILURE)
+        }
+    }
+}
+
+fn config_invalid(service: &str, e: &dyn Display) -> ExitCode {
+    tracing::error!(event = "config_invalid", error = %e, "{service} cannot start");
+    eprintln!("{service}: {e}");
+    ExitCode::from(exit::CONFIG)
+}
 
 /// Binds `addr` (port 0 picks a free one) and reports the bound address.
 pub async fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
@@ -74,6 +146,13 @@ impl Background {
     pub async fn shutdown(mut self) -> io::Result<()> {
         self.shutdown.cancel();
         (&mut self.task).await.map_err(io::Error::other)?
+    }
+}
+
+impl Server for Background {
+    type StopError = io::Error;
+    async fn stop(self) -> io::Result<()> {
+        self.shutdown().await
     }
 }
 

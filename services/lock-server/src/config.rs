@@ -195,13 +195,10 @@ pub struct Cli {
     #[arg(long, env = "DLOCK_REAPER_INTERVAL_MS", default_value_t = 1000)]
     pub reaper_interval_ms: u64,
 
-    /// Largest number of lockdb connections.
-    #[arg(long, env = "DLOCK_DB_POOL_SIZE", default_value_t = 10)]
-    pub db_pool_size: u32,
-
-    /// Milliseconds a request waits for a free lockdb connection before answering 503.
-    #[arg(long, env = "DLOCK_DB_ACQUIRE_TIMEOUT_MS", default_value_t = 5000)]
-    pub db_acquire_timeout_ms: u64,
+    /// lockdb pool: `--db-max-connections`, `--db-acquire-timeout-ms` (the same flags in every
+    /// service with a database).
+    #[command(flatten)]
+    pub pool: dlock_common::db::PoolArgs,
 }
 
 impl Cli {
@@ -238,8 +235,8 @@ impl Cli {
             admin_token,
             reaper_interval: (self.reaper_interval_ms > 0)
                 .then(|| Duration::from_millis(self.reaper_interval_ms)),
-            pool_max_connections: self.db_pool_size,
-            pool_acquire_timeout: Duration::from_millis(self.db_acquire_timeout_ms),
+            pool_max_connections: self.pool.db_max_connections,
+            pool_acquire_timeout: self.pool.acquire_timeout(),
         };
         config.validate()?;
         Ok(config)

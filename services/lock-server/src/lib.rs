@@ -30,6 +30,6 @@ pub use error::Error;
 pub use etcd::{EtcdFaults, EtcdRepo};
 pub use repo::Repo;
 pub use routes::{RouteSpec, app, routes};
-pub use server::{RunningServer, StartError, run, spawn, spawn_with_backend, spawn_with_statements};
+pub use server::{RunningServer, StartError, spawn, spawn_with_backend, spawn_with_statements, start};
 pub use sql::Statements;
 pub use state::AppState;

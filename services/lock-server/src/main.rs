@@ -1,5 +1,6 @@
 //! `lock-server` binary: flags and environment are documented on [`lock_server::Cli`]
-//! (`lock-server --help`).
+//! (`lock-server --help`); the life of the process is the server kit's
+//! ([`dlock_common::serve::main`]: exit 2 on bad configuration, 0 after a graceful drain).
 
 use std::process::ExitCode;
 
@@ -8,20 +9,6 @@ use lock_server::config::{ADMIN_TOKEN_ENV, Cli};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
-    dlock_common::telemetry::init("lock-server");
-    let config = match cli.into_config(std::env::var(ADMIN_TOKEN_ENV).ok()) {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!(event = "config_invalid", error = %e);
-            return ExitCode::from(2);
-        }
-    };
-    match lock_server::run(config).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(event = "fatal", error = %e);
-            ExitCode::FAILURE
-        }
-    }
+    let config = Cli::parse().into_config(std::env::var(ADMIN_TOKEN_ENV).ok());
+    dlock_common::serve::main("lock-server", config, lock_server::start).await
 }

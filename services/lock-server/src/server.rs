@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 
 use dlock_common::serve::{self, Background};
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -22,8 +21,8 @@ use crate::state::AppState;
 pub enum StartError {
     #[error("invalid configuration: {0}")]
     Config(#[from] ConfigError),
-    #[error("invalid database URL: {0}")]
-    DatabaseUrl(#[source] sqlx::Error),
+    #[error("{0}")]
+    DatabaseUrl(#[source] dlock_common::db::UrlError),
     #[error("invalid etcd endpoints: {0}")]
     Etcd(#[source] Box<crate::error::Error>),
     #[error("cannot listen: {0}")]
@@ -35,15 +34,13 @@ pub enum StartError {
 /// The lockdb pool. Connections are opened lazily, so the server starts while lockdb is down and
 /// `/readyz` reports it.
 pub fn pool(config: &Config) -> Result<PgPool, StartError> {
-    let options: PgConnectOptions = config
-        .database_url
-        .parse::<PgConnectOptions>()
-        .map_err(StartError::DatabaseUrl)?
-        .application_name("lock-server");
-    Ok(PgPoolOptions::new()
-        .max_connections(config.pool_max_connections)
-        .acquire_timeout(config.pool_acquire_timeout)
-        .connect_lazy_with(options))
+    dlock_common::db::lazy_pool(
+        &config.database_url,
+        "lock-server",
+        config.pool_max_connections,
+        config.pool_acquire_timeout,
+    )
+    .map_err(StartError::DatabaseUrl)
 }
 
 /// A server running in this process. Dropping it stops it (without waiting); [`shutdown`](Self::shutdown)
@@ -127,9 +124,9 @@ pub async fn spawn_with_backend(config: Config, backend: Backend) -> Result<Runn
     })
 }
 
-/// Serves until SIGTERM/SIGINT (the binary), then lets in-flight requests finish, stops the reaper
-/// and closes the pool.
-pub async fn run(config: Config) -> Result<(), StartError> {
+/// The binary's start ([`dlock_common::serve::main`] then waits for SIGTERM/SIGINT and calls
+/// [`RunningServer::shutdown`]): [`spawn`], after saying so when no admin token is configured.
+pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     config.validate()?;
     if config.admin_token.is_none() {
         tracing::warn!(
@@ -137,9 +134,18 @@ pub async fn run(config: Config) -> Result<(), StartError> {
             "no admin token configured; admin endpoints answer 403"
         );
     }
-    // Before the server announces itself (see shutdown_signal).
-    let signal = serve::shutdown_signal();
-    let server = spawn(config).await?;
-    signal.await;
-    server.shutdown().await
+    spawn(config).await
+}
+
+impl serve::Server for RunningServer {
+    type StopError = StartError;
+    async fn stop(self) -> Result<(), StartError> {
+        self.shutdown().await
+    }
+}
+
+impl serve::StartFailure for StartError {
+    fn is_config(&self) -> bool {
+        matches!(self, StartError::Config(_) | StartError::DatabaseUrl(_))
+    }
 }

@@ -1,10 +1,12 @@
-//! Service configuration. Everything arrives explicitly (CLI flags / env via clap in `main.rs`, or a
-//! struct literal in tests); nothing is read from globals later.
+//! Service configuration. Everything arrives explicitly (CLI flags / env via [`Cli`], or a struct
+//! literal in tests); nothing is read from globals later.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use dlock_common::auth::{Credentials, Role};
+use clap::{ArgAction, Parser, Subcommand};
+use dlock_common::auth::{CredentialError, Credentials, Role};
+use dlock_common::db::PoolArgs;
 
 /// Env prefix of this service's credentials: `PAYMENT_RESOURCE_{ADMIN,EXECUTOR,CLIENT}_TOKEN`
 /// (or `…_TOKEN_FILE`).
@@ -79,6 +81,69 @@ impl Config {
     pub fn with_fencing(mut self, fencing: Fencing) -> Self {
         self.fencing = fencing;
         self
+    }
+}
+
+/// `payment-resource serve` runs the service; `payment-resource reconcile` prints the reconciliation
+/// report as JSON and exits non-zero when the books do not balance. Credentials come from
+/// `PAYMENT_RESOURCE_{ADMIN,EXECUTOR,CLIENT}_TOKEN` (or `…_TOKEN_FILE`), never from flags.
+#[derive(Debug, Parser)]
+#[command(
+    name = "payment-resource",
+    version,
+    about = "dlock's protected resource over paydb"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the HTTP API until SIGTERM.
+    Serve(ServeArgs),
+    /// Check the accounting invariants once; print the report; exit 1 if not clean.
+    Reconcile {
+        /// paydb, as role payapp.
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// paydb, as role payapp.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+    #[arg(long, env = "PAYMENT_RESOURCE_LISTEN", default_value = "127.0.0.1:8081")]
+    pub listen: SocketAddr,
+    /// The `payment.fencing.enabled` kill switch. `false` drops the fence predicates of (a)(b)(c)
+    /// (demo of corruption only).
+    #[arg(
+        long = "fencing-enabled",
+        alias = "payment-fencing-enabled",
+        alias = "payment.fencing.enabled",
+        env = "PAYMENT_FENCING_ENABLED",
+        default_value = "true",
+        value_parser = parse_bool,
+        action = ArgAction::Set
+    )]
+    pub fencing_enabled: bool,
+    #[command(flatten)]
+    pub pool: PoolArgs,
+}
+
+impl ServeArgs {
+    /// The checked [`Config`], with the credentials read from the environment or their files.
+    pub fn into_config(self) -> Result<Config, CredentialError> {
+        Ok(Config {
+            listen: self.listen,
+            fencing: Fencing::from_enabled(self.fencing_enabled),
+            max_connections: self.pool.db_max_connections,
+            acquire_timeout: self.pool.acquire_timeout(),
+            credentials: Credentials::from_env(CREDENTIALS_PREFIX, ROLES)?,
+            ..Config::new(self.database_url)
+        })
     }
 }
 

@@ -22,11 +22,9 @@ pub mod validate;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use anyhow::Context;
 use axum::Router;
 use dlock_common::serve::Background;
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
 pub use config::{Config, Fencing};
@@ -39,16 +37,33 @@ use crate::payouts::Payouts;
 use crate::posting::Posting;
 use crate::sql::Statements;
 
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    DatabaseUrl(#[from] dlock_common::db::UrlError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl dlock_common::serve::StartFailure for StartError {
+    fn is_config(&self) -> bool {
+        matches!(self, StartError::DatabaseUrl(_))
+    }
+}
+
 /// A pool for paydb. Lazy: the service starts (and `/readyz` says 503) before the database answers.
-pub fn pool(config: &Config) -> anyhow::Result<PgPool> {
-    let opts: PgConnectOptions = config
-        .database_url
-        .parse()
-        .context("--database-url is not a PostgreSQL URL")?;
-    Ok(PgPoolOptions::new()
-        .max_connections(config.max_connections)
-        .acquire_timeout(config.acquire_timeout)
-        .connect_lazy_with(opts))
+pub fn pool(config: &Config) -> Result<PgPool, dlock_common::db::UrlError> {
+    dlock_common::db::lazy_pool(
+        &config.database_url,
+        "payment-resource",
+        config.max_connections,
+        config.acquire_timeout,
+    )
 }
 
 /// The wired service: router plus the parts tests and the demo may want to look at.
@@ -60,7 +75,7 @@ pub struct App {
 }
 
 /// Builds the service from its configuration (no I/O yet).
-pub fn app(config: &Config) -> anyhow::Result<App> {
+pub fn app(config: &Config) -> Result<App, StartError> {
     if !config.fencing.is_enabled() {
         tracing::warn!(
             event = "fencing_disabled",
@@ -94,15 +109,6 @@ pub fn app(config: &Config) -> anyhow::Result<App> {
     })
 }
 
-/// Serves until SIGTERM/SIGINT (the binary's `serve`), then lets in-flight requests finish.
-pub async fn serve(config: Config) -> anyhow::Result<()> {
-    // Before the server announces itself (see shutdown_signal).
-    let signal = dlock_common::serve::shutdown_signal();
-    let server = spawn(config).await?;
-    signal.await;
-    server.shutdown().await
-}
-
 /// A server running in-process (tests, the demo, the binary).
 #[derive(Debug)]
 pub struct RunningServer {
@@ -123,20 +129,32 @@ impl RunningServer {
     }
 
     /// Graceful stop: in-flight requests finish, then the pool closes.
-    pub async fn shutdown(self) -> anyhow::Result<()> {
-        let served = self.server.shutdown().await.context("server task");
+    pub async fn shutdown(self) -> std::io::Result<()> {
+        let served = self.server.shutdown().await;
         self.pool.close().await;
         served
     }
 }
 
+impl dlock_common::serve::Server for RunningServer {
+    type StopError = std::io::Error;
+    async fn stop(self) -> std::io::Result<()> {
+        self.shutdown().await
+    }
+}
+
 /// Starts the service on `config.listen` (port 0: an ephemeral port) and returns once it is bound.
-pub async fn spawn(config: Config) -> anyhow::Result<RunningServer> {
+pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
     let app = app(&config)?;
+    let bind_error = |source| StartError::Bind {
+        addr: config.listen,
+        source,
+    };
     let listener = dlock_common::serve::bind(config.listen)
         .await
-        .with_context(|| format!("bind {}", config.listen))?;
-    let server = dlock_common::serve::spawn_background(listener, app.router, CancellationToken::new())?;
+        .map_err(bind_error)?;
+    let server = dlock_common::serve::spawn_background(listener, app.router, CancellationToken::new())
+        .map_err(bind_error)?;
     Ok(RunningServer {
         pool: app.pool,
         metrics: app.metrics,

@@ -1,94 +1,30 @@
-//! `payment-resource serve` runs the service; `payment-resource reconcile` prints the reconciliation
-//! report as JSON and exits non-zero when the books do not balance.
+//! `payment-resource serve` runs the service (the server kit's life: exit 2 on bad configuration, 0
+//! after a graceful drain); `payment-resource reconcile` prints the reconciliation report as JSON and
+//! exits 1 when the books do not balance, 2 when it cannot run. Flags: [`payment_resource::config::Cli`].
 
-use std::net::SocketAddr;
 use std::process::ExitCode;
 
-use clap::{ArgAction, Parser, Subcommand};
-use payment_resource::config::parse_bool;
-use payment_resource::{Config, Fencing};
-
-#[derive(Debug, Parser)]
-#[command(
-    name = "payment-resource",
-    version,
-    about = "dlock's protected resource over paydb"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Serve the HTTP API until SIGTERM.
-    Serve {
-        /// paydb, as role payapp.
-        #[arg(long, env = "DATABASE_URL")]
-        database_url: String,
-        #[arg(long, env = "PAYMENT_RESOURCE_LISTEN", default_value = "127.0.0.1:8081")]
-        listen: SocketAddr,
-        /// The `payment.fencing.enabled` kill switch. `false` drops the fence predicates of (a)(b)(c)
-        /// (demo of corruption only).
-        #[arg(
-            long = "payment-fencing-enabled",
-            alias = "payment.fencing.enabled",
-            env = "PAYMENT_FENCING_ENABLED",
-            default_value = "true",
-            value_parser = parse_bool,
-            action = ArgAction::Set
-        )]
-        fencing_enabled: bool,
-        #[arg(long, env = "PAYMENT_RESOURCE_MAX_CONNECTIONS", default_value_t = 16)]
-        max_connections: u32,
-    },
-    /// Check the accounting invariants once; print the report; exit 1 if not clean.
-    Reconcile {
-        #[arg(long, env = "DATABASE_URL")]
-        database_url: String,
-    },
-}
+use clap::Parser;
+use dlock_common::serve::exit;
+use payment_resource::Config;
+use payment_resource::config::{Cli, Command};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
-    dlock_common::telemetry::init("payment-resource");
-    match cli.command {
-        Command::Serve {
-            database_url,
-            listen,
-            fencing_enabled,
-            max_connections,
-        } => {
-            // Credentials come from the environment or files (mounted Secrets), never from flags.
-            let credentials = match dlock_common::auth::Credentials::from_env(
-                payment_resource::config::CREDENTIALS_PREFIX,
-                payment_resource::config::ROLES,
-            ) {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::error!(event = "config_invalid", error = %e);
-                    return ExitCode::from(2);
-                }
-            };
-            let config = Config {
-                listen,
-                fencing: Fencing::from_enabled(fencing_enabled),
-                max_connections,
-                credentials,
-                ..Config::new(database_url)
-            };
-            match payment_resource::serve(config).await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    tracing::error!(event = "serve_failed", error = %format!("{e:#}"));
-                    ExitCode::from(2)
-                }
-            }
+    match Cli::parse().command {
+        Command::Serve(args) => {
+            let config = args.into_config();
+            dlock_common::serve::main("payment-resource", config, payment_resource::spawn).await
         }
-        Command::Reconcile { database_url } => reconcile(Config::new(database_url)).await,
+        Command::Reconcile { database_url } => {
+            dlock_common::telemetry::init("payment-resource");
+            reconcile(Config::new(database_url)).await
+        }
     }
 }
+
+/// `reconcile`'s third answer, beside clean (0) and not clean (1): the check did not run.
+const COULD_NOT_CHECK: u8 = 2;
 
 async fn reconcile(config: Config) -> ExitCode {
     let report = async {
@@ -105,17 +41,17 @@ async fn reconcile(config: Config) -> ExitCode {
                 if report.clean {
                     ExitCode::SUCCESS
                 } else {
-                    ExitCode::from(1)
+                    ExitCode::from(exit::FAILURE)
                 }
             }
             Err(e) => {
                 tracing::error!(event = "reconcile_failed", error = %e);
-                ExitCode::from(2)
+                ExitCode::from(COULD_NOT_CHECK)
             }
         },
         Err(e) => {
             tracing::error!(event = "reconcile_failed", error = %format!("{e:#}"));
-            ExitCode::from(2)
+            ExitCode::from(COULD_NOT_CHECK)
         }
     }
 }

@@ -5,6 +5,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use dlock_common::serve::exit;
 use payout_executor::config::Cli;
 use tokio_util::sync::CancellationToken;
 
@@ -17,7 +18,7 @@ async fn main() -> ExitCode {
         Err(e) => {
             tracing::error!(event = "config_invalid", error = %e);
             eprintln!("payout-executor: {e}");
-            return ExitCode::from(2);
+            return ExitCode::from(exit::CONFIG);
         }
     };
     let shutdown = CancellationToken::new();
@@ -31,12 +32,12 @@ async fn main() -> ExitCode {
         }
     });
     match payout_executor::run(config, shutdown, |_| {}).await {
-        Ok(report) if report.is_clean() => ExitCode::SUCCESS,
-        Ok(_) => ExitCode::FAILURE,
+        Ok(report) if report.is_clean() => ExitCode::from(exit::OK),
+        Ok(_) => ExitCode::from(exit::FAILURE),
         Err(e) => {
             tracing::error!(event = "start_failed", error = %e);
             eprintln!("payout-executor: {e}");
-            ExitCode::from(2)
+            ExitCode::from(exit::CONFIG)
         }
     }
 }

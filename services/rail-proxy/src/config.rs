@@ -3,7 +3,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use dlock_common::auth::{Credentials, Role};
+use clap::ArgAction;
+use dlock_common::auth::{CredentialError, Credentials, Role};
+use dlock_common::db::PoolArgs;
 
 use crate::sql;
 
@@ -79,7 +81,7 @@ pub enum ConfigError {
     RailTimeout(u128),
     #[error("rail url must be an absolute http(s) URL: {0}")]
     RailUrl(String),
-    #[error("database url is not a PostgreSQL URL: {0}")]
+    #[error("{0}")]
     DatabaseUrl(String),
     #[error("max connections must be at least 1")]
     MaxConnections,
@@ -90,6 +92,69 @@ pub enum ConfigError {
          rail-proxy, off in release images)"
     )]
     FaultInjectionNotBuilt,
+    #[error("credentials: {0}")]
+    Credentials(#[from] CredentialError),
+}
+
+/// `rail-proxy`: fencing point (d) in front of the payment rail. The executor's credential comes
+/// from `RAIL_PROXY_EXECUTOR_TOKEN` or `RAIL_PROXY_EXECUTOR_TOKEN_FILE`, never a flag.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "rail-proxy",
+    version,
+    about = "Fencing point (d) in front of the payment rail"
+)]
+pub struct Cli {
+    /// paydb URL, connecting as role payapp.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+    /// Address to listen on.
+    #[arg(long, env = "RAIL_PROXY_LISTEN", default_value = "127.0.0.1:8083")]
+    pub listen: SocketAddr,
+    /// Base URL of the payment rail (e.g. the rail-stub).
+    #[arg(long, env = "RAIL_PROXY_RAIL_URL")]
+    pub rail_url: String,
+    /// How long the one forward may take before it is recorded as TIMEOUT (ambiguous).
+    #[arg(long, env = "RAIL_PROXY_RAIL_TIMEOUT_MS", default_value_t = 2_000)]
+    pub rail_timeout_ms: u64,
+    /// rail.proxy.fencing.enabled: `false` skips statement (d) entirely (demo of the corruption).
+    #[arg(long, env = "RAIL_PROXY_FENCING_ENABLED", default_value_t = true, action = ArgAction::Set)]
+    pub fencing_enabled: bool,
+    #[command(flatten)]
+    pub pool: PoolArgs,
+    /// An attempt the rail has never received is abandoned once older than this (must exceed the
+    /// rail timeout).
+    #[arg(long, env = "RAIL_PROXY_ABANDON_AFTER_MS", default_value_t = 600_000)]
+    pub abandon_after_ms: u64,
+    /// Allows --fault. Tests and demos only, in a build with the `fault-injection` feature; logged
+    /// loudly.
+    #[arg(long, env = "RAIL_PROXY_ENABLE_FAULT_INJECTION")]
+    pub enable_fault_injection: bool,
+    /// Fault injection: e.g. `exit-after-attempt` exits right after an attempt row commits.
+    #[arg(
+        long,
+        env = "RAIL_PROXY_FAULT",
+        value_enum,
+        requires = "enable_fault_injection"
+    )]
+    pub fault: Option<Fault>,
+}
+
+impl Cli {
+    /// The checked [`Config`], with the credential read from the environment or its file.
+    pub fn into_config(self) -> Result<Config, ConfigError> {
+        let mut config = Config::new(self.database_url, self.rail_url);
+        config.listen = self.listen;
+        config.rail_timeout = Duration::from_millis(self.rail_timeout_ms);
+        config.fence = RailFence::from_flag(self.fencing_enabled);
+        config.max_connections = self.pool.db_max_connections;
+        config.db_acquire_timeout = self.pool.acquire_timeout();
+        config.abandon_after = Duration::from_millis(self.abandon_after_ms);
+        config.fault = self.fault.filter(|_| self.enable_fault_injection);
+        config.credentials = Credentials::from_env(CREDENTIALS_PREFIX, ROLES)?;
+        config.validate()?;
+        Ok(config)
+    }
 }
 
 impl Config {

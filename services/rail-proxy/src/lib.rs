@@ -24,7 +24,6 @@ use std::sync::Arc;
 
 use dlock_common::serve::Background;
 use prometheus_client::registry::Registry;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
 pub use config::{Config, ConfigError, Fault, RailFence};
@@ -37,6 +36,12 @@ pub enum StartError {
     Bind(#[from] std::io::Error),
 }
 
+impl dlock_common::serve::StartFailure for StartError {
+    fn is_config(&self) -> bool {
+        matches!(self, StartError::Config(_))
+    }
+}
+
 /// A rail-proxy serving in the background of this process. [`shutdown`](Background::shutdown) stops
 /// accepting and waits for in-flight requests (each bounded by the rail timeout).
 pub type RunningServer = Background;
@@ -45,18 +50,13 @@ pub type RunningServer = Background;
 /// [`RunningServer::shutdown`].
 pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
     config.validate()?;
-    // sqlx ignores the scheme when parsing; insist on it so a wrong URL fails at start.
-    let url = &config.database_url;
-    let options: PgConnectOptions = ["postgres://", "postgresql://"]
-        .iter()
-        .any(|scheme| url.starts_with(scheme))
-        .then(|| url.parse().ok())
-        .flatten()
-        .ok_or_else(|| ConfigError::DatabaseUrl(redact(url)))?;
-    let pool = PgPoolOptions::new()
-        .max_connections(config.max_connections)
-        .acquire_timeout(config.db_acquire_timeout)
-        .connect_lazy_with(options);
+    let pool = dlock_common::db::lazy_pool(
+        &config.database_url,
+        "rail-proxy",
+        config.max_connections,
+        config.db_acquire_timeout,
+    )
+    .map_err(|e| ConfigError::DatabaseUrl(e.to_string()))?;
     let rail = rail::Rail::new(&config.rail_url, config.rail_timeout)?;
 
     match config.fence {
@@ -112,25 +112,9 @@ pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
 }
 
 /// The URL without its password, for error messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => format!("{}://***{}", &url[..scheme], &url[at..]),
-        _ => url.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn redacts_the_password() {
-        assert_eq!(
-            redact("postgres://payapp:secret@db:5432/paydb"),
-            "postgres://***@db:5432/paydb"
-        );
-        assert_eq!(redact("postgres://db/paydb"), "postgres://db/paydb");
-    }
 
     #[test]
     fn the_kill_switch_is_a_distinct_variant_not_a_token() {

@@ -35,6 +35,12 @@ pub enum StartError {
 /// A stub serving in the background of this process. [`shutdown`](Background::shutdown) stops
 /// accepting, ends pending latency and TIMEOUT hangs (they watch the same token), and waits for
 /// in-flight requests.
+impl dlock_common::serve::StartFailure for StartError {
+    fn is_config(&self) -> bool {
+        matches!(self, StartError::Config(_))
+    }
+}
+
 pub type RunningServer = Background;
 
 /// Binds `config.listen` and serves until [`RunningServer::shutdown`].

@@ -1,11 +1,11 @@
-//! The `rail-stub` binary: flags (or env) → [`rail_stub::Config`], serve until SIGTERM/SIGINT.
+//! The `rail-stub` binary: flags (or env) → [`rail_stub::Config`], then the server kit's life:
+//! serve until SIGTERM/SIGINT, drain, exit code.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::Parser;
 use rail_stub::{Config, Mode};
-
 #[derive(Debug, Parser)]
 #[command(name = "rail-stub", about = "A stand-in external payment rail for dlock")]
 struct Args {
@@ -28,7 +28,6 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    dlock_common::telemetry::init("rail-stub");
     let args = Args::parse();
     let config = Config {
         listen: args.listen,
@@ -37,26 +36,10 @@ async fn main() -> ExitCode {
         timeout_hang_ms: args.timeout_hang_ms,
         test_mode: args.test_mode,
     };
-    // Before the server announces itself (see shutdown_signal).
-    let shutdown = dlock_common::serve::shutdown_signal();
-    let server = match rail_stub::spawn(config).await {
-        Ok(s) => s,
-        Err(e @ rail_stub::StartError::Config(_)) => {
-            tracing::error!(event = "config_invalid", error = %e, "rail-stub cannot start");
-            return ExitCode::from(2);
-        }
-        Err(e) => {
-            tracing::error!(event = "start_failed", error = %e, "rail-stub cannot start");
-            return ExitCode::FAILURE;
-        }
-    };
-    shutdown.await;
-    // The server logs `stopped` itself once in-flight requests are done.
-    match server.shutdown().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(event = "serve_failed", error = %e);
-            ExitCode::FAILURE
-        }
-    }
+    dlock_common::serve::main(
+        "rail-stub",
+        Ok::<_, std::convert::Infallible>(config),
+        rail_stub::spawn,
+    )
+    .await
 }
