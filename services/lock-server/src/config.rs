@@ -264,7 +264,10 @@ mod tests {
         assert_eq!(c.listen, "127.0.0.1:8080".parse().unwrap());
         assert_eq!(c.admin_token, None);
         assert_eq!(c.reaper_interval, Some(Duration::from_secs(1)));
-        assert_eq!(c.pool_max_connections, 10);
+        assert_eq!(
+            c.pool_max_connections, 16,
+            "the default of every service (dlock_common::db::PoolArgs)"
+        );
     }
 
     #[test]

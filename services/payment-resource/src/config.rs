@@ -38,7 +38,8 @@ impl Fencing {
     }
 }
 
-#[derive(Debug, Clone)]
+/// Redacted in `Debug` (below): the database URL may carry a password.
+#[derive(Clone)]
 pub struct Config {
     /// paydb, as role `payapp`.
     pub database_url: String,
@@ -50,6 +51,21 @@ pub struct Config {
     pub acquire_timeout: Duration,
     /// Bearer credentials per role; a role without one admits nobody. Redacted in `Debug`.
     pub credentials: Credentials,
+}
+
+// Hand-written so that the database URL's password never reaches a log (credentials redact
+// themselves).
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("database_url", &dlock_common::db::redact(&self.database_url))
+            .field("listen", &self.listen)
+            .field("fencing", &self.fencing)
+            .field("max_connections", &self.max_connections)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("credentials", &self.credentials)
+            .finish()
+    }
 }
 
 impl Config {
@@ -165,6 +181,15 @@ mod tests {
     fn fencing_defaults_on() {
         assert_eq!(Fencing::default(), Fencing::Enabled);
         assert_eq!(Config::new("postgres://x").fencing, Fencing::Enabled);
+    }
+
+    #[test]
+    fn debug_hides_the_database_password() {
+        let shown = format!("{:?}", Config::new("postgres://payapp:hunter2@db/paydb"));
+        assert!(
+            !shown.contains("hunter2") && shown.contains("db/paydb"),
+            "{shown}"
+        );
     }
 
     #[test]

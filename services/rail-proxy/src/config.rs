@@ -53,7 +53,8 @@ impl RailFence {
     }
 }
 
-#[derive(Debug, Clone)]
+/// Redacted in `Debug` (below): the database URL may carry a password.
+#[derive(Clone)]
 pub struct Config {
     /// paydb, as role payapp.
     pub database_url: String,
@@ -157,6 +158,25 @@ impl Cli {
     }
 }
 
+// Hand-written so that the database URL's password never reaches a log (credentials redact
+// themselves).
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("database_url", &dlock_common::db::redact(&self.database_url))
+            .field("listen", &self.listen)
+            .field("rail_url", &self.rail_url)
+            .field("rail_timeout", &self.rail_timeout)
+            .field("fence", &self.fence)
+            .field("max_connections", &self.max_connections)
+            .field("db_acquire_timeout", &self.db_acquire_timeout)
+            .field("abandon_after", &self.abandon_after)
+            .field("credentials", &self.credentials)
+            .field("fault", &self.fault)
+            .finish()
+    }
+}
+
 impl Config {
     /// Defaults for everything but the two addresses: fencing on, 2 s rail timeout.
     pub fn new(database_url: impl Into<String>, rail_url: impl Into<String>) -> Self {
@@ -198,6 +218,16 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_hides_the_database_password() {
+        let config = Config::new("postgres://payapp:hunter2@db/paydb", "http://rail");
+        let shown = format!("{config:?}");
+        assert!(
+            !shown.contains("hunter2") && shown.contains("db/paydb"),
+            "{shown}"
+        );
+    }
 
     /// A build without the feature (the release image) refuses a fault instead of ignoring it.
     #[test]

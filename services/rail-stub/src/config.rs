@@ -82,3 +82,37 @@ impl Config {
         Duration::from_millis(self.timeout_hang_ms)
     }
 }
+
+#[derive(Debug, clap::Parser)]
+#[command(name = "rail-stub", about = "A stand-in external payment rail for dlock")]
+pub struct Cli {
+    /// Address to listen on.
+    #[arg(long, env = "RAIL_STUB_LISTEN", default_value = "127.0.0.1:8090")]
+    pub listen: SocketAddr,
+    /// Default outcome of a first request for an idempotency key.
+    #[arg(long, env = "RAIL_STUB_MODE", value_enum, default_value_t = Mode::Ack)]
+    pub mode: Mode,
+    /// Latency added before every answer, in milliseconds.
+    #[arg(long, env = "RAIL_STUB_LATENCY_MS", default_value_t = 0)]
+    pub latency_ms: u64,
+    /// How long a TIMEOUT answer hangs (after paying), in milliseconds; ends early at shutdown.
+    #[arg(long, env = "RAIL_STUB_TIMEOUT_HANG_MS", default_value_t = 30_000)]
+    pub timeout_hang_ms: u64,
+    /// Enables the X-Rail-Stub-* request headers and PUT /v1/admin/behaviour. Tests and demos only.
+    #[arg(long, env = "RAIL_STUB_TEST_MODE")]
+    pub test_mode: bool,
+}
+
+impl Cli {
+    /// The [`Config`]; its bounds are checked by `spawn` ([`Config::validate`]), which the server
+    /// kit reports as a configuration error (exit 2).
+    pub fn into_config(self) -> Result<Config, std::convert::Infallible> {
+        Ok(Config {
+            listen: self.listen,
+            mode: self.mode,
+            latency_ms: self.latency_ms,
+            timeout_hang_ms: self.timeout_hang_ms,
+            test_mode: self.test_mode,
+        })
+    }
+}

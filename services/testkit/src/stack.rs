@@ -228,7 +228,7 @@ impl Stack {
                     paydb_url.to_owned(),
                     "--listen".to_owned(),
                     "127.0.0.1:{port}".to_owned(),
-                    "--payment-fencing-enabled".to_owned(),
+                    "--fencing-enabled".to_owned(),
                     opts.payment_fencing.to_string(),
                 ])
                 .env("PAYMENT_RESOURCE_ADMIN_TOKEN", &credentials.admin)
