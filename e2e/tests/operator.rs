@@ -601,6 +601,23 @@ fn arg_after<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
     args.get(i + 1).map(String::as_str)
 }
 
+/// The operator may not watch Secrets (the chart grants get, not list/watch), so it sees a changed
+/// Secret at its next periodic reconcile, or at once when the LockService itself changes: an
+/// annotation stands in for the wait.
+fn nudge(ctx: &Ctx, name: &str, n: u32) {
+    ctx.k()
+        .run(&[
+            "annotate",
+            "--overwrite",
+            "lockservice",
+            name,
+            "-n",
+            &ctx.ns,
+            &format!("e2e.dlock.dev/nudge={n}"),
+        ])
+        .ok();
+}
+
 /// Writes a StatefulSet's status as its controller would with `ready` of its pods ready.
 fn members_ready(ctx: &Ctx, sts: &str, ready: i64) {
     let s = ctx.must_get("statefulset", sts);
@@ -761,12 +778,9 @@ async fn etcd_lockservice_managed_runs_members_then_lock_server_at_a_quorum() {
             )
         })
         .collect();
-    for want in [
-        "WaitingForEtcd",
-        "EtcdMembersReady etcd members ready: 2/3",
-        "EtcdMembersReady etcd members ready: 3/3",
-        "Ready",
-    ] {
+    // (Events of one reason are aggregated into a series that keeps its first note, so only the
+    // reasons are compared.)
+    for want in ["WaitingForEtcd", "EtcdMembersReady", "Ready"] {
         assert!(
             events.iter().any(|e| e.starts_with(want)),
             "no Event {want:?}: {events:?}"
@@ -842,6 +856,7 @@ async fn etcd_lockservice_external_reads_the_endpoints_secret() {
                "stringData": {"endpoints": endpoints}})
     };
     ctx.apply(&secret("https://etcd-0.example:2379"));
+    nudge(&ctx, name, 1);
     let ls = ctx.wait("EtcdEndpointsInvalid", false, degraded("EtcdEndpointsInvalid"));
     assert!(ctx.get("deployment", "xlocks-lock-server").is_none());
     let message = objects::condition(&ls, "Ready").unwrap()["message"]
@@ -854,6 +869,7 @@ async fn etcd_lockservice_external_reads_the_endpoints_secret() {
     );
 
     ctx.apply(&secret("http://etcd-0.example:2379,http://etcd-1.example:2379"));
+    nudge(&ctx, name, 2);
     let ls = ctx.wait_ready("lockservice", name);
     assert_eq!(ls["status"]["etcd"]["ready"], "external");
     assert!(
@@ -895,6 +911,7 @@ async fn etcd_lockservice_external_reads_the_endpoints_secret() {
         s["metadata"]["resourceVersion"].as_str().unwrap_or_default()
     );
     ctx.apply(&secret("http://etcd-2.example:2379"));
+    nudge(&ctx, name, 3);
     ctx.wait("lock-server to follow the Secret", false, |cx| {
         let now = version(cx);
         if now != before {
