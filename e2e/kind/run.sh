@@ -421,11 +421,11 @@ step etcd
 kubectl -n "$ns" wait --for=condition=Ready "lsvc/$elsvc" --timeout="${timeout}s" >&2
 kubectl -n "$ns" rollout status "sts/$elsvc-etcd" --timeout="${timeout}s" >&2
 kubectl -n "$ns" rollout status "deploy/$elsvc-lock-server" --timeout="${timeout}s" >&2
-# How long each LockService took from creation to Ready (the etcd one comes up alongside the stack,
-# so its own time is mostly hidden behind the stack step's).
+# How long the etcd LockService took from creation to Ready: it comes up alongside the stack, so
+# most of it is hidden behind the stack step.
 ready_after() { kubectl -n "$ns" get "lsvc/$1" -o json |
     jq -r '((.status.conditions[] | select(.type == "Ready") | .lastTransitionTime | fromdate) - (.metadata.creationTimestamp | fromdate))'; }
-log "Ready after creation: $elsvc $(ready_after "$elsvc")s, $lsvc $(ready_after "$lsvc")s (its Ready last changed in the actions step)"
+log "lsvc/$elsvc was Ready $(ready_after "$elsvc")s after its creation"
 estatus="$(kubectl -n "$ns" get "lsvc/$elsvc" -o json | jq -c '.status | {phase, etcd, migration}')"
 log "etcd LockService: $estatus"
 jq -e '.phase == "Ready" and .etcd.ready == "3/3" and .migration == null' <<<"$estatus" >/dev/null ||
