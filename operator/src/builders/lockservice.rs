@@ -165,10 +165,13 @@ fn desired_etcd(
             out.apply.push(Child::Service(etcd::client_service(owner)));
             out.apply
                 .push(Child::StatefulSet(etcd::statefulset(owner, managed)));
-            out.apply.push(Child::PodDisruptionBudget(etcd::disruption_budget(
-                owner,
-                managed.replicas,
-            )));
+            // One member has no quorum to keep through a drain: a budget would only block it.
+            if managed.replicas > 1 {
+                out.apply.push(Child::PodDisruptionBudget(etcd::disruption_budget(
+                    owner,
+                    managed.replicas,
+                )));
+            }
             out.endpoints.insert("etcd".into(), etcd::client_url(owner));
             LockServerStore::Etcd {
                 endpoints: etcd::member_client_urls(owner, managed.replicas),

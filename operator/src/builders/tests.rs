@@ -1277,6 +1277,15 @@ fn managed_etcd_storage_and_size_follow_the_spec() {
     );
     assert_eq!(arg_after(&args, "--etcd-prefix"), Some("/team-a/"));
 
+    // One member: no PodDisruptionBudget (it would block every drain, and protects no quorum).
+    let single = etcd_ls(json!({"managed": {"replicas": 1}}));
+    let d = lockservice::desired(&single, &owner, &etcd_inputs(true)).unwrap();
+    assert!(!d.wants(ChildKind::PodDisruptionBudget, "locks-etcd"));
+    assert_eq!(
+        statefulset(&d, "locks-etcd").spec.as_ref().unwrap().replicas,
+        Some(1)
+    );
+
     // emptyDir: a pod volume instead of a claim template.
     let ls = etcd_ls(json!({"managed": {"storage": {"emptyDir": true, "size": "256Mi"}}}));
     let d = lockservice::desired(&ls, &owner, &etcd_inputs(true)).unwrap();
