@@ -18,7 +18,11 @@
 #   9. failover    delete the operator leader's pod: another replica takes the Lease and reconciles
 #  10. actions     `kubectl annotate` revoke of a held lock (REVOKED, pinned to its token) and a
 #                  restore fast-forward (gate, read and advance Jobs, resume); a third batch is paid
-#  11. negative    a payout paid twice straight at the rail makes the checks of step 7 fail
+#  11. etcd        a LockService with backend etcd (applied in step 6, so it comes up alongside the
+#                  stack): three etcd members (StatefulSet, PVCs), lock-server on them; two grants
+#                  through lock-server's API whose tokens are the etcd revisions of their keys, read
+#                  back from etcd itself, strictly increasing
+#  12. negative    a payout paid twice straight at the rail makes the checks of step 7 fail
 #
 # Where no Docker daemon can run it prints why and the word "skipped", and exits 0.
 # On failure it prints the state (objects, events, pod logs). The cluster is deleted at the end.
@@ -181,6 +185,9 @@ kubectl wait --for=condition=Established crd/lockservices.dlock.dev crd/payments
 step stack
 kubectl create namespace "$ns" >&2
 kubectl -n "$ns" apply -f "$root/e2e/kind/samples/lockservice.yaml" -f "$root/e2e/kind/samples/paymentstack.yaml" >&2
+# The etcd LockService of step 11 starts now, in parallel with the stack.
+kubectl -n "$ns" apply -f "$root/e2e/kind/samples/lockservice-etcd.yaml" >&2
+elsvc=etcd-locks
 lsvc=payments-locks
 pstack=payments
 kubectl -n "$ns" wait --for=condition=Ready "lsvc/$lsvc" --timeout="${timeout}s" >&2
@@ -226,9 +233,9 @@ sql() { kubectl -n "$ns" exec dlock-kind-psql -- sh -c 'exec psql "$PGURL" -v ON
 # HTTP to a Service of the stack: `kubectl port-forward` to a loopback port (the API server's
 # service proxy rewrites content types, which the services rightly refuse).
 declare -A pf_port=()
-forward() { # forward SERVICE: starts a port-forward to SERVICE:8080, records its local port
+forward() { # forward SERVICE [PORT]: starts a port-forward to SERVICE:PORT (8080), records its local port
     local out="$workdir/pf-$1.log"
-    kubectl -n "$ns" port-forward "svc/$1" ":8080" --address 127.0.0.1 >"$out" 2>&1 &
+    kubectl -n "$ns" port-forward "svc/$1" ":${2:-8080}" --address 127.0.0.1 >"$out" 2>&1 &
     pf_pids+=($!)
     forwarding() { grep -qs '^Forwarding from 127.0.0.1:' "$out"; }
     wait_for 60 "a port-forward to $1" forwarding
@@ -406,7 +413,53 @@ check_batch "$run3"
 pactions="$(kubectl -n "$ns" get "pstack/$pstack" -o json | jq -c '.status.actions // []')"
 [[ "$pactions" == "[]" ]] || die "pstack/$pstack reports actions nobody requested: $pactions"
 
-# ---------------------------------------------------------------- 11. negative control
+# ---------------------------------------------------------------- 11. backend etcd
+# From CR to grant on etcd: the operator ran three members and lock-server on them; a grant's token
+# is the etcd revision of its key (read back from etcd's own API through the client Service), and a
+# second grant's is strictly greater.
+step etcd
+kubectl -n "$ns" wait --for=condition=Ready "lsvc/$elsvc" --timeout="${timeout}s" >&2
+kubectl -n "$ns" rollout status "sts/$elsvc-etcd" --timeout="${timeout}s" >&2
+kubectl -n "$ns" rollout status "deploy/$elsvc-lock-server" --timeout="${timeout}s" >&2
+# How long the etcd LockService took from creation to Ready: it comes up alongside the stack, so
+# most of it is hidden behind the stack step.
+ready_after() { kubectl -n "$ns" get "lsvc/$1" -o json |
+    jq -r '((.status.conditions[] | select(.type == "Ready") | .lastTransitionTime | fromdate) - (.metadata.creationTimestamp | fromdate))'; }
+log "lsvc/$elsvc was Ready $(ready_after "$elsvc")s after its creation"
+estatus="$(kubectl -n "$ns" get "lsvc/$elsvc" -o json | jq -c '.status | {phase, etcd, migration}')"
+log "etcd LockService: $estatus"
+jq -e '.phase == "Ready" and .etcd.ready == "3/3" and .migration == null' <<<"$estatus" >/dev/null ||
+    die "lsvc/$elsvc is not Ready on 3/3 etcd members without a migration: $estatus"
+[[ -z "$(kubectl -n "$ns" get jobs -l "app.kubernetes.io/instance=$elsvc" -o name)" ]] || die "an etcd LockService ran a Job"
+forward "$elsvc-lock-server"
+forward "$elsvc-etcd-client" 2379
+etcd_key() { # etcd_key LOCK_KEY: mod_revision of lock-server's grant key and the cluster's revision
+    printf '{"key":"%s"}' "$(printf '/dlock/l/%s' "$1" | base64 -w0)" |
+        curl -sS --fail-with-body --max-time 30 --data-binary @- "http://127.0.0.1:${pf_port[$elsvc-etcd-client]}/v3/kv/range" |
+        jq -c '{mod: (.kvs[0].mod_revision // "0" | tonumber), rev: (.header.revision | tonumber)}'
+}
+esession="$(printf '{"ownerId":"kind-etcd-worker","ttlMs":60000}' | svc_post "$elsvc-lock-server" /v1/sessions | jq -r .sessionId)"
+[[ "$esession" =~ ^[0-9a-f-]{36}$ ]] || die "no session from lock-server on etcd: $esession"
+etokens=()
+for k in kind:etcd:a kind:etcd:b; do
+    g="$(printf '{"sessionId":"%s","ownerId":"kind-etcd-worker","ttlMs":60000}' "$esession" |
+        svc_post "$elsvc-lock-server" "/v1/locks/$k/acquire")"
+    t="$(jq -r .fencingToken <<<"$g")"
+    [[ "$t" =~ ^[0-9]+$ ]] || die "no grant of $k on etcd: $g"
+    e="$(etcd_key "$k")"
+    log "etcd: $k granted with token $t; etcd has the key at mod_revision $(jq .mod <<<"$e") (cluster revision $(jq .rev <<<"$e"))"
+    jq -e --argjson t "$t" '.mod == $t and .rev >= $t' <<<"$e" >/dev/null ||
+        die "the token of $k ($t) is not the etcd revision of its key: $e"
+    etokens+=("$t")
+done
+((etokens[1] > etokens[0])) || die "etcd tokens not strictly increasing: ${etokens[*]}"
+# Released by its token, the key is gone from etcd (the grant was really there, nowhere else).
+curl -sS --fail-with-body --max-time 30 -X POST -H "X-Fencing-Token: ${etokens[1]}" \
+    "http://127.0.0.1:${pf_port[$elsvc-lock-server]}/v1/locks/kind:etcd:b/release" >/dev/null
+jq -e '.mod == 0' <<<"$(etcd_key kind:etcd:b)" >/dev/null || die "kind:etcd:b is still in etcd after its release"
+log "etcd: tokens ${etokens[*]} are etcd revisions, strictly increasing; the release removed the key"
+
+# ---------------------------------------------------------------- 12. negative control
 # The checks can fail: pay one posted payout of the first batch a second time straight at the rail
 # (under a new idempotency key, bypassing rail-proxy's fence, as an unfenced stale holder would) and
 # the ground-truth check of step 7 must now refuse that batch.

@@ -81,6 +81,29 @@ fn samples_apply() {
             .any(|l| l["spec"]["database"]["external"].is_object()),
         "{seen:?}"
     );
+    // Both etcd modes are covered, and an external etcd's Secret ships with it.
+    assert!(
+        lsvcs
+            .iter()
+            .any(|l| l["spec"]["backend"] == "etcd" && l["spec"]["etcd"]["managed"].is_object()),
+        "{seen:?}"
+    );
+    let external_etcd: Vec<&Value> = lsvcs
+        .iter()
+        .filter(|l| l["spec"]["etcd"]["external"].is_object())
+        .collect();
+    assert!(!external_etcd.is_empty(), "{seen:?}");
+    for l in external_etcd {
+        let r = &l["spec"]["etcd"]["external"]["secretRef"];
+        let (name, key) = (
+            r["name"].as_str().unwrap(),
+            r["key"].as_str().unwrap_or("endpoints"),
+        );
+        let s = k
+            .get(Some(&ns), "secret", name)
+            .unwrap_or_else(|| panic!("{} references missing Secret {name}", objects::describe(l)));
+        assert!(s["data"][key].is_string(), "Secret {name} lacks key {key}");
+    }
     // Every external secretRef names a Secret the samples ship.
     for o in lsvcs.iter().chain(k.list(&ns, "paymentstacks.dlock.dev").iter()) {
         if let Some(secret) = o["spec"]["database"]["external"]["secretRef"]["name"].as_str() {
@@ -126,6 +149,15 @@ fn lockservice(name: &str, database: Value) -> Value {
         "kind": "LockService",
         "metadata": {"name": name},
         "spec": {"database": database},
+    })
+}
+
+fn etcd_lockservice(name: &str, etcd: Value) -> Value {
+    json!({
+        "apiVersion": "dlock.dev/v1alpha1",
+        "kind": "LockService",
+        "metadata": {"name": name},
+        "spec": {"backend": "etcd", "etcd": etcd},
     })
 }
 
@@ -215,17 +247,77 @@ fn invalid_objects_are_refused_with_cel_messages() {
         &lockservice(&long, managed()),
         "metadata.name must be at most 36 characters",
     );
-    let mut etcd = lockservice("ls", managed());
-    etcd["spec"]["backend"] = json!("etcd");
-    let mut pg = lockservice("ls", managed());
-    pg["spec"]["backend"] = json!("postgres");
+    // backend etcd: the etcd block instead of lockdb, exactly one of managed or external, odd members.
+    let etcd_valid = etcd_lockservice("ls", json!({"managed": {}}));
+    let mut etcd_with_lockdb = etcd_valid.clone();
+    etcd_with_lockdb["spec"]["database"] = managed();
     refused(
         k,
         &ns,
-        "etcd backend",
-        &pg,
-        &etcd,
-        "backend etcd is reserved for a later release",
+        "etcd with a lockdb",
+        &etcd_valid,
+        &etcd_with_lockdb,
+        "spec.database is required with backend postgres (lockdb) and not allowed with backend etcd",
+    );
+    let mut etcd_without_block = etcd_valid.clone();
+    etcd_without_block["spec"]
+        .as_object_mut()
+        .map(|o| o.remove("etcd"));
+    refused(
+        k,
+        &ns,
+        "etcd without its block",
+        &etcd_valid,
+        &etcd_without_block,
+        "spec.etcd is required with backend etcd",
+    );
+    let mut pg_with_etcd = lockservice("ls", managed());
+    pg_with_etcd["spec"]["etcd"] = json!({"managed": {}});
+    refused(
+        k,
+        &ns,
+        "postgres with an etcd block",
+        &lockservice("ls", managed()),
+        &pg_with_etcd,
+        "spec.etcd is required with backend etcd and not allowed with backend postgres",
+    );
+    refused(
+        k,
+        &ns,
+        "both etcd modes",
+        &etcd_lockservice("ls", json!({"external": {"secretRef": {"name": "etcd"}}})),
+        &etcd_lockservice(
+            "ls",
+            json!({"managed": {}, "external": {"secretRef": {"name": "etcd"}}}),
+        ),
+        "set exactly one of etcd.managed",
+    );
+    refused(
+        k,
+        &ns,
+        "even etcd members",
+        &etcd_lockservice("ls", json!({"managed": {"replicas": 5}})),
+        &etcd_lockservice("ls", json!({"managed": {"replicas": 4}})),
+        "etcd.managed.replicas must be odd",
+    );
+    refused(
+        k,
+        &ns,
+        "emptyDir with a storage class",
+        &etcd_lockservice("ls", json!({"managed": {"storage": {"emptyDir": true}}})),
+        &etcd_lockservice(
+            "ls",
+            json!({"managed": {"storage": {"emptyDir": true, "storageClassName": "fast"}}}),
+        ),
+        "emptyDir takes no storageClassName",
+    );
+    refused(
+        k,
+        &ns,
+        "etcd key prefix",
+        &etcd_lockservice("ls", json!({"managed": {}, "keyPrefix": "/a/"})),
+        &etcd_lockservice("ls", json!({"managed": {}, "keyPrefix": "a"})),
+        "etcd.keyPrefix must start and end with '/'",
     );
     let mut too_many = lockservice("ls", managed());
     too_many["spec"]["lockServer"] = json!({"replicas": 21});
@@ -294,6 +386,67 @@ fn immutable_fields_are_refused_on_update() {
         "{}",
         bad.stderr
     );
+
+    // The backend, the etcd mode and the managed members are fixed too.
+    let bad = k.patch(
+        &ns,
+        "lockservice",
+        "ls",
+        &json!({"spec": {"backend": "etcd", "database": null, "etcd": {"managed": {}}}}),
+    );
+    assert!(!bad.success, "switching the backend was accepted");
+    assert!(bad.stderr.contains("backend is immutable"), "{}", bad.stderr);
+    k.create(&ns, &etcd_lockservice("le", json!({"managed": {"replicas": 3}})))
+        .ok();
+    let ok = k.patch(
+        &ns,
+        "lockservice",
+        "le",
+        &json!({"spec": {"etcd": {"managed": {"image": "registry.k8s.io/etcd:3.6.6-0"}}}}),
+    );
+    assert!(ok.success, "an etcd image change is allowed: {}", ok.stderr);
+    let bad = k.patch(
+        &ns,
+        "lockservice",
+        "le",
+        &json!({"spec": {"etcd": {"managed": {"replicas": 5}}}}),
+    );
+    assert!(!bad.success, "growing the managed members was accepted");
+    assert!(
+        bad.stderr.contains("etcd.managed.replicas is immutable"),
+        "{}",
+        bad.stderr
+    );
+    let bad = k.patch(
+        &ns,
+        "lockservice",
+        "le",
+        &json!({"spec": {"etcd": {"managed": {"storage": {"size": "9Gi"}}}}}),
+    );
+    assert!(!bad.success, "resizing the members' volumes was accepted");
+    assert!(
+        bad.stderr.contains("etcd.managed.storage is immutable"),
+        "{}",
+        bad.stderr
+    );
+    let bad = k.patch(
+        &ns,
+        "lockservice",
+        "le",
+        &json!({"spec": {"etcd": {"managed": null, "external": {"secretRef": {"name": "etcd"}}}}}),
+    );
+    assert!(!bad.success, "switching the etcd mode was accepted");
+    assert!(
+        bad.stderr
+            .contains("etcd mode (managed vs external) is immutable"),
+        "{}",
+        bad.stderr
+    );
+    let le = k
+        .get(Some(&ns), "lockservice", "le")
+        .unwrap_or_else(|| panic!("le vanished"));
+    assert_eq!(le["spec"]["etcd"]["managed"]["replicas"], 3);
+    assert_eq!(le["spec"]["etcd"]["managed"]["storage"]["size"], "1Gi");
 
     let spec =
         json!({"lockServiceRef": {"name": "ls"}, "database": managed(), "railStub": {"enabled": true}});

@@ -26,6 +26,7 @@ const CHILD_KINDS: &[&str] = &[
     "configmaps",
     "secrets",
     "networkpolicies.networking.k8s.io",
+    "poddisruptionbudgets.policy",
 ];
 
 struct Ctx {
@@ -570,5 +571,354 @@ async fn failed_migration_keeps_lock_server_gated() {
         "lock-server must not run after a failed migration"
     );
     assert_ne!(ls["status"]["migration"]["succeeded"], true, "{}", ls["status"]);
+    ctx.op.assert_healthy();
+}
+
+fn etcd_lockservice(name: &str, etcd: Value, replicas: i64) -> Value {
+    json!({
+        "apiVersion": "dlock.dev/v1alpha1",
+        "kind": "LockService",
+        "metadata": {"name": name},
+        "spec": {"backend": "etcd", "etcd": etcd, "lockServer": {"replicas": replicas}},
+    })
+}
+
+/// lock-server's container args and env, from its Deployment.
+fn lock_server_pod(ctx: &Ctx, name: &str) -> (Vec<String>, Vec<Value>) {
+    let d = ctx.must_get("deployment", &format!("{name}-lock-server"));
+    let c = objects::container(&d);
+    let args = c["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.as_str().map(str::to_owned))
+        .collect();
+    (args, c["env"].as_array().cloned().unwrap_or_default())
+}
+
+fn arg_after<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    let i = args.iter().position(|a| a == flag)?;
+    args.get(i + 1).map(String::as_str)
+}
+
+/// The operator may not watch Secrets (the chart grants get, not list/watch), so it sees a changed
+/// Secret at its next periodic reconcile, or at once when the LockService itself changes: an
+/// annotation stands in for the wait.
+fn nudge(ctx: &Ctx, name: &str, n: u32) {
+    ctx.k()
+        .run(&[
+            "annotate",
+            "--overwrite",
+            "lockservice",
+            name,
+            "-n",
+            &ctx.ns,
+            &format!("e2e.dlock.dev/nudge={n}"),
+        ])
+        .ok();
+}
+
+/// Writes a StatefulSet's status as its controller would with `ready` of its pods ready.
+fn members_ready(ctx: &Ctx, sts: &str, ready: i64) {
+    let s = ctx.must_get("statefulset", sts);
+    ctx.k()
+        .patch_status(
+            &ctx.ns,
+            "statefulset",
+            sts,
+            &json!({"status": {"observedGeneration": s["metadata"]["generation"],
+                "replicas": objects::replicas(&s), "readyReplicas": ready, "currentReplicas": objects::replicas(&s),
+                "updatedReplicas": objects::replicas(&s), "availableReplicas": ready}}),
+        )
+        .ok();
+}
+
+/// backend etcd, managed: the members, their Services, PodDisruptionBudget and NetworkPolicy; no
+/// lockdb and no migration Job; lock-server only at a quorum of ready members, on --backend etcd
+/// over their stable names; Ready once every member is; a restore request refused with the runbook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_lockservice_managed_runs_members_then_lock_server_at_a_quorum() {
+    let Some(mut ctx) = Ctx::start(
+        "etcd_lockservice_managed_runs_members_then_lock_server_at_a_quorum",
+        &[],
+    )
+    .await
+    else {
+        return;
+    };
+    let name = "elocks";
+    let ns = ctx.ns.clone();
+    ctx.apply(&etcd_lockservice(name, json!({"managed": {"replicas": 3}}), 2));
+
+    // 1. The members and their Services; nobody ready yet, so no lock-server.
+    let ls = ctx.wait("the etcd members and WaitingForEtcd", false, |cx| {
+        let ls = cx.must_get("lockservice", name);
+        let waiting = objects::condition(&ls, "Ready").is_some_and(|c| c["reason"] == "WaitingForEtcd");
+        if waiting && cx.get("statefulset", "elocks-etcd").is_some() && ls["status"]["etcd"]["ready"] == "0/3"
+        {
+            Ok(ls)
+        } else {
+            Err(format!("status {}", ls["status"]))
+        }
+    });
+    let sts = ctx.must_get("statefulset", "elocks-etcd");
+    assert_eq!(objects::replicas(&sts), 3);
+    assert_eq!(sts["spec"]["podManagementPolicy"], "Parallel");
+    assert_eq!(sts["spec"]["serviceName"], "elocks-etcd");
+    let args = objects::container(&sts)["args"].to_string();
+    for want in [
+        format!(
+            "--initial-cluster=elocks-etcd-0=http://elocks-etcd-0.elocks-etcd.{ns}.svc:2380,elocks-etcd-1=http://elocks-etcd-1.elocks-etcd.{ns}.svc:2380,elocks-etcd-2=http://elocks-etcd-2.elocks-etcd.{ns}.svc:2380"
+        ),
+        "--initial-cluster-state=new".to_owned(),
+        "--name=$(POD_NAME)".to_owned(),
+    ] {
+        assert!(args.contains(&want), "{want} not in {args}");
+    }
+    let peers = ctx.must_get("service", "elocks-etcd");
+    assert_eq!(peers["spec"]["clusterIP"], "None");
+    assert_eq!(peers["spec"]["publishNotReadyAddresses"], true);
+    assert!(ctx.get("service", "elocks-etcd-client").is_some());
+    let pdb = ctx.must_get("poddisruptionbudget", "elocks-etcd");
+    assert_eq!(pdb["spec"]["minAvailable"], 2);
+    let np = ctx.must_get("networkpolicy", "elocks-etcd");
+    let from: Vec<&Value> = np["spec"]["ingress"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|r| r["from"].as_array().into_iter().flatten())
+        .collect();
+    assert_eq!(from.len(), 2, "lock-server and the peers only: {np}");
+    assert!(
+        from.iter().all(
+            |f| f["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == name
+                && f.get("namespaceSelector").is_none()
+        ),
+        "{np}"
+    );
+    assert_eq!(running_deployments(&ctx, &ls), Vec::<String>::new());
+    assert!(
+        ctx.children_of_kind(&ls, "jobs.batch").is_empty(),
+        "no migration Job for etcd"
+    );
+    assert!(
+        ctx.get("secret", "elocks-lockdb-credentials").is_none(),
+        "no lockdb"
+    );
+    assert!(ls["status"]["migration"].is_null(), "{}", ls["status"]);
+
+    // 2. One member of three is no quorum: still no lock-server.
+    members_ready(&ctx, "elocks-etcd", 1);
+    let ls = ctx.wait("status 1/3", false, |cx| {
+        let ls = cx.must_get("lockservice", name);
+        if ls["status"]["etcd"]["ready"] == "1/3" {
+            Ok(ls)
+        } else {
+            Err(format!("status {}", ls["status"]))
+        }
+    });
+    assert_eq!(running_deployments(&ctx, &ls), Vec::<String>::new());
+    assert!(ctx.get("deployment", "elocks-lock-server").is_none());
+
+    // 3. Two are: lock-server, on --backend etcd over every member's stable client URL.
+    members_ready(&ctx, "elocks-etcd", 2);
+    ctx.wait("the lock-server Deployment", false, |cx| {
+        cx.get("deployment", "elocks-lock-server")
+            .ok_or_else(|| "no lock-server yet".to_owned())
+    });
+    let (args, env) = lock_server_pod(&ctx, name);
+    assert_eq!(arg_after(&args, "--backend"), Some("etcd"), "{args:?}");
+    let urls: Vec<String> = (0..3)
+        .map(|i| format!("http://elocks-etcd-{i}.elocks-etcd.{ns}.svc:2379"))
+        .collect();
+    assert_eq!(
+        arg_after(&args, "--etcd-endpoints"),
+        Some(urls.join(",").as_str())
+    );
+    assert_eq!(arg_after(&args, "--etcd-prefix"), Some("/dlock/"));
+    assert!(
+        env.iter().all(|e| e["name"] != "DATABASE_URL"),
+        "no database for an etcd lock-server: {env:?}"
+    );
+
+    // 4. Everything up (the stand-in marks every member and replica ready): Ready, 3/3.
+    let ls = ctx.wait_ready("lockservice", name);
+    assert_eq!(ls["status"]["etcd"]["ready"], "3/3", "{}", ls["status"]);
+    assert_eq!(ls["status"]["etcd"]["readyMembers"], 3);
+    assert_eq!(
+        ls["status"]["endpoints"]["etcd"],
+        format!("http://elocks-etcd-client.{ns}.svc:2379")
+    );
+    assert!(ls["status"]["migration"].is_null(), "{}", ls["status"]);
+    let table = ctx.k().run(&["get", "lockservice", name, "-n", &ns]).ok().stdout;
+    assert!(table.contains("ETCD-READY") && table.contains("3/3"), "{table}");
+    let children = ctx.children(&ls);
+    assert_owned_and_labelled(&children, &ls);
+    let kinds: Vec<&str> = children.iter().map(objects::kind).collect();
+    for kind in [
+        "StatefulSet",
+        "Service",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
+        "Deployment",
+    ] {
+        assert!(kinds.contains(&kind), "no {kind} among the children: {kinds:?}");
+    }
+    assert!(!kinds.contains(&"Job"), "{kinds:?}");
+    let events: Vec<String> = ctx
+        .k()
+        .list(&ns, "events")
+        .iter()
+        .filter(|e| e["involvedObject"]["name"] == name || e["regarding"]["name"] == name)
+        .map(|e| {
+            format!(
+                "{} {}",
+                e["reason"].as_str().unwrap_or_default(),
+                e["note"].as_str().or(e["message"].as_str()).unwrap_or_default()
+            )
+        })
+        .collect();
+    // (Events of one reason are aggregated into a series that keeps its first note, so only the
+    // reasons are compared.)
+    for want in ["WaitingForEtcd", "EtcdMembersReady", "Ready"] {
+        assert!(
+            events.iter().any(|e| e.starts_with(want)),
+            "no Event {want:?}: {events:?}"
+        );
+    }
+
+    // 5. A restore fast-forward is refused with the runbook: no gate, no Job, lock-server unchanged.
+    ctx.k()
+        .run(&[
+            "annotate",
+            "lockservice",
+            name,
+            "-n",
+            &ns,
+            r#"dlock.dev/restore={"id":"ff-etcd-1"}"#,
+        ])
+        .ok();
+    let ls = ctx.wait("the refused restore", true, |cx| {
+        let ls = cx.must_get("lockservice", name);
+        let a = ls["status"]["actions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|a| a["id"] == "ff-etcd-1")
+            .cloned();
+        a.filter(|a| a["phase"] == "Failed")
+            .map(|_| ls.clone())
+            .ok_or_else(|| format!("status {}", ls["status"]))
+    });
+    let a = &ls["status"]["actions"][0];
+    assert!(
+        a["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("dlock-fastforward etcd-bump")),
+        "{a}"
+    );
+    assert!(ls["status"]["gate"].is_null(), "{}", ls["status"]);
+    assert!(objects::condition_is(&ls, "Ready", "True"), "{}", ls["status"]);
+    assert_eq!(
+        objects::replicas(&ctx.must_get("deployment", "elocks-lock-server")),
+        2
+    );
+    assert!(ctx.children_of_kind(&ls, "jobs.batch").is_empty());
+    ctx.op.assert_healthy();
+}
+
+/// backend etcd, external: no member is run; the Secret is checked first (missing, then unusable
+/// URLs: Degraded with the reason), then lock-server reads the URLs from it (secretKeyRef) and
+/// restarts when it changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_lockservice_external_reads_the_endpoints_secret() {
+    let Some(mut ctx) = Ctx::start("etcd_lockservice_external_reads_the_endpoints_secret", &[]).await else {
+        return;
+    };
+    let name = "xlocks";
+    ctx.apply(&etcd_lockservice(
+        name,
+        json!({"external": {"secretRef": {"name": "prod-etcd"}}, "keyPrefix": "/team-a/"}),
+        2,
+    ));
+    let degraded = |reason: &'static str| {
+        move |cx: &Ctx| {
+            let ls = cx.must_get("lockservice", name);
+            match objects::condition(&ls, "Ready") {
+                Some(c) if c["reason"] == reason && ls["status"]["phase"] == "Degraded" => Ok(ls),
+                _ => Err(format!("status {}", ls["status"])),
+            }
+        }
+    };
+    ctx.wait("ExternalSecretMissing", false, degraded("ExternalSecretMissing"));
+    let secret = |endpoints: &str| {
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "prod-etcd"},
+               "stringData": {"endpoints": endpoints}})
+    };
+    ctx.apply(&secret("https://etcd-0.example:2379"));
+    nudge(&ctx, name, 1);
+    let ls = ctx.wait("EtcdEndpointsInvalid", false, degraded("EtcdEndpointsInvalid"));
+    assert!(ctx.get("deployment", "xlocks-lock-server").is_none());
+    let message = objects::condition(&ls, "Ready").unwrap()["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains("entry 1") && !message.contains("etcd-0.example"),
+        "{message}"
+    );
+
+    ctx.apply(&secret("http://etcd-0.example:2379,http://etcd-1.example:2379"));
+    nudge(&ctx, name, 2);
+    let ls = ctx.wait_ready("lockservice", name);
+    assert_eq!(ls["status"]["etcd"]["ready"], "external");
+    assert!(
+        ctx.children_of_kind(&ls, "statefulsets.apps").is_empty(),
+        "no member is run"
+    );
+    assert!(
+        ctx.children_of_kind(&ls, "poddisruptionbudgets.policy")
+            .is_empty()
+    );
+    let (args, env) = lock_server_pod(&ctx, name);
+    assert_eq!(arg_after(&args, "--backend"), Some("etcd"));
+    assert_eq!(arg_after(&args, "--etcd-prefix"), Some("/team-a/"));
+    assert!(arg_after(&args, "--etcd-endpoints").is_none(), "{args:?}");
+    let from_secret = env
+        .iter()
+        .find(|e| e["name"] == "DLOCK_ETCD_ENDPOINTS")
+        .unwrap_or_else(|| panic!("no DLOCK_ETCD_ENDPOINTS: {env:?}"));
+    assert_eq!(from_secret["valueFrom"]["secretKeyRef"]["name"], "prod-etcd");
+    assert_eq!(from_secret["valueFrom"]["secretKeyRef"]["key"], "endpoints");
+    assert!(from_secret.get("value").is_none());
+    let s = ctx.must_get("secret", "prod-etcd");
+    assert!(
+        objects::controller_ref(&s).is_none(),
+        "the user's Secret was taken over"
+    );
+
+    // A changed Secret rolls lock-server (its resourceVersion is in the pod template).
+    let version = |cx: &Ctx| {
+        cx.must_get("deployment", "xlocks-lock-server")["spec"]["template"]["metadata"]["annotations"]
+            ["dlock.dev/etcd-secret-version"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let before = version(&ctx);
+    assert_eq!(
+        before,
+        s["metadata"]["resourceVersion"].as_str().unwrap_or_default()
+    );
+    ctx.apply(&secret("http://etcd-2.example:2379"));
+    nudge(&ctx, name, 3);
+    ctx.wait("lock-server to follow the Secret", false, |cx| {
+        let now = version(cx);
+        if now != before {
+            Ok(now)
+        } else {
+            Err(format!("still {now}"))
+        }
+    });
     ctx.op.assert_healthy();
 }

@@ -14,6 +14,7 @@ pub enum Reason {
     Migrating,
     MigrationFailed,
     WaitingForDatabase,
+    WaitingForEtcd,
     WaitingForLockService,
     LockServiceNotFound,
     LockTrafficGated,
@@ -22,11 +23,13 @@ pub enum Reason {
     ExternalSecretMissing,
     ExternalSecretInvalid,
     ExternalUrlInvalid,
+    EtcdEndpointsInvalid,
     // What the reconciler did (Events).
     CredentialsCreated,
     MigrationStarted,
     StaleMigrationJobDeleted,
     ChildDeleted,
+    EtcdMembersReady,
     InvalidObject,
     ReconcileFailed,
     // The actions and the periodic fencing check.
@@ -43,10 +46,11 @@ pub enum Reason {
     RestoreSequenceAdvanced,
     RestoreSucceeded,
     RestoreFailed,
+    RestoreUnsupported,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 34] = [
+    pub const ALL: [Reason; 38] = [
         Reason::Ready,
         Reason::Idle,
         Reason::AsExpected,
@@ -54,6 +58,7 @@ impl Reason {
         Reason::Migrating,
         Reason::MigrationFailed,
         Reason::WaitingForDatabase,
+        Reason::WaitingForEtcd,
         Reason::WaitingForLockService,
         Reason::LockServiceNotFound,
         Reason::LockTrafficGated,
@@ -62,10 +67,12 @@ impl Reason {
         Reason::ExternalSecretMissing,
         Reason::ExternalSecretInvalid,
         Reason::ExternalUrlInvalid,
+        Reason::EtcdEndpointsInvalid,
         Reason::CredentialsCreated,
         Reason::MigrationStarted,
         Reason::StaleMigrationJobDeleted,
         Reason::ChildDeleted,
+        Reason::EtcdMembersReady,
         Reason::InvalidObject,
         Reason::ReconcileFailed,
         Reason::ActionRequestInvalid,
@@ -81,6 +88,7 @@ impl Reason {
         Reason::RestoreSequenceAdvanced,
         Reason::RestoreSucceeded,
         Reason::RestoreFailed,
+        Reason::RestoreUnsupported,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -92,6 +100,7 @@ impl Reason {
             Reason::Migrating => "Migrating",
             Reason::MigrationFailed => "MigrationFailed",
             Reason::WaitingForDatabase => "WaitingForDatabase",
+            Reason::WaitingForEtcd => "WaitingForEtcd",
             Reason::WaitingForLockService => "WaitingForLockService",
             Reason::LockServiceNotFound => "LockServiceNotFound",
             Reason::LockTrafficGated => "LockTrafficGated",
@@ -100,10 +109,12 @@ impl Reason {
             Reason::ExternalSecretMissing => "ExternalSecretMissing",
             Reason::ExternalSecretInvalid => "ExternalSecretInvalid",
             Reason::ExternalUrlInvalid => "ExternalUrlInvalid",
+            Reason::EtcdEndpointsInvalid => "EtcdEndpointsInvalid",
             Reason::CredentialsCreated => "CredentialsCreated",
             Reason::MigrationStarted => "MigrationStarted",
             Reason::StaleMigrationJobDeleted => "StaleMigrationJobDeleted",
             Reason::ChildDeleted => "ChildDeleted",
+            Reason::EtcdMembersReady => "EtcdMembersReady",
             Reason::InvalidObject => "InvalidObject",
             Reason::ReconcileFailed => "ReconcileFailed",
             Reason::ActionRequestInvalid => "ActionRequestInvalid",
@@ -119,6 +130,7 @@ impl Reason {
             Reason::RestoreSequenceAdvanced => "RestoreSequenceAdvanced",
             Reason::RestoreSucceeded => "RestoreSucceeded",
             Reason::RestoreFailed => "RestoreFailed",
+            Reason::RestoreUnsupported => "RestoreUnsupported",
         }
     }
 }

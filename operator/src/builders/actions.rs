@@ -135,6 +135,9 @@ pub struct ActionInputs {
     pub check_interval_secs: Option<i64>,
     /// lockdb is migrated (a check before that would only fail).
     pub schema_ready: bool,
+    /// Backend etcd: a restore is refused (its fast-forward is the etcd-bump runbook, not lockdb's
+    /// sequence), and `check_interval_secs` is `None`.
+    pub etcd_backend: bool,
 }
 
 /// A step's Event: reason and note.
@@ -181,6 +184,7 @@ impl ActionPlan {
             Reason::ActionRequestInvalid
                 | Reason::RevokeFailed
                 | Reason::RestoreFailed
+                | Reason::RestoreUnsupported
                 | Reason::FencingSequenceBehind
         );
         self.events.push(ActionEvent {
@@ -243,6 +247,7 @@ pub fn plan(inputs: &ActionInputs, jobs: &RestoreJobs<'_>) -> ActionPlan {
         None => {}
     }
     match &inputs.restore {
+        Some(Request::Valid(r)) if inputs.etcd_backend => refuse_restore(inputs, r, &mut out),
         Some(Request::Valid(r)) => plan_restore(inputs, r, jobs, &mut out),
         Some(Request::Invalid { id, error }) => {
             invalid(inputs, ActionType::Restore, id.as_deref(), error, &mut out)
@@ -654,6 +659,25 @@ fn failed(s: &mut ActionStatus, now: &str, message: String) {
     s.phase = ActionPhase::Failed;
     s.finished_at = Some(now.to_owned());
     s.message = Some(message);
+}
+
+/// What a restore request on an etcd LockService is told.
+pub const ETCD_RESTORE_MESSAGE: &str = "the operator does not run a restore fast-forward for backend etcd: the fencing token is the etcd revision, which only `etcdutl snapshot restore --bump-revision` can raise; follow docs/operations.md, \"Restore on an etcd LockService\" (`dlock-fastforward etcd-bump` computes the bump from the paydbs' high-water). Nothing was changed and lock traffic was not gated";
+
+/// A restore on an etcd LockService: recorded Failed at once, with the runbook to follow instead.
+/// No gate, no Job, nothing else changes (the LockService is not Degraded by it).
+fn refuse_restore(inputs: &ActionInputs, r: &RestoreRequest, out: &mut ActionPlan) {
+    if find(&inputs.actions, &r.id).is_some_and(|a| a.phase.is_final()) {
+        return;
+    }
+    let mut s = ActionStatus::new(&r.id, ActionType::Restore, ActionPhase::Failed);
+    s.started_at = Some(inputs.now.clone());
+    failed(&mut s, &inputs.now, ETCD_RESTORE_MESSAGE.into());
+    out.event(
+        Reason::RestoreUnsupported,
+        format!("{}: {ETCD_RESTORE_MESSAGE}", r.id),
+    );
+    out.put(s);
 }
 
 fn plan_restore(inputs: &ActionInputs, r: &RestoreRequest, jobs: &RestoreJobs<'_>, out: &mut ActionPlan) {
@@ -1183,6 +1207,38 @@ mod tests {
             !p9.busy && p9.events.is_empty() && p9.jobs.is_empty(),
             "finished: nothing more to do"
         );
+    }
+
+    #[test]
+    fn an_etcd_restore_is_refused_with_the_runbook_and_changes_nothing() {
+        let mut etcd = restore_inputs();
+        etcd.etcd_backend = true;
+        let p = run(&etcd);
+        assert_eq!(p.actions.len(), 1);
+        let a = &p.actions[0];
+        assert_eq!(
+            (a.id.as_str(), a.phase, a.step),
+            ("ff-1", ActionPhase::Failed, None)
+        );
+        let message = a.message.as_deref().unwrap_or_default();
+        assert!(
+            message.contains("dlock-fastforward etcd-bump") && message.contains("docs/operations.md"),
+            "{message}"
+        );
+        assert!(a.finished_at.is_some());
+        // No gate, no Job, nothing in flight.
+        assert!(!p.gated() && p.jobs.is_empty() && p.keep_jobs.is_empty() && !p.busy);
+        assert_eq!(p.events.len(), 1);
+        assert_eq!(p.events[0].reason, Reason::RestoreUnsupported);
+        assert!(p.events[0].warning && p.events[0].note.starts_with("ff-1: "));
+        // Once recorded, the same id is not reported again.
+        let again = run(&then(&p, etcd.clone()));
+        assert_eq!(again.actions, p.actions);
+        assert!(again.events.is_empty());
+        // Negative control: the same request on a postgres LockService closes the gate.
+        let postgres = run(&restore_inputs());
+        assert!(postgres.gated());
+        assert_eq!(postgres.actions[0].phase, ActionPhase::Running);
     }
 
     #[test]

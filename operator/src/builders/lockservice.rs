@@ -1,21 +1,29 @@
-//! Desired children of a LockService: lockdb (managed) → migration Job (once the database is up) →
-//! lock-server (once the Job has succeeded).
+//! Desired children of a LockService.
+//!
+//! - backend postgres: lockdb (managed) → migration Job (once the database is up) → lock-server
+//!   (once the Job has succeeded);
+//! - backend etcd: the etcd members (managed) → lock-server (once a quorum of them is ready, or at
+//!   once for an external cluster). No lockdb, no migration Job: etcd has no schema.
 
 use super::database::{self, History};
+use super::etcd;
 use super::migration::{self, JobState};
-use super::workloads::{self, LOCK_SERVER};
+use super::workloads::{self, LOCK_SERVER, LockServerStore};
 use super::{Child, Desired, Owner, SpecError, network};
-use crate::crd::{DatabaseMode, LockService};
+use crate::crd::{DatabaseMode, DatabaseSpec, EtcdMode, EtcdSpec, LockService, LockStore};
 
 /// What the controller observed, and its defaults.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Inputs<'a> {
     /// The operator's `--image`, for components whose spec names none.
     pub default_image: &'a str,
-    /// Managed: the StatefulSet has a ready pod. External: always true.
+    /// Managed lockdb: the StatefulSet has a ready pod. Managed etcd: a quorum of members is ready.
+    /// External: always true.
     pub database_ready: bool,
+    /// The migration Job (backend postgres; unused with etcd).
     pub migration: &'a JobState,
-    /// resourceVersion of the connection Secret (restarts pods when the URL changes).
+    /// resourceVersion of the Secret lock-server reads at start-up (lockdb's connection Secret, or
+    /// an external etcd's endpoints Secret): pods restart when it changes.
     pub db_secret_version: Option<&'a str>,
     /// A restore fast-forward gates lock traffic: lock-server is held at zero replicas.
     pub gated: bool,
@@ -51,9 +59,17 @@ pub fn admin_secret(owner: &Owner) -> k8s_openapi::api::core::v1::Secret {
     }
 }
 
+/// lockdb's block (backend postgres only).
+fn database(ls: &LockService) -> Result<&DatabaseSpec, SpecError> {
+    match ls.spec.store().ok_or(SpecError::StoreMissing)? {
+        LockStore::Postgres(db) => Ok(db),
+        LockStore::Etcd(_) => Err(SpecError::StoreMissing),
+    }
+}
+
 /// The lockdb owner-role URL (managed: the connection Secret's `admin-url`; external: the user's Secret).
 pub fn lockdb_admin_url(ls: &LockService, owner: &Owner) -> Result<crate::crd::SecretKeyRef, SpecError> {
-    let external = match ls.spec.database.mode().ok_or(SpecError::DatabaseMode)? {
+    let external = match database(ls)?.mode().ok_or(SpecError::DatabaseMode)? {
         DatabaseMode::Managed(_) => None,
         DatabaseMode::External(e) => Some(&e.secret_ref),
     };
@@ -76,7 +92,7 @@ pub fn migration_job(
     owner: &Owner,
     default_image: &str,
 ) -> Result<k8s_openapi::api::batch::v1::Job, SpecError> {
-    let external = match ls.spec.database.mode().ok_or(SpecError::DatabaseMode)? {
+    let external = match database(ls)?.mode().ok_or(SpecError::DatabaseMode)? {
         DatabaseMode::Managed(_) => None,
         DatabaseMode::External(e) => Some(&e.secret_ref),
     };
@@ -90,8 +106,20 @@ pub fn migration_job(
 }
 
 pub fn desired(ls: &LockService, owner: &Owner, inputs: &Inputs<'_>) -> Result<Desired, SpecError> {
+    match ls.spec.store().ok_or(SpecError::StoreMissing)? {
+        LockStore::Postgres(db) => desired_postgres(ls, db, owner, inputs),
+        LockStore::Etcd(spec) => desired_etcd(ls, spec, owner, inputs),
+    }
+}
+
+fn desired_postgres(
+    ls: &LockService,
+    db: &DatabaseSpec,
+    owner: &Owner,
+    inputs: &Inputs<'_>,
+) -> Result<Desired, SpecError> {
     let mut out = Desired::default();
-    match ls.spec.database.mode().ok_or(SpecError::DatabaseMode)? {
+    match db.mode().ok_or(SpecError::DatabaseMode)? {
         DatabaseMode::Managed(managed) => {
             out.apply.push(Child::Service(database::service(owner, HISTORY)));
             out.apply
@@ -112,25 +140,86 @@ pub fn desired(ls: &LockService, owner: &Owner, inputs: &Inputs<'_>) -> Result<D
     // The schema gate: nothing that needs lockdb's tables is created (or changed) before the Job of
     // the current image has succeeded. Existing Deployments are left as they are meanwhile.
     if *inputs.migration == JobState::Succeeded {
-        let replicas = if inputs.gated {
-            0
-        } else {
-            ls.spec.lock_server.replicas
+        let store = LockServerStore::Postgres {
+            db_secret_version: inputs.db_secret_version,
         };
-        let w = workloads::lock_server(
-            owner,
-            lock_server_image(ls, inputs.default_image),
-            replicas,
-            ls.spec.lock_server.resources.clone(),
-            &ls.spec.lease,
-            inputs.db_secret_version,
-            &admin_secret_name(owner),
-        );
-        out.workload(owner, &w);
-        out.endpoints
-            .insert("lockServer".into(), owner.http_url(&owner.child(LOCK_SERVER)));
+        lock_server(ls, owner, inputs, &store, &mut out);
     } else {
         out.hold_workload(owner, LOCK_SERVER);
     }
     Ok(out)
+}
+
+fn desired_etcd(
+    ls: &LockService,
+    spec: &EtcdSpec,
+    owner: &Owner,
+    inputs: &Inputs<'_>,
+) -> Result<Desired, SpecError> {
+    let mut out = Desired::default();
+    let prefix = spec.key_prefix.as_str();
+    let store = match spec.mode().ok_or(SpecError::EtcdMode)? {
+        EtcdMode::Managed(managed) => {
+            out.apply.push(Child::NetworkPolicy(etcd::network_policy(owner)));
+            out.apply.push(Child::Service(etcd::peer_service(owner)));
+            out.apply.push(Child::Service(etcd::client_service(owner)));
+            out.apply
+                .push(Child::StatefulSet(etcd::statefulset(owner, managed)));
+            // One member has no quorum to keep through a drain: a budget would only block it.
+            if managed.replicas > 1 {
+                out.apply.push(Child::PodDisruptionBudget(etcd::disruption_budget(
+                    owner,
+                    managed.replicas,
+                )));
+            }
+            out.endpoints.insert("etcd".into(), etcd::client_url(owner));
+            LockServerStore::Etcd {
+                endpoints: etcd::member_client_urls(owner, managed.replicas),
+                prefix,
+            }
+        }
+        // External: the members' children left from a managed spec are orphans (the sweep).
+        EtcdMode::External(external) => LockServerStore::EtcdFromSecret {
+            secret: &external.secret_ref.name,
+            key: &external.secret_ref.key,
+            prefix,
+            secret_version: inputs.db_secret_version,
+        },
+    };
+    out.apply.push(Child::NetworkPolicy(network::lock_server(owner)));
+    // lock-server starts once the cluster can commit (a quorum of members ready): before that it
+    // could only fail its readiness probe. Once created, it is left running through a member loss.
+    if inputs.database_ready {
+        lock_server(ls, owner, inputs, &store, &mut out);
+    } else {
+        out.hold_workload(owner, LOCK_SERVER);
+    }
+    Ok(out)
+}
+
+/// lock-server's Deployment and Service (at zero replicas while a restore gates lock traffic).
+fn lock_server(
+    ls: &LockService,
+    owner: &Owner,
+    inputs: &Inputs<'_>,
+    store: &LockServerStore<'_>,
+    out: &mut Desired,
+) {
+    let replicas = if inputs.gated {
+        0
+    } else {
+        ls.spec.lock_server.replicas
+    };
+    let w = workloads::lock_server(
+        owner,
+        lock_server_image(ls, inputs.default_image),
+        replicas,
+        ls.spec.lock_server.resources.clone(),
+        &ls.spec.lease,
+        store,
+        &admin_secret_name(owner),
+    );
+    out.workload(owner, &w);
+    out.endpoints
+        .insert("lockServer".into(), owner.http_url(&owner.child(LOCK_SERVER)));
 }

@@ -3,6 +3,7 @@
 
 pub mod actions;
 pub mod database;
+pub mod etcd;
 pub mod lockservice;
 pub mod migration;
 pub mod network;
@@ -16,6 +17,7 @@ use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, SecretKeySelector, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
 
@@ -156,6 +158,7 @@ pub enum Child {
     Job(Job),
     Deployment(Deployment),
     NetworkPolicy(NetworkPolicy),
+    PodDisruptionBudget(PodDisruptionBudget),
 }
 
 impl Child {
@@ -166,6 +169,7 @@ impl Child {
             Child::Job(_) => ChildKind::Job,
             Child::Deployment(_) => ChildKind::Deployment,
             Child::NetworkPolicy(_) => ChildKind::NetworkPolicy,
+            Child::PodDisruptionBudget(_) => ChildKind::PodDisruptionBudget,
         }
     }
 
@@ -176,6 +180,7 @@ impl Child {
             Child::Job(o) => &o.metadata,
             Child::Deployment(o) => &o.metadata,
             Child::NetworkPolicy(o) => &o.metadata,
+            Child::PodDisruptionBudget(o) => &o.metadata,
         };
         meta.name.as_deref().unwrap_or_default()
     }
@@ -188,15 +193,17 @@ pub enum ChildKind {
     Job,
     Deployment,
     NetworkPolicy,
+    PodDisruptionBudget,
 }
 
 impl ChildKind {
     /// The kinds whose orphans [`Desired`] implies: every child of the owner of one of these kinds
     /// (found by label) that is neither applied nor held is deleted. Jobs are not among them: each
     /// family of Jobs (migration, restore, fencing check) keeps its own by label and component.
-    pub const SWEPT: [ChildKind; 4] = [
+    pub const SWEPT: [ChildKind; 5] = [
         ChildKind::NetworkPolicy,
         ChildKind::Deployment,
+        ChildKind::PodDisruptionBudget,
         ChildKind::Service,
         ChildKind::StatefulSet,
     ];
@@ -269,6 +276,10 @@ impl Desired {
 pub enum SpecError {
     #[error("spec.database must set exactly one of managed or external")]
     DatabaseMode,
+    #[error("backend postgres needs spec.database, backend etcd needs spec.etcd")]
+    StoreMissing,
+    #[error("spec.etcd must set exactly one of managed or external")]
+    EtcdMode,
     #[error("spec.railProxy.railUrl is required unless spec.railStub.enabled is true")]
     RailUrl,
 }

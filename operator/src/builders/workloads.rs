@@ -68,30 +68,86 @@ impl Workload {
     }
 }
 
+/// Where lock-server keeps its grants, as its pods are told.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LockServerStore<'a> {
+    /// lockdb: `DATABASE_URL` from the connection Secret (its resourceVersion restarts the pods).
+    Postgres { db_secret_version: Option<&'a str> },
+    /// etcd at client URLs known from the spec (a managed cluster): plain flags, nothing secret.
+    Etcd { endpoints: Vec<String>, prefix: &'a str },
+    /// etcd whose client URLs are a Secret key (an external cluster): `DLOCK_ETCD_ENDPOINTS` from
+    /// it; lock-server reads it at start-up, so the Secret's resourceVersion restarts the pods.
+    EtcdFromSecret {
+        secret: &'a str,
+        key: &'a str,
+        prefix: &'a str,
+        secret_version: Option<&'a str>,
+    },
+}
+
+/// Env key lock-server reads etcd's client URLs from (services/lock-server/src/config.rs).
+pub const ETCD_ENDPOINTS_ENV: &str = "DLOCK_ETCD_ENDPOINTS";
+/// Pod-template annotation carrying the external etcd Secret's resourceVersion.
+pub const ETCD_SECRET_VERSION_ANNOTATION: &str = "dlock.dev/etcd-secret-version";
+
 pub fn lock_server(
     owner: &Owner,
     image: String,
     replicas: i32,
     resources: Option<ResourceRequirements>,
     lease: &LeaseSpec,
-    db_secret_version: Option<&str>,
+    store: &LockServerStore<'_>,
     admin_secret: &str,
 ) -> Workload {
     let mut env = lease_env(lease);
     // The admin token (force-revoke) from its Secret: never a flag, never a plain value.
     env.push(secret_env(ADMIN_TOKEN_ENV, admin_secret, "token"));
-    Workload {
+    let mut args: Vec<String> = vec!["--listen".into(), LISTEN_ADDR.into()];
+    let mut annotations = BTreeMap::new();
+    let etcd_args = |prefix: &str| {
+        vec![
+            "--backend".to_owned(),
+            "etcd".into(),
+            "--etcd-prefix".into(),
+            prefix.into(),
+        ]
+    };
+    match store {
+        LockServerStore::Postgres { .. } => {}
+        LockServerStore::Etcd { endpoints, prefix } => {
+            args.extend(etcd_args(prefix));
+            args.extend(["--etcd-endpoints".to_owned(), endpoints.join(",")]);
+        }
+        LockServerStore::EtcdFromSecret {
+            secret,
+            key,
+            prefix,
+            secret_version,
+        } => {
+            args.extend(etcd_args(prefix));
+            env.push(secret_env(ETCD_ENDPOINTS_ENV, secret, key));
+            if let Some(v) = secret_version {
+                annotations.insert(ETCD_SECRET_VERSION_ANNOTATION.into(), (*v).to_owned());
+            }
+        }
+    }
+    let w = Workload {
         component: LOCK_SERVER,
         image,
         replicas,
-        args: vec!["--listen".into(), LISTEN_ADDR.into()],
+        args,
         env,
         resources,
         serves_http: true,
-        annotations: BTreeMap::new(),
+        annotations,
         pod_labels: BTreeMap::new(),
+    };
+    match store {
+        LockServerStore::Postgres { db_secret_version } => {
+            w.with_database(owner, History::Lockdb, *db_secret_version)
+        }
+        _ => w,
     }
-    .with_database(owner, History::Lockdb, db_secret_version)
 }
 
 pub fn payment_resource(

@@ -24,7 +24,7 @@ use crate::builders::workloads::LOCK_SERVER;
 use crate::crd::actions::{
     ANNOTATION_RESTORE, ANNOTATION_REVOKE, ActionPhase, ActionStep, id_of, parse_restore, parse_revoke,
 };
-use crate::crd::{LockService, PaymentStack};
+use crate::crd::{Backend, LockService, PaymentStack};
 
 /// The requests in the LockService's annotations.
 pub fn requests(
@@ -60,7 +60,10 @@ pub async fn observe(
 ) -> Result<ActionInputs> {
     let (revoke, restore) = requests(ls);
     let status = ls.status.as_ref();
+    // etcd: the restore and the periodic check read and move lockdb's sequence; neither applies.
+    let etcd = ls.spec.backend == Backend::Etcd;
     let mut inputs = ActionInputs {
+        etcd_backend: etcd,
         actions: status.map(|s| s.actions.clone()).unwrap_or_default(),
         gate: status.and_then(|s| s.gate.clone()),
         fencing: status.and_then(|s| s.fencing.clone()),
@@ -69,6 +72,7 @@ pub async fn observe(
         check_interval_secs: ctx
             .settings
             .fencing_check_interval
+            .filter(|_| !etcd)
             .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX)),
         ..ActionInputs::default()
     };
@@ -99,7 +103,7 @@ pub async fn observe(
         }
     }
 
-    let restore_active = matches!(&restore, Some(Request::Valid(r)) if active(&r.id));
+    let restore_active = !etcd && matches!(&restore, Some(Request::Valid(r)) if active(&r.id));
     if restore_active || inputs.check_interval_secs.is_some() {
         inputs.stacks = stacks_of(ctx, ls, owner).await?;
     }
@@ -116,7 +120,7 @@ pub async fn observe(
         }
     }
     if let Some(Request::Valid(r)) = &restore
-        && active(&r.id)
+        && restore_active
     {
         let step = inputs.actions.iter().find(|a| a.id == r.id).and_then(|a| a.step);
         let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);

@@ -6,6 +6,7 @@ use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
 use serde::Serialize;
@@ -45,6 +46,7 @@ pub async fn apply_child(client: &Client, namespace: &str, child: &Child) -> Res
         Child::Job(o) => apply(client, namespace, o).await.map(|_| Applied::Other)?,
         Child::Deployment(o) => Applied::Deployment(Box::new(apply(client, namespace, o).await?)),
         Child::NetworkPolicy(o) => apply(client, namespace, o).await.map(|_| Applied::Other)?,
+        Child::PodDisruptionBudget(o) => apply(client, namespace, o).await.map(|_| Applied::Other)?,
     })
 }
 
@@ -57,6 +59,7 @@ pub async fn delete_child(client: &Client, namespace: &str, child: &ChildRef) ->
         ChildKind::Job => delete::<Job>(client, namespace, &child.name).await,
         ChildKind::Deployment => delete::<Deployment>(client, namespace, &child.name).await,
         ChildKind::NetworkPolicy => delete::<NetworkPolicy>(client, namespace, &child.name).await,
+        ChildKind::PodDisruptionBudget => delete::<PodDisruptionBudget>(client, namespace, &child.name).await,
     }
 }
 
@@ -97,6 +100,7 @@ pub async fn orphans(client: &Client, owner: &Owner, desired: &Desired) -> Resul
             ChildKind::Deployment => children_of::<Deployment>(client, owner).await?,
             ChildKind::Service => children_of::<Service>(client, owner).await?,
             ChildKind::StatefulSet => children_of::<StatefulSet>(client, owner).await?,
+            ChildKind::PodDisruptionBudget => children_of::<PodDisruptionBudget>(client, owner).await?,
             ChildKind::Job => continue,
         };
         out.extend(

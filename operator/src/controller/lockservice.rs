@@ -7,7 +7,7 @@ use k8s_openapi::api::batch::v1::Job;
 use super::error::Result;
 use super::pipeline::{CreateOnce, Plan, Reconciled, at, invalid_spec};
 use super::status::{Blocked, Observation};
-use super::steps::{ActionsOutcome, Prepared};
+use super::steps::{ActionsOutcome, Prepared, Store};
 use super::{Context, Settings, actions, apply};
 use crate::builders::actions::{
     self as action_plan, ActionEvent, ActionInputs, ActionPlan, CHECK_COMPONENT, RESTORE_COMPONENT,
@@ -19,7 +19,7 @@ use crate::builders::migration::JobState;
 use crate::builders::workloads::LOCK_SERVER;
 use crate::builders::{Child, Owner, SpecError};
 use crate::crd::actions::ActionPhase;
-use crate::crd::{DatabaseSpec, DlockStatus, LockService};
+use crate::crd::{Backend, DlockStatus, LockService, LockStore};
 use crate::reasons::Reason;
 
 impl Reconciled for LockService {
@@ -31,8 +31,11 @@ impl Reconciled for LockService {
         self.status.as_ref()
     }
 
-    fn database(&self) -> &DatabaseSpec {
-        &self.spec.database
+    fn store(&self) -> std::result::Result<Store<'_>, SpecError> {
+        match self.spec.store().ok_or(SpecError::StoreMissing)? {
+            LockStore::Postgres(db) => Ok(Store::Database(db)),
+            LockStore::Etcd(etcd) => Ok(Store::Etcd(etcd)),
+        }
     }
 
     fn migration_job(&self, owner: &Owner, settings: &Settings) -> std::result::Result<Job, SpecError> {
@@ -67,7 +70,11 @@ impl Reconciled for LockService {
             .migration_image
             .clone()
             .unwrap_or_else(|| plan::lock_server_image(self, &settings.default_image));
-        let lockdb_admin_url = plan::lockdb_admin_url(self, owner).map_err(|e| invalid_spec(&e))?;
+        let lockdb_admin_url = match self.spec.backend {
+            Backend::Postgres => plan::lockdb_admin_url(self, owner).map_err(|e| invalid_spec(&e))?,
+            // Never read: with etcd the actions plan no restore or check Job (they work on lockdb).
+            Backend::Etcd => crate::builders::database::admin_url_source(owner, HISTORY, None),
+        };
         let restore_jobs = RestoreJobs {
             owner,
             image: &image,

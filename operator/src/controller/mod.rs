@@ -8,6 +8,7 @@ pub mod actions;
 pub mod apply;
 pub mod database;
 pub mod error;
+pub mod etcd;
 pub mod lockservice;
 pub mod migration;
 pub mod paymentstack;
@@ -24,6 +25,7 @@ use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::Api;
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::{Action, Controller};
@@ -265,6 +267,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     .owns(api::<Job>(&client, ns), children())
     .owns(api::<Deployment>(&client, ns), children())
     .owns(api::<NetworkPolicy>(&client, ns), children())
+    .owns(api::<PodDisruptionBudget>(&client, ns), children())
     .graceful_shutdown_on(stop(rx.clone()))
     .run(
         |obj, ctx| {

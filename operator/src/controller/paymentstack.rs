@@ -8,13 +8,13 @@ use kube::api::Api;
 use super::error::Result;
 use super::pipeline::{CreateOnce, Plan, Reconciled, at, invalid_spec};
 use super::status::{Blocked, Observation};
-use super::steps::{ActionsOutcome, Prepared};
+use super::steps::{ActionsOutcome, Prepared, Store};
 use super::{Context, Settings};
 use crate::builders::actions::ActionEvent;
 use crate::builders::database::History;
 use crate::builders::paymentstack::{self as plan, HISTORY, Inputs, LockServiceView};
 use crate::builders::{Owner, SpecError, security};
-use crate::crd::{DatabaseSpec, DlockStatus, LockService, PaymentStack};
+use crate::crd::{DlockStatus, LockService, PaymentStack};
 use crate::reasons::Reason;
 
 /// The three Deployments that wait for the schema and the LockService.
@@ -30,8 +30,8 @@ impl Reconciled for PaymentStack {
         self.status.as_ref()
     }
 
-    fn database(&self) -> &DatabaseSpec {
-        &self.spec.database
+    fn store(&self) -> std::result::Result<Store<'_>, SpecError> {
+        Ok(Store::Database(&self.spec.database))
     }
 
     fn migration_job(&self, owner: &Owner, settings: &Settings) -> std::result::Result<Job, SpecError> {

@@ -1,6 +1,7 @@
 //! The one reconcile both kinds run, as a pipeline of small steps:
 //!
-//! 1. **observe** (reads only): the database and its migration Job ([`steps::prepare`]), then what
+//! 1. **observe** (reads only): the database and its migration Job, or a LockService's etcd cluster
+//!    ([`steps::prepare`]), then what
 //!    the kind itself needs ([`Reconciled::observe`]: a PaymentStack's LockService; a LockService's
 //!    action requests, restore Jobs and the stacks that use it);
 //! 2. **plan** (pure, no API calls): the children, the Secrets to create once and the kind's next
@@ -26,12 +27,12 @@ use serde::de::DeserializeOwned;
 
 use super::error::{Error, Result};
 use super::status::{Blocked, Observation};
-use super::steps::{self, ActionsOutcome, Prepared};
+use super::steps::{self, ActionsOutcome, Prepared, Store};
 use super::{Context, Settings, apply};
 use crate::builders::actions::ActionEvent;
 use crate::builders::database::History;
 use crate::builders::{Desired, Owner, SpecError};
-use crate::crd::{DatabaseSpec, DlockStatus};
+use crate::crd::DlockStatus;
 use crate::reasons::Reason;
 
 /// A Secret the operator creates once and never rewrites (generated credentials), and the Event
@@ -72,7 +73,8 @@ pub trait Reconciled:
     type Next: Send + Sync;
 
     fn status(&self) -> Option<&DlockStatus>;
-    fn database(&self) -> &DatabaseSpec;
+    /// The store step 1 resolves (a spec error when the spec names none the controller can use).
+    fn store(&self) -> std::result::Result<Store<'_>, SpecError>;
     /// The migration Job the current spec needs (pure).
     fn migration_job(&self, owner: &Owner, settings: &Settings) -> std::result::Result<Job, SpecError>;
 
@@ -129,15 +131,9 @@ pub async fn reconcile<K: Reconciled>(obj: &K, ctx: &Context) -> Result<Action> 
     };
 
     // 1. Observe.
-    let Some(prepared) = steps::prepare(
-        ctx,
-        &owner,
-        regarding,
-        K::HISTORY,
-        obj.database(),
-        &mut obs,
-        || obj.migration_job(&owner, &ctx.settings),
-    )
+    let Some(prepared) = steps::prepare(ctx, &owner, regarding, K::HISTORY, obj.store(), &mut obs, || {
+        obj.migration_job(&owner, &ctx.settings)
+    })
     .await?
     else {
         return stop(obs).await;
@@ -178,7 +174,7 @@ pub async fn reconcile<K: Reconciled>(obj: &K, ctx: &Context) -> Result<Action> 
     )
     .await?;
     obs.expected_deployments = plan.expected_deployments;
-    obs.migration = Some(prepared.job_state.clone());
+    obs.migration = prepared.schema.then(|| prepared.job_state.clone());
     let (outcome, events) = obj.apply(ctx, &owner, &plan, &mut obs).await?;
 
     // 4. Status (pure) and its one write; then the Events of this reconcile.

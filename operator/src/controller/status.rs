@@ -9,7 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::builders::migration::JobState;
 use crate::crd::status::{CONDITION_DEGRADED, CONDITION_PROGRESSING, CONDITION_READY};
-use crate::crd::{DlockStatus, MigrationStatus, Phase};
+use crate::crd::{DlockStatus, EtcdStatus, MigrationStatus, Phase};
 use crate::reasons::Reason;
 
 /// Something a human must fix (or wait for) before the controller can go on.
@@ -58,6 +58,49 @@ impl DeploymentHealth {
     }
 }
 
+/// The etcd cluster of a LockService with backend etcd, as the etcd step saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EtcdHealth {
+    /// The operator's members: how many the StatefulSet asks for, how many are ready.
+    Managed { members: i32, ready: i32 },
+    /// Run elsewhere: its health is lock-server's readiness (its probe reaches etcd).
+    External,
+}
+
+impl EtcdHealth {
+    /// The cluster can commit: lock-server may start.
+    pub fn has_quorum(&self) -> bool {
+        match self {
+            EtcdHealth::Managed { members, ready } => *ready >= crate::builders::etcd::quorum(*members),
+            EtcdHealth::External => true,
+        }
+    }
+
+    pub fn all_ready(&self) -> bool {
+        match self {
+            EtcdHealth::Managed { members, ready } => ready >= members,
+            EtcdHealth::External => true,
+        }
+    }
+
+    pub fn status(&self) -> EtcdStatus {
+        match self {
+            EtcdHealth::Managed { members, ready } => EtcdStatus {
+                mode: "managed".into(),
+                members: Some(*members),
+                ready_members: Some(*ready),
+                ready: format!("{ready}/{members}"),
+            },
+            EtcdHealth::External => EtcdStatus {
+                mode: "external".into(),
+                members: None,
+                ready_members: None,
+                ready: "external".into(),
+            },
+        }
+    }
+}
+
 /// Everything the status is computed from.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Observation {
@@ -73,6 +116,8 @@ pub struct Observation {
     pub expected_deployments: usize,
     /// Lock traffic is gated by a restore fast-forward in progress.
     pub gated: Option<Blocked>,
+    /// Backend etcd: the cluster (in place of the database and its migration, which it has not).
+    pub etcd: Option<EtcdHealth>,
 }
 
 /// The verdict: phase plus one (status, reason, message) per condition.
@@ -102,28 +147,23 @@ pub fn assess(obs: &Observation) -> Assessment {
     if let Some(b) = &obs.blocked {
         return Assessment::new(Phase::Degraded, b.reason, b.message.clone());
     }
-    if let Some(JobState::Failed(msg)) = &obs.migration {
-        return Assessment::new(
-            Phase::Degraded,
-            Reason::MigrationFailed,
-            format!("the migration Job failed: {msg}; fix the cause, then delete the Job to retry"),
-        );
-    }
-    if !obs.database_ready {
-        return Assessment::new(
-            Phase::Pending,
-            Reason::WaitingForDatabase,
-            "waiting for the database to accept connections",
-        );
-    }
-    match &obs.migration {
-        Some(JobState::Succeeded) => {}
-        _ => {
-            return Assessment::new(
-                Phase::Migrating,
-                Reason::Migrating,
-                "the migration Job is running; Deployments that need the schema wait for it",
-            );
+    match &obs.etcd {
+        Some(etcd) => {
+            if let (false, EtcdHealth::Managed { members, ready }) = (etcd.has_quorum(), etcd) {
+                return Assessment::new(
+                    Phase::Pending,
+                    Reason::WaitingForEtcd,
+                    format!(
+                        "waiting for a quorum of the etcd members: {ready}/{members} ready; lock-server starts at {}",
+                        crate::builders::etcd::quorum(*members)
+                    ),
+                );
+            }
+        }
+        None => {
+            if let Some(a) = database_and_schema(obs) {
+                return a;
+            }
         }
     }
     if let Some(g) = &obs.gated {
@@ -148,7 +188,41 @@ pub fn assess(obs: &Observation) -> Assessment {
             ),
         );
     }
+    if let Some(EtcdHealth::Managed { members, ready }) = obs.etcd.as_ref().filter(|e| !e.all_ready()) {
+        return Assessment::new(
+            Phase::Pending,
+            Reason::WaitingForEtcd,
+            format!("lock-server is available; etcd members ready: {ready}/{members}"),
+        );
+    }
     Assessment::new(Phase::Ready, Reason::Ready, "all components are available")
+}
+
+/// The lockdb / paydb part of the verdict: the migration failed, the database is not up yet, or the
+/// migration is running (`None`: none of these).
+fn database_and_schema(obs: &Observation) -> Option<Assessment> {
+    if let Some(JobState::Failed(msg)) = &obs.migration {
+        return Some(Assessment::new(
+            Phase::Degraded,
+            Reason::MigrationFailed,
+            format!("the migration Job failed: {msg}; fix the cause, then delete the Job to retry"),
+        ));
+    }
+    if !obs.database_ready {
+        return Some(Assessment::new(
+            Phase::Pending,
+            Reason::WaitingForDatabase,
+            "waiting for the database to accept connections",
+        ));
+    }
+    match &obs.migration {
+        Some(JobState::Succeeded) => None,
+        _ => Some(Assessment::new(
+            Phase::Migrating,
+            Reason::Migrating,
+            "the migration Job is running; Deployments that need the schema wait for it",
+        )),
+    }
 }
 
 /// The migration block of the status. The applied version is kept from the previous status while
@@ -228,6 +302,7 @@ pub fn build(
         actions: previous.map(|p| p.actions.clone()).unwrap_or_default(),
         gate: previous.and_then(|p| p.gate.clone()),
         fencing: previous.and_then(|p| p.fencing.clone()),
+        etcd: previous.and_then(|p| p.etcd.clone()),
         last_action: previous.and_then(|p| p.last_action.clone()),
     }
 }

@@ -15,34 +15,76 @@ use serde::de::DeserializeOwned;
 use super::apply::{self, Applied};
 use super::database::{self, DatabaseState};
 use super::error::Result;
+use super::etcd;
 use super::migration;
 use super::status::{self, Assessment, Blocked, DeploymentHealth, Observation};
 use super::{Context, REQUEUE_BLOCKED, REQUEUE_PROGRESSING, REQUEUE_READY};
 use crate::builders::database::History;
 use crate::builders::migration::JobState;
 use crate::builders::{ChildKind, Desired, Owner, SpecError};
-use crate::crd::DatabaseSpec;
+use crate::crd::{DatabaseSpec, EtcdSpec};
 use crate::crd::{DlockStatus, Phase};
+
+/// What step 1 resolves: a database with a migrated schema, or (a LockService with backend etcd)
+/// an etcd cluster, which has no schema.
+#[derive(Debug, Clone, Copy)]
+pub enum Store<'a> {
+    Database(&'a DatabaseSpec),
+    Etcd(&'a EtcdSpec),
+}
 
 /// The database and the state of its migration Job, once neither is blocked.
 pub struct Prepared {
     pub db: DatabaseState,
     pub job_name: String,
     pub job_state: JobState,
+    /// `false` for etcd: no migration Job was looked at, and `job_state` is `Succeeded` so that
+    /// nothing waits for one (no migration status is written either).
+    pub schema: bool,
 }
 
-/// Steps 1 and 2: resolve the database (credentials Secret, managed StatefulSet or external URL) and
-/// observe the migration Job `migration_job` builds. `Ok(None)`: `obs.blocked` says what a human must
-/// fix, and the caller finishes with it.
+/// Steps 1 and 2: resolve the store. A database: its credentials Secret, managed StatefulSet or
+/// external URL, and the migration Job `migration_job` builds. etcd: its members' readiness or the
+/// external Secret. `Ok(None)`: `obs.blocked` says what a human must fix, and the caller finishes
+/// with it.
+#[allow(clippy::too_many_arguments)]
 pub async fn prepare(
     ctx: &Context,
     owner: &Owner,
     regarding: &ObjectReference,
     history: History,
-    database_spec: &DatabaseSpec,
+    store: std::result::Result<Store<'_>, SpecError>,
     obs: &mut Observation,
     migration_job: impl FnOnce() -> std::result::Result<Job, SpecError>,
 ) -> Result<Option<Prepared>> {
+    let database_spec = match store {
+        Ok(Store::Database(db)) => db,
+        Ok(Store::Etcd(spec)) => {
+            let state = match etcd::resolve(ctx, owner, spec).await? {
+                Ok(state) => state,
+                Err(blocked) => {
+                    obs.blocked = Some(blocked);
+                    return Ok(None);
+                }
+            };
+            obs.database_ready = state.health.has_quorum();
+            obs.etcd = Some(state.health.clone());
+            return Ok(Some(Prepared {
+                db: DatabaseState {
+                    ready: state.health.has_quorum(),
+                    secret_version: state.secret_version,
+                    credentials_created: false,
+                },
+                job_name: String::new(),
+                job_state: JobState::Succeeded,
+                schema: false,
+            }));
+        }
+        Err(e) => {
+            obs.blocked = Some(Blocked::new(e.reason(), e.to_string()));
+            return Ok(None);
+        }
+    };
     let db = match database::resolve(ctx, owner, history, database_spec).await? {
         Ok(db) => db,
         Err(blocked) => {
@@ -73,6 +115,7 @@ pub async fn prepare(
         db,
         job_name,
         job_state,
+        schema: true,
     }))
 }
 
@@ -88,7 +131,7 @@ pub async fn applied_version(
             && m.job_name.as_deref() == Some(prepared.job_name.as_str())
             && m.applied_version.is_some()
     });
-    if prepared.job_state == JobState::Succeeded && !already_read {
+    if prepared.schema && prepared.job_state == JobState::Succeeded && !already_read {
         migration::applied_version(&ctx.client, &owner.namespace, &prepared.job_name).await
     } else {
         None
@@ -223,6 +266,9 @@ where
         migration,
         Timestamp::now(),
     );
+    if let Some(etcd) = &obs.etcd {
+        new.etcd = Some(etcd.status());
+    }
     if let Some(a) = actions {
         new.actions = a.actions.clone();
         new.gate = a.gate.clone();
@@ -235,6 +281,19 @@ where
         apply::patch_status::<K>(&ctx.client, &ns, &name, &new).await?;
     }
     announce(ctx, regarding, previous, &assessment, &ns, &name).await;
+    // Each change in the managed etcd members' readiness, as it happens.
+    if let Some(e) = new.etcd.as_ref().filter(|e| e.members.is_some())
+        && previous.and_then(|p| p.etcd.as_ref()).map(|p| &p.ready) != Some(&e.ready)
+    {
+        tracing::info!(event = "etcd_members_ready", namespace = %ns, name = %name, ready = %e.ready);
+        ctx.publish(
+            regarding,
+            EventType::Normal,
+            Reason::EtcdMembersReady,
+            format!("etcd members ready: {}", e.ready),
+        )
+        .await;
+    }
     if actions.is_some_and(|a| a.busy) {
         return Ok(Action::requeue(REQUEUE_ACTION));
     }

@@ -592,3 +592,171 @@ fn backoff_grows_and_is_capped() {
     assert_eq!(secs, [2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
     assert_eq!(backoff(u32::MAX).as_secs(), 300);
 }
+
+const PDBS: &str = "/apis/policy/v1/namespaces/pay/poddisruptionbudgets/";
+const SERVICES: &str = "/api/v1/namespaces/pay/services/";
+
+/// A managed-etcd LockService from nothing to Ready: members first, lock-server at a quorum, Ready
+/// once every member is; no lockdb, no migration Job, no migration status.
+#[tokio::test]
+async fn an_etcd_lock_service_waits_for_a_quorum_then_runs_lock_server() {
+    let api = FakeApi::default();
+    let ctx = context(&api);
+    store_lock_service(
+        &api,
+        json!({"backend": "etcd", "etcd": {"managed": {"replicas": 3}}, "lockServer": {"replicas": 2}}),
+    );
+    let sts_key = format!("{STATEFULSETS}locks-etcd");
+    let ls = reconcile_ls(&api, &ctx).await;
+    assert_eq!(
+        phase_and_reason(ls.status.clone()),
+        (Phase::Pending, "WaitingForEtcd".into())
+    );
+    let status = ls.status.unwrap();
+    assert_eq!(status.etcd.as_ref().unwrap().ready, "0/3");
+    assert!(status.migration.is_none());
+    assert!(api.get(&sts_key).is_some());
+    assert!(api.get(&format!("{PDBS}locks-etcd")).is_some());
+    assert!(api.get(&format!("{SERVICES}locks-etcd-client")).is_some());
+    assert!(api.keys(DEPLOYMENTS).is_empty());
+    assert!(api.keys(JOBS).is_empty());
+    assert!(api.keys(&format!("{SECRETS}locks-lockdb")).is_empty());
+
+    // One member is not a quorum of three.
+    api.set_status(&sts_key, json!({"replicas": 3, "readyReplicas": 1}));
+    let ls = reconcile_ls(&api, &ctx).await;
+    assert_eq!(
+        phase_and_reason(ls.status),
+        (Phase::Pending, "WaitingForEtcd".into())
+    );
+    assert!(api.keys(DEPLOYMENTS).is_empty());
+
+    // Two are: lock-server is created, on --backend etcd.
+    api.set_status(&sts_key, json!({"replicas": 3, "readyReplicas": 2}));
+    let ls = reconcile_ls(&api, &ctx).await;
+    assert_eq!(
+        phase_and_reason(ls.status.clone()),
+        (Phase::Pending, "RollingOut".into())
+    );
+    let dep_key = format!("{DEPLOYMENTS}locks-lock-server");
+    let dep = api.get(&dep_key).expect("lock-server Deployment");
+    let args = dep["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(args.contains("\"--backend\",\"etcd\""), "{args}");
+    assert_eq!(ls.status.unwrap().etcd.unwrap().ready, "2/3");
+
+    // lock-server available, one member still not ready: not Ready yet, and it says why.
+    api.set_status(
+        &dep_key,
+        json!({"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "availableReplicas": 2}),
+    );
+    let ls = reconcile_ls(&api, &ctx).await;
+    let status = ls.status.clone().unwrap();
+    assert_eq!(
+        phase_and_reason(ls.status),
+        (Phase::Pending, "WaitingForEtcd".into())
+    );
+    assert!(status.condition("Ready").unwrap().message.contains("2/3"));
+
+    api.set_status(&sts_key, json!({"replicas": 3, "readyReplicas": 3}));
+    let ls = reconcile_ls(&api, &ctx).await;
+    let status = ls.status.clone().unwrap();
+    assert_eq!(phase_and_reason(ls.status), (Phase::Ready, "Ready".into()));
+    assert_eq!(
+        (
+            status.etcd.as_ref().unwrap().ready.as_str(),
+            status.etcd.as_ref().unwrap().ready_members
+        ),
+        ("3/3", Some(3))
+    );
+    assert_eq!(status.endpoints["etcd"], "http://locks-etcd-client.pay.svc:2379");
+    assert!(status.migration.is_none());
+
+    // A restore request is refused at once, with the runbook, and lock-server keeps serving.
+    let mut obj = api.get(LS_KEY).unwrap();
+    obj["metadata"]["annotations"] = json!({"dlock.dev/restore": "{\"id\":\"ff-etcd\",\"margin\":100}"});
+    api.put(LS_KEY, obj);
+    let ls = reconcile_ls(&api, &ctx).await;
+    let status = ls.status.clone().unwrap();
+    let action = status
+        .actions
+        .iter()
+        .find(|a| a.id == "ff-etcd")
+        .expect("recorded");
+    assert_eq!(action.phase, crate::crd::actions::ActionPhase::Failed);
+    assert!(action.message.as_deref().unwrap().contains("etcd-bump"));
+    assert!(status.gate.is_none());
+    assert_eq!(phase_and_reason(ls.status), (Phase::Ready, "Ready".into()));
+    assert_eq!(api.get(&dep_key).unwrap()["spec"]["replicas"], json!(2));
+    assert!(api.keys(JOBS).is_empty(), "no restore Job");
+}
+
+/// An external etcd: no member is run; its Secret is checked before lock-server is started.
+#[tokio::test]
+async fn an_external_etcd_needs_a_secret_with_usable_client_urls() {
+    let api = FakeApi::default();
+    let ctx = context(&api);
+    store_lock_service(
+        &api,
+        json!({"backend": "etcd", "etcd": {"external": {"secretRef": {"name": "prod-etcd"}}}}),
+    );
+    let ls = reconcile_ls(&api, &ctx).await;
+    assert_eq!(
+        phase_and_reason(ls.status),
+        (Phase::Degraded, "ExternalSecretMissing".into())
+    );
+    assert!(api.keys(DEPLOYMENTS).is_empty());
+
+    let secret = |value: &str| {
+        let mut s = serde_json::to_value(k8s_openapi::api::core::v1::Secret {
+            data: Some(BTreeMap::from([(
+                "endpoints".to_owned(),
+                k8s_openapi::ByteString(value.as_bytes().to_vec()),
+            )])),
+            ..Default::default()
+        })
+        .unwrap();
+        s["apiVersion"] = json!("v1");
+        s["kind"] = json!("Secret");
+        s["metadata"] = json!({"name": "prod-etcd", "namespace": NS, "resourceVersion": "5"});
+        s
+    };
+    api.put(
+        &format!("{SECRETS}prod-etcd"),
+        secret("https://etcd.example:2379"),
+    );
+    let ls = reconcile_ls(&api, &ctx).await;
+    let status = ls.status.clone().unwrap();
+    assert_eq!(
+        phase_and_reason(ls.status),
+        (Phase::Degraded, "EtcdEndpointsInvalid".into())
+    );
+    assert!(status.condition("Ready").unwrap().message.contains("http://"));
+    assert!(api.keys(DEPLOYMENTS).is_empty());
+
+    api.put(
+        &format!("{SECRETS}prod-etcd"),
+        secret("http://etcd-a.example:2379,http://etcd-b.example:2379"),
+    );
+    let ls = reconcile_ls(&api, &ctx).await;
+    let status = ls.status.clone().unwrap();
+    assert_eq!(phase_and_reason(ls.status), (Phase::Pending, "RollingOut".into()));
+    assert_eq!(status.etcd.unwrap().ready, "external");
+    let dep = api
+        .get(&format!("{DEPLOYMENTS}locks-lock-server"))
+        .expect("lock-server Deployment");
+    let pod = &dep["spec"]["template"];
+    assert_eq!(
+        pod["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == "DLOCK_ETCD_ENDPOINTS")
+            .unwrap()["valueFrom"]["secretKeyRef"],
+        json!({"name": "prod-etcd", "key": "endpoints", "optional": false})
+    );
+    assert_eq!(
+        pod["metadata"]["annotations"]["dlock.dev/etcd-secret-version"],
+        "5"
+    );
+    assert!(api.keys(STATEFULSETS).is_empty());
+}

@@ -1,4 +1,5 @@
-//! `LockService`: a lock-server Deployment over its own lockdb.
+//! `LockService`: a lock-server Deployment over its own lockdb (backend postgres) or over an etcd
+//! cluster (backend etcd, managed by the operator or external).
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use kube::{CustomResource, KubeSchema};
@@ -6,6 +7,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::database::DatabaseSpec;
+use super::etcd::EtcdSpec;
 use super::status::DlockStatus;
 
 /// Lease TTL bounds in the CR, in milliseconds. Inside the lock API's own bounds
@@ -26,11 +28,12 @@ pub const MAX_REPLICAS: i32 = 20;
     shortname = "lsvc",
     category = "dlock",
     derive = "PartialEq",
-    doc = "A fenced lock service: lock-server over its own PostgreSQL lockdb.",
+    doc = "A fenced lock service: lock-server over its own PostgreSQL lockdb, or over etcd.",
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.lockServer.replicas"),
     printcolumn(name = "Schema", type_ = "integer", json_path = ".status.migration.appliedVersion"),
+    printcolumn(name = "Etcd-Ready", type_ = "string", json_path = ".status.etcd.ready"),
     printcolumn(name = "Endpoint", type_ = "string", json_path = ".status.endpoints.lockServer", priority = "1"),
     printcolumn(name = "Last-Action", type_ = "string", json_path = ".status.lastAction"),
     printcolumn(name = "Sequence", type_ = "integer", json_path = ".status.fencing.sequence"),
@@ -42,23 +45,54 @@ pub const MAX_REPLICAS: i32 = 20;
         .reason(Reason::FieldValueInvalid)
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("(has(self.backend) && self.backend == 'etcd') != has(self.database)")
+        .message("spec.database is required with backend postgres (lockdb) and not allowed with backend etcd, which keeps no lockdb")
+        .reason(Reason::FieldValueInvalid),
+    validation = Rule::new("(has(self.backend) && self.backend == 'etcd') == has(self.etcd)")
+        .message("spec.etcd is required with backend etcd and not allowed with backend postgres")
+        .reason(Reason::FieldValueInvalid)
+)]
 pub struct LockServiceSpec {
-    /// lockdb: managed PostgreSQL or an external database.
-    pub database: DatabaseSpec,
+    /// lockdb (backend postgres): managed PostgreSQL or an external database.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub database: Option<DatabaseSpec>,
+    /// The etcd cluster (backend etcd): managed by the operator or external.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<EtcdSpec>,
     #[serde(default)]
     pub lock_server: LockServerSpec,
     #[serde(default)]
     pub lease: LeaseSpec,
-    /// Storage behind the fencing sequence. `etcd` is reserved for a later release.
+    /// Storage behind the fencing tokens: `postgres` (lockdb's sequence) or `etcd` (the etcd
+    /// revision). Fixed at creation.
     #[serde(default)]
-    #[x_kube(validation = Rule::new("self == 'postgres'")
-        .message("backend etcd is reserved for a later release; only postgres is supported")
-        .reason(Reason::FieldValueInvalid))]
+    #[x_kube(validation = Rule::new("self == oldSelf")
+        .message("backend is immutable: the fencing tokens of one store mean nothing in the other; create a new LockService")
+        .reason(Reason::FieldValueForbidden))]
     pub backend: Backend,
     /// Image of the migration Job (it must carry `dlock-migrate` and `/migrations`); defaults to the
     /// lock-server image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration_image: Option<String>,
+}
+
+/// What lock-server keeps its grants in, borrowed from the spec.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LockStore<'a> {
+    Postgres(&'a DatabaseSpec),
+    Etcd(&'a EtcdSpec),
+}
+
+impl LockServiceSpec {
+    /// The store the backend names; `None` when its block is missing (only objects that bypassed
+    /// the CRD's CEL rules can lack it).
+    pub fn store(&self) -> Option<LockStore<'_>> {
+        match self.backend {
+            Backend::Postgres => self.database.as_ref().map(LockStore::Postgres),
+            Backend::Etcd => self.etcd.as_ref().map(LockStore::Etcd),
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -112,7 +146,7 @@ impl Default for LeaseSpec {
 pub enum Backend {
     #[default]
     Postgres,
-    /// Reserved: rejected by the CRD until the etcd backend ships.
+    /// lock-server `--backend etcd`, over the cluster in `spec.etcd`.
     Etcd,
 }
 

@@ -3,6 +3,7 @@
 
 pub mod actions;
 pub mod database;
+pub mod etcd;
 pub mod lockservice;
 pub mod paymentstack;
 pub mod status;
@@ -11,12 +12,13 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 
 pub use database::{DatabaseMode, DatabaseSpec, ExternalDatabase, ManagedDatabase, SecretKeyRef};
-pub use lockservice::{Backend, LeaseSpec, LockServerSpec, LockService, LockServiceSpec};
+pub use etcd::{EndpointsSecretRef, EtcdMode, EtcdSpec, EtcdStorage, ExternalEtcd, ManagedEtcd};
+pub use lockservice::{Backend, LeaseSpec, LockServerSpec, LockService, LockServiceSpec, LockStore};
 pub use paymentstack::{
     KillSwitches, LocalObjectRef, PaymentStack, PaymentStackSpec, PayoutExecutorSpec, RailProxySpec,
     RailStubMode, RailStubSpec, WorkloadSpec,
 };
-pub use status::{ActionStatus, DlockStatus, MigrationStatus, Phase};
+pub use status::{ActionStatus, DlockStatus, EtcdStatus, MigrationStatus, Phase};
 
 /// Every CRD the operator serves, with the file name `crdgen` writes it to.
 pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {

@@ -52,6 +52,22 @@ pub struct MigrationStatus {
     pub succeeded: bool,
 }
 
+/// LockService with backend etcd: the cluster lock-server runs on.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdStatus {
+    /// `managed` or `external`.
+    pub mode: String,
+    /// Managed: members the StatefulSet asks for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub members: Option<i32>,
+    /// Managed: members whose readiness probe (etcd's /readyz) passes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_members: Option<i32>,
+    /// For `kubectl get`: `ready/members` (managed) or `external`.
+    pub ready: String,
+}
+
 /// What the controller last saw and did. Identical for both kinds.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema, Default)]
 #[serde(rename_all = "camelCase")]
@@ -79,6 +95,9 @@ pub struct DlockStatus {
     /// LockService: the last comparison of the fencing sequence with the resources' high-water.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fencing: Option<FencingStatus>,
+    /// LockService with backend etcd: its members' readiness.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<EtcdStatus>,
     /// LockService: id of the most recent action, and its phase (for `kubectl get`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_action: Option<String>,

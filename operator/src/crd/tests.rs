@@ -112,7 +112,7 @@ fn names_scope_subresource_and_columns() {
 #[test]
 fn minimal_objects_get_the_documented_defaults() {
     let ls: LockServiceSpec = serde_json::from_value(json!({"database": {"managed": {}}})).unwrap();
-    let managed = ls.database.managed.as_ref().unwrap();
+    let managed = ls.database.as_ref().unwrap().managed.as_ref().unwrap();
     assert_eq!(managed.image, "postgres:16");
     assert_eq!(managed.storage_size, "1Gi");
     assert_eq!(ls.backend, Backend::Postgres);
@@ -228,11 +228,165 @@ fn external_secret_ref_needs_a_name() {
     rejects(&s, &empty, None, "secretRef.name");
 }
 
+fn etcd(block: Value) -> Value {
+    lock_service("locks", json!({"backend": "etcd", "etcd": block}))
+}
+
 #[test]
-fn etcd_backend_is_reserved() {
+fn etcd_backend_is_accepted_managed_or_external() {
     let s = schema::<LockService>();
-    let etcd = lock_service("locks", json!({"database": {"managed": {}}, "backend": "etcd"}));
-    rejects(&s, &etcd, None, "reserved");
+    for ok in [
+        json!({"managed": {}}),
+        json!({"managed": {"replicas": 1}}),
+        json!({"managed": {"replicas": 5, "image": "etcd:3.6", "storage": {"size": "2Gi", "storageClassName": "fast"}}}),
+        json!({"managed": {"storage": {"emptyDir": true, "size": "256Mi"}}, "keyPrefix": "/team-a/"}),
+        json!({"external": {"secretRef": {"name": "prod-etcd"}}}),
+        json!({"external": {"secretRef": {"name": "prod-etcd", "key": "urls"}}}),
+    ] {
+        check(&s, &etcd(ok.clone()), None).unwrap_or_else(|e| panic!("{ok}: {e}"));
+    }
+    // The defaults: three members on 1Gi claims, the kubeadm etcd image, prefix /dlock/, key `endpoints`.
+    let spec: LockServiceSpec =
+        serde_json::from_value(json!({"backend": "etcd", "etcd": {"managed": {}}})).unwrap();
+    let e = spec.etcd.as_ref().unwrap();
+    let m = e.managed.as_ref().unwrap();
+    assert_eq!(
+        (m.replicas, m.storage.size.as_str(), m.storage.empty_dir),
+        (3, "1Gi", false)
+    );
+    assert_eq!(m.image, "registry.k8s.io/etcd:3.6.5-0");
+    assert_eq!(e.key_prefix, "/dlock/");
+    assert!(spec.database.is_none());
+    assert!(matches!(spec.store(), Some(LockStore::Etcd(_))));
+    let ext: EtcdSpec = serde_json::from_value(json!({"external": {"secretRef": {"name": "x"}}})).unwrap();
+    assert_eq!(ext.external.unwrap().secret_ref.key, "endpoints");
+}
+
+#[test]
+fn the_store_block_must_match_the_backend() {
+    let s = schema::<LockService>();
+    // etcd without its block, or with lockdb's.
+    rejects(
+        &s,
+        &lock_service("locks", json!({"backend": "etcd"})),
+        None,
+        "spec.etcd is required with backend etcd",
+    );
+    rejects(
+        &s,
+        &lock_service(
+            "locks",
+            json!({"backend": "etcd", "etcd": {"managed": {}}, "database": {"managed": {}}}),
+        ),
+        None,
+        "not allowed with backend etcd",
+    );
+    // postgres (explicit or by default) with an etcd block, or without lockdb.
+    rejects(
+        &s,
+        &lock_service(
+            "locks",
+            json!({"database": {"managed": {}}, "etcd": {"managed": {}}}),
+        ),
+        None,
+        "not allowed with backend postgres",
+    );
+    rejects(
+        &s,
+        &lock_service("locks", json!({"backend": "postgres"})),
+        None,
+        "spec.database is required with backend postgres",
+    );
+}
+
+#[test]
+fn etcd_is_exactly_one_of_managed_or_external() {
+    let s = schema::<LockService>();
+    rejects(&s, &etcd(json!({})), None, "exactly one of etcd.managed");
+    rejects(
+        &s,
+        &etcd(json!({"managed": {}, "external": {"secretRef": {"name": "x"}}})),
+        None,
+        "exactly one of etcd.managed",
+    );
+    rejects(
+        &s,
+        &etcd(json!({"external": {"secretRef": {"name": ""}}})),
+        None,
+        "etcd.external.secretRef.name",
+    );
+}
+
+#[test]
+fn managed_etcd_members_are_odd_and_fixed_with_their_volumes() {
+    let s = schema::<LockService>();
+    for even in [2, 4, 6] {
+        rejects(
+            &s,
+            &etcd(json!({"managed": {"replicas": even}})),
+            None,
+            "must be odd",
+        );
+    }
+    let three = etcd(json!({"managed": {"replicas": 3, "storage": {"size": "1Gi"}}}));
+    let five = etcd(json!({"managed": {"replicas": 5, "storage": {"size": "1Gi"}}}));
+    rejects(&s, &five, Some(&three), "replicas is immutable");
+    let bigger = etcd(json!({"managed": {"replicas": 3, "storage": {"size": "5Gi"}}}));
+    rejects(&s, &bigger, Some(&three), "storage is immutable");
+    // Another image (an etcd upgrade, rolled member by member) is fine.
+    let upgraded =
+        etcd(json!({"managed": {"replicas": 3, "storage": {"size": "1Gi"}, "image": "etcd:3.6.6"}}));
+    check(&s, &upgraded, Some(&three)).unwrap();
+    rejects(
+        &s,
+        &etcd(json!({"managed": {"storage": {"emptyDir": true, "storageClassName": "fast"}}})),
+        None,
+        "emptyDir takes no storageClassName",
+    );
+    rejects(
+        &s,
+        &etcd(json!({"managed": {"storage": {"size": "lots"}}})),
+        None,
+        "quantity",
+    );
+    rejects(
+        &s,
+        &etcd(json!({"managed": {}, "keyPrefix": "dlock"})),
+        None,
+        "keyPrefix",
+    );
+}
+
+#[test]
+fn backend_and_etcd_mode_are_immutable() {
+    let s = schema::<LockService>();
+    let postgres = lock_service(
+        "locks",
+        json!({"backend": "postgres", "database": {"managed": {}}}),
+    );
+    let managed = etcd(json!({"managed": {}}));
+    let external = etcd(json!({"external": {"secretRef": {"name": "x"}}}));
+    rejects(&s, &managed, Some(&postgres), "backend is immutable");
+    rejects(&s, &postgres, Some(&managed), "backend is immutable");
+    rejects(
+        &s,
+        &external,
+        Some(&managed),
+        "etcd mode (managed vs external) is immutable",
+    );
+    rejects(
+        &s,
+        &managed,
+        Some(&external),
+        "etcd mode (managed vs external) is immutable",
+    );
+    // Same mode, another Secret: allowed (lock-server restarts on it).
+    check(
+        &s,
+        &etcd(json!({"external": {"secretRef": {"name": "y"}}})),
+        Some(&external),
+    )
+    .unwrap();
 }
 
 #[test]
