@@ -122,7 +122,9 @@ impl<C: Call> Batcher<C> {
             tokio::spawn(self.clone().drain(permit));
         }
         // Dropped unanswered only when the runtime running the drain shut down.
-        answer.await.unwrap_or(Err(Error::Database(sqlx::Error::PoolClosed)))
+        answer
+            .await
+            .unwrap_or(Err(Error::Database(sqlx::Error::PoolClosed)))
     }
 
     fn queue(&self) -> MutexGuard<'_, VecDeque<Pending<C>>> {

@@ -136,7 +136,11 @@ pub fn batched(stmt: &str, binds: usize, n: usize) -> String {
         out.push_str("\n)");
     }
     for i in 0..n {
-        out.push_str(if i == 0 { "\nSELECT " } else { "\nUNION ALL SELECT " });
+        out.push_str(if i == 0 {
+            "\nSELECT "
+        } else {
+            "\nUNION ALL SELECT "
+        });
         out.push_str(&format!("{i} AS batch_index, c{i}.* FROM c{i}"));
     }
     out
@@ -211,7 +215,10 @@ mod tests {
                 .replace('#', "$")
         };
         for (i, copy) in [ACQUIRE.to_owned(), shifted(4), shifted(8)].iter().enumerate() {
-            assert!(text.contains(&format!("c{i} AS (\n{copy}\n)")), "copy {i} in\n{text}");
+            assert!(
+                text.contains(&format!("c{i} AS (\n{copy}\n)")),
+                "copy {i} in\n{text}"
+            );
         }
         assert_eq!(text.matches("nextval('fencing_token_seq')").count(), 6);
         assert_eq!(text.matches("WHERE lock_entry.expires_at <= now()").count(), 3);
@@ -221,7 +228,10 @@ mod tests {
         ));
         assert!(!text.contains("$13"));
         let release = batched(RELEASE, 2, 2);
-        assert!(release.contains("lock_key      = $3\n   AND fencing_token = $4"), "{release}");
+        assert!(
+            release.contains("lock_key      = $3\n   AND fencing_token = $4"),
+            "{release}"
+        );
     }
 
     #[test]

@@ -79,15 +79,29 @@ async fn concurrent_acquires_on_distinct_keys_each_get_their_own_row_with_distin
     let mut tokens = HashSet::new();
     let mut first_tokens = Vec::new();
     for (i, g) in first.into_iter().enumerate() {
-        let g = g.unwrap().unwrap_or_else(|| panic!("{} was not granted", keys[i]));
+        let g = g
+            .unwrap()
+            .unwrap_or_else(|| panic!("{} was not granted", keys[i]));
         // The caller's own row: its key's row, with its owner, session and token.
-        assert_eq!((g.owner_id.as_str(), g.session_id), (holders[i].0.as_str(), holders[i].1));
+        assert_eq!(
+            (g.owner_id.as_str(), g.session_id),
+            (holders[i].0.as_str(), holders[i].1)
+        );
         let row = entry(&db.app, &keys[i]).await.unwrap();
         assert_eq!(
-            (row.owner_id.as_str(), row.session_id, row.fencing_token, row.expires_at),
+            (
+                row.owner_id.as_str(),
+                row.session_id,
+                row.fencing_token,
+                row.expires_at
+            ),
             (g.owner_id.as_str(), g.session_id, g.fencing_token, g.expires_at)
         );
-        assert!(tokens.insert(g.fencing_token), "token {} handed out twice", g.fencing_token);
+        assert!(
+            tokens.insert(g.fencing_token),
+            "token {} handed out twice",
+            g.fencing_token
+        );
         first_tokens.push(g.fencing_token);
     }
 
@@ -100,7 +114,10 @@ async fn concurrent_acquires_on_distinct_keys_each_get_their_own_row_with_distin
         let g = g.unwrap().expect("re-entry granted");
         assert!(g.fencing_token > first_max, "{} ≤ {first_max}", g.fencing_token);
         assert!(second_tokens.insert(g.fencing_token));
-        assert_eq!(entry(&db.app, &keys[i]).await.unwrap().fencing_token, g.fencing_token);
+        assert_eq!(
+            entry(&db.app, &keys[i]).await.unwrap().fencing_token,
+            g.fencing_token
+        );
         // The first grant's token is void.
         assert!(!repo.release(&keys[i], first_tokens[i]).await.unwrap());
     }
@@ -148,7 +165,10 @@ async fn two_acquires_for_one_key_in_one_burst_are_one_grant_and_the_rest_conten
     assert_eq!(winners.len(), 1, "exactly one grant for one key: {winners:?}");
     let (i, g) = &winners[0];
     let row = entry(&db.app, "account:hot").await.unwrap();
-    assert_eq!((row.session_id, row.fencing_token), (holders[*i].1, g.fencing_token));
+    assert_eq!(
+        (row.session_id, row.fencing_token),
+        (holders[*i].1, g.fencing_token)
+    );
 }
 
 #[tokio::test]
@@ -165,12 +185,7 @@ async fn one_session_acquiring_one_key_twice_in_one_burst_gets_two_grants_the_la
     // so the row holds the higher token and the lower one is void.
     let current = entry(&db.app, "account:1").await.unwrap().fencing_token;
     assert_eq!(current, tokens[0].max(tokens[1]));
-    assert!(
-        !repo
-            .release("account:1", tokens[0].min(tokens[1]))
-            .await
-            .unwrap()
-    );
+    assert!(!repo.release("account:1", tokens[0].min(tokens[1])).await.unwrap());
 }
 
 #[tokio::test]
@@ -188,13 +203,19 @@ async fn one_bad_call_in_a_batch_gets_its_own_error_and_the_others_their_grants(
     let out = burst_acquire(&repo, &keys, &holders, LONG_TTL_SECS).await;
     let after = repo.acquire_batches();
     assert!(after.largest > 1, "{}", batched_since(before, after));
-    assert!(after.fallbacks > before.fallbacks, "the batch was not refused: {after:?}");
+    assert!(
+        after.fallbacks > before.fallbacks,
+        "the batch was not refused: {after:?}"
+    );
 
     let mut out = out.into_iter();
     for i in 0..8 {
         let g = out.next().unwrap().unwrap().expect("granted");
         assert_eq!(g.session_id, holders[i].1);
-        assert_eq!(entry(&db.app, &keys[i]).await.unwrap().fencing_token, g.fencing_token);
+        assert_eq!(
+            entry(&db.app, &keys[i]).await.unwrap().fencing_token,
+            g.fencing_token
+        );
     }
     let ghost = out.next().unwrap();
     assert!(matches!(ghost, Err(Error::SessionGone)), "{ghost:?}");
@@ -255,7 +276,10 @@ async fn concurrent_acquires_over_http_are_each_answered_with_their_own_grant() 
         assert_eq!(r.body["sessionId"], json!(holders[i].1));
         assert!(tokens.insert(r.token()));
         assert_eq!(
-            entry(&db.app, &format!("account:{i}")).await.unwrap().fencing_token,
+            entry(&db.app, &format!("account:{i}"))
+                .await
+                .unwrap()
+                .fencing_token,
             r.token()
         );
     }
@@ -351,7 +375,9 @@ async fn scenario_batched_stale_release(repo: &Repo, n: usize) -> Result<(), Str
 #[tokio::test]
 async fn control_batched_acquire_without_nextval_in_do_update_breaks_strictly_higher_takeover_tokens() {
     let (_db, good) = repo(Statements::C1).await;
-    scenario_batched_takeover(&good, 8).await.expect("C1 holds batched");
+    scenario_batched_takeover(&good, 8)
+        .await
+        .expect("C1 holds batched");
     let (_db, bad) = repo(acquire_without_nextval_in_update()).await;
     let violation = scenario_batched_takeover(&bad, 8)
         .await
