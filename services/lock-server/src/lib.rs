@@ -1,7 +1,8 @@
 //! lock-server: the dlock lock service, sole writer of lockdb (C1 §1.1–1.4, §1.7; docs/lock-api.md).
 //!
 //! - [`sql`]: every lockdb statement, C1's text; [`sql::Statements`] is the swappable safety set;
-//! - [`repo`]: one method per statement, zero rows as `None`/`false`; [`etcd`]: the same operations
+//! - [`repo`]: one method per statement, zero rows as `None`/`false`, concurrent acquires and
+//!   releases batched into one statement per round trip ([`batch`]); [`etcd`]: the same operations
 //!   on etcd (`--backend etcd`); [`backend`]: the one the server runs;
 //! - [`api`]: the HTTP handlers; [`routes`]: the router and its route table;
 //! - [`error`]: the one error enum, mapped to HTTP; [`auth`]: the admin bearer token;
@@ -13,6 +14,7 @@
 pub mod api;
 pub mod auth;
 pub mod backend;
+pub mod batch;
 pub mod config;
 pub mod error;
 pub mod etcd;

@@ -2,10 +2,15 @@
 //! returned as `None`/`false`; what it means (CONTENDED, LEASE_EXPIRED, stale, SESSION_GONE) is
 //! decided by the caller, as C1's "zero rows means / caller must" tables say.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
+use sqlx::error::BoxDynError;
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::{Arguments, FromRow, PgPool};
 use uuid::Uuid;
 
+use crate::batch::{BatchStats, Batcher, Call};
 use crate::error::Error;
 use crate::sql::{self, Statements};
 
@@ -66,6 +71,62 @@ pub enum Revocation {
 pub struct Repo {
     pool: PgPool,
     stmts: Statements,
+    /// Concurrent acquires and releases go to lockdb batched ([`crate::batch`]), each batch built
+    /// from `stmts`, so a negative control's broken statement is what its batches run too.
+    acquires: Arc<Batcher<AcquireCall>>,
+    releases: Arc<Batcher<ReleaseCall>>,
+}
+
+/// One acquire, bound as C1 §1.3 documents: key, owner, session, TTL.
+pub(crate) struct AcquireCall {
+    key: String,
+    owner_id: String,
+    session_id: Uuid,
+    ttl_secs: f64,
+}
+
+impl Call for AcquireCall {
+    type Out = Option<Grant>;
+    const BINDS: usize = 4;
+
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn bind(&self, args: &mut PgArguments) -> Result<(), BoxDynError> {
+        args.add(self.key.as_str())?;
+        args.add(self.owner_id.as_str())?;
+        args.add(self.session_id)?;
+        args.add(self.ttl_secs)
+    }
+
+    fn outcome(row: Option<&PgRow>) -> Result<Option<Grant>, sqlx::Error> {
+        row.map(Grant::from_row).transpose()
+    }
+}
+
+/// One release, bound as C1 §1.4 documents: key, token.
+pub(crate) struct ReleaseCall {
+    key: String,
+    token: i64,
+}
+
+impl Call for ReleaseCall {
+    type Out = bool;
+    const BINDS: usize = 2;
+
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn bind(&self, args: &mut PgArguments) -> Result<(), BoxDynError> {
+        args.add(self.key.as_str())?;
+        args.add(self.token)
+    }
+
+    fn outcome(row: Option<&PgRow>) -> Result<bool, sqlx::Error> {
+        Ok(row.is_some())
+    }
 }
 
 impl Repo {
@@ -76,7 +137,22 @@ impl Repo {
 
     /// For negative controls only: the same repository running a deliberately different statement set.
     pub fn with_statements(pool: PgPool, stmts: Statements) -> Self {
-        Self { pool, stmts }
+        Self {
+            acquires: Arc::new(Batcher::new(pool.clone(), stmts.acquire)),
+            releases: Arc::new(Batcher::new(pool.clone(), stmts.release)),
+            pool,
+            stmts,
+        }
+    }
+
+    /// How acquires were sent to lockdb (statements, calls, largest batch), for tests and benchmarks.
+    pub fn acquire_batches(&self) -> BatchStats {
+        self.acquires.stats()
+    }
+
+    /// As [`Repo::acquire_batches`], for releases.
+    pub fn release_batches(&self) -> BatchStats {
+        self.releases.stats()
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -122,13 +198,14 @@ impl Repo {
         session_id: Uuid,
         ttl_secs: f64,
     ) -> Result<Option<Grant>, Error> {
-        Ok(sqlx::query_as(self.stmts.acquire)
-            .bind(key)
-            .bind(owner_id)
-            .bind(session_id)
-            .bind(ttl_secs)
-            .fetch_optional(&self.pool)
-            .await?)
+        self.acquires
+            .call(AcquireCall {
+                key: key.to_owned(),
+                owner_id: owner_id.to_owned(),
+                session_id,
+                ttl_secs,
+            })
+            .await
     }
 
     /// `None`: the lease lapsed or the row belongs to a newer token (LEASE_EXPIRED).
@@ -143,12 +220,12 @@ impl Repo {
 
     /// `false`: the grant is no longer ours (a stale release).
     pub async fn release(&self, key: &str, token: i64) -> Result<bool, Error> {
-        let row: Option<i64> = sqlx::query_scalar(self.stmts.release)
-            .bind(key)
-            .bind(token)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.is_some())
+        self.releases
+            .call(ReleaseCall {
+                key: key.to_owned(),
+                token,
+            })
+            .await
     }
 
     pub async fn read(&self, key: &str) -> Result<Option<LockRow>, Error> {

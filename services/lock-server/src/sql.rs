@@ -106,6 +106,68 @@ SELECT fencing_token, owner_id, acquired_at, expires_at, expires_at <= now() AS 
 /// Readiness probe.
 pub const PING: &str = "SELECT 1";
 
+/// One round trip for `n` concurrent calls of the same statement: `n` copies of `stmt`, each its own
+/// data-modifying `WITH` item, and their `RETURNING` rows tagged with the copy's index.
+///
+/// ```text
+/// WITH c0 AS (<stmt, binds $1..$k>), c1 AS (<stmt, binds $k+1..$2k>), …
+/// SELECT 0 AS batch_index, c0.* FROM c0 UNION ALL SELECT 1, c1.* FROM c1 …
+/// ```
+///
+/// Each copy is `stmt` character for character except that placeholder `$j` of copy `i` becomes
+/// `$(i·binds + j)`; no clause is added, dropped or shared, so each copy is judged by exactly its own
+/// predicates, draws its token from its own `nextval`, and zero rows tagged `i` mean for caller `i`
+/// what zero rows of `stmt` mean. Whatever set of statements the repository runs (C1's, or a
+/// deliberately broken one in a negative control) is the set its batches run. All copies share one
+/// transaction, hence one `now()` (C1 Warning 2 still holds: the database clock, never a client's).
+///
+/// The copies must name distinct rows: `INSERT … ON CONFLICT DO UPDATE` cannot affect one row twice
+/// in one statement, so the repository never puts two calls for one key into one batch. `stmt` must
+/// use `$` only for placeholders (true of every statement in this file).
+pub fn batched(stmt: &str, binds: usize, n: usize) -> String {
+    let mut out = String::with_capacity((stmt.len() + 64) * n);
+    out.push_str("WITH ");
+    for i in 0..n {
+        if i > 0 {
+            out.push_str(",\n     ");
+        }
+        out.push_str(&format!("c{i} AS (\n"));
+        renumber(stmt, i * binds, &mut out);
+        out.push_str("\n)");
+    }
+    for i in 0..n {
+        out.push_str(if i == 0 {
+            "\nSELECT "
+        } else {
+            "\nUNION ALL SELECT "
+        });
+        out.push_str(&format!("{i} AS batch_index, c{i}.* FROM c{i}"));
+    }
+    out
+}
+
+/// Copies `stmt` into `out` with every placeholder `$j` written as `$(j + offset)`.
+fn renumber(stmt: &str, offset: usize, out: &mut String) {
+    let mut rest = stmt;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let digits = rest[at + 1..]
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len() - at - 1);
+        let number = &rest[at + 1..at + 1 + digits];
+        match number.parse::<usize>() {
+            Ok(j) => out.push_str(&format!("${}", j + offset)),
+            // Not a placeholder (a lone `$`): copied as it is.
+            Err(_) => {
+                out.push('$');
+                out.push_str(number);
+            }
+        }
+        rest = &rest[at + 1 + digits..];
+    }
+    out.push_str(rest);
+}
+
 /// The statements whose exact text carries a safety property, as one swappable set.
 ///
 /// Production code always uses [`Statements::C1`]. A different set exists only so that tests can run
@@ -133,5 +195,49 @@ impl Statements {
 impl Default for Statements {
     fn default() -> Self {
         Self::C1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_is_the_statement_once_per_call_with_only_its_placeholders_renumbered() {
+        let text = batched(ACQUIRE, 4, 3);
+        // Copy 0 is C1's text as it is; copies 1 and 2 are C1's text with $1..$4 moved up by 4 and 8.
+        // C1's text has $1..$4 only, so one pass per placeholder cannot hit an already moved one.
+        let shifted = |by: usize| {
+            (1..=4)
+                .fold(ACQUIRE.to_owned(), |s, j| {
+                    s.replace(&format!("${j}"), &format!("#{}", j + by))
+                })
+                .replace('#', "$")
+        };
+        for (i, copy) in [ACQUIRE.to_owned(), shifted(4), shifted(8)].iter().enumerate() {
+            assert!(
+                text.contains(&format!("c{i} AS (\n{copy}\n)")),
+                "copy {i} in\n{text}"
+            );
+        }
+        assert_eq!(text.matches("nextval('fencing_token_seq')").count(), 6);
+        assert_eq!(text.matches("WHERE lock_entry.expires_at <= now()").count(), 3);
+        assert!(text.ends_with(
+            "SELECT 0 AS batch_index, c0.* FROM c0\nUNION ALL SELECT 1 AS batch_index, c1.* FROM c1\n\
+             UNION ALL SELECT 2 AS batch_index, c2.* FROM c2"
+        ));
+        assert!(!text.contains("$13"));
+        let release = batched(RELEASE, 2, 2);
+        assert!(
+            release.contains("lock_key      = $3\n   AND fencing_token = $4"),
+            "{release}"
+        );
+    }
+
+    #[test]
+    fn renumbering_leaves_a_lone_dollar_alone() {
+        let mut out = String::new();
+        renumber("a $ b $12 c$", 10, &mut out);
+        assert_eq!(out, "a $ b $22 c$");
     }
 }

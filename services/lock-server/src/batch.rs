@@ -1,0 +1,280 @@
+//! Concurrent calls of one statement (acquire, release) sent to lockdb as one statement per round
+//! trip ([`crate::sql::batched`]): what lets the PostgreSQL backend go past one statement's round
+//! trip per call under load, without changing what any single call means.
+//!
+//! A call is queued; if fewer than [`MAX_IN_FLIGHT`] batches of its kind are running, a drain task
+//! is started. A drain task takes whatever is queued (oldest first, at most [`MAX_BATCH`], never two
+//! calls for one key), runs it as one statement, hands each caller exactly its own outcome, and goes
+//! on until the queue is empty. So an idle server runs each call alone, at once (C1's statement as
+//! it is), and batches only form while earlier ones are in flight.
+//!
+//! Each caller's outcome is its own row's: when the statement fails as a whole (one call named an
+//! unknown session, a deadlock, a value PostgreSQL refuses), nothing of it was committed, and every
+//! call of the batch is run again alone, so one bad call is answered with its own error and the
+//! others as if it had not been there.
+
+use std::collections::{HashSet, VecDeque};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use sqlx::error::BoxDynError;
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::{AssertSqlSafe, PgPool, Row};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::task::JoinSet;
+
+use crate::error::Error;
+use crate::sql;
+
+/// Largest number of calls in one statement. Bounds the statement's size and the number of distinct
+/// batched texts each connection prepares (two kinds × 31 sizes, well inside sqlx's cache of 100).
+pub const MAX_BATCH: usize = 32;
+
+/// Batches of one kind running at once. Few, so that under load calls wait in the queue (and are
+/// batched) rather than each taking a connection and a statement of its own; more than one, so that
+/// calls for one contended key (one per batch) still overlap. 2 and 4 measured alike on distinct
+/// keys; 4 kept the one-key rate of unbatched calls, 2 halved it (docs/benchmarks.md).
+pub const MAX_IN_FLIGHT: usize = 4;
+
+/// One call of a batchable statement: its binds, in the order the statement documents, and how its
+/// row (or its absence) becomes the caller's answer.
+pub(crate) trait Call: Send + Sync + 'static {
+    type Out: Send + 'static;
+    /// Placeholders per copy of the statement.
+    const BINDS: usize;
+    /// The row the call touches; two calls for one key never share a statement.
+    fn key(&self) -> &str;
+    fn bind(&self, args: &mut PgArguments) -> Result<(), BoxDynError>;
+    /// `None`: the statement returned no row for this call (what that means is the caller's, C1).
+    fn outcome(row: Option<&PgRow>) -> Result<Self::Out, sqlx::Error>;
+}
+
+/// What a batcher has done, for tests and benchmarks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchStats {
+    /// Statements sent (a call run alone counts as one).
+    pub statements: u64,
+    /// Calls answered.
+    pub calls: u64,
+    /// The most calls one statement carried.
+    pub largest: usize,
+    /// Batches that failed as a whole and were run again call by call.
+    pub fallbacks: u64,
+}
+
+struct Pending<C: Call> {
+    call: C,
+    reply: oneshot::Sender<Result<C::Out, Error>>,
+}
+
+pub(crate) struct Batcher<C: Call> {
+    pool: PgPool,
+    stmt: &'static str,
+    queue: Mutex<VecDeque<Pending<C>>>,
+    permits: Arc<Semaphore>,
+    /// The batched text for each size, built on first use.
+    texts: Vec<OnceLock<Arc<str>>>,
+    statements: AtomicU64,
+    calls: AtomicU64,
+    largest: AtomicUsize,
+    fallbacks: AtomicU64,
+}
+
+impl<C: Call> fmt::Debug for Batcher<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Batcher")
+            .field("stmt", &self.stmt)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: Call> Batcher<C> {
+    pub(crate) fn new(pool: PgPool, stmt: &'static str) -> Self {
+        Self {
+            pool,
+            stmt,
+            queue: Mutex::new(VecDeque::new()),
+            permits: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+            texts: (0..=MAX_BATCH).map(|_| OnceLock::new()).collect(),
+            statements: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
+            largest: AtomicUsize::new(0),
+            fallbacks: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn stats(&self) -> BatchStats {
+        BatchStats {
+            statements: self.statements.load(Ordering::Relaxed),
+            calls: self.calls.load(Ordering::Relaxed),
+            largest: self.largest.load(Ordering::Relaxed),
+            fallbacks: self.fallbacks.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Runs `call` in the next batch and returns its own outcome.
+    pub(crate) async fn call(self: &Arc<Self>, call: C) -> Result<C::Out, Error> {
+        let (reply, answer) = oneshot::channel();
+        self.queue().push_back(Pending { call, reply });
+        // The drain runs in its own task, so a caller that goes away (a dropped HTTP request) never
+        // takes the other callers' statement down with it.
+        if let Ok(permit) = self.permits.clone().try_acquire_owned() {
+            tokio::spawn(self.clone().drain(permit));
+        }
+        // Dropped unanswered only when the runtime running the drain shut down.
+        answer
+            .await
+            .unwrap_or(Err(Error::Database(sqlx::Error::PoolClosed)))
+    }
+
+    fn queue(&self) -> MutexGuard<'_, VecDeque<Pending<C>>> {
+        // The lock is never held across a panic-prone section; a poisoned queue is still consistent.
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs batches until the queue is empty. A call queued while every permit was taken is picked up
+    /// by a permit holder: each holder, after giving its permit back, looks at the queue once more and
+    /// carries on if it can take a permit again — so no call is ever left queued with nobody to run it.
+    async fn drain(self: Arc<Self>, permit: OwnedSemaphorePermit) {
+        let mut permit = Some(permit);
+        loop {
+            let batch = self.take();
+            if batch.is_empty() {
+                drop(permit.take());
+                if self.queue().is_empty() {
+                    return;
+                }
+                match self.permits.clone().try_acquire_owned() {
+                    Ok(p) => {
+                        permit = Some(p);
+                        continue;
+                    }
+                    // Another holder exists, and it will look again after giving its permit back.
+                    Err(_) => return,
+                }
+            }
+            self.run(batch).await;
+        }
+    }
+
+    /// The oldest queued calls, at most one per key (the later ones wait for a later batch), callers
+    /// that went away left out (their statement is never sent, as when a lone request is dropped).
+    fn take(&self) -> Vec<Pending<C>> {
+        let mut queue = self.queue();
+        let mut batch = Vec::new();
+        let mut keys = HashSet::new();
+        let mut i = 0;
+        while i < queue.len() && batch.len() < MAX_BATCH {
+            if queue[i].reply.is_closed() {
+                queue.remove(i);
+            } else if keys.insert(queue[i].call.key().to_owned()) {
+                batch.extend(queue.remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        batch
+    }
+
+    async fn run(self: &Arc<Self>, mut batch: Vec<Pending<C>>) {
+        // One order in which every batch touches its rows, so two batches in flight cannot deadlock
+        // on each other's keys.
+        batch.sort_by(|a, b| a.call.key().cmp(b.call.key()));
+        let n = batch.len() as u64;
+        self.calls.fetch_add(n, Ordering::Relaxed);
+        self.largest.fetch_max(batch.len(), Ordering::Relaxed);
+        if batch.len() == 1 {
+            if let Some(p) = batch.pop() {
+                let out = self.single(&p.call).await;
+                answer(p.reply, out);
+            }
+            return;
+        }
+        self.statements.fetch_add(1, Ordering::Relaxed);
+        match self.batched(&batch).await {
+            Ok(outs) => {
+                for (p, out) in batch.into_iter().zip(outs) {
+                    answer(p.reply, Ok(out));
+                }
+            }
+            Err(sqlx::Error::Database(e)) => {
+                // The statement was refused as a whole and rolled back (nothing of it committed):
+                // each call runs alone and gets its own answer, the bad one its own error.
+                tracing::debug!(event = "batch_retried_alone", calls = n, error = %e);
+                self.fallbacks.fetch_add(1, Ordering::Relaxed);
+                let mut alone = JoinSet::new();
+                for p in batch {
+                    let me = self.clone();
+                    alone.spawn(async move {
+                        let out = me.single(&p.call).await;
+                        answer(p.reply, out);
+                    });
+                }
+                while alone.join_next().await.is_some() {}
+            }
+            // Lockdb unreachable or the reply unreadable: every caller gets that error, as it would
+            // have alone. Not run again: the statement may have committed.
+            Err(e) => {
+                for p in batch {
+                    answer(p.reply, Err(Error::from(copy_error(&e))));
+                }
+            }
+        }
+    }
+
+    /// The call alone: exactly the repository's statement, as before batching.
+    async fn single(&self, call: &C) -> Result<C::Out, Error> {
+        self.statements.fetch_add(1, Ordering::Relaxed);
+        let mut args = PgArguments::default();
+        call.bind(&mut args).map_err(sqlx::Error::Encode)?;
+        let row = sqlx::query_with(self.stmt, args)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(C::outcome(row.as_ref())?)
+    }
+
+    async fn batched(&self, batch: &[Pending<C>]) -> Result<Vec<C::Out>, sqlx::Error> {
+        let n = batch.len();
+        let text = self.texts[n]
+            .get_or_init(|| Arc::from(sql::batched(self.stmt, C::BINDS, n)))
+            .clone();
+        let mut args = PgArguments::default();
+        for p in batch {
+            p.call.bind(&mut args).map_err(sqlx::Error::Encode)?;
+        }
+        let rows = sqlx::query_with(AssertSqlSafe(text), args)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut own: Vec<Option<PgRow>> = (0..n).map(|_| None).collect();
+        for row in rows {
+            let i: i32 = row.try_get("batch_index")?;
+            match usize::try_from(i).ok().and_then(|i| own.get_mut(i)) {
+                Some(slot @ None) => *slot = Some(row),
+                _ => {
+                    return Err(sqlx::Error::Protocol(format!(
+                        "batched statement returned an unexpected row for call {i}"
+                    )));
+                }
+            }
+        }
+        own.iter().map(|row| C::outcome(row.as_ref())).collect()
+    }
+}
+
+fn answer<T>(reply: oneshot::Sender<Result<T, Error>>, out: Result<T, Error>) {
+    // A caller that went away does not want its answer.
+    let _ = reply.send(out);
+}
+
+/// An equivalent error for each caller of a failed batch (sqlx errors are not `Clone`), mapped to
+/// HTTP as the original is: unreachable lockdb stays 503, anything else stays 500.
+fn copy_error(e: &sqlx::Error) -> sqlx::Error {
+    match e {
+        sqlx::Error::PoolTimedOut => sqlx::Error::PoolTimedOut,
+        sqlx::Error::PoolClosed => sqlx::Error::PoolClosed,
+        sqlx::Error::Io(io) => sqlx::Error::Io(std::io::Error::new(io.kind(), io.to_string())),
+        other => sqlx::Error::Protocol(other.to_string()),
+    }
+}

@@ -1,0 +1,404 @@
+//! Concurrent acquires and releases batched into one statement per round trip (`lock_server::batch`),
+//! against a real PostgreSQL 16 lockdb: every caller gets exactly its own row's outcome, two calls
+//! for one key never share a statement, one bad call does not decide the others, and the negative
+//! controls' broken statements fail the same checks when they run batched.
+//!
+//! Each burst is started in one poll of `join_all` on the test's single-threaded runtime, so every
+//! call is queued before the first batch is taken: the bursts below are batched by construction, and
+//! each test also asserts from the batcher's counters that a statement carried more than one call.
+
+mod common;
+
+use std::collections::HashSet;
+
+use common::*;
+use futures::future::join_all;
+use lock_server::batch::{BatchStats, MAX_BATCH};
+use lock_server::repo::Grant;
+use lock_server::{Error, Repo, Statements};
+use serde_json::json;
+use uuid::Uuid;
+
+async fn repo(stmts: Statements) -> (Db, Repo) {
+    let db = lockdb().await;
+    let repo = Repo::with_statements(db.app.clone(), stmts);
+    (db, repo)
+}
+
+async fn sessions(repo: &Repo, prefix: &str, n: usize) -> Vec<(String, Uuid)> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let owner = format!("{prefix}{i}");
+        let s = session(repo, &owner).await;
+        out.push((owner, s));
+    }
+    out
+}
+
+/// Acquires `keys[i]` for `holders[i]`, all at once.
+async fn burst_acquire(
+    repo: &Repo,
+    keys: &[String],
+    holders: &[(String, Uuid)],
+    ttl_secs: f64,
+) -> Vec<Result<Option<Grant>, Error>> {
+    join_all(
+        keys.iter()
+            .zip(holders)
+            .map(|(k, (owner, s))| repo.acquire(k, owner, *s, ttl_secs)),
+    )
+    .await
+}
+
+fn batched_since(before: BatchStats, after: BatchStats) -> String {
+    format!(
+        "{} calls in {} statements, largest {}",
+        after.calls - before.calls,
+        after.statements - before.statements,
+        after.largest
+    )
+}
+
+#[tokio::test]
+async fn concurrent_acquires_on_distinct_keys_each_get_their_own_row_with_distinct_rising_tokens() {
+    let (db, repo) = repo(Statements::C1).await;
+    let n = MAX_BATCH + MAX_BATCH / 2; // more than one batch's worth
+    let holders = sessions(&repo, "w", n).await;
+    let keys: Vec<String> = (0..n).map(|i| format!("account:{i}")).collect();
+
+    let before = repo.acquire_batches();
+    let first = burst_acquire(&repo, &keys, &holders, LONG_TTL_SECS).await;
+    let after = repo.acquire_batches();
+    assert!(after.largest > 1, "{}", batched_since(before, after));
+    assert!(
+        after.statements - before.statements < n as u64,
+        "{}",
+        batched_since(before, after)
+    );
+
+    let mut tokens = HashSet::new();
+    let mut first_tokens = Vec::new();
+    for (i, g) in first.into_iter().enumerate() {
+        let g = g
+            .unwrap()
+            .unwrap_or_else(|| panic!("{} was not granted", keys[i]));
+        // The caller's own row: its key's row, with its owner, session and token.
+        assert_eq!(
+            (g.owner_id.as_str(), g.session_id),
+            (holders[i].0.as_str(), holders[i].1)
+        );
+        let row = entry(&db.app, &keys[i]).await.unwrap();
+        assert_eq!(
+            (
+                row.owner_id.as_str(),
+                row.session_id,
+                row.fencing_token,
+                row.expires_at
+            ),
+            (g.owner_id.as_str(), g.session_id, g.fencing_token, g.expires_at)
+        );
+        assert!(
+            tokens.insert(g.fencing_token),
+            "token {} handed out twice",
+            g.fencing_token
+        );
+        first_tokens.push(g.fencing_token);
+    }
+
+    // A second burst, after the first was answered: every token is higher than every earlier one,
+    // and each key's re-entry grant replaces its own earlier grant.
+    let second = burst_acquire(&repo, &keys, &holders, LONG_TTL_SECS).await;
+    let first_max = first_tokens.iter().copied().max().unwrap();
+    let mut second_tokens = HashSet::new();
+    for (i, g) in second.into_iter().enumerate() {
+        let g = g.unwrap().expect("re-entry granted");
+        assert!(g.fencing_token > first_max, "{} ≤ {first_max}", g.fencing_token);
+        assert!(second_tokens.insert(g.fencing_token));
+        assert_eq!(
+            entry(&db.app, &keys[i]).await.unwrap().fencing_token,
+            g.fencing_token
+        );
+        // The first grant's token is void.
+        assert!(!repo.release(&keys[i], first_tokens[i]).await.unwrap());
+    }
+    // A lone acquire afterwards is higher still.
+    let (owner, s) = &holders[0];
+    let alone = repo
+        .acquire("account:alone", owner, *s, LONG_TTL_SECS)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(second_tokens.iter().all(|t| alone.fencing_token > *t));
+}
+
+#[tokio::test]
+async fn two_acquires_for_one_key_in_one_burst_are_one_grant_and_the_rest_contended() {
+    let (db, repo) = repo(Statements::C1).await;
+    let holders = sessions(&repo, "w", 16).await;
+    // Eight different sessions want `hot`; the other eight want a key each.
+    let keys: Vec<String> = (0..16)
+        .map(|i| {
+            if i % 2 == 0 {
+                "account:hot".to_owned()
+            } else {
+                format!("account:{i}")
+            }
+        })
+        .collect();
+    let before = repo.acquire_batches();
+    let out = burst_acquire(&repo, &keys, &holders, LONG_TTL_SECS).await;
+    let after = repo.acquire_batches();
+    assert!(after.largest > 1, "{}", batched_since(before, after));
+
+    let mut winners = Vec::new();
+    for (i, r) in out.into_iter().enumerate() {
+        let r = r.unwrap();
+        if keys[i] == "account:hot" {
+            if let Some(g) = r {
+                winners.push((i, g));
+            }
+        } else {
+            let g = r.unwrap_or_else(|| panic!("{} was not granted", keys[i]));
+            assert_eq!(g.session_id, holders[i].1);
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one grant for one key: {winners:?}");
+    let (i, g) = &winners[0];
+    let row = entry(&db.app, "account:hot").await.unwrap();
+    assert_eq!(
+        (row.session_id, row.fencing_token),
+        (holders[*i].1, g.fencing_token)
+    );
+}
+
+#[tokio::test]
+async fn one_session_acquiring_one_key_twice_in_one_burst_gets_two_grants_the_later_one_current() {
+    let (db, repo) = repo(Statements::C1).await;
+    let s = session(&repo, "w1").await;
+    let out = join_all((0..2).map(|_| repo.acquire("account:1", "w1", s, LONG_TTL_SECS))).await;
+    let tokens: Vec<i64> = out
+        .into_iter()
+        .map(|g| g.unwrap().expect("re-entry granted").fencing_token)
+        .collect();
+    assert_ne!(tokens[0], tokens[1]);
+    // Never one statement (ON CONFLICT cannot touch one row twice): the second ran after the first,
+    // so the row holds the higher token and the lower one is void.
+    let current = entry(&db.app, "account:1").await.unwrap().fencing_token;
+    assert_eq!(current, tokens[0].max(tokens[1]));
+    assert!(!repo.release("account:1", tokens[0].min(tokens[1])).await.unwrap());
+}
+
+#[tokio::test]
+async fn one_bad_call_in_a_batch_gets_its_own_error_and_the_others_their_grants() {
+    let (db, repo) = repo(Statements::C1).await;
+    let mut holders = sessions(&repo, "w", 8).await;
+    let mut keys: Vec<String> = (0..8).map(|i| format!("account:{i}")).collect();
+    // An unknown session (the foreign key refuses its row) and a key PostgreSQL refuses to store.
+    holders.push(("ghost".to_owned(), Uuid::new_v4()));
+    keys.push("account:ghost".to_owned());
+    holders.push(holders[0].clone());
+    keys.push("account:\0".to_owned());
+
+    let before = repo.acquire_batches();
+    let out = burst_acquire(&repo, &keys, &holders, LONG_TTL_SECS).await;
+    let after = repo.acquire_batches();
+    assert!(after.largest > 1, "{}", batched_since(before, after));
+    assert!(
+        after.fallbacks > before.fallbacks,
+        "the batch was not refused: {after:?}"
+    );
+
+    let mut out = out.into_iter();
+    for i in 0..8 {
+        let g = out.next().unwrap().unwrap().expect("granted");
+        assert_eq!(g.session_id, holders[i].1);
+        assert_eq!(
+            entry(&db.app, &keys[i]).await.unwrap().fencing_token,
+            g.fencing_token
+        );
+    }
+    let ghost = out.next().unwrap();
+    assert!(matches!(ghost, Err(Error::SessionGone)), "{ghost:?}");
+    let nul = out.next().unwrap();
+    assert!(matches!(nul, Err(Error::Database(_))), "{nul:?}");
+    assert_eq!(count(&db.app, "SELECT count(*) FROM lock_entry").await, 8);
+}
+
+#[tokio::test]
+async fn concurrent_releases_each_get_their_own_outcome() {
+    let (db, repo) = repo(Statements::C1).await;
+    let holders = sessions(&repo, "w", 16).await;
+    let keys: Vec<String> = (0..16).map(|i| format!("account:{i}")).collect();
+    let grants: Vec<Grant> = burst_acquire(&repo, &keys, &holders, LONG_TTL_SECS)
+        .await
+        .into_iter()
+        .map(|g| g.unwrap().unwrap())
+        .collect();
+    // Key 3 is released with key 4's token: stale, and key 3's grant stays.
+    let tokens: Vec<i64> = (0..16)
+        .map(|i| grants[if i == 3 { 4 } else { i }].fencing_token)
+        .collect();
+    let before = repo.release_batches();
+    let released = join_all(keys.iter().zip(&tokens).map(|(k, t)| repo.release(k, *t))).await;
+    let after = repo.release_batches();
+    assert!(after.largest > 1, "{}", batched_since(before, after));
+    for (i, r) in released.into_iter().enumerate() {
+        assert_eq!(r.unwrap(), i != 3, "{}", keys[i]);
+    }
+    assert_eq!(
+        entry(&db.app, "account:3").await.unwrap().fencing_token,
+        grants[3].fencing_token
+    );
+    assert_eq!(count(&db.app, "SELECT count(*) FROM lock_entry").await, 1);
+}
+
+#[tokio::test]
+async fn concurrent_acquires_over_http_are_each_answered_with_their_own_grant() {
+    let db = lockdb().await;
+    let server = server(&db.db).await;
+    let api = Api::new(&server);
+    let mut holders = Vec::new();
+    for i in 0..24 {
+        let owner = format!("w{i}");
+        holders.push((owner.clone(), api.open_session(&owner, LONG_TTL_MS).await));
+    }
+    let keys: Vec<String> = (0..holders.len()).map(|i| format!("account:{i}")).collect();
+    let replies = join_all(
+        keys.iter()
+            .zip(&holders)
+            .map(|(k, (owner, s))| api.acquire(k, *s, owner, LONG_TTL_MS)),
+    )
+    .await;
+    let mut tokens = HashSet::new();
+    for (i, r) in replies.iter().enumerate() {
+        assert_eq!(r.status, reqwest::StatusCode::OK, "{r:?}");
+        assert_eq!(r.body["lockKey"], json!(format!("account:{i}")));
+        assert_eq!(r.body["sessionId"], json!(holders[i].1));
+        assert!(tokens.insert(r.token()));
+        assert_eq!(
+            entry(&db.app, &format!("account:{i}"))
+                .await
+                .unwrap()
+                .fencing_token,
+            r.token()
+        );
+    }
+    server.shutdown().await.unwrap();
+}
+
+// ---- negative controls, batched ----------------------------------------------------------------
+
+/// `n` keys held with a short lease by one set of sessions, lapsed by the database clock, then taken
+/// over in one burst by another: every takeover token must be strictly higher than the dead one.
+async fn scenario_batched_takeover(repo: &Repo, n: usize) -> Result<(), String> {
+    let dead = sessions(repo, "dead", n).await;
+    let live = sessions(repo, "live", n).await;
+    let keys: Vec<String> = (0..n).map(|i| format!("account:{i}")).collect();
+    let old: Vec<Grant> = burst_acquire(repo, &keys, &dead, SHORT_TTL_SECS)
+        .await
+        .into_iter()
+        .map(|g| g.unwrap().expect("granted"))
+        .collect();
+    for k in &keys {
+        await_lease_lapsed(repo.pool(), k).await;
+    }
+    let before = repo.acquire_batches();
+    let new = burst_acquire(repo, &keys, &live, LONG_TTL_SECS).await;
+    let after = repo.acquire_batches();
+    assert!(after.largest > 1, "{}", batched_since(before, after));
+    let mut violations = Vec::new();
+    for (i, g) in new.into_iter().enumerate() {
+        let g = g.unwrap().ok_or(format!("{} was not taken over", keys[i]))?;
+        if g.fencing_token <= old[i].fencing_token {
+            violations.push(format!(
+                "{}: takeover token {} is not strictly higher than the dead holder's {}",
+                keys[i], g.fencing_token, old[i].fencing_token
+            ));
+        }
+    }
+    if violations.is_empty() {
+        Ok(())
+    } else {
+        Err(violations.join("; "))
+    }
+}
+
+/// As [`scenario_batched_takeover`], then the dead holders release in one burst: every release must
+/// be stale and every live grant intact.
+async fn scenario_batched_stale_release(repo: &Repo, n: usize) -> Result<(), String> {
+    let dead = sessions(repo, "dead", n).await;
+    let live = sessions(repo, "live", n).await;
+    let keys: Vec<String> = (0..n).map(|i| format!("account:{i}")).collect();
+    let old: Vec<Grant> = burst_acquire(repo, &keys, &dead, SHORT_TTL_SECS)
+        .await
+        .into_iter()
+        .map(|g| g.unwrap().expect("granted"))
+        .collect();
+    for k in &keys {
+        await_lease_lapsed(repo.pool(), k).await;
+    }
+    let new: Vec<Grant> = burst_acquire(repo, &keys, &live, LONG_TTL_SECS)
+        .await
+        .into_iter()
+        .map(|g| g.unwrap().expect("taken over"))
+        .collect();
+    let before = repo.release_batches();
+    let released = join_all(
+        keys.iter()
+            .zip(&old)
+            .map(|(k, g)| repo.release(k, g.fencing_token)),
+    )
+    .await;
+    let after = repo.release_batches();
+    assert!(after.largest > 1, "{}", batched_since(before, after));
+    let mut violations = Vec::new();
+    for (i, r) in released.into_iter().enumerate() {
+        let released = r.unwrap();
+        let current = entry(repo.pool(), &keys[i]).await;
+        let intact = current
+            .as_ref()
+            .is_some_and(|e| e.fencing_token == new[i].fencing_token && e.session_id == live[i].1);
+        if released || !intact {
+            violations.push(format!(
+                "{}: stale release by token {} returned released={released}; the live grant (token {}) is now {current:?}",
+                keys[i], old[i].fencing_token, new[i].fencing_token
+            ));
+        }
+    }
+    if violations.is_empty() {
+        Ok(())
+    } else {
+        Err(violations.join("; "))
+    }
+}
+
+#[tokio::test]
+async fn control_batched_acquire_without_nextval_in_do_update_breaks_strictly_higher_takeover_tokens() {
+    let (_db, good) = repo(Statements::C1).await;
+    scenario_batched_takeover(&good, 8)
+        .await
+        .expect("C1 holds batched");
+    let (_db, bad) = repo(acquire_without_nextval_in_update()).await;
+    let violation = scenario_batched_takeover(&bad, 8)
+        .await
+        .expect_err("the broken acquire must violate strictly-higher takeover tokens when batched");
+    eprintln!("negative control reported: {violation}");
+    assert!(violation.contains("not strictly higher"), "{violation}");
+}
+
+#[tokio::test]
+async fn control_batched_release_by_key_alone_deletes_the_live_grants() {
+    let (_db, good) = repo(Statements::C1).await;
+    scenario_batched_stale_release(&good, 8)
+        .await
+        .expect("C1 holds batched");
+    let (_db, bad) = repo(release_by_key_alone()).await;
+    let violation = scenario_batched_stale_release(&bad, 8)
+        .await
+        .expect_err("the broken release must delete the live grants when batched");
+    eprintln!("negative control reported: {violation}");
+    assert!(
+        violation.contains("released=true") && violation.contains("None"),
+        "{violation}"
+    );
+}
