@@ -1,5 +1,7 @@
 //! Concurrent calls of one statement (acquire, release) sent to lockdb as one statement per round
-//! trip ([`crate::sql::batched`]): what lets the PostgreSQL backend go past one statement's round
+//! trip: the statement over unnested arrays of the calls' binds ([`crate::sql::unnested`], one table
+//! modification for the whole batch), or `WITH` copies of it ([`crate::sql::batched`]) for a
+//! statement of another shape. What lets the PostgreSQL backend go past one statement's round
 //! trip per call under load, without changing what any single call means.
 //!
 //! A call is queued; if fewer than [`MAX_IN_FLIGHT`] batches of its kind are running, a drain task
@@ -27,8 +29,9 @@ use tokio::task::JoinSet;
 use crate::error::Error;
 use crate::sql;
 
-/// Largest number of calls in one statement. Bounds the statement's size and the number of distinct
-/// batched texts each connection prepares (two kinds × 31 sizes, well inside sqlx's cache of 100).
+/// Largest number of calls in one statement. Bounds the statement's work and, for `WITH` copies, the
+/// number of distinct batched texts each connection prepares (two kinds × 31 sizes, well inside
+/// sqlx's cache of 100; the `unnest` form is one text for every size).
 pub const MAX_BATCH: usize = 32;
 
 /// Batches of one kind running at once. Few, so that under load calls wait in the queue (and are
@@ -46,6 +49,10 @@ pub(crate) trait Call: Send + Sync + 'static {
     /// The row the call touches; two calls for one key never share a statement.
     fn key(&self) -> &str;
     fn bind(&self, args: &mut PgArguments) -> Result<(), BoxDynError>;
+    /// The SQL type of each placeholder, in order, for the arrays of [`sql::unnested`].
+    const TYPES: &'static [&'static str];
+    /// The binds of `calls` as one array per placeholder, in order ([`sql::unnested`]).
+    fn bind_columns(calls: &[&Self], args: &mut PgArguments) -> Result<(), BoxDynError>;
     /// `None`: the statement returned no row for this call (what that means is the caller's, C1).
     fn outcome(row: Option<&PgRow>) -> Result<Self::Out, sqlx::Error>;
 }
@@ -61,6 +68,8 @@ pub struct BatchStats {
     pub largest: usize,
     /// Batches that failed as a whole and were run again call by call.
     pub fallbacks: u64,
+    /// Batches sent as the one `unnest` statement ([`sql::unnested`]) rather than `WITH` copies.
+    pub unnested: u64,
 }
 
 struct Pending<C: Call> {
@@ -73,12 +82,16 @@ pub(crate) struct Batcher<C: Call> {
     stmt: &'static str,
     queue: Mutex<VecDeque<Pending<C>>>,
     permits: Arc<Semaphore>,
-    /// The batched text for each size, built on first use.
+    /// The batched text for any size: `stmt` over unnested arrays, if it has a shape
+    /// [`sql::unnested`] knows (C1's acquire and release, and their broken variants, do).
+    unnested: Option<Arc<str>>,
+    /// Otherwise, the `WITH` copies for each size, built on first use.
     texts: Vec<OnceLock<Arc<str>>>,
     statements: AtomicU64,
     calls: AtomicU64,
     largest: AtomicUsize,
     fallbacks: AtomicU64,
+    unnested_sent: AtomicU64,
 }
 
 impl<C: Call> fmt::Debug for Batcher<C> {
@@ -95,6 +108,7 @@ impl<C: Call> Batcher<C> {
         Self {
             pool,
             stmt,
+            unnested: sql::unnested(stmt, C::TYPES).map(Arc::from),
             queue: Mutex::new(VecDeque::new()),
             permits: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
             texts: (0..=MAX_BATCH).map(|_| OnceLock::new()).collect(),
@@ -102,6 +116,7 @@ impl<C: Call> Batcher<C> {
             calls: AtomicU64::new(0),
             largest: AtomicUsize::new(0),
             fallbacks: AtomicU64::new(0),
+            unnested_sent: AtomicU64::new(0),
         }
     }
 
@@ -111,6 +126,7 @@ impl<C: Call> Batcher<C> {
             calls: self.calls.load(Ordering::Relaxed),
             largest: self.largest.load(Ordering::Relaxed),
             fallbacks: self.fallbacks.load(Ordering::Relaxed),
+            unnested: self.unnested_sent.load(Ordering::Relaxed),
         }
     }
 
@@ -237,13 +253,23 @@ impl<C: Call> Batcher<C> {
 
     async fn batched(&self, batch: &[Pending<C>]) -> Result<Vec<C::Out>, sqlx::Error> {
         let n = batch.len();
-        let text = self.texts[n]
-            .get_or_init(|| Arc::from(sql::batched(self.stmt, C::BINDS, n)))
-            .clone();
         let mut args = PgArguments::default();
-        for p in batch {
-            p.call.bind(&mut args).map_err(sqlx::Error::Encode)?;
-        }
+        let text = match &self.unnested {
+            Some(text) => {
+                let calls: Vec<&C> = batch.iter().map(|p| &p.call).collect();
+                C::bind_columns(&calls, &mut args).map_err(sqlx::Error::Encode)?;
+                self.unnested_sent.fetch_add(1, Ordering::Relaxed);
+                text.clone()
+            }
+            None => {
+                for p in batch {
+                    p.call.bind(&mut args).map_err(sqlx::Error::Encode)?;
+                }
+                self.texts[n]
+                    .get_or_init(|| Arc::from(sql::batched(self.stmt, C::BINDS, n)))
+                    .clone()
+            }
+        };
         let rows = sqlx::query_with(AssertSqlSafe(text), args)
             .fetch_all(&self.pool)
             .await?;

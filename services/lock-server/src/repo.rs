@@ -100,6 +100,15 @@ impl Call for AcquireCall {
         args.add(self.ttl_secs)
     }
 
+    const TYPES: &'static [&'static str] = &["text", "text", "uuid", "float8"];
+
+    fn bind_columns(calls: &[&Self], args: &mut PgArguments) -> Result<(), BoxDynError> {
+        args.add(calls.iter().map(|c| c.key.as_str()).collect::<Vec<_>>())?;
+        args.add(calls.iter().map(|c| c.owner_id.as_str()).collect::<Vec<_>>())?;
+        args.add(calls.iter().map(|c| c.session_id).collect::<Vec<_>>())?;
+        args.add(calls.iter().map(|c| c.ttl_secs).collect::<Vec<_>>())
+    }
+
     fn outcome(row: Option<&PgRow>) -> Result<Option<Grant>, sqlx::Error> {
         row.map(Grant::from_row).transpose()
     }
@@ -122,6 +131,13 @@ impl Call for ReleaseCall {
     fn bind(&self, args: &mut PgArguments) -> Result<(), BoxDynError> {
         args.add(self.key.as_str())?;
         args.add(self.token)
+    }
+
+    const TYPES: &'static [&'static str] = &["text", "int8"];
+
+    fn bind_columns(calls: &[&Self], args: &mut PgArguments) -> Result<(), BoxDynError> {
+        args.add(calls.iter().map(|c| c.key.as_str()).collect::<Vec<_>>())?;
+        args.add(calls.iter().map(|c| c.token).collect::<Vec<_>>())
     }
 
     fn outcome(row: Option<&PgRow>) -> Result<bool, sqlx::Error> {

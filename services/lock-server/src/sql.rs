@@ -148,6 +148,13 @@ pub fn batched(stmt: &str, binds: usize, n: usize) -> String {
 
 /// Copies `stmt` into `out` with every placeholder `$j` written as `$(j + offset)`.
 fn renumber(stmt: &str, offset: usize, out: &mut String) {
+    out.push_str(&placeholders(stmt, |j| Some(format!("${}", j + offset))).unwrap_or_default());
+}
+
+/// `stmt` with every placeholder `$j` replaced by `to(j)`; `None` if `to` refuses one. A `$` not
+/// followed by digits is not a placeholder and is copied as it is.
+fn placeholders(stmt: &str, to: impl Fn(usize) -> Option<String>) -> Option<String> {
+    let mut out = String::with_capacity(stmt.len() + 64);
     let mut rest = stmt;
     while let Some(at) = rest.find('$') {
         out.push_str(&rest[..at]);
@@ -156,8 +163,7 @@ fn renumber(stmt: &str, offset: usize, out: &mut String) {
             .unwrap_or(rest.len() - at - 1);
         let number = &rest[at + 1..at + 1 + digits];
         match number.parse::<usize>() {
-            Ok(j) => out.push_str(&format!("${}", j + offset)),
-            // Not a placeholder (a lone `$`): copied as it is.
+            Ok(j) => out.push_str(&to(j)?),
             Err(_) => {
                 out.push('$');
                 out.push_str(number);
@@ -166,6 +172,121 @@ fn renumber(stmt: &str, offset: usize, out: &mut String) {
         rest = &rest[at + 1 + digits..];
     }
     out.push_str(rest);
+    Some(out)
+}
+
+/// One round trip for any number of concurrent calls of `stmt` as one table modification: `stmt`
+/// with its one row of binds replaced by the rows of `unnest` over one array per placeholder
+/// (`types[j - 1]` is the SQL type of `$j`; `$j` becomes array `$j` and, row by row, column `b.pj`).
+/// Derived from `stmt` mechanically, so whatever statement the repository runs (C1's, or a broken
+/// one in a negative control) is what its batches run. `None` when `stmt` is not of a shape handled
+/// here; the caller then batches with [`batched`].
+///
+/// Every output row carries `batch_index`: the 0-based position of the call whose binds produced
+/// it. The arrays' rows must name distinct keys (`INSERT … ON CONFLICT DO UPDATE` cannot affect one
+/// row twice in a statement; the repository never batches two calls for one key).
+///
+/// Two shapes (the two batched statements of C1):
+///
+/// * `INSERT INTO t (cols) VALUES (row) ON CONFLICT (key) DO UPDATE SET … WHERE … RETURNING r`:
+///   `VALUES (row)` becomes `SELECT row FROM b` (the `$j` of `row` as `b.pj`), everything after it
+///   is kept character for character, except that a `$j` there (only the `DO UPDATE` can have one)
+///   becomes the same call's value, found by the proposed row's key:
+///   `(SELECT b.pj FROM b WHERE b.pk = EXCLUDED.key)`, where `$k` is the bind `row` puts in `key`.
+///   `INSERT`'s `RETURNING` cannot name the source rows, so it also returns `key`, and each row is
+///   tagged with its call's index by that key.
+/// * `DELETE FROM t WHERE … RETURNING r`: `USING` the unnested rows, each `$j` as `b.pj`, and
+///   `b.batch_index` returned with `r`.
+pub fn unnested(stmt: &str, types: &[&str]) -> Option<String> {
+    let cols: Vec<String> = (1..=types.len()).map(|j| format!("p{j}")).collect();
+    let source = format!(
+        "unnest({}) WITH ORDINALITY AS b({}, batch_index)",
+        types
+            .iter()
+            .enumerate()
+            .map(|(i, t)| format!("${}::{t}[]", i + 1))
+            .collect::<Vec<_>>()
+            .join(", "),
+        cols.join(", ")
+    );
+    let column = |j: usize| (1..=types.len()).contains(&j).then(|| format!("b.p{j}"));
+    if stmt.starts_with("DELETE FROM ") {
+        let at = stmt.find(" WHERE ")?;
+        let (target, rest) = stmt.split_at(at);
+        let returning = rest.rfind("RETURNING ")? + "RETURNING ".len();
+        let (filter, returned) = rest.split_at(returning);
+        return Some(format!(
+            "{}\n USING {source}\n{}(b.batch_index - 1)::int4 AS batch_index, {returned}",
+            target.trim_end(),
+            placeholders(filter, column)?,
+        ));
+    }
+    if !stmt.starts_with("INSERT INTO ") {
+        return None;
+    }
+    let values = stmt.find("VALUES (")?;
+    let (head, rest) = stmt.split_at(values);
+    let inner = &rest["VALUES (".len()..];
+    let close = matching_paren(inner)?;
+    let (row, tail) = (&inner[..close], &inner[close + 1..]);
+    // The conflict target's column, and the bind the row puts in it.
+    let target = tail.split("ON CONFLICT (").nth(1)?.split(')').next()?.trim();
+    let columns = head[head.find('(')? + 1..head.rfind(')')?].split(',');
+    let position = columns.map(str::trim).position(|c| c == target)?;
+    let key_bind = split_top_level(row)
+        .get(position)?
+        .trim()
+        .strip_prefix('$')?
+        .parse::<usize>()
+        .ok()
+        .filter(|k| (1..=types.len()).contains(k))?;
+    let returning = tail.rfind("RETURNING ")? + "RETURNING ".len();
+    let (conflict, returned) = tail.split_at(returning);
+    if returned.contains('$') {
+        return None;
+    }
+    let same_call =
+        |j: usize| column(j).map(|c| format!("(SELECT {c} FROM b WHERE b.p{key_bind} = EXCLUDED.{target})"));
+    Some(format!(
+        "WITH b AS (SELECT * FROM {source}),\n\
+         c AS (\n{head}SELECT {}\n  FROM b ORDER BY b.batch_index{}{target} AS batch_key, {returned}\n)\n\
+         SELECT (b.batch_index - 1)::int4 AS batch_index, c.* FROM c JOIN b ON b.p{key_bind} = c.batch_key",
+        placeholders(row, column)?,
+        placeholders(conflict, same_call)?,
+    ))
+}
+
+/// The index of the `)` closing an already opened `(` in `s`.
+fn matching_paren(s: &str) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' if depth == 0 => return Some(i),
+            ')' => depth -= 1,
+            _ => {}
+        }
+    }
+    None
+}
+
+/// `s` split at the commas outside parentheses.
+fn split_top_level(s: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut start) = (0usize, 0);
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                out.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&s[start..]);
+    out
 }
 
 /// The statements whose exact text carries a safety property, as one swappable set.
@@ -232,6 +353,83 @@ mod tests {
             release.contains("lock_key      = $3\n   AND fencing_token = $4"),
             "{release}"
         );
+    }
+
+    /// Every line of `stmt` from `from` on, with `$j` written as `to(j)`: what must appear in the
+    /// unnested text unchanged but for its binds.
+    fn lines_from(stmt: &str, from: &str, to: impl Fn(usize) -> String) -> String {
+        let at = stmt.find(from).unwrap();
+        placeholders(&stmt[at..], |j| Some(to(j))).unwrap()
+    }
+
+    #[test]
+    fn the_unnested_acquire_is_c1s_acquire_with_its_values_row_from_the_arrays() {
+        let text = unnested(ACQUIRE, &["text", "text", "uuid", "float8"]).unwrap();
+        let expected = "\
+WITH b AS (SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::float8[]) WITH ORDINALITY AS b(p1, p2, p3, p4, batch_index)),
+c AS (
+INSERT INTO lock_entry (lock_key, owner_id, session_id, fencing_token, acquired_at, expires_at)
+SELECT b.p1, b.p2, b.p3, nextval('fencing_token_seq'),
+        now(), now() + make_interval(secs => b.p4)
+  FROM b ORDER BY b.batch_index
+ON CONFLICT (lock_key) DO UPDATE
+   SET owner_id      = EXCLUDED.owner_id,
+       session_id    = EXCLUDED.session_id,
+       fencing_token = nextval('fencing_token_seq'),
+       acquired_at   = now(),
+       expires_at    = now() + make_interval(secs => (SELECT b.p4 FROM b WHERE b.p1 = EXCLUDED.lock_key))
+ WHERE lock_entry.expires_at <= now()
+    OR (lock_entry.owner_id = EXCLUDED.owner_id AND lock_entry.session_id = EXCLUDED.session_id)
+RETURNING lock_key AS batch_key, fencing_token, owner_id, session_id, acquired_at, expires_at
+)
+SELECT (b.batch_index - 1)::int4 AS batch_index, c.* FROM c JOIN b ON b.p1 = c.batch_key";
+        assert_eq!(text, expected);
+        // C1's conflict clause, its SET list and its WHERE predicates, character for character but
+        // for the one bind in them: the same call's TTL.
+        let conflict = lines_from(ACQUIRE, "ON CONFLICT", |j| {
+            format!("(SELECT b.p{j} FROM b WHERE b.p1 = EXCLUDED.lock_key)")
+        });
+        let conflict = conflict.split("RETURNING ").next().unwrap();
+        assert!(text.contains(conflict), "{conflict}\nnot in\n{text}");
+        assert_eq!(text.matches("nextval('fencing_token_seq')").count(), 2);
+    }
+
+    #[test]
+    fn the_unnested_release_is_c1s_compare_and_delete_row_by_row() {
+        let text = unnested(RELEASE, &["text", "int8"]).unwrap();
+        assert_eq!(
+            text,
+            "DELETE FROM lock_entry
+ USING unnest($1::text[], $2::int8[]) WITH ORDINALITY AS b(p1, p2, batch_index)
+ WHERE lock_key      = b.p1
+   AND fencing_token = b.p2
+RETURNING (b.batch_index - 1)::int4 AS batch_index, fencing_token"
+        );
+        let predicates = lines_from(RELEASE, " WHERE", |j| format!("b.p{j}"));
+        let predicates = predicates.split("\nRETURNING").next().unwrap();
+        assert!(text.contains(predicates));
+    }
+
+    #[test]
+    fn a_broken_statement_unnests_to_the_same_breakage() {
+        // The clause a negative control deletes from C1's text is absent from its batched text too.
+        let no_nextval = ACQUIRE.replacen("       fencing_token = nextval('fencing_token_seq'),\n", "", 1);
+        let text = unnested(&no_nextval, &["text", "text", "uuid", "float8"]).unwrap();
+        assert_eq!(text.matches("nextval('fencing_token_seq')").count(), 1);
+        assert!(!text.contains("fencing_token = nextval"));
+        let by_key = RELEASE.replacen("\n   AND fencing_token = $2", "", 1);
+        let text = unnested(&by_key, &["text", "int8"]).unwrap();
+        assert!(!text.contains("fencing_token ="), "{text}");
+        assert!(text.contains("WHERE lock_key      = b.p1\nRETURNING"), "{text}");
+    }
+
+    #[test]
+    fn statements_of_other_shapes_are_not_unnested() {
+        assert_eq!(unnested(RENEW, &["text", "int8", "float8"]), None);
+        assert_eq!(unnested(PING, &[]), None);
+        // A bind past the arrays, or a key column the row does not fill from a bind.
+        assert_eq!(unnested(RELEASE, &["text"]), None);
+        assert_eq!(unnested(CREATE_SESSION, &["text", "float8"]), None);
     }
 
     #[test]

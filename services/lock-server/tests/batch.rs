@@ -50,6 +50,16 @@ async fn burst_acquire(
     .await
 }
 
+/// The batches between `before` and `after` ran as the `unnest` statement, none refused (a refused
+/// batch is re-run call by call, which would pass every check above without testing the batch).
+fn assert_unnested_without_fallback(before: BatchStats, after: BatchStats) {
+    assert!(after.unnested > before.unnested, "no unnest batch: {after:?}");
+    assert_eq!(
+        after.fallbacks, before.fallbacks,
+        "a batch was refused: {after:?}"
+    );
+}
+
 fn batched_since(before: BatchStats, after: BatchStats) -> String {
     format!(
         "{} calls in {} statements, largest {}",
@@ -75,6 +85,7 @@ async fn concurrent_acquires_on_distinct_keys_each_get_their_own_row_with_distin
         "{}",
         batched_since(before, after)
     );
+    assert_unnested_without_fallback(before, after);
 
     let mut tokens = HashSet::new();
     let mut first_tokens = Vec::new();
@@ -129,6 +140,40 @@ async fn concurrent_acquires_on_distinct_keys_each_get_their_own_row_with_distin
         .unwrap()
         .unwrap();
     assert!(second_tokens.iter().all(|t| alone.fencing_token > *t));
+}
+
+#[tokio::test]
+async fn each_call_of_a_batch_gets_its_own_ttl_on_a_fresh_key_and_on_re_entry() {
+    let (db, repo) = repo(Statements::C1).await;
+    let holders = sessions(&repo, "w", 12).await;
+    let keys: Vec<String> = (0..12).map(|i| format!("account:{i}")).collect();
+    // Whole seconds: `expires_at - acquired_at` is then exact.
+    let ttl = |round: usize, i: usize| (60 * (round + 1) + i) as f64;
+    for round in 0..2 {
+        // Round 0 inserts; round 1 is every session re-entering its key (the `DO UPDATE` branch,
+        // whose TTL is the same call's, looked up by key).
+        let before = repo.acquire_batches();
+        let out = join_all(
+            keys.iter()
+                .zip(&holders)
+                .enumerate()
+                .map(|(i, (k, (owner, s)))| repo.acquire(k, owner, *s, ttl(round, i))),
+        )
+        .await;
+        let after = repo.acquire_batches();
+        assert!(after.largest > 1, "{}", batched_since(before, after));
+        assert_unnested_without_fallback(before, after);
+        for (i, g) in out.into_iter().enumerate() {
+            let g = g.unwrap().expect("granted");
+            let lease = (g.expires_at - g.acquired_at).num_milliseconds();
+            assert_eq!(lease as f64, ttl(round, i) * 1000.0, "round {round}, {}", keys[i]);
+            let row = entry(&db.app, &keys[i]).await.unwrap();
+            assert_eq!(
+                (row.fencing_token, row.expires_at),
+                (g.fencing_token, g.expires_at)
+            );
+        }
+    }
 }
 
 #[tokio::test]
@@ -242,6 +287,7 @@ async fn concurrent_releases_each_get_their_own_outcome() {
     let released = join_all(keys.iter().zip(&tokens).map(|(k, t)| repo.release(k, *t))).await;
     let after = repo.release_batches();
     assert!(after.largest > 1, "{}", batched_since(before, after));
+    assert_unnested_without_fallback(before, after);
     for (i, r) in released.into_iter().enumerate() {
         assert_eq!(r.unwrap(), i != 3, "{}", keys[i]);
     }
@@ -306,6 +352,7 @@ async fn scenario_batched_takeover(repo: &Repo, n: usize) -> Result<(), String> 
     let new = burst_acquire(repo, &keys, &live, LONG_TTL_SECS).await;
     let after = repo.acquire_batches();
     assert!(after.largest > 1, "{}", batched_since(before, after));
+    assert_unnested_without_fallback(before, after);
     let mut violations = Vec::new();
     for (i, g) in new.into_iter().enumerate() {
         let g = g.unwrap().ok_or(format!("{} was not taken over", keys[i]))?;
@@ -351,6 +398,7 @@ async fn scenario_batched_stale_release(repo: &Repo, n: usize) -> Result<(), Str
     .await;
     let after = repo.release_batches();
     assert!(after.largest > 1, "{}", batched_since(before, after));
+    assert_unnested_without_fallback(before, after);
     let mut violations = Vec::new();
     for (i, r) in released.into_iter().enumerate() {
         let released = r.unwrap();
