@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use dlock_client::{LockClient, LockStatus};
+use dlock_client::{LockClient, LockView};
 use dlock_testkit::etcd::EtcdCluster;
 use dlock_testkit::procs::{Service, Spec};
 use serde::Deserialize;
@@ -444,7 +444,7 @@ impl Stack {
         Ok(serde_json::from_value(body)?)
     }
 
-    pub async fn lock_status(&self, key: &str) -> Result<LockStatus> {
+    pub async fn lock_status(&self, key: &str) -> Result<LockView> {
         Ok(self.lock.lock_status(key).await?)
     }
 

@@ -12,6 +12,7 @@
 #![allow(unsafe_code)] // pg.rs: prctl(PR_SET_PDEATHSIG) and atexit, both documented there
 
 pub mod etcd;
+pub mod openapi;
 pub mod pg;
 pub mod procs;
 
