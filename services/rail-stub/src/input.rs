@@ -3,7 +3,6 @@
 
 use axum::http::{HeaderMap, StatusCode};
 use dlock_common::ApiError;
-use serde::Deserialize;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -18,25 +17,9 @@ pub const OUTCOME_HEADER: &str = "X-Rail-Stub-Outcome";
 /// Test-mode header adding latency to this request, in milliseconds.
 pub const LATENCY_HEADER: &str = "X-Rail-Stub-Latency-Ms";
 
-/// `POST /v1/payments` as sent. `amountMinor` is read as a raw JSON value so that a float or a
-/// string gets `INVALID_AMOUNT` rather than a generic decoding error.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct PaymentBody {
-    pub idempotency_key: String,
-    pub payout_id: String,
-    pub account_id: String,
-    pub amount_minor: Value,
-    pub currency: String,
-}
-
-/// `PUT /v1/admin/behaviour` as sent.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct BehaviourBody {
-    pub mode: String,
-    pub latency_ms: Value,
-}
+/// `POST /v1/payments` and `PUT /v1/admin/behaviour` as sent (dlock_wire::stub: raw values where
+/// each bad one gets its own code).
+pub use dlock_wire::stub::{BehaviourRequest as BehaviourBody, PaymentOrder as PaymentBody};
 
 pub fn test_mode_disabled() -> ApiError {
     ApiError::new(

@@ -13,6 +13,7 @@
 
 pub mod doc;
 pub mod error;
+pub mod int;
 pub mod lock;
 pub mod pattern;
 pub mod payment;

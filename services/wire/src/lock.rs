@@ -17,6 +17,7 @@ pub struct CreateSessionRequest {
         pattern = "^[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]([^\\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]*[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000])?$"
     )]
     pub owner_id: String,
+    #[serde(deserialize_with = "crate::int::integral")]
     #[schema(minimum = 10, maximum = 86400000)]
     pub ttl_ms: i64,
 }
@@ -34,6 +35,7 @@ pub struct SessionCreated {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TtlRequest {
+    #[serde(deserialize_with = "crate::int::integral")]
     #[schema(minimum = 10, maximum = 86400000)]
     pub ttl_ms: i64,
 }
@@ -66,6 +68,7 @@ pub struct AcquireRequest {
         pattern = "^[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]([^\\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]*[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000])?$"
     )]
     pub owner_id: String,
+    #[serde(deserialize_with = "crate::int::integral")]
     #[schema(minimum = 10, maximum = 86400000)]
     pub ttl_ms: i64,
 }
@@ -149,7 +152,6 @@ pub struct RevokeRequest {
     pub reason: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(
-        nullable = false,
         min_length = 1,
         max_length = 128,
         pattern = "^[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]([^\\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]*[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000])?$"
