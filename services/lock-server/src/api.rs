@@ -461,7 +461,7 @@ pub async fn metrics(State(state): State<AppState>) -> axum::response::Response 
 
 #[utoipa::path(get, path = "/openapi.yaml", tag = "operations", operation_id = "openapi",
     responses(
-        (status = 200, description = "This document.", body = String, content_type = "application/yaml"),
+        (status = 200, description = "This document.", body = Object, content_type = "application/yaml"),
     ))]
 pub async fn openapi() -> impl IntoResponse {
     ([(CONTENT_TYPE, "application/yaml")], OPENAPI_YAML)

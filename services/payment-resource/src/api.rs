@@ -19,17 +19,17 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::accounts::{AccountView, Accounts, NewAccount};
+use crate::model::{AccountKind, Payout, PayoutState};
+use crate::payouts::{Claimed, NewPayout, Page, Payouts, Transitioned};
+use crate::posting::{Posted, Posting};
+use crate::reconcile::{self, Report};
+use crate::sql;
 use dlock_wire::ErrorBody;
 use dlock_wire::doc::{BearerAuth, FencingTokenHeader};
 use dlock_wire::payment::{
     AccountIdPath, ClaimRequest, CreateAccountRequest, CreatePayoutRequest, ListPayoutsQuery, PayoutIdPath,
     ReconciliationQuery, TransitionRequest,
 };
-use crate::model::{AccountKind, Payout, PayoutState};
-use crate::payouts::{Claimed, NewPayout, Page, Payouts, Transitioned};
-use crate::posting::{Posted, Posting};
-use crate::reconcile::{self, Report};
-use crate::sql;
 
 /// The OpenAPI document as kept in docs/openapi/, generated from [`ApiDoc`] (a test fails when the
 /// file is stale; `DLOCK_UPDATE_OPENAPI=1` rewrites it), compiled in so the binary serves it.
@@ -252,7 +252,10 @@ async fn create_payout(
         (status = 400, description = "`INVALID_STATE`, `INVALID_LIMIT`, `INVALID_CURSOR` or `INVALID_QUERY`.", body = ErrorBody),
         (status = 503, description = "`UNAVAILABLE`: paydb cannot be reached; retry later.", body = ErrorBody),
     ))]
-async fn list_payouts(State(s): State<AppState>, ApiQuery(q): ApiQuery<ListPayoutsQuery>) -> ApiResult<Json<Page>> {
+async fn list_payouts(
+    State(s): State<AppState>,
+    ApiQuery(q): ApiQuery<ListPayoutsQuery>,
+) -> ApiResult<Json<Page>> {
     // The executor's work queue (PENDING) and the in-flight states a new holder resumes from.
     let state = match q.state.as_deref() {
         None => PayoutState::Pending,
@@ -372,7 +375,7 @@ async fn reconciliation(
 
 #[utoipa::path(get, path = "/openapi.yaml", tag = "operations", operation_id = "openapi",
     responses(
-        (status = 200, description = "This document.", body = String, content_type = "application/yaml"),
+        (status = 200, description = "This document.", body = Object, content_type = "application/yaml"),
     ))]
 async fn openapi() -> impl IntoResponse {
     ([(CONTENT_TYPE, "application/yaml")], OPENAPI_YAML)

@@ -508,7 +508,10 @@ pub fn decode_cursor(cursor: &str) -> Result<After, PaymentError> {
     else {
         return Err(bad());
     };
-    if micros.is_empty() || !micros.bytes().all(|b| b.is_ascii_digit() || b == b'-') || id.len() != 32 {
+    // Non-negative and at most 16 digits (before the year 2287): every such instant fits a
+    // PostgreSQL timestamptz, so a cursor that decodes never fails in the database.
+    if micros.is_empty() || micros.len() > 16 || !micros.bytes().all(|b| b.is_ascii_digit()) || id.len() != 32
+    {
         return Err(bad());
     }
     let micros: i64 = micros.parse().map_err(|_| bad())?;

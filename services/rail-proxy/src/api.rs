@@ -11,10 +11,10 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use dlock_common::auth::{self, Credentials, Gate, Role};
 use dlock_common::{ApiError, ApiJson, ApiPath, FencingToken};
-use prometheus_client::registry::Registry;
 use dlock_wire::ErrorBody;
 use dlock_wire::doc::{BearerAuth, FencingTokenHeader};
-use dlock_wire::rail::{PayoutIdPath, RailOutcome, SubmissionList, SubmitRequest, Submission};
+use dlock_wire::rail::{PayoutIdPath, RailOutcome, Submission, SubmissionList, SubmitRequest};
+use prometheus_client::registry::Registry;
 use uuid::Uuid;
 
 use crate::error::ProxyError;
@@ -100,7 +100,10 @@ fn wire(row: sql::Submission) -> Result<Submission, ApiError> {
     let outcome = match row.outcome.as_deref() {
         None => None,
         Some(text) => Some(RailOutcome::parse(text).ok_or_else(|| {
-            ApiError::internal(format!("rail_submission {} has outcome {text:?}", row.submission_id))
+            ApiError::internal(format!(
+                "rail_submission {} has outcome {text:?}",
+                row.submission_id
+            ))
         })?),
     };
     Ok(Submission {
@@ -199,7 +202,7 @@ async fn readyz(State(proxy): State<Arc<Proxy>>) -> Result<&'static str, ApiErro
 
 #[utoipa::path(get, path = "/openapi.yaml", tag = "operations", operation_id = "openapi",
     responses(
-        (status = 200, description = "This document.", body = String, content_type = "application/yaml"),
+        (status = 200, description = "This document.", body = Object, content_type = "application/yaml"),
     ))]
 async fn openapi() -> Response {
     ([(CONTENT_TYPE, "application/yaml")], OPENAPI_YAML).into_response()

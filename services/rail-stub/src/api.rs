@@ -16,12 +16,12 @@ use serde_json::json;
 use crate::config::Mode;
 use crate::input::{self, BehaviourBody, PaymentBody};
 use crate::ledger::{Decision, Payment, PaymentStatus};
+use crate::stub::Stub;
 use dlock_wire::ErrorBody;
 use dlock_wire::stub::{
     BehaviourRequest, BehaviourView, IdempotencyKeyPath, Mode as WireMode, PaymentAnswer, PaymentOrder,
     ReceivedReport,
 };
-use crate::stub::Stub;
 
 /// The OpenAPI document as kept in docs/openapi/, generated from [`ApiDoc`] (a test fails when the
 /// file is stale; `DLOCK_UPDATE_OPENAPI=1` rewrites it).
@@ -99,7 +99,7 @@ async fn readyz() -> &'static str {
 
 #[utoipa::path(get, path = "/openapi.yaml", tag = "operations", operation_id = "openapi",
     responses(
-        (status = 200, description = "This document.", body = String, content_type = "application/yaml"),
+        (status = 200, description = "This document.", body = Object, content_type = "application/yaml"),
     ))]
 async fn openapi() -> Response {
     ([(CONTENT_TYPE, "application/yaml")], OPENAPI_YAML).into_response()

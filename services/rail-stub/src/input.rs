@@ -3,6 +3,7 @@
 
 use axum::http::{HeaderMap, StatusCode};
 use dlock_common::ApiError;
+use dlock_wire::int::JsonInt;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -55,9 +56,10 @@ fn currency(text: &str) -> Result<(), ApiError> {
     }
 }
 
-/// Minor units: a JSON integer that fits i64 and is > 0. Never a float.
-fn amount(value: &Value) -> Result<i64, ApiError> {
-    match value.as_i64() {
+/// Minor units: a JSON integer (its exact value, as JSON Schema reads `type: integer`, so `5.0` is 5)
+/// that fits i64 and is > 0. Read from the JSON text with integer arithmetic: never a float.
+fn amount(value: &JsonInt) -> Result<i64, ApiError> {
+    match value.get() {
         Some(v) if v > 0 => Ok(v),
         _ => Err(ApiError::bad_request(
             "INVALID_AMOUNT",
@@ -152,7 +154,7 @@ mod tests {
             idempotency_key: "k".into(),
             payout_id: Uuid::new_v4().to_string(),
             account_id: Uuid::new_v4().to_string(),
-            amount_minor: amount,
+            amount_minor: serde_json::from_str(&amount.to_string()).expect("a JSON value"),
             currency: currency.into(),
         }
     }
@@ -165,11 +167,14 @@ mod tests {
     fn amounts_are_positive_integers_only() {
         assert_eq!(code(payment(body(json!(1), "EUR"))), "OK");
         assert_eq!(code(payment(body(json!(i64::MAX), "EUR"))), "OK");
+        // JSON Schema's `type: integer` (the document's) holds 1.0: it is the integer 1, read
+        // exactly from its text, never through a float.
+        assert_eq!(code(payment(body(json!(1.0), "EUR"))), "OK");
         for bad in [
             json!(0),
             json!(-1),
             json!(1.5),
-            json!(1.0),
+            json!(0.0),
             json!("5"),
             json!(u64::MAX),
             json!(null),

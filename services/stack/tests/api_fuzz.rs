@@ -32,7 +32,10 @@ fn schemathesis() -> Option<PathBuf> {
         "DLOCK_REQUIRE_SCHEMATHESIS=1 but {} is missing: run scripts/setup.sh",
         st.display()
     );
-    eprintln!("skipped: {} is missing (scripts/setup.sh installs it)", st.display());
+    eprintln!(
+        "skipped: {} is missing (scripts/setup.sh installs it)",
+        st.display()
+    );
     None
 }
 
@@ -190,16 +193,24 @@ async fn every_service_survives_a_property_based_run_from_its_own_document() {
     let lock_server = Service::start(
         Spec::new("lock-server", "lock-server")
             .expect("spec")
-            .args(["--database-url", &lock_db.app_url(), "--listen", "127.0.0.1:{port}"])
+            .args([
+                "--database-url",
+                &lock_db.app_url(),
+                "--listen",
+                "127.0.0.1:{port}",
+            ])
             .env("DLOCK_ADMIN_TOKEN", admin),
         &logs,
     )
     .await
     .expect("start lock-server");
     let rail_stub = Service::start(
-        Spec::new("rail-stub", "rail-stub")
-            .expect("spec")
-            .args(["--listen", "127.0.0.1:{port}", "--mode", "ack"]),
+        Spec::new("rail-stub", "rail-stub").expect("spec").args([
+            "--listen",
+            "127.0.0.1:{port}",
+            "--mode",
+            "ack",
+        ]),
         &logs,
     )
     .await
@@ -285,7 +296,11 @@ async fn every_service_survives_a_property_based_run_from_its_own_document() {
         // One credential per role: each run covers the operations its role may call plus the open
         // ones (reads, health, the document).
         for (role, token, ops) in [
-            ("admin", pay_admin, vec![("method", "GET"), ("path", "/v1/accounts")]),
+            (
+                "admin",
+                pay_admin,
+                vec![("method", "GET"), ("path", "/v1/accounts")],
+            ),
             ("client", pay_client, vec![("path", "/v1/payouts")]),
             ("executor", pay_executor, vec![("path-regex", "^/v1/payouts/")]),
         ] {

@@ -4,12 +4,12 @@
 //! so that the documents in docs/openapi/ — generated from these types and the handlers — say
 //! exactly what is accepted.
 //!
-//! - [`error`]: the one error body `{code, message, …details}`;
-//! - [`lock`]: lock-server (docs/lock-api.md);
-//! - [`payment`]: payment-resource;
-//! - [`rail`]: rail-proxy;
-//! - [`stub`]: rail-stub;
-//! - [`pattern`]: the regular expressions the schemas use, each mirroring one validator.
+//! - [`error`] — the one error body `{code, message, …details}`;
+//! - [`lock`] — lock-server (docs/lock-api.md);
+//! - [`payment`] — the bodies of payment-resource;
+//! - [`rail`] — the bodies of rail-proxy;
+//! - [`stub`] — the bodies of rail-stub;
+//! - [`pattern`] — the regular expressions the schemas use, each mirroring one validator.
 
 pub mod doc;
 pub mod error;

@@ -45,6 +45,7 @@ pub struct CreateAccountRequest {
     pub account_id: Option<Uuid>,
     #[schema(pattern = "^[A-Z]{3}$")]
     pub currency: String,
+    #[serde(deserialize_with = "crate::int::integral")]
     #[schema(minimum = 0, maximum = 9223372036854775807_i64)]
     pub opening_balance_minor: i64,
     /// Absent or `null` is `CUSTOMER`.
@@ -84,6 +85,7 @@ pub struct Account {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreatePayoutRequest {
     pub account_id: Uuid,
+    #[serde(deserialize_with = "crate::int::integral")]
     #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
     pub amount_minor: i64,
     #[schema(pattern = "^[A-Z]{3}$")]
@@ -136,7 +138,7 @@ pub struct ListPayoutsQuery {
     #[param(minimum = 1, maximum = 500)]
     pub limit: Option<i64>,
     /// The `nextCursor` of the previous page.
-    #[param(pattern = "^v1\\.-?[0-9]{1,18}\\.[0-9a-fA-F]{32}$")]
+    #[param(pattern = "^v1\\.[0-9]{1,16}\\.[0-9a-fA-F]{32}$")]
     pub after: Option<String>,
 }
 
@@ -182,16 +184,63 @@ pub struct Claimed {
     pub idempotent: bool,
 }
 
-/// `POST /v1/payouts/{payoutId}/transition`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+/// `POST /v1/payouts/{payoutId}/transition`. Its schema lists exactly the edges
+/// [`PayoutState::can_transition`] admits, so that a documented request is never
+/// `UNSUPPORTED_TRANSITION`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TransitionRequest {
     pub from: PayoutState,
     pub to: PayoutState,
     /// Why the payout ends FAILED or ABANDONED (a code such as RAIL_REJECTED); ignored otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(max_length = 64, pattern = "^[A-Z][A-Z0-9_]*$")]
     pub reason: Option<String>,
+}
+
+impl utoipa::PartialSchema for TransitionRequest {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, OneOfBuilder, SchemaType, Type};
+        let one_state = |states: Vec<&'static str>| {
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .enum_values(Some(states))
+        };
+        let mut edges = OneOfBuilder::new().description(Some(
+            "One executor edge: `from` and the states it may move to. `reason` (`^[A-Z][A-Z0-9_]*$`, at most 64 characters) is recorded when the payout ends FAILED or ABANDONED.",
+        ));
+        for from in PayoutState::ALL {
+            let to: Vec<&'static str> = PayoutState::ALL
+                .into_iter()
+                .filter(|to| PayoutState::can_transition(from, *to))
+                .map(PayoutState::as_str)
+                .collect();
+            if to.is_empty() {
+                continue;
+            }
+            edges = edges.item(
+                ObjectBuilder::new()
+                    .property("from", one_state(vec![from.as_str()]))
+                    .required("from")
+                    .property("to", one_state(to))
+                    .required("to")
+                    .property(
+                        "reason",
+                        ObjectBuilder::new()
+                            .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+                            .max_length(Some(64))
+                            .pattern(Some(crate::pattern::CODE)),
+                    )
+                    .additional_properties(Some(AdditionalProperties::FreeForm(false))),
+            );
+        }
+        edges.into()
+    }
+}
+
+impl utoipa::ToSchema for TransitionRequest {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "TransitionRequest".into()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

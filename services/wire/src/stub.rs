@@ -27,7 +27,7 @@ pub struct PaymentOrder {
     pub account_id: String,
     /// A JSON integer of minor units, > 0.
     #[schema(value_type = i64, minimum = 1, maximum = 9223372036854775807_i64)]
-    pub amount_minor: Value,
+    pub amount_minor: crate::int::JsonInt,
     #[schema(pattern = "^[A-Z]{3}$")]
     pub currency: String,
 }
