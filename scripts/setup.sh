@@ -6,6 +6,8 @@
 #   - etcd (scripts/cluster-tools.sh etcd): the lock-server's etcd backend tests run real members
 #   - etcdutl 3.5 (scripts/cluster-tools.sh etcdutl, built with Go, ~1.5-2.5 min once): the etcd
 #     restore test restores a real snapshot with --bump-revision
+#   - schemathesis (PyPI, pinned) in a venv under $DLOCK_TOOLS_DIR: the API fuzz run
+#     (services/testkit/tests/api_fuzz.rs) drives each service from its own OpenAPI document
 #   - the Rust workspace, built once into $CARGO_TARGET_DIR
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -57,6 +59,19 @@ install_apt protobuf-compiler protoc
 # The restore fast-forward on etcd needs `etcdutl snapshot restore --bump-revision`, which 3.4 lacks;
 # a failed build stops here, so the test command never runs without it (the test would skip).
 "$DLOCK_ROOT/scripts/cluster-tools.sh" etcdutl
+
+# Installed in place and marked complete by its version check, so an interrupted install is redone.
+SCHEMATHESIS_VERSION=4.32.5
+st_venv="$DLOCK_TOOLS_DIR/schemathesis-$SCHEMATHESIS_VERSION"
+if ! "$st_venv/bin/st" --version 2>/dev/null | grep -q "version $SCHEMATHESIS_VERSION"; then
+  command -v python3 >/dev/null || die "python3 is required for schemathesis (the API fuzz run)"
+  say "installing schemathesis $SCHEMATHESIS_VERSION into $st_venv"
+  rm -rf "$st_venv"
+  python3 -m venv "$st_venv" || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
+  "$st_venv/bin/pip" install --quiet --disable-pip-version-check "schemathesis==$SCHEMATHESIS_VERSION" ||
+    die "cannot install schemathesis $SCHEMATHESIS_VERSION from PyPI"
+  "$st_venv/bin/st" --version | grep -q "version $SCHEMATHESIS_VERSION" || die "schemathesis did not install"
+fi
 
 say "building the workspace (cargo target dir: $CARGO_TARGET_DIR)"
 cd "$DLOCK_ROOT"

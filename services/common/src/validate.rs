@@ -2,9 +2,10 @@
 
 use crate::error::ApiError;
 
-/// Longest accepted lock key, in bytes.
+/// Longest accepted lock key, in characters (as JSON Schema counts `maxLength`, so that the OpenAPI
+/// documents can state the bound exactly).
 pub const MAX_KEY_LEN: usize = 256;
-/// Longest accepted owner id, in bytes.
+/// Longest accepted owner id, in characters.
 pub const MAX_OWNER_LEN: usize = 128;
 /// TTL bounds in milliseconds: at least 10 ms (tests use short leases), at most one day.
 pub const MIN_TTL_MS: i64 = 10;
@@ -17,18 +18,16 @@ fn printable(s: &str) -> bool {
         && !s.ends_with(' ')
 }
 
-/// A lock key: non-empty, at most [`MAX_KEY_LEN`] bytes, printable, no leading/trailing space.
+/// A lock key: non-empty, at most [`MAX_KEY_LEN`] characters, printable, no leading/trailing space.
 pub fn lock_key(key: &str) -> Result<(), ApiError> {
     if key.is_empty() {
         return Err(ApiError::bad_request("INVALID_LOCK_KEY", "the lock key is empty"));
     }
-    if key.len() > MAX_KEY_LEN {
+    let chars = key.chars().count();
+    if chars > MAX_KEY_LEN {
         return Err(ApiError::bad_request(
             "INVALID_LOCK_KEY",
-            format!(
-                "the lock key is {} bytes long; at most {MAX_KEY_LEN} are allowed",
-                key.len()
-            ),
+            format!("the lock key is {chars} characters long; at most {MAX_KEY_LEN} are allowed"),
         ));
     }
     if !printable(key) {
@@ -42,10 +41,12 @@ pub fn lock_key(key: &str) -> Result<(), ApiError> {
 
 /// An owner id: the same shape as a key, shorter.
 pub fn owner_id(owner: &str) -> Result<(), ApiError> {
-    if owner.is_empty() || owner.len() > MAX_OWNER_LEN || !printable(owner) {
+    if owner.is_empty() || owner.chars().count() > MAX_OWNER_LEN || !printable(owner) {
         return Err(ApiError::bad_request(
             "INVALID_OWNER_ID",
-            format!("the owner id must be 1..={MAX_OWNER_LEN} printable bytes without surrounding spaces"),
+            format!(
+                "the owner id must be 1..={MAX_OWNER_LEN} printable characters without surrounding spaces"
+            ),
         ));
     }
     Ok(())

@@ -1,5 +1,6 @@
 //! Every HTTP call to lock-server, and nothing else: one method per route of the lock API
-//! (docs/lock-api.md), the wire types, and the mapping of each route's error answers.
+//! (docs/lock-api.md) over the wire types of `dlock_wire::lock` (the ones the server answers with),
+//! and the mapping of each route's error answers.
 //!
 //! The methods are single attempts with no state: [`crate::Session`] and [`crate::LockHandle`]
 //! build heartbeats, bounded waits and renewal on top of them. They are public for tools and tests
@@ -7,11 +8,14 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use dlock_common::{FENCING_TOKEN_HEADER, FencingToken};
+use dlock_wire::lock::{AcquireRequest, CreateSessionRequest, TtlRequest};
+pub use dlock_wire::lock::{
+    LockGrant, LockReleased, LockRenewed, LockState, LockView, SessionClosed, SessionCreated,
+    SessionHeartbeat,
+};
 use reqwest::{StatusCode, Url};
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::error::{ClientError, LossReason, error_from_body};
@@ -33,104 +37,6 @@ impl Default for ClientConfig {
             request_timeout: Duration::from_secs(5),
         }
     }
-}
-
-/// `201` of `POST /v1/sessions`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SessionOpened {
-    pub session_id: Uuid,
-    pub owner_id: String,
-    pub expires_at: DateTime<Utc>,
-}
-
-/// `200` of `POST /v1/sessions/{id}/heartbeat`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Heartbeat {
-    pub session_id: Uuid,
-    pub expires_at: DateTime<Utc>,
-}
-
-/// `200` of `DELETE /v1/sessions/{id}`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SessionClosed {
-    pub session_id: Uuid,
-    /// `false` if the session was already gone.
-    pub closed: bool,
-}
-
-/// `200` of `POST /v1/locks/{key}/acquire`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LockGrant {
-    pub lock_key: String,
-    pub fencing_token: FencingToken,
-    pub owner_id: String,
-    pub session_id: Uuid,
-    pub acquired_at: DateTime<Utc>,
-    pub expires_at: DateTime<Utc>,
-}
-
-/// `200` of `POST /v1/locks/{key}/renew`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Renewed {
-    pub lock_key: String,
-    pub fencing_token: FencingToken,
-    pub expires_at: DateTime<Utc>,
-}
-
-/// `200` of `POST /v1/locks/{key}/release` (a stale release is still a 200).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Released {
-    pub lock_key: String,
-    pub fencing_token: FencingToken,
-    pub released: bool,
-    pub stale: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum LockState {
-    Free,
-    Held,
-    Expired,
-}
-
-/// `200` of `GET /v1/locks/{key}`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LockStatus {
-    pub lock_key: String,
-    pub state: LockState,
-    pub fencing_token: Option<FencingToken>,
-    pub owner_id: Option<String>,
-    pub acquired_at: Option<DateTime<Utc>>,
-    pub expires_at: Option<DateTime<Utc>>,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct OpenSessionBody<'a> {
-    owner_id: &'a str,
-    ttl_ms: i64,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct TtlBody {
-    ttl_ms: i64,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct AcquireBody<'a> {
-    session_id: Uuid,
-    owner_id: &'a str,
-    ttl_ms: i64,
 }
 
 /// The raw lock-server API over one pooled reqwest client. Cheap to clone.
@@ -169,22 +75,25 @@ impl LockApi {
         url
     }
 
-    pub async fn open_session(&self, owner_id: &str, ttl_ms: i64) -> Result<SessionOpened, ClientError> {
+    pub async fn open_session(&self, owner_id: &str, ttl_ms: i64) -> Result<SessionCreated, ClientError> {
         let response = self
             .http
             .post(self.url(&["v1", "sessions"]))
-            .json(&OpenSessionBody { owner_id, ttl_ms })
+            .json(&CreateSessionRequest {
+                owner_id: owner_id.to_owned(),
+                ttl_ms,
+            })
             .send()
             .await?;
         read(response).await
     }
 
     /// 410 `SESSION_GONE` → [`ClientError::SessionGone`].
-    pub async fn heartbeat(&self, session_id: Uuid, ttl_ms: i64) -> Result<Heartbeat, ClientError> {
+    pub async fn heartbeat(&self, session_id: Uuid, ttl_ms: i64) -> Result<SessionHeartbeat, ClientError> {
         let response = self
             .http
             .post(self.url(&["v1", "sessions", &session_id.to_string(), "heartbeat"]))
-            .json(&TtlBody { ttl_ms })
+            .json(&TtlRequest { ttl_ms })
             .send()
             .await?;
         read(response).await.map_err(session_gone)
@@ -210,9 +119,9 @@ impl LockApi {
         let response = self
             .http
             .post(self.url(&["v1", "locks", key, "acquire"]))
-            .json(&AcquireBody {
+            .json(&AcquireRequest {
                 session_id,
-                owner_id,
+                owner_id: owner_id.to_owned(),
                 ttl_ms,
             })
             .send()
@@ -228,12 +137,17 @@ impl LockApi {
     }
 
     /// 410 `LEASE_EXPIRED` → [`ClientError::LockLost`] with [`LossReason::LeaseExpired`].
-    pub async fn renew(&self, key: &str, token: FencingToken, ttl_ms: i64) -> Result<Renewed, ClientError> {
+    pub async fn renew(
+        &self,
+        key: &str,
+        token: FencingToken,
+        ttl_ms: i64,
+    ) -> Result<LockRenewed, ClientError> {
         let response = self
             .http
             .post(self.url(&["v1", "locks", key, "renew"]))
             .header(FENCING_TOKEN_HEADER, token.to_string())
-            .json(&TtlBody { ttl_ms })
+            .json(&TtlRequest { ttl_ms })
             .send()
             .await?;
         read(response).await.map_err(|e| match e {
@@ -250,7 +164,7 @@ impl LockApi {
         })
     }
 
-    pub async fn release(&self, key: &str, token: FencingToken) -> Result<Released, ClientError> {
+    pub async fn release(&self, key: &str, token: FencingToken) -> Result<LockReleased, ClientError> {
         let response = self
             .http
             .post(self.url(&["v1", "locks", key, "release"]))
@@ -260,7 +174,7 @@ impl LockApi {
         read(response).await
     }
 
-    pub async fn lock_status(&self, key: &str) -> Result<LockStatus, ClientError> {
+    pub async fn lock_status(&self, key: &str) -> Result<LockView, ClientError> {
         let response = self.http.get(self.url(&["v1", "locks", key])).send().await?;
         read(response).await
     }

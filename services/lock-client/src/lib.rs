@@ -40,7 +40,7 @@ mod session;
 
 use std::time::Duration;
 
-pub use api::{ClientConfig, LockApi, LockGrant, LockState, LockStatus};
+pub use api::{ClientConfig, LockApi, LockGrant, LockState, LockView};
 pub use dlock_common::FencingToken;
 pub use dlock_common::fencing::FencedOutDetails;
 pub use error::{
@@ -75,7 +75,7 @@ impl LockClient {
     }
 
     /// `GET /v1/locks/{key}`: who holds `key`, as the server sees it now.
-    pub async fn lock_status(&self, key: &str) -> Result<LockStatus, ClientError> {
+    pub async fn lock_status(&self, key: &str) -> Result<LockView, ClientError> {
         dlock_common::validate::lock_key(key).map_err(ClientError::invalid)?;
         self.api.lock_status(key).await
     }

@@ -8,9 +8,16 @@ use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
-use chrono::{DateTime, Utc};
 use dlock_common::{ApiError, ApiJson, ApiPath, FencingToken, validate};
-use serde::{Deserialize, Serialize};
+use dlock_wire::ErrorBody;
+use dlock_wire::doc::BearerAuth;
+pub use dlock_wire::lock::{
+    AcquireRequest, CreateSessionRequest, LockGrant, LockOutcome, LockReleased, LockRenewed, LockState,
+    LockView, RevokeOutcome as Outcome, RevokeRequest, SessionClosed, SessionCreated, SessionHeartbeat,
+    TtlRequest,
+};
+use dlock_wire::lock::{LockKeyPath, SessionIdPath};
+use serde::Deserialize;
 use uuid::Uuid;
 
 use crate::auth::Admin;
@@ -19,46 +26,52 @@ use crate::metrics::{AcquireResult, RevokeOutcome};
 use crate::repo::Revocation;
 use crate::state::AppState;
 
-/// The OpenAPI 3.1 document of this API.
+/// The OpenAPI 3.1 document of this API as kept in docs/openapi/, generated from [`ApiDoc`] (a test
+/// fails when the file is stale and rewrites it with `DLOCK_UPDATE_OPENAPI=1`).
 pub const OPENAPI_YAML: &str = include_str!("../../../docs/openapi/lock-server.yaml");
+
+/// The document, derived from the wire types and the handlers' annotations.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "dlock lock-server",
+        version = "1",
+        description = "Sessions, lock acquire / renew / release with fencing tokens, force-revoke, health and metrics. The prose contract is docs/lock-api.md; the SQL behind each endpoint is C1 §1.3–1.4.\n\n- Bodies are JSON with camelCase fields; every error is `{\"code\": \"...\", \"message\": \"...\"}`.\n- All times come from the backend's clock; clients send TTLs in milliseconds, never times.\n- Fencing tokens are strictly positive 64-bit integers that strictly increase across keys and across release / re-acquire of the same key. Gaps are normal.\n- Lock keys go in the path percent-encoded (`/` as `%2F`).\n- A rejected request writes nothing.",
+        license(name = "Apache-2.0", identifier = "Apache-2.0"),
+    ),
+    paths(
+        create_session, heartbeat, close_session, acquire, renew, release, read_lock, revoke,
+        dlock_wire::doc::healthz, readyz, metrics, openapi,
+    ),
+    components(schemas(ErrorBody)),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "sessions"), (name = "locks"), (name = "admin", description = "Bearer-protected (`LOCK_SERVER_ADMIN_TOKEN`)."),
+        (name = "operations"),
+    ),
+)]
+pub struct ApiDoc;
+
+/// The document rendered as YAML: what docs/openapi/lock-server.yaml must contain.
+pub fn openapi_yaml() -> String {
+    dlock_wire::doc::to_yaml(&<ApiDoc as utoipa::OpenApi>::openapi())
+}
+
+/// A token read back from the backend, where it is always > 0; anything else is a corrupt row.
+fn stored(token: i64) -> Result<FencingToken, ApiError> {
+    FencingToken::new(token).map_err(ApiError::internal)
+}
 
 // ---- sessions ----------------------------------------------------------------------------------
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct CreateSessionRequest {
-    pub owner_id: String,
-    pub ttl_ms: i64,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SessionCreated {
-    pub session_id: Uuid,
-    pub owner_id: String,
-    pub expires_at: DateTime<Utc>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct TtlRequest {
-    pub ttl_ms: i64,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SessionHeartbeat {
-    pub session_id: Uuid,
-    pub expires_at: DateTime<Utc>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SessionClosed {
-    pub session_id: Uuid,
-    pub closed: bool,
-}
-
+#[utoipa::path(post, path = "/v1/sessions", tag = "sessions", operation_id = "createSession",
+    request_body = CreateSessionRequest,
+    responses(
+        (status = 201, description = "Session opened.", body = SessionCreated),
+        (status = 400, description = "A field is missing, malformed or out of bounds (`INVALID_OWNER_ID`, `INVALID_TTL`, `INVALID_FIELD`, `MALFORMED_JSON`); nothing is written.", body = ErrorBody),
+        (status = 415, description = "`UNSUPPORTED_MEDIA_TYPE`: the body is not `application/json`.", body = ErrorBody),
+        (status = 503, description = "`UNAVAILABLE`: the backend cannot be reached; retry later.", body = ErrorBody),
+    ))]
 pub async fn create_session(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<CreateSessionRequest>,
@@ -77,6 +90,15 @@ pub async fn create_session(
     ))
 }
 
+#[utoipa::path(post, path = "/v1/sessions/{sessionId}/heartbeat", tag = "sessions", operation_id = "heartbeatSession",
+    params(SessionIdPath), request_body = TtlRequest,
+    responses(
+        (status = 200, description = "Session extended.", body = SessionHeartbeat),
+        (status = 400, description = "Bad path or body (`INVALID_PATH`, `INVALID_TTL`, `INVALID_FIELD`, `MALFORMED_JSON`).", body = ErrorBody),
+        (status = 410, description = "`SESSION_GONE`: the session was reaped or has expired; every lock under it is void.", body = ErrorBody),
+        (status = 415, description = "`UNSUPPORTED_MEDIA_TYPE`.", body = ErrorBody),
+        (status = 503, description = "`UNAVAILABLE`.", body = ErrorBody),
+    ))]
 pub async fn heartbeat(
     State(state): State<AppState>,
     ApiPath(session_id): ApiPath<Uuid>,
@@ -97,6 +119,13 @@ pub async fn heartbeat(
     }
 }
 
+#[utoipa::path(delete, path = "/v1/sessions/{sessionId}", tag = "sessions", operation_id = "closeSession",
+    params(SessionIdPath),
+    responses(
+        (status = 200, description = "Closed; `closed: false` if the session was already gone. Its locks are released by the cascade.", body = SessionClosed),
+        (status = 400, description = "`INVALID_PATH`: the session id is not a UUID.", body = ErrorBody),
+        (status = 503, description = "`UNAVAILABLE`.", body = ErrorBody),
+    ))]
 pub async fn close_session(
     State(state): State<AppState>,
     ApiPath(session_id): ApiPath<Uuid>,
@@ -108,66 +137,16 @@ pub async fn close_session(
 
 // ---- locks -------------------------------------------------------------------------------------
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct AcquireRequest {
-    pub session_id: Uuid,
-    pub owner_id: String,
-    pub ttl_ms: i64,
-}
-
-/// `LockGrant` of docs/lock-api.md.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LockGrant {
-    pub lock_key: String,
-    pub fencing_token: i64,
-    pub owner_id: String,
-    pub session_id: Uuid,
-    pub acquired_at: DateTime<Utc>,
-    pub expires_at: DateTime<Utc>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LockRenewed {
-    pub lock_key: String,
-    pub fencing_token: i64,
-    pub expires_at: DateTime<Utc>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LockReleased {
-    pub lock_key: String,
-    pub fencing_token: i64,
-    pub released: bool,
-    pub stale: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum LockState {
-    Free,
-    Held,
-    Expired,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LockView {
-    pub lock_key: String,
-    pub state: LockState,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fencing_token: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub owner_id: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub acquired_at: Option<DateTime<Utc>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub expires_at: Option<DateTime<Utc>>,
-}
-
+#[utoipa::path(post, path = "/v1/locks/{key}/acquire", tag = "locks", operation_id = "acquireLock",
+    params(LockKeyPath), request_body = AcquireRequest,
+    responses(
+        (status = 200, description = "GRANTED: a free key, a genuinely expired lease taken over, or the same session re-entering; always a new, higher token.", body = LockGrant),
+        (status = 400, description = "Bad key or body (`INVALID_LOCK_KEY`, `INVALID_OWNER_ID`, `INVALID_TTL`, `INVALID_FIELD`, `MALFORMED_JSON`).", body = ErrorBody),
+        (status = 409, description = "`CONTENDED`: held by a live, different holder.", body = ErrorBody),
+        (status = 410, description = "`SESSION_GONE`: the session does not exist.", body = ErrorBody),
+        (status = 415, description = "`UNSUPPORTED_MEDIA_TYPE`.", body = ErrorBody),
+        (status = 503, description = "`UNAVAILABLE`.", body = ErrorBody),
+    ))]
 pub async fn acquire(
     State(state): State<AppState>,
     ApiPath(key): ApiPath<String>,
@@ -193,7 +172,7 @@ pub async fn acquire(
             );
             Ok(Json(LockGrant {
                 lock_key: key,
-                fencing_token: g.fencing_token,
+                fencing_token: stored(g.fencing_token)?,
                 owner_id: g.owner_id,
                 session_id: g.session_id,
                 acquired_at: g.acquired_at,
@@ -208,6 +187,15 @@ pub async fn acquire(
     }
 }
 
+#[utoipa::path(post, path = "/v1/locks/{key}/renew", tag = "locks", operation_id = "renewLock",
+    params(LockKeyPath, dlock_wire::doc::FencingTokenHeader), request_body = TtlRequest,
+    responses(
+        (status = 200, description = "Renewed.", body = LockRenewed),
+        (status = 400, description = "Bad key, token or body (`INVALID_LOCK_KEY`, `INVALID_TOKEN`, `INVALID_TTL`, `INVALID_FIELD`, `MALFORMED_JSON`).", body = ErrorBody),
+        (status = 410, description = "`LEASE_EXPIRED`: the lease lapsed (even by 1 ms) or the key now belongs to a newer token; abort the critical section.", body = ErrorBody),
+        (status = 415, description = "`UNSUPPORTED_MEDIA_TYPE`.", body = ErrorBody),
+        (status = 503, description = "`UNAVAILABLE`.", body = ErrorBody),
+    ))]
 pub async fn renew(
     State(state): State<AppState>,
     ApiPath(key): ApiPath<String>,
@@ -220,7 +208,7 @@ pub async fn renew(
     match state.repo().renew(&key, token.get(), ttl).await? {
         Some(r) => Ok(Json(LockRenewed {
             lock_key: key,
-            fencing_token: r.fencing_token,
+            fencing_token: stored(r.fencing_token)?,
             expires_at: r.expires_at,
         })),
         None => {
@@ -237,6 +225,13 @@ pub async fn renew(
     }
 }
 
+#[utoipa::path(post, path = "/v1/locks/{key}/release", tag = "locks", operation_id = "releaseLock",
+    params(LockKeyPath, dlock_wire::doc::FencingTokenHeader),
+    responses(
+        (status = 200, description = "Released, or stale (`released: false, stale: true`): the grant was already gone. Never retried with a wider predicate.", body = LockReleased),
+        (status = 400, description = "`INVALID_LOCK_KEY` or `INVALID_TOKEN`.", body = ErrorBody),
+        (status = 503, description = "`UNAVAILABLE`.", body = ErrorBody),
+    ))]
 pub async fn release(
     State(state): State<AppState>,
     ApiPath(key): ApiPath<String>,
@@ -255,12 +250,19 @@ pub async fn release(
     }
     Ok(Json(LockReleased {
         lock_key: key,
-        fencing_token: token.get(),
+        fencing_token: token,
         released,
         stale,
     }))
 }
 
+#[utoipa::path(get, path = "/v1/locks/{key}", tag = "locks", operation_id = "readLock",
+    params(LockKeyPath),
+    responses(
+        (status = 200, description = "The key's state: `FREE`, `HELD`, or `EXPIRED` (lapsed, not yet reaped).", body = LockView),
+        (status = 400, description = "`INVALID_LOCK_KEY`.", body = ErrorBody),
+        (status = 503, description = "`UNAVAILABLE`.", body = ErrorBody),
+    ))]
 pub async fn read_lock(
     State(state): State<AppState>,
     ApiPath(key): ApiPath<String>,
@@ -282,7 +284,7 @@ pub async fn read_lock(
             } else {
                 LockState::Held
             },
-            fencing_token: Some(row.fencing_token),
+            fencing_token: Some(stored(row.fencing_token)?),
             owner_id: Some(row.owner_id),
             acquired_at: Some(row.acquired_at),
             expires_at: Some(row.expires_at),
@@ -293,53 +295,8 @@ pub async fn read_lock(
 
 // ---- admin -------------------------------------------------------------------------------------
 
-/// Longest accepted revoke reason, in bytes.
+/// Longest accepted revoke reason, in characters.
 pub const MAX_REASON_LEN: usize = 1024;
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct RevokeRequest {
-    pub operator: String,
-    pub reason: String,
-    #[serde(default)]
-    pub request_id: Option<String>,
-    /// The grant to remove. Kept as raw JSON so that a bad value is `INVALID_TOKEN` (as in the
-    /// header), not a generic body error; see [`pinned_token`].
-    #[serde(default, deserialize_with = "present")]
-    pub fencing_token: Option<serde_json::Value>,
-}
-
-/// `Some` for any value that is present, `null` included: a `"fencingToken": null` must be refused,
-/// not read as "unpinned" (which would remove whatever grant is live).
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
-    serde_json::Value::deserialize(d).map(Some)
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum Outcome {
-    Revoked,
-    AlreadyRevoked,
-    HeldByOtherToken,
-    NotHeld,
-}
-
-/// The force-revoke result record (`LockOutcome` in the contracts).
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LockOutcome {
-    pub outcome: Outcome,
-    pub lock_key: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub previous_owner: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub previous_token: Option<i64>,
-    /// With `HELD_BY_OTHER_TOKEN`: the token of the live grant that was left alone.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub current_token: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub request_id: Option<String>,
-}
 
 fn invalid_field(message: &str) -> ApiError {
     ApiError::bad_request("INVALID_FIELD", message)
@@ -347,17 +304,21 @@ fn invalid_field(message: &str) -> ApiError {
 
 fn validate_revoke(req: &RevokeRequest) -> Result<(), ApiError> {
     // Same shape as an owner id: it names a person or a controller in the audit row.
-    validate::owner_id(&req.operator)
-        .map_err(|_| invalid_field("operator must be 1..=128 printable bytes without surrounding spaces"))?;
+    validate::owner_id(&req.operator).map_err(|_| {
+        invalid_field("operator must be 1..=128 printable characters without surrounding spaces")
+    })?;
     let reason = req.reason.trim();
-    if reason.is_empty() || req.reason.len() > MAX_REASON_LEN || req.reason.chars().any(char::is_control) {
+    if reason.is_empty()
+        || req.reason.chars().count() > MAX_REASON_LEN
+        || req.reason.chars().any(char::is_control)
+    {
         return Err(invalid_field(
-            "reason must be non-blank, at most 1024 bytes, without control characters",
+            "reason must be non-blank, at most 1024 characters, without control characters",
         ));
     }
     if let Some(id) = &req.request_id {
         validate::owner_id(id).map_err(|_| {
-            invalid_field("requestId must be 1..=128 printable bytes without surrounding spaces")
+            invalid_field("requestId must be 1..=128 printable characters without surrounding spaces")
         })?;
     }
     Ok(())
@@ -372,6 +333,17 @@ fn pinned_token(raw: Option<&serde_json::Value>) -> Result<Option<FencingToken>,
         .map_err(|e| ApiError::bad_request("INVALID_TOKEN", format!("fencingToken: {e}")))
 }
 
+#[utoipa::path(post, path = "/v1/admin/locks/{key}/revoke", tag = "admin", operation_id = "revokeLock",
+    params(LockKeyPath), request_body = RevokeRequest,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The outcome: `REVOKED`, `ALREADY_REVOKED`, `HELD_BY_OTHER_TOKEN` (pinned to a token that is no longer live; nothing removed) or `NOT_HELD`.", body = LockOutcome),
+        (status = 400, description = "Bad key or body (`INVALID_LOCK_KEY`, `INVALID_FIELD`, `INVALID_TOKEN`, `MALFORMED_JSON`).", body = ErrorBody),
+        (status = 401, description = "`UNAUTHORIZED`: no valid admin bearer token.", body = ErrorBody),
+        (status = 403, description = "`ADMIN_DISABLED`: no admin token is configured.", body = ErrorBody),
+        (status = 415, description = "`UNSUPPORTED_MEDIA_TYPE`.", body = ErrorBody),
+        (status = 503, description = "`UNAVAILABLE`.", body = ErrorBody),
+    ))]
 pub async fn revoke(
     _admin: Admin,
     State(state): State<AppState>,
@@ -468,16 +440,29 @@ pub async fn revoke(
 
 // ---- operations --------------------------------------------------------------------------------
 
+#[utoipa::path(get, path = "/readyz", tag = "operations", operation_id = "readyz",
+    responses(
+        (status = 200, description = "The backend answers.", body = String, content_type = "text/plain", example = "ready"),
+        (status = 503, description = "`UNAVAILABLE`: the backend does not answer.", body = ErrorBody),
+    ))]
 /// `/readyz`: lockdb answers `SELECT 1`.
 pub async fn readyz(State(state): State<AppState>) -> Result<&'static str, ApiError> {
     state.repo().ping().await.map_err(ApiError::unavailable)?;
     Ok("ready")
 }
 
+#[utoipa::path(get, path = "/metrics", tag = "operations", operation_id = "metrics",
+    responses(
+        (status = 200, description = "Prometheus text exposition (OpenMetrics).", body = String, content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    ))]
 pub async fn metrics(State(state): State<AppState>) -> axum::response::Response {
     dlock_common::metrics::handler(State(state.metrics().registry())).await
 }
 
+#[utoipa::path(get, path = "/openapi.yaml", tag = "operations", operation_id = "openapi",
+    responses(
+        (status = 200, description = "This document.", body = Object, content_type = "application/yaml"),
+    ))]
 pub async fn openapi() -> impl IntoResponse {
     ([(CONTENT_TYPE, "application/yaml")], OPENAPI_YAML)
 }

@@ -1,40 +1,18 @@
-//! The OpenAPI document (docs/openapi/lock-server.yaml, served at /openapi.yaml) and the router agree:
-//! every route the router serves is documented, every documented operation is served.
+//! The OpenAPI document (generated from the wire types and the handlers; kept in
+//! docs/openapi/lock-server.yaml and served at /openapi.yaml) and the router agree: every route the
+//! router serves is documented, every documented operation is served, and the admin route is the one
+//! marked bearer-protected.
 
 mod common;
 
 use std::collections::BTreeSet;
+use std::path::Path;
 
 use common::*;
+use dlock_testkit::openapi;
 use reqwest::{Method, StatusCode};
-use serde_yaml::Value;
 
-const HTTP_METHODS: [&str; 8] = [
-    "get", "put", "post", "delete", "options", "head", "patch", "trace",
-];
-
-fn document() -> Value {
-    serde_yaml::from_str(lock_server::api::OPENAPI_YAML).expect("the OpenAPI document is valid YAML")
-}
-
-/// (METHOD, path template) of every operation in the document.
-fn documented() -> BTreeSet<(String, String)> {
-    let doc = document();
-    let paths = doc["paths"].as_mapping().expect("paths");
-    let mut ops = BTreeSet::new();
-    for (path, item) in paths {
-        let path = path.as_str().unwrap();
-        for (method, _) in item.as_mapping().unwrap() {
-            let method = method.as_str().unwrap();
-            if HTTP_METHODS.contains(&method) {
-                ops.insert((method.to_uppercase(), path.to_owned()));
-            }
-        }
-    }
-    ops
-}
-
-fn served() -> BTreeSet<(String, String)> {
+fn served() -> BTreeSet<openapi::Operation> {
     lock_server::routes()
         .into_iter()
         .map(|r| (r.method.to_string(), r.path.to_owned()))
@@ -42,52 +20,29 @@ fn served() -> BTreeSet<(String, String)> {
 }
 
 #[test]
+fn the_kept_document_is_the_generated_one() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/openapi/lock-server.yaml");
+    openapi::assert_fresh(&lock_server::api::openapi_yaml(), &file);
+}
+
+#[test]
 fn the_document_is_openapi_3_1_and_resolves_its_references() {
-    let doc = document();
-    assert_eq!(doc["openapi"].as_str(), Some("3.1.0"));
-    // Every $ref points at something that exists.
-    fn refs(v: &Value, out: &mut Vec<String>) {
-        match v {
-            Value::Mapping(m) => {
-                for (k, v) in m {
-                    if k.as_str() == Some("$ref") {
-                        out.push(v.as_str().unwrap().to_owned());
-                    } else {
-                        refs(v, out);
-                    }
-                }
-            }
-            Value::Sequence(s) => s.iter().for_each(|v| refs(v, out)),
-            _ => {}
-        }
-    }
-    let mut all = Vec::new();
-    refs(&doc, &mut all);
-    assert!(!all.is_empty());
-    for r in all {
-        let mut node = &doc;
-        for part in r.trim_start_matches("#/").split('/') {
-            node = &node[part];
-        }
-        assert!(!node.is_null(), "dangling $ref {r}");
-    }
+    openapi::assert_well_formed(&lock_server::api::openapi_yaml());
 }
 
 #[test]
 fn every_served_route_is_documented_and_every_documented_route_is_served() {
     let served = served();
-    let documented = documented();
-    let undocumented: Vec<_> = served.difference(&documented).collect();
-    let unserved: Vec<_> = documented.difference(&served).collect();
-    assert!(
-        undocumented.is_empty(),
-        "served but not in the OpenAPI document: {undocumented:?}"
-    );
-    assert!(
-        unserved.is_empty(),
-        "in the OpenAPI document but not served: {unserved:?}"
-    );
+    openapi::assert_matches_routes(&lock_server::api::openapi_yaml(), &served);
     assert_eq!(served.len(), 12);
+}
+
+#[test]
+fn the_admin_route_is_the_one_that_requires_the_bearer_token() {
+    openapi::assert_protected(
+        &lock_server::api::openapi_yaml(),
+        &openapi::operations([("POST", "/v1/admin/locks/{key}/revoke")]),
+    );
 }
 
 /// The route table is what the router really serves: each documented operation, requested with
@@ -97,7 +52,7 @@ async fn every_documented_operation_reaches_a_handler() {
     let db = lockdb().await;
     let srv = server(&db.db).await;
     let api = Api::new(&srv);
-    for (method, path) in documented() {
+    for (method, path) in openapi::documented(lock_server::api::OPENAPI_YAML) {
         let concrete = path
             .replace("{key}", "some-key")
             .replace("{sessionId}", "6f1d2a34-0b9e-4d7a-9c55-2f1e0f0b8a11");

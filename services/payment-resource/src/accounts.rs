@@ -1,6 +1,5 @@
 //! Account creation (synthetic seeding / admin) and the account read with its ledger recomputed.
 
-use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -19,30 +18,8 @@ pub struct NewAccount {
     pub kind: AccountKind,
 }
 
-/// An account as stored, beside what its ledger says it should be (docs/accounting.md).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AccountView {
-    pub account_id: Uuid,
-    pub currency: String,
-    pub kind: AccountKind,
-    pub balance_minor: i64,
-    pub opening_balance_minor: i64,
-    pub fence: i64,
-    /// Held for payouts in flight (entered RAIL_SUBMITTED, not yet POSTED / FAILED / ABANDONED).
-    pub reserved_minor: i64,
-    /// `balanceMinor - reservedMinor`: what a new payout can still reserve.
-    pub available_minor: i64,
-    pub ledger_debit_minor: i64,
-    pub ledger_credit_minor: i64,
-    /// Customer: opening − Σ DEBIT + Σ CREDIT. Settlement: its opening balance (postings do not move
-    /// it). `null` only if the sum overflows `i64`, which is itself inconsistent.
-    pub expected_balance_minor: Option<i64>,
-    /// Settlement accounts only: Σ amount of POSTED payouts in the currency, what the credits must equal.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub posted_payouts_minor: Option<i64>,
-    pub consistent: bool,
-}
+/// An account as the API returns it (defined once, in the wire crate).
+pub use dlock_wire::payment::Account as AccountView;
 
 impl From<AccountWithLedger> for AccountView {
     fn from(r: AccountWithLedger) -> Self {

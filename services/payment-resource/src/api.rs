@@ -15,7 +15,6 @@ use dlock_common::auth::{self, Credentials, Gate, Role};
 use dlock_common::error::not_found_fallback;
 use dlock_common::{ApiError, ApiJson, ApiPath, ApiQuery, FencingToken};
 use prometheus_client::registry::Registry;
-use serde::Deserialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -25,9 +24,53 @@ use crate::payouts::{Claimed, NewPayout, Page, Payouts, Transitioned};
 use crate::posting::{Posted, Posting};
 use crate::reconcile::{self, Report};
 use crate::sql;
+use dlock_wire::ErrorBody;
+use dlock_wire::doc::{BearerAuth, FencingTokenHeader};
+use dlock_wire::payment::{
+    AccountIdPath, ClaimRequest, CreateAccountRequest, CreatePayoutRequest, ListPayoutsQuery, PayoutIdPath,
+    ReconciliationQuery, TransitionRequest,
+};
 
-/// The OpenAPI document, compiled in so the binary serves exactly what the repository documents.
+/// The OpenAPI document as kept in docs/openapi/, generated from [`ApiDoc`] (a test fails when the
+/// file is stale; `DLOCK_UPDATE_OPENAPI=1` rewrites it), compiled in so the binary serves it.
 pub const OPENAPI_YAML: &str = include_str!("../../../docs/openapi/payment-resource.yaml");
+
+/// The metrics route, for the document (it is served from the registry's own router).
+#[utoipa::path(get, path = "/metrics", tag = "operations", operation_id = "metrics",
+    responses(
+        (status = 200, description = "Prometheus text exposition (OpenMetrics).", body = String, content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    ))]
+#[allow(dead_code)]
+fn metrics_doc() {}
+
+/// The document, derived from the wire types and the handlers' annotations.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "dlock payment-resource",
+        version = "1",
+        description = "The protected resource over paydb: accounts, payouts and the ledger, with the fenced writes (a)(b)(c) in one transaction. Money is integer minor units; the fencing token travels in `X-Fencing-Token`. Writes need a bearer credential of the right role (docs/security.md): `admin` for accounts and reconciliation, `client` to create payouts, `executor` for claim, transition and post. A rejected request writes nothing.",
+        license(name = "Apache-2.0", identifier = "Apache-2.0"),
+    ),
+    paths(
+        create_account, get_account, create_payout, list_payouts, get_payout, claim_payout,
+        transition_payout, post_payout, reconciliation, openapi, dlock_wire::doc::healthz, readyz,
+        metrics_doc,
+    ),
+    components(schemas(ErrorBody, dlock_wire::payment::ListedState)),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "accounts"), (name = "payouts"),
+        (name = "executor", description = "The executor's fenced calls (role `executor`)."),
+        (name = "admin", description = "Reconciliation (role `admin`)."), (name = "operations"),
+    ),
+)]
+pub struct ApiDoc;
+
+/// The document rendered as YAML: what docs/openapi/payment-resource.yaml must contain.
+pub fn openapi_yaml() -> String {
+    dlock_wire::doc::to_yaml(&<ApiDoc as utoipa::OpenApi>::openapi())
+}
 
 /// Every route this router serves, as (method, path): the OpenAPI document must list the same set.
 pub const ROUTES: &[(&str, &str)] = &[
@@ -127,18 +170,21 @@ impl<S: Send + Sync> FromRequestParts<S> for Token {
 
 type ApiResult<T> = Result<T, ApiError>;
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct CreateAccountBody {
-    account_id: Option<Uuid>,
-    currency: String,
-    opening_balance_minor: i64,
-    kind: Option<AccountKind>,
-}
-
+#[utoipa::path(post, path = "/v1/accounts", tag = "accounts", operation_id = "createAccount",
+    request_body = CreateAccountRequest,
+    security(("bearer" = [])),
+    responses(
+        (status = 201, description = "Created.", body = AccountView),
+        (status = 400, description = "Bad input, with a machine-readable code (`INVALID_*`, `MALFORMED_JSON`); nothing is written.", body = ErrorBody),
+        (status = 401, description = "`UNAUTHENTICATED`: no valid bearer credential.", body = ErrorBody),
+        (status = 403, description = "`FORBIDDEN`: the credential belongs to another role.", body = ErrorBody),
+        (status = 409, description = "`ACCOUNT_EXISTS`, or `SETTLEMENT_EXISTS` (one settlement account per currency).", body = ErrorBody),
+        (status = 415, description = "`UNSUPPORTED_MEDIA_TYPE`: the body is not `application/json`.", body = ErrorBody),
+        (status = 503, description = "`UNAVAILABLE`: paydb cannot be reached; retry later.", body = ErrorBody),
+    ))]
 async fn create_account(
     State(s): State<AppState>,
-    ApiJson(body): ApiJson<CreateAccountBody>,
+    ApiJson(body): ApiJson<CreateAccountRequest>,
 ) -> ApiResult<(StatusCode, Json<AccountView>)> {
     let view = s
         .accounts
@@ -152,22 +198,35 @@ async fn create_account(
     Ok((StatusCode::CREATED, Json(view)))
 }
 
+#[utoipa::path(get, path = "/v1/accounts/{accountId}", tag = "accounts", operation_id = "getAccount",
+    params(AccountIdPath),
+    responses(
+        (status = 200, description = "The account beside what its ledger says it should be.", body = AccountView),
+        (status = 400, description = "`INVALID_PATH`: the id is not a UUID.", body = ErrorBody),
+        (status = 404, description = "`UNKNOWN_ACCOUNT`.", body = ErrorBody),
+        (status = 503, description = "`UNAVAILABLE`: paydb cannot be reached; retry later.", body = ErrorBody),
+    ))]
 async fn get_account(State(s): State<AppState>, ApiPath(id): ApiPath<Uuid>) -> ApiResult<Json<AccountView>> {
     Ok(Json(s.accounts.get(id).await?))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct CreatePayoutBody {
-    account_id: Uuid,
-    amount_minor: i64,
-    currency: String,
-    idempotency_key: String,
-}
-
+#[utoipa::path(post, path = "/v1/payouts", tag = "payouts", operation_id = "createPayout",
+    request_body = CreatePayoutRequest,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "A replay of the same request under the same idempotency key: the same payout.", body = Payout),
+        (status = 201, description = "Created, PENDING.", body = Payout),
+        (status = 400, description = "Bad input, with a machine-readable code (`INVALID_*`, `MALFORMED_JSON`); nothing is written.", body = ErrorBody),
+        (status = 401, description = "`UNAUTHENTICATED`: no valid bearer credential.", body = ErrorBody),
+        (status = 403, description = "`FORBIDDEN`: the credential belongs to another role.", body = ErrorBody),
+        (status = 409, description = "`IDEMPOTENCY_CONFLICT`: the key was used for a different payout.", body = ErrorBody),
+        (status = 415, description = "`UNSUPPORTED_MEDIA_TYPE`: the body is not `application/json`.", body = ErrorBody),
+        (status = 422, description = "`UNKNOWN_ACCOUNT`, `NOT_A_CUSTOMER_ACCOUNT`, `CURRENCY_MISMATCH` or `NO_SETTLEMENT_ACCOUNT`.", body = ErrorBody),
+        (status = 503, description = "`UNAVAILABLE`: paydb cannot be reached; retry later.", body = ErrorBody),
+    ))]
 async fn create_payout(
     State(s): State<AppState>,
-    ApiJson(body): ApiJson<CreatePayoutBody>,
+    ApiJson(body): ApiJson<CreatePayoutRequest>,
 ) -> ApiResult<(StatusCode, Json<Payout>)> {
     let (payout, created) = s
         .payouts
@@ -186,15 +245,17 @@ async fn create_payout(
     Ok((status, Json(payout)))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ListQuery {
-    state: Option<String>,
-    limit: Option<i64>,
-    after: Option<String>,
-}
-
-async fn list_payouts(State(s): State<AppState>, ApiQuery(q): ApiQuery<ListQuery>) -> ApiResult<Json<Page>> {
+#[utoipa::path(get, path = "/v1/payouts", tag = "payouts", operation_id = "listPayouts",
+    params(ListPayoutsQuery),
+    responses(
+        (status = 200, description = "One page, oldest first (keyset paging).", body = Page),
+        (status = 400, description = "`INVALID_STATE`, `INVALID_LIMIT`, `INVALID_CURSOR` or `INVALID_QUERY`.", body = ErrorBody),
+        (status = 503, description = "`UNAVAILABLE`: paydb cannot be reached; retry later.", body = ErrorBody),
+    ))]
+async fn list_payouts(
+    State(s): State<AppState>,
+    ApiQuery(q): ApiQuery<ListPayoutsQuery>,
+) -> ApiResult<Json<Page>> {
     // The executor's work queue (PENDING) and the in-flight states a new holder resumes from.
     let state = match q.state.as_deref() {
         None => PayoutState::Pending,
@@ -208,39 +269,59 @@ async fn list_payouts(State(s): State<AppState>, ApiQuery(q): ApiQuery<ListQuery
     Ok(Json(s.payouts.list(state, q.after.as_deref(), q.limit).await?))
 }
 
+#[utoipa::path(get, path = "/v1/payouts/{payoutId}", tag = "payouts", operation_id = "getPayout",
+    params(PayoutIdPath),
+    responses(
+        (status = 200, description = "The payout.", body = Payout),
+        (status = 400, description = "`INVALID_PATH`: the id is not a UUID.", body = ErrorBody),
+        (status = 404, description = "`UNKNOWN_PAYOUT`.", body = ErrorBody),
+        (status = 503, description = "`UNAVAILABLE`: paydb cannot be reached; retry later.", body = ErrorBody),
+    ))]
 async fn get_payout(State(s): State<AppState>, ApiPath(id): ApiPath<Uuid>) -> ApiResult<Json<Payout>> {
     Ok(Json(s.payouts.get(id).await?))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct ClaimBody {
-    owner_id: String,
-}
-
+#[utoipa::path(post, path = "/v1/payouts/{payoutId}/claim", tag = "executor", operation_id = "claimPayout",
+    params(PayoutIdPath, FencingTokenHeader), request_body = ClaimRequest,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Claimed (PENDING → CLAIMED), adopted from an older token, or the same grant again (`idempotent`).", body = Claimed),
+        (status = 400, description = "Bad input, with a machine-readable code (`INVALID_*`, `MALFORMED_JSON`); nothing is written.", body = ErrorBody),
+        (status = 401, description = "`UNAUTHENTICATED`: no valid bearer credential.", body = ErrorBody),
+        (status = 403, description = "`FORBIDDEN`: the credential belongs to another role.", body = ErrorBody),
+        (status = 404, description = "`UNKNOWN_PAYOUT`.", body = ErrorBody),
+        (status = 409, description = "`FENCED_OUT` (a newer grant holds it; terminal) or `NOT_CLAIMABLE`.", body = ErrorBody),
+        (status = 415, description = "`UNSUPPORTED_MEDIA_TYPE`: the body is not `application/json`.", body = ErrorBody),
+        (status = 503, description = "`UNAVAILABLE`: paydb cannot be reached; retry later.", body = ErrorBody),
+    ))]
 async fn claim_payout(
     State(s): State<AppState>,
     ApiPath(id): ApiPath<Uuid>,
     Token(token): Token,
-    ApiJson(body): ApiJson<ClaimBody>,
+    ApiJson(body): ApiJson<ClaimRequest>,
 ) -> ApiResult<Json<Claimed>> {
     Ok(Json(s.payouts.claim(id, &body.owner_id, token).await?))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TransitionBody {
-    from: PayoutState,
-    to: PayoutState,
-    /// Why the payout ends FAILED or ABANDONED (a code such as RAIL_REJECTED); ignored otherwise.
-    reason: Option<String>,
-}
-
+#[utoipa::path(post, path = "/v1/payouts/{payoutId}/transition", tag = "executor", operation_id = "transitionPayout",
+    params(PayoutIdPath, FencingTokenHeader), request_body = TransitionRequest,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Moved along one executor edge, or already there (`idempotent`).", body = Transitioned),
+        (status = 400, description = "Bad input (`INVALID_TOKEN`, `UNSUPPORTED_TRANSITION`, `INVALID_REASON`, …).", body = ErrorBody),
+        (status = 401, description = "`UNAUTHENTICATED`: no valid bearer credential.", body = ErrorBody),
+        (status = 403, description = "`FORBIDDEN`: the credential belongs to another role.", body = ErrorBody),
+        (status = 404, description = "`UNKNOWN_PAYOUT`.", body = ErrorBody),
+        (status = 409, description = "`FENCED_OUT`, `INVALID_TRANSITION` or `ATTEMPT_NOT_ABANDONED`.", body = ErrorBody),
+        (status = 415, description = "`UNSUPPORTED_MEDIA_TYPE`: the body is not `application/json`.", body = ErrorBody),
+        (status = 422, description = "`INSUFFICIENT_FUNDS`: the reservation found the account short; the payout is now FAILED.", body = ErrorBody),
+        (status = 503, description = "`UNAVAILABLE`: paydb cannot be reached; retry later.", body = ErrorBody),
+    ))]
 async fn transition_payout(
     State(s): State<AppState>,
     ApiPath(id): ApiPath<Uuid>,
     Token(token): Token,
-    ApiJson(body): ApiJson<TransitionBody>,
+    ApiJson(body): ApiJson<TransitionRequest>,
 ) -> ApiResult<Json<Transitioned>> {
     Ok(Json(
         s.payouts
@@ -249,6 +330,19 @@ async fn transition_payout(
     ))
 }
 
+#[utoipa::path(post, path = "/v1/payouts/{payoutId}/post", tag = "executor", operation_id = "postPayout",
+    params(PayoutIdPath, FencingTokenHeader),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Posted: (a)(b)(c) in one transaction; or already POSTED (`idempotent`).", body = Posted),
+        (status = 400, description = "`INVALID_PATH` or `INVALID_TOKEN`.", body = ErrorBody),
+        (status = 401, description = "`UNAUTHENTICATED`: no valid bearer credential.", body = ErrorBody),
+        (status = 403, description = "`FORBIDDEN`: the credential belongs to another role.", body = ErrorBody),
+        (status = 404, description = "`UNKNOWN_PAYOUT`.", body = ErrorBody),
+        (status = 409, description = "`FENCED_OUT` or `NOT_POSTABLE`.", body = ErrorBody),
+        (status = 422, description = "`INSUFFICIENT_FUNDS`.", body = ErrorBody),
+        (status = 503, description = "`UNAVAILABLE`: paydb cannot be reached; retry later.", body = ErrorBody),
+    ))]
 async fn post_payout(
     State(s): State<AppState>,
     ApiPath(id): ApiPath<Uuid>,
@@ -257,16 +351,19 @@ async fn post_payout(
     Ok(Json(s.posting.post(id, token).await?))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct ReconQuery {
-    stuck_after_seconds: Option<i64>,
-    page_size: Option<i64>,
-}
-
+#[utoipa::path(get, path = "/v1/reconciliation", tag = "admin", operation_id = "reconcile",
+    params(ReconciliationQuery),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The reconciliation report.", body = Report),
+        (status = 400, description = "`INVALID_STUCK_AFTER`, `INVALID_LIMIT` or `INVALID_QUERY`.", body = ErrorBody),
+        (status = 401, description = "`UNAUTHENTICATED`: no valid bearer credential.", body = ErrorBody),
+        (status = 403, description = "`FORBIDDEN`: the credential belongs to another role.", body = ErrorBody),
+        (status = 503, description = "`UNAVAILABLE`: paydb cannot be reached; retry later.", body = ErrorBody),
+    ))]
 async fn reconciliation(
     State(s): State<AppState>,
-    ApiQuery(q): ApiQuery<ReconQuery>,
+    ApiQuery(q): ApiQuery<ReconciliationQuery>,
 ) -> ApiResult<Json<Report>> {
     let options = reconcile::Options::checked(q.stuck_after_seconds, q.page_size)?;
     let report = reconcile::run_with(&s.pool, &options)
@@ -276,10 +373,19 @@ async fn reconciliation(
     Ok(Json(report))
 }
 
+#[utoipa::path(get, path = "/openapi.yaml", tag = "operations", operation_id = "openapi",
+    responses(
+        (status = 200, description = "This document.", body = Object, content_type = "application/yaml"),
+    ))]
 async fn openapi() -> impl IntoResponse {
     ([(CONTENT_TYPE, "application/yaml")], OPENAPI_YAML)
 }
 
+#[utoipa::path(get, path = "/readyz", tag = "operations", operation_id = "readyz",
+    responses(
+        (status = 200, description = "paydb answers.", body = String, content_type = "text/plain", example = "ready"),
+        (status = 503, description = "`UNAVAILABLE`: paydb does not answer.", body = ErrorBody),
+    ))]
 /// Ready when paydb answers.
 async fn readyz(State(s): State<AppState>) -> ApiResult<&'static str> {
     sqlx::query(sql::PING)

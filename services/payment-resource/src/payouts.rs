@@ -8,7 +8,6 @@ use chrono::{DateTime, Utc};
 use dlock_common::FencingToken;
 use dlock_common::fencing::FencedOutDetails;
 use dlock_common::metrics::Resource;
-use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -30,32 +29,7 @@ pub struct NewPayout {
     pub idempotency_key: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Claimed {
-    pub payout: Payout,
-    /// The payout was in flight under an older token and is now this holder's to finish.
-    pub adopted: bool,
-    /// This same grant had already claimed it; nothing changed.
-    pub idempotent: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Transitioned {
-    pub payout: Payout,
-    /// The payout was already in the target state; nothing changed.
-    pub idempotent: bool,
-}
-
-/// One page of PENDING payouts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Page {
-    pub items: Vec<Payout>,
-    /// Present when the page was full: pass it as `after` for the next page.
-    pub next_cursor: Option<String>,
-}
+pub use dlock_wire::payment::{Claimed, Page, Transitioned};
 
 pub const DEFAULT_PAGE: i64 = 100;
 pub const MAX_PAGE: i64 = 500;
@@ -534,7 +508,10 @@ pub fn decode_cursor(cursor: &str) -> Result<After, PaymentError> {
     else {
         return Err(bad());
     };
-    if micros.is_empty() || !micros.bytes().all(|b| b.is_ascii_digit() || b == b'-') || id.len() != 32 {
+    // Non-negative and at most 16 digits (before the year 2287): every such instant fits a
+    // PostgreSQL timestamptz, so a cursor that decodes never fails in the database.
+    if micros.is_empty() || micros.len() > 16 || !micros.bytes().all(|b| b.is_ascii_digit()) || id.len() != 32
+    {
         return Err(bad());
     }
     let micros: i64 = micros.parse().map_err(|_| bad())?;

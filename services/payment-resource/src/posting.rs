@@ -8,7 +8,6 @@ use dlock_common::FencingToken;
 use dlock_common::fencing::FencedOutDetails;
 use dlock_common::metrics::Resource;
 use futures::future::BoxFuture;
-use serde::Serialize;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
@@ -36,17 +35,7 @@ pub trait PostingHook: Send + Sync {
     fn at<'a>(&'a self, stage: Stage, tx: &'a mut PgConnection) -> BoxFuture<'a, ()>;
 }
 
-/// A successful posting, or the idempotent answer for a payout some holder already posted.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Posted {
-    pub payout: Payout,
-    /// The debited account's balance and fence after the posting (now, if idempotent).
-    pub balance_minor: i64,
-    pub fence: i64,
-    /// True when nothing was posted because the payout was already POSTED.
-    pub idempotent: bool,
-}
+pub use dlock_wire::payment::Posted;
 
 #[derive(Clone)]
 pub struct Posting {

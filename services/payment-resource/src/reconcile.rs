@@ -72,7 +72,7 @@ impl Options {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Report {
     pub clean: bool,
@@ -119,7 +119,7 @@ impl Report {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AccountReport {
     pub account_id: Uuid,
@@ -134,7 +134,7 @@ pub struct AccountReport {
     pub breaks: Vec<AccountBreak>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum AccountBreakKind {
     /// Customer: balance_minor ≠ opening − Σ DEBIT + Σ CREDIT (INV-03).
@@ -164,7 +164,7 @@ impl AccountBreakKind {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AccountBreak {
     pub kind: AccountBreakKind,
@@ -178,7 +178,7 @@ pub struct AccountBreak {
     pub payout_ids: Vec<Uuid>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum PayoutBreakKind {
     /// POSTED without its two legs.
@@ -210,7 +210,7 @@ impl PayoutBreakKind {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PayoutBreak {
     pub payout_id: Uuid,

@@ -3,7 +3,7 @@
 
 use crate::error::PaymentError;
 
-/// Longest accepted idempotency key, in bytes.
+/// Longest accepted idempotency key, in characters (JSON Schema `maxLength` counts characters).
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 128;
 
 /// ISO-4217 shape, as `account_currency_ck`: exactly three ASCII capitals.
@@ -42,14 +42,14 @@ pub fn opening_balance(value: i64) -> Result<(), PaymentError> {
     }
 }
 
-/// 1..=128 printable bytes, no surrounding spaces.
+/// 1..=128 printable characters, no surrounding spaces.
 pub fn idempotency_key(key: &str) -> Result<(), PaymentError> {
     let printable = key.chars().all(|c| !c.is_control()) && key.trim() == key;
-    if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_LEN || !printable {
+    if key.is_empty() || key.chars().count() > MAX_IDEMPOTENCY_KEY_LEN || !printable {
         return Err(PaymentError::invalid(
             "INVALID_IDEMPOTENCY_KEY",
             format!(
-                "idempotencyKey must be 1..={MAX_IDEMPOTENCY_KEY_LEN} printable bytes without surrounding spaces"
+                "idempotencyKey must be 1..={MAX_IDEMPOTENCY_KEY_LEN} printable characters without surrounding spaces"
             ),
         ));
     }

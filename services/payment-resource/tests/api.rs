@@ -801,11 +801,13 @@ async fn bad_input_on_every_endpoint_is_rejected_with_a_code_and_writes_nothing(
             "INVALID_FIELD",
         ),
         (
+            // `1e3` is the integer 1000 (JSON Schema's `type: integer`, read exactly); an exponent
+            // that leaves a fraction is not an integer.
             "exponent amount".into(),
             Method::POST,
             "/v1/payouts".into(),
             None,
-            Some(payout_body(&acct, "1e3", "EUR", ok_key)),
+            Some(payout_body(&acct, "15e-1", "EUR", ok_key)),
             400,
             "INVALID_FIELD",
         ),

@@ -11,9 +11,11 @@ use dlock_client::{ClientError, FencingToken, error_from_body};
 use dlock_common::FENCING_TOKEN_HEADER;
 use dlock_common::auth::Credential;
 use reqwest::Url;
-use serde::Serialize;
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
+
+use dlock_wire::payment::{ClaimRequest, TransitionRequest};
+use dlock_wire::rail::SubmitRequest;
 
 use crate::model::Payout;
 use crate::model::{Claimed, Page, PayoutState, Posted, Submission, SubmissionList, Transitioned};
@@ -86,20 +88,6 @@ pub struct PaymentApi {
     base: Url,
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ClaimBody<'a> {
-    owner_id: &'a str,
-}
-
-#[derive(Serialize)]
-struct TransitionBody<'a> {
-    from: PayoutState,
-    to: PayoutState,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    reason: Option<&'a str>,
-}
-
 impl PaymentApi {
     pub fn new(http: reqwest::Client, base_url_text: &str) -> Result<Self, ClientError> {
         Ok(Self {
@@ -146,7 +134,9 @@ impl PaymentApi {
             .http
             .post(u)
             .header(FENCING_TOKEN_HEADER, token.to_string())
-            .json(&ClaimBody { owner_id });
+            .json(&ClaimRequest {
+                owner_id: owner_id.to_owned(),
+            });
         read(request.send().await?).await
     }
 
@@ -167,7 +157,11 @@ impl PaymentApi {
             .http
             .post(u)
             .header(FENCING_TOKEN_HEADER, token.to_string())
-            .json(&TransitionBody { from, to, reason });
+            .json(&TransitionRequest {
+                from,
+                to,
+                reason: reason.map(str::to_owned),
+            });
         read(request.send().await?).await
     }
 
@@ -186,12 +180,6 @@ pub struct RailApi {
     base: Url,
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct SubmitBody {
-    payout_id: Uuid,
-}
-
 impl RailApi {
     pub fn new(http: reqwest::Client, base_url_text: &str) -> Result<Self, ClientError> {
         Ok(Self {
@@ -207,7 +195,9 @@ impl RailApi {
             .http
             .post(u)
             .header(FENCING_TOKEN_HEADER, token.to_string())
-            .json(&SubmitBody { payout_id });
+            .json(&SubmitRequest {
+                payout_id: payout_id.to_string(),
+            });
         read(request.send().await?).await
     }
 

@@ -11,16 +11,48 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use dlock_common::auth::{self, Credentials, Gate, Role};
 use dlock_common::{ApiError, ApiJson, ApiPath, FencingToken};
+use dlock_wire::ErrorBody;
+use dlock_wire::doc::{BearerAuth, FencingTokenHeader};
+use dlock_wire::rail::{PayoutIdPath, RailOutcome, Submission, SubmissionList, SubmitRequest};
 use prometheus_client::registry::Registry;
-use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::error::ProxyError;
 use crate::proxy::Proxy;
-use crate::sql::Submission;
+use crate::sql;
 
-/// The OpenAPI document of this service.
+/// The OpenAPI document as kept in docs/openapi/, generated from [`ApiDoc`] (a test fails when the
+/// file is stale; `DLOCK_UPDATE_OPENAPI=1` rewrites it).
 pub const OPENAPI_YAML: &str = include_str!("../../../docs/openapi/rail-proxy.yaml");
+
+/// The metrics route, for the document (it is served from the registry's own router).
+#[utoipa::path(get, path = "/metrics", tag = "operations", operation_id = "metrics",
+    responses(
+        (status = 200, description = "Prometheus text exposition (OpenMetrics).", body = String, content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    ))]
+#[allow(dead_code)]
+fn metrics_doc() {}
+
+/// The document, derived from the wire types and the handlers' annotations.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "dlock rail-proxy",
+        version = "1",
+        description = "The fenced gateway to the payment rail: (d) records each payout's one attempt under the account's high-water mark and forwards it at most once; ambiguous attempts are resolved by asking the rail, never by resubmitting. Submissions and resolutions need the executor's bearer credential (docs/security.md).",
+        license(name = "Apache-2.0", identifier = "Apache-2.0"),
+    ),
+    paths(submit, list, resolve, dlock_wire::doc::healthz, readyz, metrics_doc, openapi),
+    components(schemas(ErrorBody)),
+    modifiers(&BearerAuth),
+    tags((name = "submissions"), (name = "operations")),
+)]
+pub struct ApiDoc;
+
+/// The document rendered as YAML: what docs/openapi/rail-proxy.yaml must contain.
+pub fn openapi_yaml() -> String {
+    dlock_wire::doc::to_yaml(&<ApiDoc as utoipa::OpenApi>::openapi())
+}
 
 /// Every (method, path) the router serves.
 pub const ROUTES: &[(&str, &str)] = &[
@@ -62,34 +94,67 @@ pub fn router(proxy: Arc<Proxy>, registry: Arc<Registry>, credentials: Arc<Crede
         .fallback(dlock_common::error::not_found_fallback)
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct SubmitBody {
-    payout_id: String,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct SubmissionList {
-    payout_id: Uuid,
-    account_id: Uuid,
-    submissions: Vec<Submission>,
+/// A recorded row as the API answers it: the outcome as the wire enum (`rail_outcome_ck` keeps
+/// the column to those values, so anything else is a corrupt row).
+fn wire(row: sql::Submission) -> Result<Submission, ApiError> {
+    let outcome = match row.outcome.as_deref() {
+        None => None,
+        Some(text) => Some(RailOutcome::parse(text).ok_or_else(|| {
+            ApiError::internal(format!(
+                "rail_submission {} has outcome {text:?}",
+                row.submission_id
+            ))
+        })?),
+    };
+    Ok(Submission {
+        submission_id: row.submission_id,
+        payout_id: row.payout_id,
+        idempotency_key: row.idempotency_key,
+        presented_token: row.presented_token,
+        outcome,
+        rail_reference: row.rail_reference,
+        submitted_at: row.submitted_at,
+        resolved_at: row.resolved_at,
+        abandoned_at: row.abandoned_at,
+    })
 }
 
 fn payout_id(text: &str) -> Result<Uuid, ProxyError> {
     Uuid::try_parse(text).map_err(|_| ProxyError::InvalidPayoutId)
 }
 
+#[utoipa::path(post, path = "/v1/submissions", tag = "submissions", operation_id = "submit",
+    params(FencingTokenHeader), request_body = SubmitRequest,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The payout's one attempt: recorded under the high-water mark (d) and forwarded at most once; its outcome, or `null`/`TIMEOUT` when the rail did not answer in time.", body = Submission),
+        (status = 400, description = "`INVALID_TOKEN`, `INVALID_PAYOUT_ID`, `INVALID_FIELD` or `MALFORMED_JSON`; nothing is recorded.", body = ErrorBody),
+        (status = 401, description = "`UNAUTHENTICATED`: no valid bearer credential.", body = ErrorBody),
+        (status = 403, description = "`FORBIDDEN`: the credential belongs to another role.", body = ErrorBody),
+        (status = 404, description = "`UNKNOWN_PAYOUT`.", body = ErrorBody),
+        (status = 409, description = "`FENCED_OUT` (a newer token reached the account; terminal), `DUPLICATE_ATTEMPT` or `NOT_RESERVED`.", body = ErrorBody),
+        (status = 415, description = "`UNSUPPORTED_MEDIA_TYPE`.", body = ErrorBody),
+        (status = 502, description = "`RAIL_UNAVAILABLE`: the rail could not be reached.", body = ErrorBody),
+        (status = 503, description = "`UNAVAILABLE`: paydb cannot be reached; retry later.", body = ErrorBody),
+    ))]
 async fn submit(
     State(proxy): State<Arc<Proxy>>,
     headers: HeaderMap,
-    ApiJson(body): ApiJson<SubmitBody>,
+    ApiJson(body): ApiJson<SubmitRequest>,
 ) -> Result<Json<Submission>, ApiError> {
     let token = FencingToken::from_headers(&headers)?;
     let payout_id = payout_id(&body.payout_id)?;
-    Ok(Json(proxy.submit(payout_id, token).await?))
+    Ok(Json(wire(proxy.submit(payout_id, token).await?)?))
 }
 
+#[utoipa::path(get, path = "/v1/submissions/{payoutId}", tag = "submissions", operation_id = "listSubmissions",
+    params(PayoutIdPath),
+    responses(
+        (status = 200, description = "The recorded attempt and any FENCED refusals.", body = SubmissionList),
+        (status = 400, description = "`INVALID_PAYOUT_ID`.", body = ErrorBody),
+        (status = 404, description = "`UNKNOWN_PAYOUT`.", body = ErrorBody),
+        (status = 503, description = "`UNAVAILABLE`: paydb cannot be reached; retry later.", body = ErrorBody),
+    ))]
 async fn list(
     State(proxy): State<Arc<Proxy>>,
     ApiPath(id): ApiPath<String>,
@@ -98,25 +163,47 @@ async fn list(
     Ok(Json(SubmissionList {
         payout_id: payout.payout_id,
         account_id: payout.account_id,
-        submissions,
+        submissions: submissions.into_iter().map(wire).collect::<Result<_, _>>()?,
     }))
 }
 
+#[utoipa::path(post, path = "/v1/submissions/{payoutId}/resolve", tag = "submissions", operation_id = "resolveSubmission",
+    params(PayoutIdPath, FencingTokenHeader),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "What became of the attempt, asked of the rail (never a resubmission).", body = Submission),
+        (status = 400, description = "`INVALID_TOKEN` or `INVALID_PAYOUT_ID`.", body = ErrorBody),
+        (status = 401, description = "`UNAUTHENTICATED`: no valid bearer credential.", body = ErrorBody),
+        (status = 403, description = "`FORBIDDEN`: the credential belongs to another role.", body = ErrorBody),
+        (status = 404, description = "`UNKNOWN_PAYOUT` or `NO_ATTEMPT`.", body = ErrorBody),
+        (status = 409, description = "`FENCED_OUT` or `RAIL_OUTCOME_UNKNOWN`.", body = ErrorBody),
+        (status = 502, description = "`RAIL_UNAVAILABLE`.", body = ErrorBody),
+        (status = 503, description = "`UNAVAILABLE`: paydb cannot be reached; retry later.", body = ErrorBody),
+    ))]
 async fn resolve(
     State(proxy): State<Arc<Proxy>>,
     headers: HeaderMap,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Submission>, ApiError> {
     let token = FencingToken::from_headers(&headers)?;
-    Ok(Json(proxy.resolve(payout_id(&id)?, token).await?))
+    Ok(Json(wire(proxy.resolve(payout_id(&id)?, token).await?)?))
 }
 
+#[utoipa::path(get, path = "/readyz", tag = "operations", operation_id = "readyz",
+    responses(
+        (status = 200, description = "paydb answers.", body = String, content_type = "text/plain", example = "ready"),
+        (status = 503, description = "`UNAVAILABLE`: paydb does not answer.", body = ErrorBody),
+    ))]
 /// Ready when paydb answers.
 async fn readyz(State(proxy): State<Arc<Proxy>>) -> Result<&'static str, ApiError> {
     proxy.ready().await.map_err(ApiError::unavailable)?;
     Ok("ready")
 }
 
+#[utoipa::path(get, path = "/openapi.yaml", tag = "operations", operation_id = "openapi",
+    responses(
+        (status = 200, description = "This document.", body = Object, content_type = "application/yaml"),
+    ))]
 async fn openapi() -> Response {
     ([(CONTENT_TYPE, "application/yaml")], OPENAPI_YAML).into_response()
 }

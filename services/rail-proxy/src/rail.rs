@@ -4,11 +4,11 @@
 //! connection error, a 5xx, a 504, an unexpected status or body — may or may not have moved money,
 //! so it is recorded as TIMEOUT (ambiguous) and resolved later by asking, never by resubmitting.
 
+use dlock_wire::stub::PaymentOrder;
 use std::time::Duration;
 
 use reqwest::{StatusCode, Url};
-use serde::{Deserialize, Serialize};
-use uuid::Uuid;
+use serde::Deserialize;
 
 use crate::config::ConfigError;
 use crate::sql::Payout;
@@ -42,16 +42,6 @@ pub enum Lookup {
     Unavailable {
         detail: String,
     },
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct PaymentOrder<'a> {
-    idempotency_key: &'a str,
-    payout_id: Uuid,
-    account_id: Uuid,
-    amount_minor: i64,
-    currency: &'a str,
 }
 
 #[derive(Debug, Deserialize)]
@@ -95,12 +85,13 @@ impl Rail {
 
     /// Forwards the payout once. Never retried: a retry is a second submission.
     pub async fn forward(&self, payout: &Payout) -> Forwarded {
+        // The rail's own body (dlock_wire::stub), the one the stub reads.
         let order = PaymentOrder {
-            idempotency_key: &payout.idempotency_key,
-            payout_id: payout.payout_id,
-            account_id: payout.account_id,
-            amount_minor: payout.amount_minor,
-            currency: payout.currency.trim_end(),
+            idempotency_key: payout.idempotency_key.clone(),
+            payout_id: payout.payout_id.to_string(),
+            account_id: payout.account_id.to_string(),
+            amount_minor: payout.amount_minor.into(),
+            currency: payout.currency.trim_end().to_owned(),
         };
         let response = match self.client.post(self.payments.clone()).json(&order).send().await {
             Ok(r) => r,

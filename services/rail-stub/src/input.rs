@@ -3,7 +3,7 @@
 
 use axum::http::{HeaderMap, StatusCode};
 use dlock_common::ApiError;
-use serde::Deserialize;
+use dlock_wire::int::JsonInt;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -18,25 +18,9 @@ pub const OUTCOME_HEADER: &str = "X-Rail-Stub-Outcome";
 /// Test-mode header adding latency to this request, in milliseconds.
 pub const LATENCY_HEADER: &str = "X-Rail-Stub-Latency-Ms";
 
-/// `POST /v1/payments` as sent. `amountMinor` is read as a raw JSON value so that a float or a
-/// string gets `INVALID_AMOUNT` rather than a generic decoding error.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct PaymentBody {
-    pub idempotency_key: String,
-    pub payout_id: String,
-    pub account_id: String,
-    pub amount_minor: Value,
-    pub currency: String,
-}
-
-/// `PUT /v1/admin/behaviour` as sent.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct BehaviourBody {
-    pub mode: String,
-    pub latency_ms: Value,
-}
+/// `POST /v1/payments` and `PUT /v1/admin/behaviour` as sent (dlock_wire::stub: raw values where
+/// each bad one gets its own code).
+pub use dlock_wire::stub::{BehaviourRequest as BehaviourBody, PaymentOrder as PaymentBody};
 
 pub fn test_mode_disabled() -> ApiError {
     ApiError::new(
@@ -72,9 +56,10 @@ fn currency(text: &str) -> Result<(), ApiError> {
     }
 }
 
-/// Minor units: a JSON integer that fits i64 and is > 0. Never a float.
-fn amount(value: &Value) -> Result<i64, ApiError> {
-    match value.as_i64() {
+/// Minor units: a JSON integer (its exact value, as JSON Schema reads `type: integer`, so `5.0` is 5)
+/// that fits i64 and is > 0. Read from the JSON text with integer arithmetic: never a float.
+fn amount(value: &JsonInt) -> Result<i64, ApiError> {
+    match value.get() {
         Some(v) if v > 0 => Ok(v),
         _ => Err(ApiError::bad_request(
             "INVALID_AMOUNT",
@@ -169,7 +154,7 @@ mod tests {
             idempotency_key: "k".into(),
             payout_id: Uuid::new_v4().to_string(),
             account_id: Uuid::new_v4().to_string(),
-            amount_minor: amount,
+            amount_minor: serde_json::from_str(&amount.to_string()).expect("a JSON value"),
             currency: currency.into(),
         }
     }
@@ -182,11 +167,14 @@ mod tests {
     fn amounts_are_positive_integers_only() {
         assert_eq!(code(payment(body(json!(1), "EUR"))), "OK");
         assert_eq!(code(payment(body(json!(i64::MAX), "EUR"))), "OK");
+        // JSON Schema's `type: integer` (the document's) holds 1.0: it is the integer 1, read
+        // exactly from its text, never through a float.
+        assert_eq!(code(payment(body(json!(1.0), "EUR"))), "OK");
         for bad in [
             json!(0),
             json!(-1),
             json!(1.5),
-            json!(1.0),
+            json!(0.0),
             json!("5"),
             json!(u64::MAX),
             json!(null),

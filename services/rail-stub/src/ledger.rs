@@ -20,39 +20,14 @@ pub struct PaymentRequest {
     pub currency: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum PaymentStatus {
-    Acked,
-    Rejected,
-}
+/// The bodies the stub answers with, defined once in the wire crate.
+pub use dlock_wire::stub::{KeyCount, Payment, PaymentStatus, PayoutCount, Received, ReceivedReport};
 
-/// What the rail decided for one idempotency key; decided once, by the first request.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Payment {
-    pub idempotency_key: String,
-    pub payout_id: Uuid,
-    pub account_id: Uuid,
-    pub amount_minor: i64,
-    pub currency: String,
-    pub status: PaymentStatus,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rail_reference: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// The first answer for this key was a timeout: the money moved, the caller never heard.
-    pub timed_out: bool,
-    pub received_at: DateTime<Utc>,
-}
-
-impl Payment {
-    fn same_payment_as(&self, req: &PaymentRequest) -> bool {
-        self.payout_id == req.payout_id
-            && self.account_id == req.account_id
-            && self.amount_minor == req.amount_minor
-            && self.currency == req.currency
-    }
+fn same_payment(first: &Payment, req: &PaymentRequest) -> bool {
+    first.payout_id == req.payout_id
+        && first.account_id == req.account_id
+        && first.amount_minor == req.amount_minor
+        && first.currency == req.currency
 }
 
 /// The default behaviour, changeable at run time in test mode.
@@ -78,45 +53,6 @@ pub enum Decision {
 pub struct Receipt {
     pub decision: Decision,
     pub latency_ms: u64,
-}
-
-/// One request as it arrived, in arrival order.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Received {
-    pub seq: u64,
-    pub idempotency_key: String,
-    pub payout_id: Uuid,
-    pub account_id: Uuid,
-    pub amount_minor: i64,
-    pub presented_at: DateTime<Utc>,
-}
-
-#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct KeyCount {
-    pub payout_id: Uuid,
-    pub received: u64,
-    pub paid: u64,
-}
-
-#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct PayoutCount {
-    pub received: u64,
-    pub paid: u64,
-    pub keys: Vec<String>,
-}
-
-/// The ground truth for the proof: every request, and what was paid per key and per payout.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ReceivedReport {
-    pub requests: Vec<Received>,
-    pub per_key: BTreeMap<String, KeyCount>,
-    pub per_payout: BTreeMap<Uuid, PayoutCount>,
-    /// Payout ids paid more than once (under one key or several): must be empty.
-    pub paid_twice: Vec<Uuid>,
 }
 
 #[derive(Debug)]
@@ -175,7 +111,7 @@ impl Ledger {
         count.received += 1;
 
         if let Some(existing) = self.payments.get(&req.idempotency_key) {
-            let decision = if existing.same_payment_as(&req) {
+            let decision = if same_payment(existing, &req) {
                 Decision::Replay(existing.clone())
             } else {
                 Decision::Conflict(existing.clone())

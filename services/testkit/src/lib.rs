@@ -16,6 +16,7 @@
 
 pub mod etcd;
 pub mod metrics;
+pub mod openapi;
 pub mod pg;
 pub mod procs;
 pub mod stack;

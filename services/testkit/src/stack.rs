@@ -10,7 +10,6 @@
 //! single-member etcd the stack starts itself (lock-server `--backend etcd`), and no lockdb is used;
 //! paydb stays PostgreSQL either way.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -18,8 +17,7 @@ use crate::etcd::EtcdCluster;
 use crate::metrics::metric_value;
 use crate::procs::{Service, Spec};
 use anyhow::{Context, Result, anyhow, bail};
-use dlock_client::{LockClient, LockStatus};
-use serde::Deserialize;
+use dlock_client::{LockClient, LockView};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -119,56 +117,12 @@ impl StackOptions {
     }
 }
 
-/// A customer account as payment-resource reports it (recomputed from the ledger).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Account {
-    pub account_id: Uuid,
-    pub currency: String,
-    pub balance_minor: i64,
-    pub opening_balance_minor: i64,
-    pub fence: i64,
-    pub expected_balance_minor: Option<i64>,
-    pub consistent: bool,
-}
-
-/// One request the rail stub received.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RailRequest {
-    pub idempotency_key: String,
-    pub payout_id: Uuid,
-    pub account_id: Uuid,
-    pub amount_minor: i64,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RailPayoutCount {
-    pub received: u64,
-    pub paid: u64,
-}
-
-/// The rail's ground truth (`GET /v1/received` of rail-stub).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RailReceived {
-    pub requests: Vec<RailRequest>,
-    pub per_payout: BTreeMap<Uuid, RailPayoutCount>,
-    pub paid_twice: Vec<Uuid>,
-}
-
-impl RailReceived {
-    /// Requests the rail received for this payout.
-    pub fn received(&self, payout_id: Uuid) -> u64 {
-        self.per_payout.get(&payout_id).map_or(0, |c| c.received)
-    }
-
-    /// Times the rail paid this payout.
-    pub fn paid(&self, payout_id: Uuid) -> u64 {
-        self.per_payout.get(&payout_id).map_or(0, |c| c.paid)
-    }
-}
+/// An account as payment-resource reports it (recomputed from the ledger), and the rail stub's
+/// ground truth (`GET /v1/received`): the services' own bodies, from the wire crate.
+pub use dlock_wire::payment::Account;
+pub use dlock_wire::stub::{
+    PayoutCount as RailPayoutCount, Received as RailRequest, ReceivedReport as RailReceived,
+};
 
 /// The running stack.
 #[derive(Debug)]
@@ -444,7 +398,7 @@ impl Stack {
         Ok(serde_json::from_value(body)?)
     }
 
-    pub async fn lock_status(&self, key: &str) -> Result<LockStatus> {
+    pub async fn lock_status(&self, key: &str) -> Result<LockView> {
         Ok(self.lock.lock_status(key).await?)
     }
 

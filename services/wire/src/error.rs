@@ -1,0 +1,18 @@
+//! The error body every dlock endpoint answers with (`dlock_common::ApiError` writes it).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
+
+/// `{"code": "...", "message": "...", ...details}`. `code` is machine-readable and stable
+/// (`INVALID_LOCK_KEY`, `FENCED_OUT`, …); `message` is for people; some codes carry details beside
+/// them (a `FENCED_OUT` carries `presented`, `highest`, `resourceType`, `resourceId`, `ownerId`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    #[schema(pattern = "^[A-Z][A-Z0-9_]*$")]
+    pub code: String,
+    pub message: String,
+    #[serde(flatten)]
+    #[schema(additional_properties)]
+    pub details: Map<String, Value>,
+}

@@ -1,0 +1,245 @@
+//! lock-server's bodies (docs/lock-api.md). Keys and owner ids follow
+//! `dlock_common::validate`; TTLs are integers of milliseconds in 10..=86 400 000.
+
+use chrono::{DateTime, Utc};
+use dlock_common::FencingToken;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+/// `POST /v1/sessions`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateSessionRequest {
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]([^\\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]*[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000])?$"
+    )]
+    pub owner_id: String,
+    #[serde(deserialize_with = "crate::int::integral")]
+    #[schema(minimum = 10, maximum = 86400000)]
+    pub ttl_ms: i64,
+}
+
+/// `201` of `POST /v1/sessions`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionCreated {
+    pub session_id: Uuid,
+    pub owner_id: String,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// The body of a heartbeat or a renew: the new TTL.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TtlRequest {
+    #[serde(deserialize_with = "crate::int::integral")]
+    #[schema(minimum = 10, maximum = 86400000)]
+    pub ttl_ms: i64,
+}
+
+/// `200` of `POST /v1/sessions/{sessionId}/heartbeat`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionHeartbeat {
+    pub session_id: Uuid,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// `200` of `DELETE /v1/sessions/{sessionId}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionClosed {
+    pub session_id: Uuid,
+    /// `false` if the session was already gone.
+    pub closed: bool,
+}
+
+/// `POST /v1/locks/{key}/acquire`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AcquireRequest {
+    pub session_id: Uuid,
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]([^\\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]*[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000])?$"
+    )]
+    pub owner_id: String,
+    #[serde(deserialize_with = "crate::int::integral")]
+    #[schema(minimum = 10, maximum = 86400000)]
+    pub ttl_ms: i64,
+}
+
+/// `200` of `POST /v1/locks/{key}/acquire` (GRANTED).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LockGrant {
+    pub lock_key: String,
+    pub fencing_token: FencingToken,
+    pub owner_id: String,
+    pub session_id: Uuid,
+    pub acquired_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// `200` of `POST /v1/locks/{key}/renew`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LockRenewed {
+    pub lock_key: String,
+    pub fencing_token: FencingToken,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// `200` of `POST /v1/locks/{key}/release`; a stale release (`released: false, stale: true`) is a
+/// success too.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LockReleased {
+    pub lock_key: String,
+    pub fencing_token: FencingToken,
+    pub released: bool,
+    pub stale: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum LockState {
+    Free,
+    Held,
+    Expired,
+}
+
+/// `200` of `GET /v1/locks/{key}`. The grant's fields are absent when the key is `FREE`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LockView {
+    pub lock_key: String,
+    pub state: LockState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<FencingToken>, nullable = false)]
+    pub fencing_token: Option<FencingToken>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub owner_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub acquired_at: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// `POST /v1/admin/locks/{key}/revoke`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RevokeRequest {
+    /// Who revokes: a person or a controller, recorded in the audit row.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]([^\\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]*[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000])?$"
+    )]
+    pub operator: String,
+    #[schema(
+        min_length = 1,
+        max_length = 1024,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000][^\\u0000-\\u001f\\u007f-\\u009f]*$"
+    )]
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]([^\\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]*[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000])?$"
+    )]
+    pub request_id: Option<String>,
+    /// The grant to remove (an integer > 0, or its decimal text); absent removes whatever grant is
+    /// live. Kept as raw JSON so that a bad value is `INVALID_TOKEN`, as in the header; `null` is
+    /// refused, not read as "unpinned".
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(schema_with = token_input)]
+    pub fencing_token: Option<serde_json::Value>,
+}
+
+fn token_input() -> utoipa::openapi::schema::Schema {
+    FencingToken::input_schema()
+}
+
+/// `Some` for any value that is present, `null` included.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
+    serde_json::Value::deserialize(d).map(Some)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum RevokeOutcome {
+    Revoked,
+    AlreadyRevoked,
+    HeldByOtherToken,
+    NotHeld,
+}
+
+/// The force-revoke result record (`LockOutcome` in the contracts).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LockOutcome {
+    pub outcome: RevokeOutcome,
+    pub lock_key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub previous_owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<FencingToken>, nullable = false)]
+    pub previous_token: Option<i64>,
+    /// With `HELD_BY_OTHER_TOKEN`: the token of the live grant that was left alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<FencingToken>, nullable = false)]
+    pub current_token: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub request_id: Option<String>,
+}
+
+/// The `{key}` of the lock routes: percent-encoded in the path (`/` as `%2F`).
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct LockKeyPath {
+    /// 1..=256 printable characters without surrounding spaces.
+    #[param(
+        min_length = 1,
+        max_length = 256,
+        pattern = "^[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]([^\\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]*[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000])?$"
+    )]
+    pub key: String,
+}
+
+/// The `{sessionId}` of the session routes.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path, rename_all = "camelCase")]
+pub struct SessionIdPath {
+    pub session_id: Uuid,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pattern;
+
+    /// The schema attributes must spell the patterns of [`crate::pattern`] (attributes take
+    /// literals only, so the text is repeated there; this keeps the copies equal).
+    #[test]
+    fn the_schemas_use_the_shared_patterns() {
+        let doc = serde_json::to_string(&<AcquireRequest as utoipa::PartialSchema>::schema()).expect("json");
+        assert!(doc.contains(&serde_json::to_string(pattern::PRINTABLE).expect("json")[1..]));
+        let doc = serde_json::to_string(&<RevokeRequest as utoipa::PartialSchema>::schema()).expect("json");
+        assert!(doc.contains(&serde_json::to_string(pattern::REASON_TEXT).expect("json")[1..]));
+    }
+}
