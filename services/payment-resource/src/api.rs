@@ -35,14 +35,6 @@ use dlock_wire::payment::{
 /// file is stale; `DLOCK_UPDATE_OPENAPI=1` rewrites it), compiled in so the binary serves it.
 pub const OPENAPI_YAML: &str = include_str!("../../../docs/openapi/payment-resource.yaml");
 
-/// The metrics route, for the document (it is served from the registry's own router).
-#[utoipa::path(get, path = "/metrics", tag = "operations", operation_id = "metrics",
-    responses(
-        (status = 200, description = "Prometheus text exposition (OpenMetrics).", body = String, content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"),
-    ))]
-#[allow(dead_code)]
-fn metrics_doc() {}
-
 /// The document, derived from the wire types and the handlers' annotations.
 #[derive(utoipa::OpenApi)]
 #[openapi(
@@ -55,7 +47,7 @@ fn metrics_doc() {}
     paths(
         create_account, get_account, create_payout, list_payouts, get_payout, claim_payout,
         transition_payout, post_payout, reconciliation, openapi, dlock_wire::doc::healthz, readyz,
-        metrics_doc,
+        dlock_wire::doc::metrics,
     ),
     components(schemas(ErrorBody, dlock_wire::payment::ListedState)),
     modifiers(&BearerAuth),

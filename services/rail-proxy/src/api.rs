@@ -25,14 +25,6 @@ use crate::sql;
 /// file is stale; `DLOCK_UPDATE_OPENAPI=1` rewrites it).
 pub const OPENAPI_YAML: &str = include_str!("../../../docs/openapi/rail-proxy.yaml");
 
-/// The metrics route, for the document (it is served from the registry's own router).
-#[utoipa::path(get, path = "/metrics", tag = "operations", operation_id = "metrics",
-    responses(
-        (status = 200, description = "Prometheus text exposition (OpenMetrics).", body = String, content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"),
-    ))]
-#[allow(dead_code)]
-fn metrics_doc() {}
-
 /// The document, derived from the wire types and the handlers' annotations.
 #[derive(utoipa::OpenApi)]
 #[openapi(
@@ -42,7 +34,7 @@ fn metrics_doc() {}
         description = "The fenced gateway to the payment rail: (d) records each payout's one attempt under the account's high-water mark and forwards it at most once; ambiguous attempts are resolved by asking the rail, never by resubmitting. Submissions and resolutions need the executor's bearer credential (docs/security.md).",
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
     ),
-    paths(submit, list, resolve, dlock_wire::doc::healthz, readyz, metrics_doc, openapi),
+    paths(submit, list, resolve, dlock_wire::doc::healthz, readyz, dlock_wire::doc::metrics, openapi),
     components(schemas(ErrorBody)),
     modifiers(&BearerAuth),
     tags((name = "submissions"), (name = "operations")),

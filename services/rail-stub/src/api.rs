@@ -27,14 +27,6 @@ use dlock_wire::stub::{
 /// file is stale; `DLOCK_UPDATE_OPENAPI=1` rewrites it).
 pub const OPENAPI_YAML: &str = include_str!("../../../docs/openapi/rail-stub.yaml");
 
-/// The metrics route, for the document (it is served from the registry's own router).
-#[utoipa::path(get, path = "/metrics", tag = "operations", operation_id = "metrics",
-    responses(
-        (status = 200, description = "Prometheus text exposition (OpenMetrics).", body = String, content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"),
-    ))]
-#[allow(dead_code)]
-fn metrics_doc() {}
-
 /// The document, derived from the wire types and the handlers' annotations.
 #[derive(utoipa::OpenApi)]
 #[openapi(
@@ -46,7 +38,7 @@ fn metrics_doc() {}
     ),
     paths(
         post_payment, get_payment, get_received, get_behaviour, put_behaviour,
-        dlock_wire::doc::healthz, readyz, metrics_doc, openapi,
+        dlock_wire::doc::healthz, readyz, dlock_wire::doc::metrics, openapi,
     ),
     components(schemas(ErrorBody)),
     tags((name = "payments"), (name = "ground truth"), (name = "admin"), (name = "operations")),

@@ -68,3 +68,10 @@ impl utoipa::IntoParams for FencingTokenHeader {
         (status = 200, description = "The process is up and serving.", body = String, content_type = "text/plain", example = "ok"),
     ))]
 pub fn healthz() {}
+
+/// The service's metrics, in the Prometheus/OpenMetrics text format.
+#[utoipa::path(get, path = "/metrics", tag = "operations", operation_id = "metrics",
+    responses(
+        (status = 200, description = "Prometheus text exposition (OpenMetrics).", body = String, content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    ))]
+pub fn metrics() {}
