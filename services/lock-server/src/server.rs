@@ -127,7 +127,7 @@ pub async fn spawn_with_backend(config: Config, backend: Backend) -> Result<Runn
 /// The binary's start ([`dlock_common::serve::main`] then waits for SIGTERM/SIGINT and calls
 /// [`RunningServer::shutdown`]): [`spawn`], after saying so when no admin token is configured.
 pub async fn start(config: Config) -> Result<RunningServer, StartError> {
-    config.validate()?;
+    // `spawn` validates the config; the binary's config was also validated by `Cli::into_config`.
     if config.admin_token.is_none() {
         tracing::warn!(
             event = "admin_disabled",
