@@ -545,13 +545,15 @@ async fn restore_fast_forward_gates_reads_every_paydb_advances_and_resumes() {
     assert_eq!(done["targetSequence"], 106, "{done}");
     assert_eq!(done["sequenceAfter"], 106, "{done}");
     assert_eq!(by_name("pay-b")["sequenceAfter"], 106, "{done}");
-    // The gate really closed (lock-server's pod went away and came back) and is open again.
+    // The gate really closed (lock-server's pod went away and came back) and is open again. Counted
+    // once the LockService is ready again: `Succeeded` is written when the operator scales
+    // lock-server back up, before the test kubelet has necessarily started the new process.
+    let ls = ready_at_generation(&mut ctx);
     assert_eq!(
         ctx.kubelet.served_starts(&format!("{LS}-lock-server")),
         starts + 1,
         "lock-server restarted once"
     );
-    let ls = ready_at_generation(&mut ctx);
     assert!(
         ls["status"].get("gate").is_none(),
         "gate still closed: {}",
