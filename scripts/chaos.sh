@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The full fault campaign (docs/reliability.md): on each backend, one long run with every nemesis,
+# then one run per nemesis alone; each prints its verdict and a report row. Not a test: its results
+# are recorded in docs/reliability.md. Exit 0 only when every run's checks held.
+#
+#   scripts/chaos.sh                      10,000 payouts per backend with all nemeses, then each alone
+#   DLOCK_CHAOS_PAYOUTS=2000 scripts/chaos.sh   a smaller full campaign
+#   DLOCK_CHAOS_SEED=42 scripts/chaos.sh        replay: the same seeds, the same schedules
+#
+# Env: DLOCK_CHAOS_PAYOUTS (default 10000), DLOCK_CHAOS_SECONDS (default payouts/40),
+#      DLOCK_CHAOS_SINGLE_PAYOUTS (per single-nemesis run, default 1500), DLOCK_CHAOS_SEED (default:
+#      fresh), DLOCK_CHAOS_BACKENDS (default "postgres etcd"), DLOCK_CHAOS_DIR (default a fresh
+#      folder under /var/tmp, kept: every run's history, final state, schedule and logs).
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$DLOCK_ROOT"
+"$DLOCK_ROOT/scripts/setup.sh"
+
+payouts="${DLOCK_CHAOS_PAYOUTS:-10000}"
+seconds="${DLOCK_CHAOS_SECONDS:-$(( payouts / 40 > 20 ? payouts / 40 : 20 ))}"
+single="${DLOCK_CHAOS_SINGLE_PAYOUTS:-1500}"
+single_seconds=$(( single / 40 > 20 ? single / 40 : 20 ))
+seed="${DLOCK_CHAOS_SEED:-$(( (RANDOM << 15) | RANDOM ))}"
+backends="${DLOCK_CHAOS_BACKENDS:-postgres etcd}"
+out="${DLOCK_CHAOS_DIR:-/var/tmp/dlock-chaos-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$out"
+dlock="$CARGO_TARGET_DIR/debug/dlock"
+rows="$out/rows.md"
+: > "$rows"
+failed=0
+
+one() { # label, args...
+  local label="$1"; shift
+  say "chaos: $label ($*)"
+  if "$dlock" --run-dir "$out/$label" chaos "$@" | tee "$out/$label.txt"; then :; else failed=1; fi
+  grep '^report row: ' "$out/$label.txt" | sed 's/^report row: //' >> "$rows" || true
+}
+
+n=0
+for backend in $backends; do
+  one "$backend-all" --backend "$backend" --payouts "$payouts" --seconds "$seconds" --seed "$((seed + n))"
+  n=$((n + 1))
+  for nemesis in pause kill database partition clock rail; do
+    one "$backend-$nemesis" --backend "$backend" --nemesis "$nemesis" --payouts "$single" \
+      --seconds "$single_seconds" --seed "$((seed + n))"
+    n=$((n + 1))
+  done
+done
+say "chaos: rows for docs/reliability.md ($rows)"
+cat "$rows"
+[ "$failed" = 0 ] || die "a campaign run failed its checks: see $out"

@@ -1,0 +1,110 @@
+//! `dlock chaos`: one campaign run (services/chaos), its verdict table and a one-line summary for
+//! docs/reliability.md.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Args;
+use dlock_chaos::nemesis::Nemesis;
+use dlock_chaos::run::{Options, run as run_campaign};
+use dlock_testkit::stack::LockBackend;
+
+use crate::stack::RunDir;
+
+#[derive(Debug, Args)]
+pub struct ChaosArgs {
+    /// Where the locks live: lockdb on PostgreSQL 16, or a three-member etcd cluster.
+    #[arg(long, value_enum, default_value_t = LockBackend::Postgres)]
+    backend: LockBackend,
+    /// Payouts the client creates, at a steady rate over the fault window.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    payouts: u32,
+    /// The fault window in seconds (payouts are created and faults applied during it).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(5..=7_200))]
+    seconds: u64,
+    /// The seed the whole schedule of faults follows from (default: a fresh one, printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// A nemesis to run (repeatable); default all of them.
+    #[arg(long, value_enum)]
+    nemesis: Vec<NemesisArg>,
+    /// payout-executor processes.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=16))]
+    executors: u64,
+    /// Workers per executor.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
+    workers: u32,
+    /// Customer accounts the payouts are spread over.
+    #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    accounts: u32,
+    /// Seconds after the last fault heals within which every payout must have ended.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    settle_secs: u64,
+    /// Positive control: both kill switches off (payment.fencing.enabled, rail.proxy.fencing.enabled).
+    #[arg(long)]
+    kill_switches_off: bool,
+    /// Positive control: rewind lockdb's sequence half-way through without the fast-forward.
+    #[arg(long)]
+    rewind_sequence: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum NemesisArg {
+    All,
+    Pause,
+    Kill,
+    Database,
+    Partition,
+    Clock,
+    Rail,
+}
+
+impl NemesisArg {
+    fn nemeses(self) -> Vec<Nemesis> {
+        match self {
+            NemesisArg::All => Nemesis::ALL.to_vec(),
+            NemesisArg::Pause => vec![Nemesis::Pause],
+            NemesisArg::Kill => vec![Nemesis::Kill],
+            NemesisArg::Database => vec![Nemesis::Database],
+            NemesisArg::Partition => vec![Nemesis::Partition],
+            NemesisArg::Clock => vec![Nemesis::Clock],
+            NemesisArg::Rail => vec![Nemesis::Rail],
+        }
+    }
+}
+
+pub async fn run(args: ChaosArgs, run_dir: &RunDir) -> Result<bool> {
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let mut nemeses: Vec<Nemesis> = if args.nemesis.is_empty() {
+        Nemesis::ALL.to_vec()
+    } else {
+        args.nemesis.iter().flat_map(|n| n.nemeses()).collect()
+    };
+    nemeses.sort();
+    nemeses.dedup();
+    let mut opts = Options::new(args.backend, run_dir.path().join(format!("chaos-{seed}")));
+    opts.payouts = args.payouts;
+    opts.seconds = args.seconds;
+    opts.seed = seed;
+    opts.nemeses = nemeses;
+    opts.executors = usize::try_from(args.executors).unwrap_or(3);
+    opts.workers = args.workers;
+    opts.accounts = args.accounts;
+    opts.settle = Duration::from_secs(args.settle_secs);
+    opts.payment_fencing = !args.kill_switches_off;
+    opts.rail_fencing = !args.kill_switches_off;
+    opts.rewind_sequence = args.rewind_sequence;
+    println!(
+        "dlock chaos: seed {seed} (replay with --seed {seed}), backend {}, output in {}",
+        args.backend,
+        opts.dir.display()
+    );
+    let outcome = run_campaign(&opts).await?;
+    println!("{}", outcome.verdict);
+    println!("report row: {}", dlock_chaos::report::row(&outcome));
+    // The record stays for inspection; the databases and logs of a passed run do not.
+    if !outcome.verdict.ok() {
+        run_dir.keep();
+    }
+    Ok(outcome.verdict.ok())
+}
