@@ -93,19 +93,22 @@ async fn fresh_seed_on_both_backends() {
     }
 }
 
-/// Positive control: with both kill switches off, stale holders' writes are no longer refused —
-/// the campaign must see it (tokens accepted out of order, or money moved twice), and no resource
-/// may have refused a stale token.
+/// Positive control: with both kill switches off, stale holders' writes are no longer refused by a
+/// fence — the campaign must see it: money moved twice, tokens accepted out of order, or (where
+/// C1's unique indexes and state predicates stop the duplicate) each stale write named with what
+/// stopped it. And no fence may have refused a stale token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn control_kill_switches_off_is_caught() {
     let _turn = ONE_AT_A_TIME.lock().await;
     let mut o = options(LockBackend::Postgres, FIXED_SEED, "unfenced");
     o.payment_fencing = false;
     o.rail_fencing = false;
-    // Pauses past the lease on few accounts: the classic fencing case, often.
-    o.nemeses = vec![Nemesis::Pause];
+    // Pauses past the lease (in the gap, too) and late deliveries on few accounts: the classic
+    // fencing cases, often.
+    o.nemeses = vec![Nemesis::Pause, Nemesis::Partition];
     o.accounts = 4;
-    o.payouts = 200;
+    o.payouts = 300;
+    o.seconds = 30;
     let out = campaign(o).await;
     assert!(
         !out.verdict.ok(),
@@ -113,7 +116,7 @@ async fn control_kill_switches_off_is_caught() {
     );
     let s = &out.verdict.summary;
     assert!(
-        s.double_payments > 0 || s.ledger_breaks > 0 || s.non_monotone_tokens > 0,
+        s.double_payments > 0 || s.ledger_breaks > 0 || s.non_monotone_tokens > 0 || s.stale_not_fenced > 0,
         "failed, but not for fencing: {:?}",
         out.verdict.failed()
     );
