@@ -7,23 +7,27 @@
 #   DLOCK_CHAOS_PAYOUTS=2000 scripts/chaos.sh   a smaller full campaign
 #   DLOCK_CHAOS_SEED=42 scripts/chaos.sh        replay: the same seeds, the same schedules
 #
-# Env: DLOCK_CHAOS_PAYOUTS (default 10000), DLOCK_CHAOS_SECONDS (default payouts/40),
+# Env: DLOCK_CHAOS_PAYOUTS (default 10000), DLOCK_CHAOS_SECONDS (default payouts/20),
 #      DLOCK_CHAOS_SINGLE_PAYOUTS (per single-nemesis run, default 1500), DLOCK_CHAOS_SEED (default:
-#      fresh), DLOCK_CHAOS_BACKENDS (default "postgres etcd"), DLOCK_CHAOS_DIR (default a fresh
+#      fresh), DLOCK_CHAOS_BACKENDS (default "postgres etcd"), DLOCK_BIN_DIR (the binaries to run;
+#      default the build), DLOCK_CHAOS_DIR (default a fresh
 #      folder under /var/tmp, kept: every run's history, final state, schedule and logs).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$DLOCK_ROOT"
-"$DLOCK_ROOT/scripts/setup.sh"
+[ -n "${DLOCK_BIN_DIR:-}" ] || "$DLOCK_ROOT/scripts/setup.sh"
 
 payouts="${DLOCK_CHAOS_PAYOUTS:-10000}"
-seconds="${DLOCK_CHAOS_SECONDS:-$(( payouts / 40 > 20 ? payouts / 40 : 20 ))}"
+# About 20 payouts a second: what three executors drain on two cores under the nemeses.
+seconds="${DLOCK_CHAOS_SECONDS:-$(( payouts / 20 > 20 ? payouts / 20 : 20 ))}"
 single="${DLOCK_CHAOS_SINGLE_PAYOUTS:-1500}"
-single_seconds=$(( single / 40 > 20 ? single / 40 : 20 ))
+single_seconds=$(( single / 20 > 20 ? single / 20 : 20 ))
 seed="${DLOCK_CHAOS_SEED:-$(( (RANDOM << 15) | RANDOM ))}"
 backends="${DLOCK_CHAOS_BACKENDS:-postgres etcd}"
 out="${DLOCK_CHAOS_DIR:-/var/tmp/dlock-chaos-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$out"
-dlock="$CARGO_TARGET_DIR/debug/dlock"
+# DLOCK_BIN_DIR: run binaries copied aside, so that a build during a long campaign cannot swap
+# them under the processes it restarts.
+dlock="${DLOCK_BIN_DIR:-$CARGO_TARGET_DIR/debug}/dlock"
 rows="$out/rows.md"
 : > "$rows"
 failed=0

@@ -32,14 +32,16 @@ pub struct ChaosArgs {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=16))]
     executors: u64,
     /// Workers per executor.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=16))]
     workers: u32,
     /// Customer accounts the payouts are spread over.
     #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     accounts: u32,
-    /// Seconds after the last fault heals within which every payout must have ended.
-    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3_600))]
-    settle_secs: u64,
+    /// Seconds after the last fault heals within which every payout must have ended (default: 60,
+    /// or a tenth of a second per payout when that is more — the backlog left at the end of the
+    /// window drains at the stack's own pace).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=7_200))]
+    settle_secs: Option<u64>,
     /// Positive control: both kill switches off (payment.fencing.enabled, rail.proxy.fencing.enabled).
     #[arg(long)]
     kill_switches_off: bool,
@@ -90,7 +92,10 @@ pub async fn run(args: ChaosArgs, run_dir: &RunDir) -> Result<bool> {
     opts.executors = usize::try_from(args.executors).unwrap_or(3);
     opts.workers = args.workers;
     opts.accounts = args.accounts;
-    opts.settle = Duration::from_secs(args.settle_secs);
+    opts.settle = Duration::from_secs(
+        args.settle_secs
+            .unwrap_or_else(|| (u64::from(args.payouts) / 10).max(60)),
+    );
     opts.payment_fencing = !args.kill_switches_off;
     opts.rail_fencing = !args.kill_switches_off;
     opts.rewind_sequence = args.rewind_sequence;
