@@ -65,14 +65,35 @@ pub struct Cli {
     #[arg(long = "payout-id", env = "PAYOUT_EXECUTOR_PAYOUT_IDS", value_delimiter = ',')]
     pub payout_ids: Vec<Uuid>,
 
-    /// Batch mode: exit 0 once nothing this executor can take is left (PENDING or in flight);
-    /// non-zero if some payout could not be driven because of unexpected errors.
+    /// Batch mode: exit 0 once nothing this executor can take is left (PENDING or in flight,
+    /// including a payout waiting out its retry backoff); non-zero, naming the payouts, if it spent
+    /// the error budget of some payout (--max-errors-per-payout), so that the next run finishes them.
     #[arg(long, env = "PAYOUT_EXECUTOR_EXIT_WHEN_IDLE")]
     pub exit_when_idle: bool,
 
-    /// After this many unexpected errors on one payout, this process stops trying it.
+    /// Consecutive unexpected errors (transport errors, 5xx) on one payout before it is reported.
+    /// A long-running executor logs it once at ERROR (`payout_retry_backoff`), counts it in
+    /// `payouts_over_error_budget`, and keeps retrying it at the capped backoff: it never gives a
+    /// payout up. A batch run (--exit-when-idle) stops trying it (`payout_given_up`) and exits
+    /// non-zero naming it.
     #[arg(long, env = "PAYOUT_EXECUTOR_MAX_ERRORS_PER_PAYOUT", default_value_t = 5)]
     pub max_errors_per_payout: u32,
+
+    /// After an attempt of a payout ends in an unexpected error, the wait before it is tried again,
+    /// in milliseconds; doubled after each further consecutive error, up to
+    /// --payout-retry-backoff-max-ms, jittered (each wait is drawn between half and all of it), and
+    /// reset by an attempt that gets an answer. Discovery skips the payout only until then.
+    #[arg(long, env = "PAYOUT_EXECUTOR_PAYOUT_RETRY_BACKOFF_MS", default_value_t = 500)]
+    pub payout_retry_backoff_ms: u64,
+
+    /// The cap of that backoff, in milliseconds: also the wait between the attempts of a payout
+    /// past --max-errors-per-payout. At least --payout-retry-backoff-ms.
+    #[arg(
+        long,
+        env = "PAYOUT_EXECUTOR_PAYOUT_RETRY_BACKOFF_MAX_MS",
+        default_value_t = 30_000
+    )]
+    pub payout_retry_backoff_max_ms: u64,
 
     /// On SIGTERM, how long the current payout may still run before it is abandoned (safely: every
     /// step is fenced, and a successor resumes from the recorded state).
@@ -119,6 +140,10 @@ pub struct Config {
     pub payout_ids: Vec<Uuid>,
     pub exit_when_idle: bool,
     pub max_errors_per_payout: u32,
+    /// First retry backoff of a payout after an unexpected error ([`crate::worker::RetryPolicy`]).
+    pub payout_retry_backoff: Duration,
+    /// Its cap.
+    pub payout_retry_backoff_max: Duration,
     pub shutdown_grace: Duration,
     pub listen: SocketAddr,
     pub fault_injection: bool,
@@ -217,6 +242,18 @@ impl Cli {
             1,
             1_000,
         )?;
+        range(
+            "--payout-retry-backoff-ms",
+            self.payout_retry_backoff_ms,
+            1,
+            600_000,
+        )?;
+        range(
+            "--payout-retry-backoff-max-ms",
+            self.payout_retry_backoff_max_ms,
+            self.payout_retry_backoff_ms,
+            3_600_000,
+        )?;
         let lease_ttl = ttl("--lease-ttl-ms", self.lease_ttl_ms)?;
         let session_ttl = ttl("--session-ttl-ms", self.session_ttl_ms)?;
         let owner_id = self.owner_id.unwrap_or_else(default_owner_id);
@@ -255,6 +292,8 @@ impl Cli {
             payout_ids,
             exit_when_idle: self.exit_when_idle,
             max_errors_per_payout: self.max_errors_per_payout,
+            payout_retry_backoff: Duration::from_millis(self.payout_retry_backoff_ms),
+            payout_retry_backoff_max: Duration::from_millis(self.payout_retry_backoff_max_ms),
             shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
             listen: self.listen,
             fault_injection: self.enable_fault_injection,
@@ -295,6 +334,9 @@ mod tests {
         assert!(c.payout_ids.is_empty());
         assert!(!c.exit_when_idle);
         assert_eq!(c.pause_at, None);
+        assert_eq!(c.max_errors_per_payout, 5);
+        assert_eq!(c.payout_retry_backoff, Duration::from_millis(500));
+        assert_eq!(c.payout_retry_backoff_max, Duration::from_secs(30));
         assert!(c.owner_id.ends_with(&format!("-{}", std::process::id())));
     }
 
@@ -334,6 +376,17 @@ mod tests {
             &["--lease-ttl-ms", "-5"],
             &["--session-ttl-ms", "5"],
             &["--page-size", "0"],
+            &["--max-errors-per-payout", "0"],
+            &["--payout-retry-backoff-ms", "0"],
+            &["--payout-retry-backoff-ms", "-1"],
+            // The cap below the first wait.
+            &[
+                "--payout-retry-backoff-ms",
+                "1000",
+                "--payout-retry-backoff-max-ms",
+                "999",
+            ],
+            &["--payout-retry-backoff-max-ms", "3600001"],
             &["--owner-id", " padded"],
             &["--owner-id", ""],
         ] {

@@ -20,13 +20,15 @@ use crate::critical::Resources;
 use crate::fault::Faults;
 use crate::metrics::{Metrics, Outcome};
 use crate::resources::{PaymentApi, RailApi, authenticated_client};
-use crate::worker::{Shared, Tracked, Worker, WorkerExit};
+use crate::worker::{RetryPolicy, Shared, Tracked, Worker, WorkerExit};
 
 /// How a run ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Report {
     pub exits: Vec<WorkerExit>,
-    /// Payouts this process stopped trying after unexpected errors.
+    /// Batch mode only: the payouts whose error budget this run spent (`payout_given_up`). The run
+    /// exits non-zero and names them (`executor_stopped`), handing them to the next run. Always
+    /// empty for a long-running executor, which never gives a payout up.
     pub given_up: Vec<Uuid>,
     pub posted: u64,
     pub failed: u64,
@@ -86,7 +88,7 @@ pub async fn run(
     };
     let (metrics, registry) = Metrics::new();
     let shared = Arc::new(Shared {
-        tracked: Tracked::with(&config.payout_ids),
+        tracked: Tracked::new(&config.payout_ids, RetryPolicy::of(&config), metrics.backoff()),
         config,
         lock_client,
         resources,
@@ -169,6 +171,12 @@ pub async fn run(
         failed = report.failed,
         fenced_out = report.fenced_out,
         given_up = report.given_up.len(),
+        given_up_ids = %report
+            .given_up
+            .iter()
+            .map(Uuid::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
         clean = report.is_clean(),
     );
     Ok(report)

@@ -4,7 +4,13 @@
 //! - `lock_fenced_out_observed_total{resource}`: 409 `FENCED_OUT` answers this executor received, by
 //!   the resource that refused (must stay zero in a healthy run, like the resources' own counters);
 //! - `lock_acquire_duration_seconds{result}`: lock acquisition, granted or given up as contended;
-//! - `payout_duration_seconds`: end to end, from picking a payout to its POSTED/FAILED answer.
+//! - `payout_duration_seconds`: end to end, from picking a payout to its POSTED/FAILED answer;
+//! - `payouts_backing_off` (gauge): payouts whose last attempt ended in an unexpected error and that
+//!   wait out a retry backoff (`crate::worker::RetryPolicy`);
+//! - `payouts_over_error_budget` (gauge): of the payouts tracked, those past
+//!   `--max-errors-per-payout` consecutive errors — still retried at the capped backoff by a
+//!   long-running executor, given up by a batch run (which then exits non-zero naming them). Must be
+//!   zero in a healthy run.
 //!
 //! The two latencies are kept apart on purpose (C1 §1.1: lock latency and payout latency must be
 //! separable). Ids go to logs, never to labels.
@@ -15,6 +21,7 @@ use dlock_common::metrics::{Resource, ResourceLabel};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -72,6 +79,14 @@ pub struct Metrics {
     fenced_out: Family<ResourceLabel, Counter>,
     acquire: Family<AcquireLabel, Histogram, fn() -> Histogram>,
     payout: Histogram,
+    backoff: BackoffGauges,
+}
+
+/// The two retry gauges; [`crate::worker::Tracked`] sets them whenever what it tracks changes.
+#[derive(Debug, Clone, Default)]
+pub struct BackoffGauges {
+    pub backing_off: Gauge,
+    pub over_budget: Gauge,
 }
 
 impl Metrics {
@@ -82,6 +97,7 @@ impl Metrics {
             fenced_out: Family::default(),
             acquire: Family::new_with_constructor(latency_histogram),
             payout: latency_histogram(),
+            backoff: BackoffGauges::default(),
         };
         // The must-be-zero series exist at zero from the start, rather than appearing on first use.
         for resource in [
@@ -112,7 +128,23 @@ impl Metrics {
             "Payout end to end: from picking it to its POSTED or FAILED answer",
             m.payout.clone(),
         );
+        registry.register(
+            "payouts_backing_off",
+            "Payouts whose last attempt ended in an unexpected error, waiting out a retry backoff",
+            m.backoff.backing_off.clone(),
+        );
+        registry.register(
+            "payouts_over_error_budget",
+            "Payouts past --max-errors-per-payout consecutive errors (retried at the capped backoff; \
+             given up only by a batch run, which then exits non-zero)",
+            m.backoff.over_budget.clone(),
+        );
         (m, registry)
+    }
+
+    /// The retry gauges, for the tracker that sets them.
+    pub fn backoff(&self) -> BackoffGauges {
+        self.backoff.clone()
     }
 
     pub fn processed(&self, outcome: Outcome) {
@@ -168,6 +200,12 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("payout_duration_seconds_count 1"), "{text}");
+        assert!(text.contains("\npayouts_backing_off 0\n"), "{text}");
+        m.backoff().over_budget.set(2);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(text.contains("# TYPE payouts_backing_off gauge"), "{text}");
+        assert!(text.contains("\npayouts_over_error_budget 2\n"), "{text}");
         assert_eq!(m.processed_count(Outcome::posted), 1);
     }
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use dlock_client::{ClientError, LockClient, Session};
 use dlock_common::metrics::Resource;
+use rand::Rng;
 use rand::seq::SliceRandom;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -19,28 +20,103 @@ use uuid::Uuid;
 
 use crate::config::Config;
 use crate::critical::{Critical, Ended, Resources};
-use crate::metrics::{AcquireResult, Metrics, Outcome};
+use crate::metrics::{AcquireResult, BackoffGauges, Metrics, Outcome};
 use crate::model::{Payout, PayoutState};
 
 /// After this many consecutive failures to reach the services, a batch-mode worker gives up.
 const MAX_CONSECUTIVE_FAILURES: u32 = 20;
 
+/// How a payout whose attempt ended in an unexpected error (a transport error, a 5xx, a protocol
+/// surprise: [`Outcome::error`]) is tried again. No payout waits for ever and no process stops
+/// trying one while it runs:
+///
+/// - each error puts the payout into **backoff**: discovery skips it until its next-attempt time,
+///   `base` after the first error, doubled after each further consecutive one, capped at `max`, and
+///   jittered (each wait is drawn between half and all of it, so executors that failed together do
+///   not come back together). An attempt that gets an answer (posted, failed, fenced out, lock lost,
+///   unresolved) resets it;
+/// - after `budget` consecutive errors the payout is reported. A long-running executor logs
+///   `payout_retry_backoff` once, at ERROR, and keeps trying it every `max` (never gives it up); a
+///   batch run (`--exit-when-idle`) stops trying it (`payout_given_up`), and its exit hands it on:
+///   it exits non-zero with the payout named in its report, for the next run to finish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    pub base: Duration,
+    pub max: Duration,
+    pub budget: u32,
+    /// Batch mode: stop at the budget (the exit hands the payout on). Service mode: never.
+    pub give_up_at_budget: bool,
+}
+
+impl RetryPolicy {
+    pub fn of(config: &Config) -> Self {
+        Self {
+            base: config.payout_retry_backoff,
+            max: config.payout_retry_backoff_max,
+            budget: config.max_errors_per_payout,
+            give_up_at_budget: config.exit_when_idle,
+        }
+    }
+
+    /// The backoff after the `errors`-th consecutive error (counted from 1), before jitter: doubling
+    /// from `base` below the budget, `max` from the budget on.
+    pub fn backoff(&self, errors: u32) -> Duration {
+        if errors >= self.budget {
+            return self.max;
+        }
+        let doublings = errors.saturating_sub(1).min(30);
+        self.base.saturating_mul(1u32 << doublings).min(self.max)
+    }
+
+    /// [`RetryPolicy::backoff`] with jitter: uniform between half of it and all of it.
+    pub fn jittered(&self, errors: u32) -> Duration {
+        let full = self.backoff(errors);
+        let half = full / 2;
+        if full.is_zero() {
+            return full;
+        }
+        rand::rng().random_range(half..=full)
+    }
+}
+
 /// What the process knows about payouts beyond the listing: the explicit ones, and those it left
-/// unfinished (fenced out, lock lost, errors), so that it re-reads them in later passes.
-#[derive(Debug, Default)]
+/// unfinished (fenced out, lock lost, errors), so that it re-reads them in later passes; and, for
+/// those whose last attempt ended in an error, when they may be tried again ([`RetryPolicy`]).
+#[derive(Debug)]
 pub struct Tracked {
     inner: Mutex<HashMap<Uuid, TrackedPayout>>,
+    policy: RetryPolicy,
+    gauges: BackoffGauges,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
 struct TrackedPayout {
+    /// Consecutive attempts that ended in an unexpected error.
     errors: u32,
+    /// Set by an error: not tried again before then.
+    retry_at: Option<Instant>,
+    /// Its error budget is spent (reported once; reset with the errors).
+    over_budget: bool,
+    /// Batch mode only: this run spent the payout's error budget and leaves it to the next run.
     given_up: bool,
 }
 
+/// What [`Tracked::error`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retry {
+    /// Consecutive errors so far.
+    pub errors: u32,
+    /// When it is tried again; `None`: given up by this batch run.
+    pub retry_in: Option<Duration>,
+}
+
 impl Tracked {
-    pub fn with(ids: &[Uuid]) -> Self {
-        let t = Self::default();
+    pub fn new(ids: &[Uuid], policy: RetryPolicy, gauges: BackoffGauges) -> Self {
+        let t = Self {
+            inner: Mutex::default(),
+            policy,
+            gauges,
+        };
         for id in ids {
             t.watch(*id);
         }
@@ -52,39 +128,118 @@ impl Tracked {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The gauges follow the map; called with the map locked, after every change.
+    fn publish(&self, map: &HashMap<Uuid, TrackedPayout>) {
+        let backing_off = map.values().filter(|t| t.errors > 0 && !t.given_up).count();
+        let over_budget = map.values().filter(|t| t.over_budget).count();
+        self.gauges
+            .backing_off
+            .set(i64::try_from(backing_off).unwrap_or(i64::MAX));
+        self.gauges
+            .over_budget
+            .set(i64::try_from(over_budget).unwrap_or(i64::MAX));
+    }
+
+    /// Re-read it in later passes (its backoff, if any, stands).
     pub fn watch(&self, id: Uuid) {
         self.lock().entry(id).or_default();
     }
 
-    pub fn done(&self, id: Uuid) {
-        self.lock().remove(&id);
-    }
-
-    /// Counts an error against the payout; `true` if it is now given up.
-    pub fn error(&self, id: Uuid, max: u32) -> bool {
+    /// An attempt got an answer that was not an error: re-read it in later passes, its backoff
+    /// and error count reset.
+    pub fn answered(&self, id: Uuid) {
         let mut map = self.lock();
         let t = map.entry(id).or_default();
-        t.errors += 1;
-        if t.errors >= max && !t.given_up {
+        if t.errors > 0 && !t.given_up {
+            t.errors = 0;
+            t.retry_at = None;
+            t.over_budget = false;
+        }
+        self.publish(&map);
+    }
+
+    pub fn done(&self, id: Uuid) {
+        let mut map = self.lock();
+        map.remove(&id);
+        self.publish(&map);
+    }
+
+    /// Counts an error against the payout and schedules its next attempt. `budget` is the
+    /// policy's, or lower for a payout that cannot be worked at all (an unknown id: 1).
+    pub fn error(&self, id: Uuid, budget: u32) -> Retry {
+        let policy = RetryPolicy {
+            budget: budget.min(self.policy.budget),
+            ..self.policy
+        };
+        let mut map = self.lock();
+        let t = map.entry(id).or_default();
+        if t.given_up {
+            return Retry {
+                errors: t.errors,
+                retry_in: None,
+            };
+        }
+        t.errors = t.errors.saturating_add(1);
+        let errors = t.errors;
+        t.over_budget = errors >= policy.budget;
+        let retry = if errors >= policy.budget && policy.give_up_at_budget {
             t.given_up = true;
+            t.retry_at = None;
             tracing::error!(
                 event = "payout_given_up",
                 payout_id = %id,
-                errors = t.errors,
-                "too many unexpected errors on this payout; this process stops trying it"
+                errors,
+                "this batch run spent the payout's error budget: it stops trying it and exits \
+                 non-zero naming it, for the next run to finish it"
             );
+            None
+        } else {
+            let wait = policy.jittered(errors);
+            t.retry_at = Some(Instant::now() + wait);
+            if errors == policy.budget {
+                tracing::error!(
+                    event = "payout_retry_backoff",
+                    payout_id = %id,
+                    errors,
+                    retry_every_ms = u64::try_from(policy.max.as_millis()).unwrap_or(u64::MAX),
+                    "unexpected errors on every recent attempt of this payout; still retried, at the \
+                     capped backoff, until it ends (never given up)"
+                );
+            }
+            Some(wait)
+        };
+        self.publish(&map);
+        Retry {
+            errors,
+            retry_in: retry,
         }
-        t.given_up
     }
 
-    pub fn ids(&self) -> Vec<Uuid> {
+    /// Whether it may be attempted now: not given up, and not waiting out a backoff.
+    pub fn is_due(&self, id: Uuid, now: Instant) -> bool {
+        self.lock().get(&id).is_none_or(|t| t.is_due(now))
+    }
+
+    /// The tracked payouts that may be attempted now.
+    pub fn due_ids(&self, now: Instant) -> Vec<Uuid> {
         self.lock()
             .iter()
-            .filter(|(_, t)| !t.given_up)
+            .filter(|(_, t)| t.is_due(now))
             .map(|(id, _)| *id)
             .collect()
     }
 
+    /// The earliest next attempt of a payout waiting out a backoff (it is still work: a batch run
+    /// waits for it rather than exit idle).
+    pub fn next_retry(&self) -> Option<Instant> {
+        self.lock()
+            .values()
+            .filter(|t| !t.given_up)
+            .filter_map(|t| t.retry_at)
+            .min()
+    }
+
+    /// Batch mode: the payouts this run gave up, for its report.
     pub fn given_up(&self) -> Vec<Uuid> {
         self.lock()
             .iter()
@@ -92,9 +247,11 @@ impl Tracked {
             .map(|(id, _)| *id)
             .collect()
     }
+}
 
-    pub fn is_given_up(&self, id: Uuid) -> bool {
-        self.lock().get(&id).is_some_and(|t| t.given_up)
+impl TrackedPayout {
+    fn is_due(&self, now: Instant) -> bool {
+        !self.given_up && self.retry_at.is_none_or(|at| at <= now)
     }
 }
 
@@ -178,7 +335,8 @@ impl Discovery<'_> {
                 }
             }
         }
-        for id in shared.tracked.ids() {
+        // Those waiting out a backoff are not read until they are due.
+        for id in shared.tracked.due_ids(Instant::now()) {
             if seen.contains(&id) {
                 continue;
             }
@@ -189,6 +347,8 @@ impl Discovery<'_> {
                 }
                 Err(ClientError::Api { status, code, .. }) if status.as_u16() == 404 => {
                     tracing::error!(event = "unknown_payout", payout_id = %id, %code, "no such payout");
+                    // Nothing to work on: a batch run reports it at once; a long-running executor
+                    // asks again at the capped backoff.
                     shared.tracked.error(id, 1);
                 }
                 Err(e) => return Err(e),
@@ -256,16 +416,24 @@ impl Worker {
                 }
             };
             let mut work: Vec<Payout> = Vec::new();
+            let now = Instant::now();
             for p in found {
                 if p.state.is_terminal() {
                     shared.tracked.done(p.payout_id);
-                } else if !shared.tracked.is_given_up(p.payout_id) {
+                } else if shared.tracked.is_due(p.payout_id, now) {
                     work.push(p);
                 }
             }
             if work.is_empty() {
                 // An empty page after a cursor is not the end of the queue: start over first.
                 if pending_cursor.take().is_some() {
+                    continue;
+                }
+                // A payout waiting out its backoff is still work: a batch run waits for it (its
+                // error budget bounds the wait) instead of exiting idle.
+                if let Some(at) = shared.tracked.next_retry() {
+                    let wait = at.saturating_duration_since(Instant::now());
+                    self.pause(wait.min(config.poll_interval)).await;
                     continue;
                 }
                 if config.exit_when_idle {
@@ -478,7 +646,7 @@ impl Worker {
                     fencing_token = token,
                     "the rail cannot tell yet what became of the submission; will ask again"
                 );
-                tracked.watch(id);
+                tracked.answered(id);
                 Outcome::unresolved
             }
             Ok(Ended::Abandoned { reason }) => {
@@ -503,12 +671,12 @@ impl Worker {
                     owner_id = f.owner_id(),
                     "a resource refused our token: a newer grant has written it; attempt abandoned"
                 );
-                tracked.watch(id);
+                tracked.answered(id);
                 Outcome::fenced_out
             }
             Err(e @ ClientError::Api { .. }) if e.is_terminal() => {
                 tracing::warn!(event = "fenced_out", key, payout_id = %id, presented = token, error = %e);
-                tracked.watch(id);
+                tracked.answered(id);
                 Outcome::fenced_out
             }
             Err(ClientError::LockLost { reason, .. }) => {
@@ -520,18 +688,23 @@ impl Worker {
                     %reason,
                     "critical section abandoned: the lock is no longer ours"
                 );
-                tracked.watch(id);
+                tracked.answered(id);
                 Outcome::lock_lost
             }
             Err(e) => {
+                // Tried again after a backoff (and never given up outside a batch run).
+                let retry = tracked.error(id, shared.config.max_errors_per_payout);
                 tracing::warn!(
                     event = "payout_attempt_failed",
                     key,
                     payout_id = %id,
                     fencing_token = token,
                     error = %e,
+                    errors = retry.errors,
+                    retry_in_ms = retry
+                        .retry_in
+                        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
                 );
-                tracked.error(id, shared.config.max_errors_per_payout);
                 Outcome::error
             }
         }
@@ -553,17 +726,90 @@ fn resource(resource_type: &str) -> Option<Resource> {
 mod tests {
     use super::*;
 
+    fn policy(give_up_at_budget: bool) -> RetryPolicy {
+        RetryPolicy {
+            base: Duration::from_millis(100),
+            max: Duration::from_millis(1_000),
+            budget: 3,
+            give_up_at_budget,
+        }
+    }
+
     #[test]
-    fn tracked_gives_up_after_the_budget() {
+    fn backoff_doubles_from_the_base_then_is_the_cap_from_the_budget_on() {
+        let p = RetryPolicy {
+            budget: 10,
+            ..policy(false)
+        };
+        let ms = |n| p.backoff(n).as_millis();
+        assert_eq!([ms(1), ms(2), ms(3), ms(4), ms(5)], [100, 200, 400, 800, 1_000]);
+        assert_eq!(ms(u32::MAX), 1_000);
+        let p = policy(false);
+        assert_eq!(p.backoff(3), p.max, "from the budget on: the cap");
+        for n in 1..6 {
+            let j = p.jittered(n);
+            assert!(j >= p.backoff(n) / 2 && j <= p.backoff(n), "{n}: {j:?}");
+        }
+    }
+
+    /// Service mode: a payout is never given up. While it waits out its backoff it is not due (so
+    /// discovery skips it, only until then); an answered attempt resets it.
+    #[test]
+    fn service_mode_backs_off_and_never_gives_up() {
         let id = Uuid::new_v4();
-        let t = Tracked::with(&[id]);
-        assert_eq!(t.ids(), vec![id]);
-        assert!(!t.error(id, 2));
-        assert!(t.error(id, 2));
-        assert!(t.ids().is_empty());
-        assert_eq!(t.given_up(), vec![id]);
-        t.done(id);
+        let gauges = BackoffGauges::default();
+        let t = Tracked::new(&[id], policy(false), gauges.clone());
+        assert!(t.is_due(id, Instant::now()));
+        for n in 1..=10 {
+            let before = Instant::now();
+            let r = t.error(id, 3);
+            assert_eq!(r.errors, n);
+            let wait = r.retry_in.expect("always a next attempt");
+            assert!(wait >= policy(false).backoff(n) / 2, "{n}: {wait:?}");
+            let at = t.next_retry().expect("backing off");
+            assert!(at >= before + wait && at <= Instant::now() + wait, "{n}");
+            assert!(
+                !t.is_due(id, at - Duration::from_millis(1)),
+                "{n}: due during its backoff"
+            );
+            assert!(t.due_ids(at - Duration::from_millis(1)).is_empty());
+            assert!(t.is_due(id, at), "{n}: not due after its backoff");
+            assert_eq!(t.due_ids(at), vec![id]);
+        }
         assert!(t.given_up().is_empty());
+        assert_eq!((gauges.backing_off.get(), gauges.over_budget.get()), (1, 1));
+        t.answered(id);
+        assert_eq!((gauges.backing_off.get(), gauges.over_budget.get()), (0, 0));
+        assert_eq!(t.next_retry(), None);
+        assert!(t.is_due(id, Instant::now()));
+        assert_eq!(t.error(id, 3).errors, 1, "reset by the answer");
+        t.done(id);
+        assert_eq!(gauges.backing_off.get(), 0);
+    }
+
+    /// Batch mode: backoff below the budget, then given up at it (for the report), and never due
+    /// again in this run.
+    #[test]
+    fn batch_mode_gives_up_at_the_budget() {
+        let id = Uuid::new_v4();
+        let gauges = BackoffGauges::default();
+        let t = Tracked::new(&[id], policy(true), gauges.clone());
+        assert!(t.error(id, 3).retry_in.is_some());
+        assert!(t.error(id, 3).retry_in.is_some());
+        assert!(t.given_up().is_empty());
+        assert!(t.next_retry().is_some(), "backing off is still work");
+        assert_eq!(t.error(id, 3).retry_in, None);
+        assert_eq!(t.given_up(), vec![id]);
+        assert_eq!(t.next_retry(), None);
+        let much_later = Instant::now() + Duration::from_secs(3_600);
+        assert!(!t.is_due(id, much_later));
+        assert!(t.due_ids(much_later).is_empty());
+        assert_eq!((gauges.backing_off.get(), gauges.over_budget.get()), (0, 1));
+        // An unknown payout: its budget is 1.
+        let unknown = Uuid::new_v4();
+        assert_eq!(t.error(unknown, 1).retry_in, None);
+        t.done(id);
+        assert_eq!(t.given_up(), vec![unknown]);
     }
 
     #[test]

@@ -295,6 +295,28 @@ impl Stack {
         Ok(())
     }
 
+    /// Replaces rail-proxy with a fresh process on the **same port** (same database, rail and
+    /// credentials; fencing as given), so that executors started against the old one reach the new
+    /// one: a brief outage of rail-proxy, as the executors see it. The port is free while no
+    /// rail-proxy runs; `extra` adds arguments.
+    pub async fn restart_rail_proxy_same_port(&mut self, fencing: bool, extra: &[&str]) -> Result<()> {
+        let port = self.rail_proxy.port;
+        self.rail_proxy.stop();
+        let mut spec = rail_proxy_spec(
+            "rail-proxy-same-port",
+            &self.paydb_url,
+            &self.rail_stub.url(),
+            self.rail_timeout_ms,
+            self.rail_abandon_after_ms,
+            fencing,
+            &self.credentials,
+        )?
+        .args(extra.iter().copied());
+        spec.port = port;
+        self.rail_proxy = Service::start(spec, &self.log_dir).await?;
+        Ok(())
+    }
+
     pub async fn start_executor(&self, spec: Spec) -> Result<Service> {
         Ok(Service::start(spec, &self.log_dir).await?)
     }
