@@ -77,6 +77,9 @@ fn etcd_unavailable(e: &etcd_client::Error) -> bool {
     use etcd_client::Error as E;
     match e {
         E::TransportError(_) | E::IoError(_) => true,
+        // A keep-alive stream that broke (its channel closed, or it ended unanswered). A lease that
+        // is gone never gets here: the etcd backend maps that to "not found" (410).
+        E::LeaseKeepAliveError(_) | E::WatchError(_) => true,
         // gRPC codes CANCELLED (1), UNKNOWN (2: a broken connection), DEADLINE_EXCEEDED (4) and
         // UNAVAILABLE (14, also etcd's "no leader" during an election).
         E::GRpcStatus(s) => matches!(s.code() as i32, 1 | 2 | 4 | 14),

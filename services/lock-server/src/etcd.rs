@@ -93,11 +93,51 @@ impl std::fmt::Debug for EtcdRepo {
     }
 }
 
+/// Whether etcd said that the lease does not exist (any more: lapsed by etcd's clock, or revoked).
+/// etcd-client has two shapes for it:
+///
+/// - gRPC `NOT_FOUND` "etcdserver: requested lease not found" ([`etcd_client::Error::GRpcStatus`]),
+///   from `LeaseRevoke` and `LeaseTimeToLive` of a lease that is gone;
+/// - [`etcd_client::Error::LeaseKeepAliveError`] "lease not found", which `lease_keep_alive` makes
+///   of etcd's keep-alive answer with TTL 0. etcd answers a keep-alive that way once the lease is
+///   revoked — and a keep-alive that reaches a lease whose TTL has run out but which etcd's lessor
+///   has not revoked yet (it does so in rounds, every 500 ms) waits for that revocation and then
+///   answers TTL 0. So this is what a renew meets at a lease's lapse.
+///
+/// Everything else (transport, timeouts, no leader, a broken keep-alive stream) is a real failure.
+pub fn is_lease_not_found(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => s.message().contains("lease not found"),
+        etcd_client::Error::LeaseKeepAliveError(m) => m.contains("lease not found"),
+        _ => false,
+    }
+}
+
 fn lookup_ok<T>(r: Result<T, etcd_client::Error>) -> Result<Option<T>, Error> {
     match r {
         Ok(v) => Ok(Some(v)),
         // Revoking or keeping alive a lease that is already gone is "nothing there", not a failure.
-        Err(etcd_client::Error::GRpcStatus(s)) if s.message().contains("lease not found") => Ok(None),
+        Err(e) if is_lease_not_found(&e) => Ok(None),
+        Err(e) => Err(Error::etcd(e)),
+    }
+}
+
+/// What one keep-alive exchange says about the lease: `Ok(Some(ttl))` it is alive with `ttl` seconds
+/// left, `Ok(None)` it is gone, `Err` etcd could not be asked. `answer` is the TTL etcd answered
+/// (`Ok(None)`: the stream ended without an answer) or the error etcd-client reported on the way.
+/// Every "gone" shape maps to `Ok(None)`: TTL <= 0 on the stream, and the errors of
+/// [`is_lease_not_found`].
+pub fn keep_alive_outcome(answer: Result<Option<i64>, etcd_client::Error>) -> Result<Option<i64>, Error> {
+    match answer {
+        Ok(Some(ttl)) if ttl > 0 => Ok(Some(ttl)),
+        // etcd's own "not found" on the keep-alive stream.
+        Ok(Some(_)) => Ok(None),
+        // etcd never closes a keep-alive stream for a missing lease (it answers TTL 0 and goes on),
+        // so a stream that ends unanswered says nothing about the lease: the exchange failed.
+        Ok(None) => Err(Error::etcd(etcd_client::Error::LeaseKeepAliveError(
+            "the keep-alive stream ended without an answer".to_owned(),
+        ))),
+        Err(e) if is_lease_not_found(&e) => Ok(None),
         Err(e) => Err(Error::etcd(e)),
     }
 }
@@ -196,17 +236,21 @@ impl EtcdRepo {
         });
     }
 
-    /// One keep-alive: the remaining TTL etcd reports, `None` if the lease is gone.
+    /// One keep-alive: the remaining TTL etcd reports, `None` if the lease is gone (however
+    /// etcd-client reports that: see [`keep_alive_outcome`]).
+    ///
+    /// `lease_keep_alive` sends the first keep-alive itself and reads its answer (a TTL of 0 comes
+    /// back as an error), but does not return the TTL; the second keep-alive reads it.
     async fn keep_alive_once(&self, lease: i64) -> Result<Option<i64>, Error> {
-        let Some((mut keeper, mut stream)) = lookup_ok(self.client().lease_keep_alive(lease).await)? else {
-            return Ok(None);
+        let (mut keeper, mut stream) = match self.client().lease_keep_alive(lease).await {
+            Ok(pair) => pair,
+            Err(e) => return keep_alive_outcome(Err(e)),
         };
-        keeper.keep_alive().await.map_err(Error::etcd)?;
-        let ttl = match lookup_ok(stream.message().await)?.flatten() {
-            Some(r) => r.ttl(),
-            None => 0,
+        let answer = match keeper.keep_alive().await {
+            Ok(()) => stream.message().await.map(|m| m.map(|r| r.ttl())),
+            Err(e) => Err(e),
         };
-        Ok((ttl > 0).then_some(ttl))
+        keep_alive_outcome(answer)
     }
 
     async fn get_one(&self, key: String) -> Result<Option<KeyValue>, Error> {
@@ -564,7 +608,47 @@ impl EtcdRepo {
 
 #[cfg(test)]
 mod tests {
-    use super::lease_secs;
+    use super::{Error, keep_alive_outcome, lease_secs};
+
+    fn keep_alive_error(message: &str) -> etcd_client::Error {
+        etcd_client::Error::LeaseKeepAliveError(message.to_owned())
+    }
+
+    /// The shapes etcd-client 0.14 gives a keep-alive of a lease that is gone, each "gone" (`None`:
+    /// renew answers 410 LEASE_EXPIRED, heartbeat SESSION_GONE), never an error (a 5xx).
+    #[test]
+    fn every_shape_of_a_gone_lease_is_gone_not_an_error() {
+        // `lease_keep_alive` on etcd's TTL-0 answer (the lease lapsed or was revoked).
+        assert!(matches!(
+            keep_alive_outcome(Err(keep_alive_error("lease not found"))),
+            Ok(None)
+        ));
+        // A TTL of 0 (or etcd's -1) read from the stream afterwards.
+        assert!(matches!(keep_alive_outcome(Ok(Some(0))), Ok(None)));
+        assert!(matches!(keep_alive_outcome(Ok(Some(-1))), Ok(None)));
+        // Alive.
+        assert!(matches!(keep_alive_outcome(Ok(Some(2))), Ok(Some(2))));
+    }
+
+    /// What says nothing about the lease stays a failure.
+    #[test]
+    fn a_broken_exchange_is_still_an_error() {
+        for answer in [
+            Ok(None),
+            // The keeper's channel closed: the stream is gone.
+            Err(keep_alive_error("channel closed")),
+            Err(etcd_client::Error::WatchError(
+                "failed to create lease keeper".to_owned(),
+            )),
+            Err(etcd_client::Error::InvalidArgs("x".to_owned())),
+        ] {
+            let shown = format!("{answer:?}");
+            assert!(
+                matches!(keep_alive_outcome(answer), Err(Error::Etcd(_))),
+                "{shown}"
+            );
+        }
+    }
 
     #[test]
     fn lease_ttl_rounds_up_to_whole_seconds() {
