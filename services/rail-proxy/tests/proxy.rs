@@ -932,6 +932,88 @@ async fn a_payout_without_its_funds_reservation_is_not_forwarded() {
     h.stop().await;
 }
 
+/// Puts the payout in RAIL_SUBMITTED, claimed, holding `reserved_minor` (admin SQL: the state
+/// payment-resource would never leave it in, which is what rail-proxy must not trust).
+async fn submitted_holding(h: &Harness, payout: &Payout, reserved_minor: i64) {
+    sqlx::query("UPDATE payout SET state = 'RAIL_SUBMITTED', reserved_minor = $2 WHERE payout_id = $1")
+        .bind(payout.id)
+        .bind(reserved_minor)
+        .execute(&h.admin)
+        .await
+        .unwrap();
+}
+
+/// A submission that must be refused before the rail: 409 `NOT_RESERVED` naming the state, no
+/// forwardable attempt (nor any other row) recorded, nothing sent to the rail.
+async fn assert_refused_before_the_rail(h: &Harness, p: &Payout, token: i64, what: &str) {
+    let rows_before = h.submissions_rows().await;
+    let rail_before = h.rail_requests().await;
+    let (status, body) = h.submit(p, token).await;
+    assert_eq!(
+        (status, body["code"].as_str(), body["state"].as_str()),
+        (StatusCode::CONFLICT, Some("NOT_RESERVED"), Some("RAIL_SUBMITTED")),
+        "{what}: {body}"
+    );
+    assert_eq!(h.rows_for(p.id).await, vec![], "{what}: an attempt was recorded");
+    assert_eq!(h.submissions_rows().await, rows_before, "{what}");
+    assert_eq!(h.rail_requests().await, rail_before, "{what}: the rail was asked");
+    let (status, listed) = h.list(&p.id.to_string()).await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    assert_eq!(listed["submissions"], json!([]), "{what}: {listed}");
+}
+
+/// The state predicate alone is not the funds check: a payout that is RAIL_SUBMITTED and claimed
+/// but holds no reservation (`reserved_minor = 0`) must not reach the rail. With paydb's CHECKs in
+/// place this is the only reservation-less RAIL_SUBMITTED payout there can be
+/// (`payout_reserved_ck`: `reserved_minor` is 0 or `amount_minor`; `payout_amount_ck`: the amount
+/// is positive), and either predicate of the attempt insert refuses it; the next test takes each
+/// predicate on its own.
+#[tokio::test]
+async fn a_submitted_payout_without_its_reservation_never_reaches_the_rail() {
+    let h = Harness::start(RailFence::from_flag(true)).await;
+    let account = h.account().await;
+    let p = h.claimed(account, 500, 7, "w").await;
+    submitted_holding(&h, &p, 0).await;
+    assert_refused_before_the_rail(&h, &p, 7, "RAIL_SUBMITTED holding 0").await;
+    // A higher token changes nothing: the reservation is missing, not the grant.
+    assert_refused_before_the_rail(&h, &p, 8, "RAIL_SUBMITTED holding 0, newer token").await;
+    assert_eq!(
+        h.metric("rail_proxy_submissions_total{outcome=\"not_reserved\"}")
+            .await,
+        2
+    );
+    assert_eq!(h.rail_requests().await, 0);
+    h.stop().await;
+}
+
+/// Each of the attempt insert's two reservation predicates on its own: rail-proxy is an enforcement
+/// point of its own and does not lean on payment-resource's schema, so in this test's private paydb
+/// the two CHECKs that make the states below impossible are dropped first.
+///
+/// - holding part of the amount (0 < reserved < amount): only `reserved_minor = amount_minor`
+///   refuses it;
+/// - a zero amount "holding" all of it (reserved = amount = 0): only `reserved_minor > 0` refuses it.
+#[tokio::test]
+async fn each_reservation_predicate_refuses_on_its_own_without_the_schema_checks() {
+    let h = Harness::start(RailFence::from_flag(true)).await;
+    sqlx::query("ALTER TABLE payout DROP CONSTRAINT payout_reserved_ck, DROP CONSTRAINT payout_amount_ck")
+        .execute(&h.admin)
+        .await
+        .unwrap();
+    let account = h.account().await;
+
+    let partial = h.claimed(account, 500, 7, "w").await;
+    submitted_holding(&h, &partial, 200).await;
+    assert_refused_before_the_rail(&h, &partial, 7, "holding 200 of 500").await;
+
+    let zero = h.claimed(account, 0, 8, "w").await;
+    submitted_holding(&h, &zero, 0).await;
+    assert_refused_before_the_rail(&h, &zero, 8, "a zero amount holding 0").await;
+
+    assert_eq!(h.rail_requests().await, 0);
+    h.stop().await;
+}
+
 #[tokio::test]
 async fn an_attempt_the_rail_never_received_is_abandoned_only_after_the_deadline() {
     let h = Harness::start_with(RailFence::from_flag(true), |c| {
