@@ -1,31 +1,105 @@
 //! The LockService's part of the reconcile pipeline ([`super::pipeline`]): lockdb → migration Job →
-//! lock-server, its admin Secret, and the actions (force-revoke, restore fast-forward, the periodic
-//! fencing check) requested in its annotations.
+//! lock-server ([`children`], pure), its admin Secret, and the actions (force-revoke, restore
+//! fast-forward, the periodic fencing check, [`crate::actions`]) requested in its annotations. The
+//! kind's outcome is [`ActionsOutcome`]: the action part of status, and what it means for the verdict.
+
+pub mod children;
+
+use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 
-use super::error::Result;
-use super::pipeline::{CreateOnce, Plan, Reconciled, at, invalid_spec};
-use super::status::{Blocked, Observation};
-use super::steps::{ActionsOutcome, Prepared, Store};
-use super::{Context, Settings, actions, apply};
-use crate::builders::actions::{
-    self as action_plan, ActionEvent, ActionInputs, ActionPlan, CHECK_COMPONENT, RESTORE_COMPONENT,
-    RestoreJobs,
-};
-use crate::builders::database::History;
-use crate::builders::lockservice::{self as plan, HISTORY, Inputs};
-use crate::builders::migration::JobState;
-use crate::builders::workloads::LOCK_SERVER;
-use crate::builders::{Child, Owner, SpecError};
-use crate::crd::actions::ActionPhase;
-use crate::crd::{Backend, DlockStatus, LockService, LockStore};
-use crate::reasons::Reason;
+use super::apply;
+use super::pipeline::{Reconciled, invalid_spec};
+use super::steps::{CreateOnce, Plan, Prepared, Store};
+use super::verdict::{Blocked, KindOutcome, KindVerdict};
+use crate::actions::check::behind_message;
+use crate::actions::jobs::{CHECK_COMPONENT, RESTORE_COMPONENT, RestoreJobs};
+use crate::actions::{self, ActionInputs, ActionPlan, client, observe, revoke};
+use crate::builders::postgres::History;
+use crate::builders::{Child, LOCK_SERVER, Owner, SpecError, credentials};
+use crate::context::{Context, Settings};
+use crate::crd::actions::{ActionPhase, FencingStatus, GateStatus};
+use crate::crd::{ActionStatus, Backend, DlockStatus, LockService, LockStore};
+use crate::error::{Result, at};
+use crate::health::JobState;
+use crate::reasons::{EventNote, Reason};
+use children::{HISTORY, Inputs};
+
+/// How soon a reconcile with an action in flight runs again (status writes also trigger one).
+const REQUEUE_ACTION: Duration = Duration::from_secs(2);
+
+/// The action part of the status a LockService reconcile computed, and its Events.
+#[derive(Debug, Clone, Default)]
+pub struct ActionsOutcome {
+    pub actions: Vec<ActionStatus>,
+    pub gate: Option<GateStatus>,
+    pub fencing: Option<FencingStatus>,
+    /// An action is in flight: look again soon.
+    pub busy: bool,
+    /// Look again at least this often (the fencing check interval).
+    pub requeue_within: Option<Duration>,
+    pub events: Vec<EventNote>,
+}
+
+impl KindOutcome for ActionsOutcome {
+    /// A sequence found behind the resources' high-water needs a restore fast-forward; a closed gate
+    /// holds lock traffic; a failed restore keeps it closed and needs a human.
+    fn verdict(&self) -> KindVerdict {
+        let mut v = KindVerdict::default();
+        if let Some(f) = self
+            .fencing
+            .as_ref()
+            .filter(|f| f.is_behind() && self.gate.is_none())
+        {
+            v.blocked = Some(Blocked::new(Reason::FencingSequenceBehind, behind_message(f)));
+        }
+        if let Some(gate) = &self.gate {
+            v.gated = Some(Blocked::new(Reason::LockTrafficGated, gate.message.clone()));
+            if let Some(f) = self
+                .actions
+                .iter()
+                .find(|a| a.id == gate.action_id)
+                .filter(|a| a.phase == ActionPhase::Failed)
+            {
+                v.blocked = Some(Blocked::new(
+                    Reason::RestoreFailed,
+                    format!(
+                        "lock traffic stays gated: restore {} failed: {}",
+                        f.id,
+                        f.message.as_deref().unwrap_or_default()
+                    ),
+                ));
+            }
+        }
+        v
+    }
+
+    fn write_status(&self, status: &mut DlockStatus) {
+        status.actions = self.actions.clone();
+        status.gate = self.gate.clone();
+        status.fencing = self.fencing.clone().or(status.fencing.take());
+        status.last_action = actions::last_action(&status.actions);
+    }
+
+    fn requeue(&self, after: Duration) -> Duration {
+        if self.busy {
+            REQUEUE_ACTION
+        } else {
+            after.min(self.requeue_within.unwrap_or(after))
+        }
+    }
+
+    fn events(&self) -> &[EventNote] {
+        &self.events
+    }
+}
 
 impl Reconciled for LockService {
     const HISTORY: History = HISTORY;
     type Observed = ActionInputs;
     type Next = ActionPlan;
+    type Outcome = ActionsOutcome;
 
     fn status(&self) -> Option<&DlockStatus> {
         self.status.as_ref()
@@ -39,20 +113,14 @@ impl Reconciled for LockService {
     }
 
     fn migration_job(&self, owner: &Owner, settings: &Settings) -> std::result::Result<Job, SpecError> {
-        plan::migration_job(self, owner, &settings.default_image)
+        children::migration_job(self, owner, &settings.default_image)
     }
 
     /// The actions' inputs: the requests, lock-server's view of the key to revoke, its pods, the
     /// restore and check Jobs, the PaymentStacks that use this LockService.
-    async fn observe(
-        &self,
-        ctx: &Context,
-        owner: &Owner,
-        prepared: &Prepared,
-        _obs: &mut Observation,
-    ) -> Result<ActionInputs> {
+    async fn observe(&self, ctx: &Context, owner: &Owner, prepared: &Prepared) -> Result<ActionInputs> {
         let lock_server_url = owner.http_url(&owner.child(LOCK_SERVER));
-        let mut inputs = actions::observe(ctx, self, owner, &lock_server_url).await?;
+        let mut inputs = observe::observe(ctx, self, owner, &lock_server_url).await?;
         inputs.schema_ready = prepared.job_state == JobState::Succeeded;
         Ok(inputs)
     }
@@ -69,18 +137,18 @@ impl Reconciled for LockService {
             .spec
             .migration_image
             .clone()
-            .unwrap_or_else(|| plan::lock_server_image(self, &settings.default_image));
+            .unwrap_or_else(|| children::lock_server_image(self, &settings.default_image));
         let lockdb_admin_url = match self.spec.backend {
-            Backend::Postgres => plan::lockdb_admin_url(self, owner).map_err(|e| invalid_spec(&e))?,
+            Backend::Postgres => children::lockdb_admin_url(self, owner).map_err(|e| invalid_spec(&e))?,
             // Never read: with etcd the actions plan no restore or check Job (they work on lockdb).
-            Backend::Etcd => crate::builders::database::admin_url_source(owner, HISTORY, None),
+            Backend::Etcd => crate::builders::postgres::admin_url_source(owner, HISTORY, None),
         };
         let restore_jobs = RestoreJobs {
             owner,
             image: &image,
             lockdb_admin_url: &lockdb_admin_url,
         };
-        let next = action_plan::plan(observed, &restore_jobs);
+        let next = actions::plan(observed, &restore_jobs);
         let inputs = Inputs {
             default_image: &settings.default_image,
             database_ready: prepared.db.ready,
@@ -88,7 +156,7 @@ impl Reconciled for LockService {
             db_secret_version: prepared.db.secret_version.as_deref(),
             gated: next.gated(),
         };
-        let mut desired = plan::desired(self, owner, &inputs).map_err(|e| invalid_spec(&e))?;
+        let mut desired = children::desired(self, owner, &inputs).map_err(|e| invalid_spec(&e))?;
         desired.apply.extend(next.jobs.iter().cloned().map(Child::Job));
         desired
             .apply
@@ -96,7 +164,7 @@ impl Reconciled for LockService {
         Ok(Plan {
             desired,
             secrets: vec![CreateOnce {
-                secret: plan::admin_secret(owner),
+                secret: credentials::admin_secret(owner),
                 step: "create the lock-server admin Secret",
                 note: "generated lock-server's admin token into a Secret",
             }],
@@ -107,13 +175,7 @@ impl Reconciled for LockService {
 
     /// Orphaned restore and check Jobs (by label), then the one write outside Kubernetes: the
     /// revoke of the token recorded in status.
-    async fn apply(
-        &self,
-        ctx: &Context,
-        owner: &Owner,
-        plan: &Plan<ActionPlan>,
-        obs: &mut Observation,
-    ) -> Result<(Option<ActionsOutcome>, Vec<ActionEvent>)> {
+    async fn apply(&self, ctx: &Context, owner: &Owner, plan: &Plan<ActionPlan>) -> Result<ActionsOutcome> {
         let next = &plan.next;
         let keep: Vec<&str> = next
             .jobs
@@ -151,51 +213,20 @@ impl Reconciled for LockService {
             busy: next.busy,
             // Look again in time for the next fencing check.
             requeue_within: ctx.settings.fencing_check_interval,
+            events: next.events.clone(),
         };
-        let mut events = next.events.clone();
         if let Some(call) = &next.revoke {
             let lock_server_url = owner.http_url(&owner.child(LOCK_SERVER));
-            let answer = actions::revoke(ctx, owner, &lock_server_url, call).await?;
+            let answer = client::revoke(ctx, owner, &lock_server_url, call).await?;
             if let Some(running) = outcome.actions.iter_mut().find(|a| a.id == call.id) {
-                let (done, event) = action_plan::revoke_outcome(running, &answer, &actions::now());
+                let (done, event) = revoke::outcome(running, &answer, &observe::now());
                 tracing::info!(event = "action_finished", id = %call.id, key = %call.key, token = call.token, outcome = %answer.outcome);
                 *running = done;
-                events.push(event);
+                outcome.events.push(event);
             }
         }
-
-        // A sequence found behind the resources' high-water needs a restore fast-forward.
         ctx.metrics
             .fencing_observed(&owner.namespace, &owner.name, outcome.fencing.as_ref());
-        if let Some(f) = outcome
-            .fencing
-            .as_ref()
-            .filter(|f| f.is_behind() && outcome.gate.is_none())
-        {
-            obs.blocked = Some(Blocked::new(
-                Reason::FencingSequenceBehind,
-                action_plan::behind_message(f),
-            ));
-        }
-        // A failed restore keeps the gate closed and needs a human.
-        if let Some(gate) = &outcome.gate {
-            obs.gated = Some(Blocked::new(Reason::LockTrafficGated, gate.message.clone()));
-            if let Some(f) = outcome
-                .actions
-                .iter()
-                .find(|a| a.id == gate.action_id)
-                .filter(|a| a.phase == ActionPhase::Failed)
-            {
-                obs.blocked = Some(Blocked::new(
-                    Reason::RestoreFailed,
-                    format!(
-                        "lock traffic stays gated: restore {} failed: {}",
-                        f.id,
-                        f.message.as_deref().unwrap_or_default()
-                    ),
-                ));
-            }
-        }
-        Ok((Some(outcome), events))
+        Ok(outcome)
     }
 }
