@@ -4,7 +4,11 @@
 //! next one acts; a failed read or advance keeps the gate closed.
 
 use super::check::comparison;
-use super::jobs::{self, AdvanceReport, RESTORE_COMPONENT, ReadReport, Reported, RestoreJobs};
+use k8s_openapi::api::batch::v1::Job;
+
+use super::jobs::{
+    self, AdvanceReport, JobRun, RESTORE_COMPONENT, ReadReport, Report, Reported, RestoreJobs,
+};
 use super::{ActionInputs, ActionPlan, failed, find};
 use crate::crd::actions::{ActionPhase, ActionStatus, ActionStep, ActionType, GateStatus, RestoreRequest};
 use crate::reasons::Reason;
@@ -48,6 +52,32 @@ impl Step<'_, '_> {
         self.out.event(Reason::RestoreFailed, format!("{id}: {message}"));
         failed(&mut self.s, &self.inputs.now, message);
         self.out.put(self.s);
+    }
+
+    /// The Job of this step (`read`, `advance`) and its report: created when absent, kept while it
+    /// runs, and the restore failed (the gate stays closed) when the Job failed or its report is
+    /// unusable. `Some` with the report once it succeeded.
+    fn job_report<R: Report>(
+        self,
+        jobs: &RestoreJobs<'_>,
+        kind: &str,
+        run: &JobRun,
+        job: impl FnOnce(String) -> Job,
+        doing: &str,
+    ) -> Option<(Self, R)> {
+        let name = jobs::restore_job_name(jobs.owner, &self.r.id, kind);
+        match jobs::reported::<R>(run, kind) {
+            Reported::Absent => self.out.jobs.push(job(name)),
+            Reported::Running => self.out.keep_jobs.push(name),
+            Reported::Failed(why) => {
+                self.fail(format!("{doing} failed: {why}; lock traffic stays gated"));
+            }
+            Reported::Unreadable => self.fail(format!(
+                "the {kind} Job succeeded but its report is missing or unreadable; lock traffic stays gated"
+            )),
+            Reported::Succeeded(report) => return Some((self, report)),
+        }
+        None
     }
 
     /// The gate is closed (lock-server held at zero) while this restore runs.
@@ -142,26 +172,13 @@ fn gate(mut at: Step<'_, '_>) {
 }
 
 /// Read: the read Job, then the target (the highest token seen plus the margin).
-fn read(mut at: Step<'_, '_>, jobs: &RestoreJobs<'_>) {
-    let name = jobs::restore_job_name(jobs.owner, &at.r.id, "read");
-    let report = match jobs::reported::<ReadReport>(&at.inputs.read_job, "read") {
-        Reported::Absent => {
-            let job = jobs::read_job(jobs, name, RESTORE_COMPONENT, &at.inputs.stacks);
-            return at.out.jobs.push(job);
-        }
-        Reported::Running => return at.out.keep_jobs.push(name),
-        Reported::Failed(why) => {
-            return at.fail(format!(
-                "reading the high-water failed: {why}; lock traffic stays gated"
-            ));
-        }
-        Reported::Unreadable => {
-            return at.fail(
-                "the read Job succeeded but its report is missing or unreadable; lock traffic stays gated"
-                    .into(),
-            );
-        }
-        Reported::Succeeded(report) => report,
+fn read(at: Step<'_, '_>, jobs: &RestoreJobs<'_>) {
+    let inputs = at.inputs;
+    let job = |name| jobs::read_job(jobs, name, RESTORE_COMPONENT, &inputs.stacks);
+    let Some((mut at, report)) =
+        at.job_report::<ReadReport>(jobs, "read", &inputs.read_job, job, "reading the high-water")
+    else {
+        return;
     };
     let highest = report.stacks.iter().map(|st| st.highest).max().unwrap_or(0);
     let target = highest.saturating_add(at.r.margin());
@@ -185,25 +202,20 @@ fn read(mut at: Step<'_, '_>, jobs: &RestoreJobs<'_>) {
 
 /// Advance: the advance Job, which must leave the sequence at or above the target; then the gate
 /// opens.
-fn advance(mut at: Step<'_, '_>, jobs: &RestoreJobs<'_>) {
-    let name = jobs::restore_job_name(jobs.owner, &at.r.id, "advance");
+fn advance(at: Step<'_, '_>, jobs: &RestoreJobs<'_>) {
+    let inputs = at.inputs;
     let target = at.s.target_sequence.unwrap_or(1);
-    let (before, after) = match jobs::reported::<AdvanceReport>(&at.inputs.advance_job, "advance") {
-        Reported::Absent => return at.out.jobs.push(jobs::advance_job(jobs, name, target)),
-        Reported::Running => return at.out.keep_jobs.push(name),
-        Reported::Failed(why) => {
-            return at.fail(format!(
-                "advancing the sequence failed: {why}; lock traffic stays gated"
-            ));
-        }
-        Reported::Unreadable => {
-            return at.fail(
-                "the advance Job succeeded but its report is missing or unreadable; lock traffic stays gated"
-                    .into(),
-            );
-        }
-        Reported::Succeeded(AdvanceReport { before, after, .. }) => (before, after.unwrap_or_default()),
+    let job = |name| jobs::advance_job(jobs, name, target);
+    let Some((mut at, AdvanceReport { before, after, .. })) = at.job_report::<AdvanceReport>(
+        jobs,
+        "advance",
+        &inputs.advance_job,
+        job,
+        "advancing the sequence",
+    ) else {
+        return;
     };
+    let after = after.unwrap_or_default();
     if after < target {
         return at.fail(format!(
             "the sequence is at {after}, below the target {target}; lock traffic stays gated"
@@ -259,8 +271,7 @@ fn resume(mut at: Step<'_, '_>) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::jobs::JobRun;
-    use super::super::testing::{owner, restore_inputs, run, step, then};
+    use super::super::testing::{container_args, owner, restore_inputs, run, step, then};
     use super::*;
     use crate::crd::actions::FencingStatus;
 
@@ -288,18 +299,7 @@ mod tests {
 
         let p4 = run(&then(&p3, gone.clone()));
         assert_eq!(p4.jobs.len(), 1);
-        let args = p4.jobs[0]
-            .spec
-            .as_ref()
-            .unwrap()
-            .template
-            .spec
-            .as_ref()
-            .unwrap()
-            .containers[0]
-            .args
-            .clone()
-            .unwrap();
+        let args = container_args(&p4.jobs[0]);
         assert!(
             args.contains(&"pay-a=PAYDB_URL_0".to_owned()) && args.contains(&"pay-b=PAYDB_URL_1".to_owned()),
             "{args:?}"
@@ -322,18 +322,7 @@ mod tests {
         assert!(p5.gated());
 
         let p6 = run(&then(&p5, gone.clone()));
-        let args = p6.jobs[0]
-            .spec
-            .as_ref()
-            .unwrap()
-            .template
-            .spec
-            .as_ref()
-            .unwrap()
-            .containers[0]
-            .args
-            .clone()
-            .unwrap();
+        let args = container_args(&p6.jobs[0]);
         assert!(args.windows(2).any(|w| w == ["--at-least", "106"]), "{args:?}");
 
         let mut adv = gone.clone();

@@ -1,5 +1,7 @@
 //! What the actions' tests share: an owner, its restore Jobs' inputs, and requests to plan.
 
+use k8s_openapi::api::batch::v1::Job;
+
 use super::jobs::RestoreJobs;
 use super::*;
 use crate::builders::Owner;
@@ -86,4 +88,11 @@ pub fn then(prev: &ActionPlan, mut next: ActionInputs) -> ActionInputs {
 
 pub fn step(p: &ActionPlan) -> (ActionPhase, Option<ActionStep>) {
     (p.actions[0].phase, p.actions[0].step)
+}
+
+/// The arguments of a Job's container.
+pub fn container_args(job: &Job) -> Vec<String> {
+    let pod = job.spec.as_ref().and_then(|s| s.template.spec.as_ref());
+    pod.and_then(|p| p.containers.first()?.args.clone())
+        .expect("a container with arguments")
 }

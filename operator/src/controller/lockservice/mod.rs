@@ -19,8 +19,8 @@ use crate::actions::{self, ActionInputs, ActionPlan, client, observe, revoke};
 use crate::builders::postgres::History;
 use crate::builders::{Child, LOCK_SERVER, Owner, SpecError, credentials};
 use crate::context::{Context, Settings};
-use crate::crd::actions::{ActionPhase, FencingStatus, GateStatus};
-use crate::crd::{ActionStatus, Backend, DlockStatus, LockService, LockStore};
+use crate::crd::actions::ActionPhase;
+use crate::crd::{Backend, DlockStatus, LockService, LockStore};
 use crate::error::{Result, at};
 use crate::health::JobState;
 use crate::reasons::{EventNote, Reason};
@@ -29,34 +29,31 @@ use children::{HISTORY, Inputs};
 /// How soon a reconcile with an action in flight runs again (status writes also trigger one).
 const REQUEUE_ACTION: Duration = Duration::from_secs(2);
 
-/// The action part of the status a LockService reconcile computed, and its Events.
+/// The action part of the status a LockService reconcile computed, and its Events: the planned
+/// step with the pinned revoke's answer recorded.
 #[derive(Debug, Clone, Default)]
 pub struct ActionsOutcome {
-    pub actions: Vec<ActionStatus>,
-    pub gate: Option<GateStatus>,
-    pub fencing: Option<FencingStatus>,
-    /// An action is in flight: look again soon.
-    pub busy: bool,
+    pub done: ActionPlan,
     /// Look again at least this often (the fencing check interval).
     pub requeue_within: Option<Duration>,
-    pub events: Vec<EventNote>,
 }
 
 impl KindOutcome for ActionsOutcome {
     /// A sequence found behind the resources' high-water needs a restore fast-forward; a closed gate
     /// holds lock traffic; a failed restore keeps it closed and needs a human.
     fn verdict(&self) -> KindVerdict {
+        let done = &self.done;
         let mut v = KindVerdict::default();
-        if let Some(f) = self
+        if let Some(f) = done
             .fencing
             .as_ref()
-            .filter(|f| f.is_behind() && self.gate.is_none())
+            .filter(|f| f.is_behind() && done.gate.is_none())
         {
             v.blocked = Some(Blocked::new(Reason::FencingSequenceBehind, behind_message(f)));
         }
-        if let Some(gate) = &self.gate {
+        if let Some(gate) = &done.gate {
             v.gated = Some(Blocked::new(Reason::LockTrafficGated, gate.message.clone()));
-            if let Some(f) = self
+            if let Some(f) = done
                 .actions
                 .iter()
                 .find(|a| a.id == gate.action_id)
@@ -76,14 +73,14 @@ impl KindOutcome for ActionsOutcome {
     }
 
     fn write_status(&self, status: &mut DlockStatus) {
-        status.actions = self.actions.clone();
-        status.gate = self.gate.clone();
-        status.fencing = self.fencing.clone().or(status.fencing.take());
+        status.actions = self.done.actions.clone();
+        status.gate = self.done.gate.clone();
+        status.fencing = self.done.fencing.clone().or(status.fencing.take());
         status.last_action = actions::last_action(&status.actions);
     }
 
     fn requeue(&self, after: Duration) -> Duration {
-        if self.busy {
+        if self.done.busy {
             REQUEUE_ACTION
         } else {
             after.min(self.requeue_within.unwrap_or(after))
@@ -91,7 +88,7 @@ impl KindOutcome for ActionsOutcome {
     }
 
     fn events(&self) -> &[EventNote] {
-        &self.events
+        &self.done.events
     }
 }
 
@@ -177,56 +174,48 @@ impl Reconciled for LockService {
     /// revoke of the token recorded in status.
     async fn apply(&self, ctx: &Context, owner: &Owner, plan: &Plan<ActionPlan>) -> Result<ActionsOutcome> {
         let next = &plan.next;
-        let keep: Vec<&str> = next
-            .jobs
-            .iter()
-            .filter_map(|j| j.metadata.name.as_deref())
-            .chain(next.keep_jobs.iter().map(String::as_str))
-            .collect();
-        apply::delete_stale_jobs(
-            &ctx.client,
-            &owner.namespace,
-            &owner.component_selector(RESTORE_COMPONENT),
-            &keep,
-        )
-        .await
-        .map_err(at("delete finished restore Jobs"))?;
-        let keep_check: Vec<&str> = next
-            .check_job
-            .iter()
-            .filter_map(|j| j.metadata.name.as_deref())
-            .chain(next.keep_check.as_deref())
-            .collect();
-        apply::delete_stale_jobs(
-            &ctx.client,
-            &owner.namespace,
-            &owner.component_selector(CHECK_COMPONENT),
-            &keep_check,
-        )
-        .await
-        .map_err(at("delete finished fencing check Jobs"))?;
+        let restore = next.jobs.iter().filter_map(|j| j.metadata.name.as_deref());
+        let check = next.check_job.iter().filter_map(|j| j.metadata.name.as_deref());
+        let families: [(&str, Vec<&str>, &'static str); 2] = [
+            (
+                RESTORE_COMPONENT,
+                restore.chain(next.keep_jobs.iter().map(String::as_str)).collect(),
+                "delete finished restore Jobs",
+            ),
+            (
+                CHECK_COMPONENT,
+                check.chain(next.keep_check.as_deref()).collect(),
+                "delete finished fencing check Jobs",
+            ),
+        ];
+        for (component, keep, step) in families {
+            apply::delete_stale_jobs(
+                &ctx.client,
+                &owner.namespace,
+                &owner.component_selector(component),
+                &keep,
+            )
+            .await
+            .map_err(at(step))?;
+        }
 
-        let mut outcome = ActionsOutcome {
-            actions: next.actions.clone(),
-            gate: next.gate.clone(),
-            fencing: next.fencing.clone(),
-            busy: next.busy,
-            // Look again in time for the next fencing check.
-            requeue_within: ctx.settings.fencing_check_interval,
-            events: next.events.clone(),
-        };
+        let mut done = next.clone();
         if let Some(call) = &next.revoke {
             let lock_server_url = owner.http_url(&owner.child(LOCK_SERVER));
             let answer = client::revoke(ctx, owner, &lock_server_url, call).await?;
-            if let Some(running) = outcome.actions.iter_mut().find(|a| a.id == call.id) {
-                let (done, event) = revoke::outcome(running, &answer, &observe::now());
+            if let Some(running) = done.actions.iter_mut().find(|a| a.id == call.id) {
+                let (finished, event) = revoke::outcome(running, &answer, &observe::now());
                 tracing::info!(event = "action_finished", id = %call.id, key = %call.key, token = call.token, outcome = %answer.outcome);
-                *running = done;
-                outcome.events.push(event);
+                *running = finished;
+                done.events.push(event);
             }
         }
         ctx.metrics
-            .fencing_observed(&owner.namespace, &owner.name, outcome.fencing.as_ref());
-        Ok(outcome)
+            .fencing_observed(&owner.namespace, &owner.name, done.fencing.as_ref());
+        Ok(ActionsOutcome {
+            done,
+            // Look again in time for the next fencing check.
+            requeue_within: ctx.settings.fencing_check_interval,
+        })
     }
 }
