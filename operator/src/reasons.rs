@@ -141,6 +141,14 @@ impl fmt::Display for Reason {
     }
 }
 
+/// An Event a step asks for: its reason, whether it is a Warning, and its note.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventNote {
+    pub reason: Reason,
+    pub warning: bool,
+    pub note: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::Reason;

@@ -1,15 +1,15 @@
-//! Pure functions from a custom resource to the child objects it asks for. No I/O here: the
-//! controllers observe the cluster, call these, and apply the results with server-side apply.
+//! Pure functions that build the child objects, one module per object built (whichever kind asks
+//! for it): [`postgres`] a managed PostgreSQL (Secrets, Service, StatefulSet), [`etcd_members`] a
+//! managed etcd cluster, [`migration_job`] the migration Job, [`deployments`] the Deployments and
+//! Services of the dlock binaries, [`network_policies`], [`credentials`] the generated Secrets. No
+//! I/O here; which of them a kind asks for is the kind's plan (`controller::<kind>::children`).
 
-pub mod actions;
-pub mod database;
-pub mod etcd;
-pub mod lockservice;
-pub mod migration;
-pub mod network;
-pub mod paymentstack;
-pub mod security;
-pub mod workloads;
+pub mod credentials;
+pub mod deployments;
+pub mod etcd_members;
+pub mod migration_job;
+pub mod network_policies;
+pub mod postgres;
 
 use std::collections::BTreeMap;
 
@@ -30,6 +30,17 @@ pub const LABEL_COMPONENT: &str = "app.kubernetes.io/component";
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const LABEL_PART_OF: &str = "app.kubernetes.io/part-of";
 pub const LABEL_OWNER_KIND: &str = "dlock.dev/owner-kind";
+/// Pod label of a PaymentStack's executors naming the LockService they take locks from; lock-server's
+/// policy admits exactly these pods.
+pub const LABEL_LOCK_SERVICE: &str = "dlock.dev/lock-service";
+
+/// The components: each is the `app.kubernetes.io/component` (and name) label of its children and
+/// the suffix of their names.
+pub const LOCK_SERVER: &str = "lock-server";
+pub const PAYMENT_RESOURCE: &str = "payment-resource";
+pub const RAIL_PROXY: &str = "rail-proxy";
+pub const RAIL_STUB: &str = "rail-stub";
+pub const PAYOUT_EXECUTOR: &str = "payout-executor";
 /// Every dlock HTTP service listens here inside its pod.
 pub const HTTP_PORT: i32 = 8080;
 pub const LISTEN_ADDR: &str = "0.0.0.0:8080";
@@ -248,20 +259,9 @@ impl Desired {
         self.find(kind, name).is_some() || self.hold.iter().any(|r| r.kind == kind && r.name == name)
     }
 
-    /// A workload's Deployment, and its Service when it serves HTTP (without one, a Service of that
-    /// name is an orphan).
-    fn workload(&mut self, owner: &Owner, w: &workloads::Workload) {
-        self.apply
-            .push(Child::Deployment(workloads::deployment(owner, w)));
-        if w.serves_http {
-            self.apply
-                .push(Child::Service(workloads::service(owner, w.component)));
-        }
-    }
-
     /// A workload held behind a gate: its existing Deployment and Service stay as they are
     /// (nothing new is created before the gate opens).
-    fn hold_workload(&mut self, owner: &Owner, component: &str) {
+    pub fn hold_workload(&mut self, owner: &Owner, component: &str) {
         for kind in [ChildKind::Deployment, ChildKind::Service] {
             self.hold.push(ChildRef {
                 kind,

@@ -5,12 +5,13 @@ use k8s_openapi::api::core::v1::{Container, EnvVar, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::json;
 
-use super::database::{self, Credentials, History};
-use super::migration::{self, JobState};
-use super::paymentstack::LockServiceView;
-use super::workloads::{PAYMENT_FENCING_ENV, RAIL_PROXY_FENCING_ENV};
-use super::{Child, ChildKind, Desired, Owner, lockservice, paymentstack, security, short_hash};
+use super::deployments::{PAYMENT_FENCING_ENV, RAIL_PROXY_FENCING_ENV};
+use super::postgres::{self, Credentials, History};
+use super::{Child, ChildKind, Desired, Owner, credentials, migration_job, short_hash};
+use crate::controller::paymentstack::children::LockServiceView;
+use crate::controller::{lockservice, paymentstack};
 use crate::crd::{LeaseSpec, LockService, LockServiceSpec, PaymentStack, PaymentStackSpec};
+use crate::health::JobState;
 
 const IMAGE: &str = "registry.example/dlock:1.2.3";
 
@@ -57,8 +58,8 @@ fn default_stack() -> PaymentStack {
     }))
 }
 
-fn ls_inputs<'a>(migration: &'a JobState) -> lockservice::Inputs<'a> {
-    lockservice::Inputs {
+fn ls_inputs<'a>(migration: &'a JobState) -> lockservice::children::Inputs<'a> {
+    lockservice::children::Inputs {
         default_image: IMAGE,
         database_ready: true,
         migration,
@@ -78,8 +79,11 @@ fn ready_lock_service() -> LockServiceView {
     }
 }
 
-fn ps_inputs<'a>(migration: &'a JobState, ls: Option<&'a LockServiceView>) -> paymentstack::Inputs<'a> {
-    paymentstack::Inputs {
+fn ps_inputs<'a>(
+    migration: &'a JobState,
+    ls: Option<&'a LockServiceView>,
+) -> paymentstack::children::Inputs<'a> {
+    paymentstack::children::Inputs {
         default_image: IMAGE,
         database_ready: true,
         migration,
@@ -142,18 +146,19 @@ fn all_children(d: &Desired) -> impl Iterator<Item = (&str, ObjectMeta)> {
 fn every_child_has_a_controller_owner_reference_and_the_standard_labels() {
     let ls = managed_ls();
     let owner = Owner::of(&ls).unwrap();
-    let d = lockservice::desired(&ls, &owner, &ls_inputs(&JobState::Succeeded)).unwrap();
+    let d = lockservice::children::desired(&ls, &owner, &ls_inputs(&JobState::Succeeded)).unwrap();
     let ps = default_stack();
     let ps_owner = Owner::of(&ps).unwrap();
     let view = ready_lock_service();
-    let p = paymentstack::desired(&ps, &ps_owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
+    let p = paymentstack::children::desired(&ps, &ps_owner, &ps_inputs(&JobState::Succeeded, Some(&view)))
+        .unwrap();
     let creds = Credentials::generate(true);
     let secrets: Vec<(String, ObjectMeta)> = [
-        database::credentials_secret(&owner, History::Lockdb, &creds),
-        database::connection_secret(
+        postgres::credentials_secret(&owner, History::Lockdb, &creds),
+        postgres::connection_secret(
             &owner,
             History::Lockdb,
-            &database::managed_urls(&owner, History::Lockdb, &creds),
+            &postgres::managed_urls(&owner, History::Lockdb, &creds),
         ),
     ]
     .into_iter()
@@ -195,7 +200,7 @@ fn every_child_has_a_controller_owner_reference_and_the_standard_labels() {
 fn managed_database_is_a_postgres_statefulset_behind_a_headless_service() {
     let ls = managed_ls();
     let owner = Owner::of(&ls).unwrap();
-    let d = lockservice::desired(&ls, &owner, &ls_inputs(&JobState::Absent)).unwrap();
+    let d = lockservice::children::desired(&ls, &owner, &ls_inputs(&JobState::Absent)).unwrap();
     let Some(Child::Service(svc)) = d.find(ChildKind::Service, "locks-lockdb") else {
         panic!("no lockdb Service")
     };
@@ -232,7 +237,7 @@ fn external_database_has_no_server_and_deletes_one_left_over() {
     let ls =
         lock_service(json!({"database": {"external": {"secretRef": {"name": "cloudsql", "key": "dsn"}}}}));
     let owner = Owner::of(&ls).unwrap();
-    let d = lockservice::desired(&ls, &owner, &ls_inputs(&JobState::Absent)).unwrap();
+    let d = lockservice::children::desired(&ls, &owner, &ls_inputs(&JobState::Absent)).unwrap();
     assert!(d.apply.iter().all(|c| c.kind() != ChildKind::StatefulSet));
     // A managed server left from before is neither applied nor held: the sweep deletes it.
     assert!(!d.wants(ChildKind::StatefulSet, "locks-lockdb"));
@@ -250,7 +255,7 @@ fn external_database_has_no_server_and_deletes_one_left_over() {
 fn migration_job_runs_dlock_migrate_with_secrets_only() {
     let ls = managed_ls();
     let owner = Owner::of(&ls).unwrap();
-    let job = lockservice::migration_job(&ls, &owner, IMAGE).unwrap();
+    let job = lockservice::children::migration_job(&ls, &owner, IMAGE).unwrap();
     let name = job.metadata.name.clone().unwrap();
     assert!(name.starts_with("locks-lockdb-migrate-"), "{name}");
     let spec = job.spec.as_ref().unwrap();
@@ -280,12 +285,15 @@ fn migration_job_runs_dlock_migrate_with_secrets_only() {
     );
 
     // Same inputs, same Job; a new image (a new history) means a new Job; migrationImage wins.
-    assert_eq!(lockservice::migration_job(&ls, &owner, IMAGE).unwrap(), job);
-    let other = lockservice::migration_job(&ls, &owner, "registry.example/dlock:1.2.4").unwrap();
+    assert_eq!(
+        lockservice::children::migration_job(&ls, &owner, IMAGE).unwrap(),
+        job
+    );
+    let other = lockservice::children::migration_job(&ls, &owner, "registry.example/dlock:1.2.4").unwrap();
     assert_ne!(other.metadata.name, job.metadata.name);
     let mut pinned = ls.clone();
     pinned.spec.migration_image = Some("registry.example/migrate:9".into());
-    let pinned_job = lockservice::migration_job(&pinned, &owner, IMAGE).unwrap();
+    let pinned_job = lockservice::children::migration_job(&pinned, &owner, IMAGE).unwrap();
     let pinned_pod = pinned_job.spec.unwrap().template.spec.unwrap();
     assert_eq!(
         pinned_pod.containers[0].image.as_deref(),
@@ -294,7 +302,7 @@ fn migration_job_runs_dlock_migrate_with_secrets_only() {
 
     let ps = default_stack();
     let ps_owner = Owner::of(&ps).unwrap();
-    let pay_job = paymentstack::migration_job(&ps, &ps_owner, IMAGE).unwrap();
+    let pay_job = paymentstack::children::migration_job(&ps, &ps_owner, IMAGE).unwrap();
     let c = &pay_job.spec.unwrap().template.spec.unwrap().containers[0];
     let cmd = c.command.clone().unwrap();
     assert_eq!(cmd[2], "/migrations/paydb");
@@ -306,7 +314,7 @@ fn the_demo_seed_is_applied_only_when_the_spec_asks_for_it() {
     let ps = default_stack();
     let owner = Owner::of(&ps).unwrap();
     let cmd = |ps: &PaymentStack| {
-        let job = paymentstack::migration_job(ps, &owner, "dlock:test").unwrap();
+        let job = paymentstack::children::migration_job(ps, &owner, "dlock:test").unwrap();
         let c = job.spec.unwrap().template.spec.unwrap().containers[0].clone();
         c.command.unwrap()
     };
@@ -317,12 +325,12 @@ fn the_demo_seed_is_applied_only_when_the_spec_asks_for_it() {
     let seeded = cmd(&demo);
     let at = seeded
         .iter()
-        .position(|a| a == paymentstack::DEMO_SEED_DIR)
+        .position(|a| a == paymentstack::children::DEMO_SEED_DIR)
         .expect("seed dir");
     assert_eq!(seeded[at - 1], "--dir");
     // A different Job (the spec of a Job is immutable): its name changes with the command.
     let name = |ps: &PaymentStack| {
-        paymentstack::migration_job(ps, &owner, "dlock:test")
+        paymentstack::children::migration_job(ps, &owner, "dlock:test")
             .unwrap()
             .metadata
             .name
@@ -335,28 +343,32 @@ fn payment_services_get_their_credentials_from_the_generated_secret_only() {
     let ps = default_stack();
     let owner = Owner::of(&ps).unwrap();
     let ls = ready_lock_service();
-    let d = paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&ls))).unwrap();
-    let secret = security::credentials_secret_name(&owner);
+    let d =
+        paymentstack::children::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&ls))).unwrap();
+    let secret = credentials::credentials_secret_name(&owner);
     let wants: [(&str, &[(&str, &str)]); 3] = [
         (
             "payment-resource",
             &[
-                ("PAYMENT_RESOURCE_ADMIN_TOKEN", security::KEY_ADMIN),
-                ("PAYMENT_RESOURCE_EXECUTOR_TOKEN", security::KEY_EXECUTOR),
-                ("PAYMENT_RESOURCE_CLIENT_TOKEN", security::KEY_CLIENT),
+                ("PAYMENT_RESOURCE_ADMIN_TOKEN", credentials::KEY_ADMIN),
+                ("PAYMENT_RESOURCE_EXECUTOR_TOKEN", credentials::KEY_EXECUTOR),
+                ("PAYMENT_RESOURCE_CLIENT_TOKEN", credentials::KEY_CLIENT),
             ],
         ),
         (
             "rail-proxy",
-            &[("RAIL_PROXY_EXECUTOR_TOKEN", security::KEY_RAIL_PROXY_EXECUTOR)],
+            &[("RAIL_PROXY_EXECUTOR_TOKEN", credentials::KEY_RAIL_PROXY_EXECUTOR)],
         ),
         (
             "payout-executor",
             &[
-                ("PAYOUT_EXECUTOR_PAYMENT_RESOURCE_TOKEN", security::KEY_EXECUTOR),
+                (
+                    "PAYOUT_EXECUTOR_PAYMENT_RESOURCE_TOKEN",
+                    credentials::KEY_EXECUTOR,
+                ),
                 (
                     "PAYOUT_EXECUTOR_RAIL_PROXY_TOKEN",
-                    security::KEY_RAIL_PROXY_EXECUTOR,
+                    credentials::KEY_RAIL_PROXY_EXECUTOR,
                 ),
             ],
         ),
@@ -396,11 +408,11 @@ fn no_job_before_the_database_is_ready() {
     let owner = Owner::of(&ls).unwrap();
     let mut inputs = ls_inputs(&JobState::Absent);
     inputs.database_ready = false;
-    let d = lockservice::desired(&ls, &owner, &inputs).unwrap();
+    let d = lockservice::children::desired(&ls, &owner, &inputs).unwrap();
     assert!(d.apply.iter().all(|c| c.kind() != ChildKind::Job));
     assert!(d.migration_job.starts_with("locks-lockdb-migrate-"));
     inputs.database_ready = true;
-    let d = lockservice::desired(&ls, &owner, &inputs).unwrap();
+    let d = lockservice::children::desired(&ls, &owner, &inputs).unwrap();
     assert!(d.find(ChildKind::Job, &d.migration_job).is_some());
 }
 
@@ -416,10 +428,10 @@ fn deployments_are_absent_until_the_migration_job_succeeded() {
         JobState::Running,
         JobState::Failed("BackoffLimitExceeded".into()),
     ] {
-        let d = lockservice::desired(&ls, &owner, &ls_inputs(&state)).unwrap();
+        let d = lockservice::children::desired(&ls, &owner, &ls_inputs(&state)).unwrap();
         assert_eq!(d.deployments().count(), 0, "{state:?}");
         assert!(d.endpoints.is_empty());
-        let p = paymentstack::desired(&ps, &ps_owner, &ps_inputs(&state, Some(&view))).unwrap();
+        let p = paymentstack::children::desired(&ps, &ps_owner, &ps_inputs(&state, Some(&view))).unwrap();
         // Only the rail-stub, which needs no schema.
         let names: Vec<_> = p
             .deployments()
@@ -427,7 +439,7 @@ fn deployments_are_absent_until_the_migration_job_succeeded() {
             .collect();
         assert_eq!(names, ["shop-rail-stub"], "{state:?}");
     }
-    let d = lockservice::desired(&ls, &owner, &ls_inputs(&JobState::Succeeded)).unwrap();
+    let d = lockservice::children::desired(&ls, &owner, &ls_inputs(&JobState::Succeeded)).unwrap();
     let dep = deployment(&d, "locks-lock-server");
     assert_eq!(dep.spec.as_ref().unwrap().replicas, Some(3));
     assert!(d.find(ChildKind::Service, "locks-lock-server").is_some());
@@ -447,11 +459,12 @@ fn a_stack_waits_for_a_ready_lock_service() {
     let mut not_ready = ready_lock_service();
     not_ready.ready = false;
     for ls in [None, Some(&not_ready)] {
-        let p = paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, ls)).unwrap();
+        let p = paymentstack::children::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, ls)).unwrap();
         assert_eq!(p.deployments().count(), 1, "only the rail-stub: {ls:?}");
     }
     let view = ready_lock_service();
-    let p = paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
+    let p =
+        paymentstack::children::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
     assert_eq!(p.deployments().count(), 4);
     assert_eq!(p.endpoints["lockServer"], "http://locks-lock-server.pay.svc:8080");
 }
@@ -460,7 +473,7 @@ fn a_stack_waits_for_a_ready_lock_service() {
 fn workloads_run_their_binary_with_the_documented_flags() {
     let ls = managed_ls();
     let owner = Owner::of(&ls).unwrap();
-    let d = lockservice::desired(&ls, &owner, &ls_inputs(&JobState::Succeeded)).unwrap();
+    let d = lockservice::children::desired(&ls, &owner, &ls_inputs(&JobState::Succeeded)).unwrap();
     let c = &containers(&Child::Deployment(deployment(&d, "locks-lock-server").clone()))[0];
     assert_eq!(c.image.as_deref(), Some(IMAGE));
     assert_eq!(c.command.clone().unwrap(), ["lock-server"]);
@@ -474,7 +487,8 @@ fn workloads_run_their_binary_with_the_documented_flags() {
     let ps = default_stack();
     let owner = Owner::of(&ps).unwrap();
     let view = ready_lock_service();
-    let p = paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
+    let p =
+        paymentstack::children::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
     let get = |name: &str| containers(&Child::Deployment(deployment(&p, name).clone()))[0].clone();
 
     let pr = get("shop-payment-resource");
@@ -536,7 +550,8 @@ fn workloads_run_their_binary_with_the_documented_flags() {
     // An explicit rail URL wins over the stub.
     let mut explicit = ps.clone();
     explicit.spec.rail_proxy.rail_url = Some("https://rail.example/v1".into());
-    let p = paymentstack::desired(&explicit, &owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
+    let p = paymentstack::children::desired(&explicit, &owner, &ps_inputs(&JobState::Succeeded, Some(&view)))
+        .unwrap();
     let rp = containers(&Child::Deployment(deployment(&p, "shop-rail-proxy").clone()))[0].clone();
     assert_eq!(rp.args.unwrap()[3], "https://rail.example/v1");
 }
@@ -545,7 +560,7 @@ fn workloads_run_their_binary_with_the_documented_flags() {
 fn services_read_database_url_from_the_connection_secret() {
     let ls = managed_ls();
     let owner = Owner::of(&ls).unwrap();
-    let d = lockservice::desired(&ls, &owner, &ls_inputs(&JobState::Succeeded)).unwrap();
+    let d = lockservice::children::desired(&ls, &owner, &ls_inputs(&JobState::Succeeded)).unwrap();
     let dep = deployment(&d, "locks-lock-server");
     let c = &containers(&Child::Deployment(dep.clone()))[0];
     assert_eq!(
@@ -568,7 +583,8 @@ fn services_read_database_url_from_the_connection_secret() {
     let ps = default_stack();
     let owner = Owner::of(&ps).unwrap();
     let view = ready_lock_service();
-    let p = paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
+    let p =
+        paymentstack::children::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
     for name in ["shop-payment-resource", "shop-rail-proxy"] {
         let c = &containers(&Child::Deployment(deployment(&p, name).clone()))[0];
         assert_eq!(
@@ -584,16 +600,17 @@ fn no_password_appears_outside_secrets() {
     let ls = managed_ls();
     let owner = Owner::of(&ls).unwrap();
     let creds = Credentials::generate(true);
-    let urls = database::managed_urls(&owner, History::Lockdb, &creds);
-    let d = lockservice::desired(&ls, &owner, &ls_inputs(&JobState::Succeeded)).unwrap();
+    let urls = postgres::managed_urls(&owner, History::Lockdb, &creds);
+    let d = lockservice::children::desired(&ls, &owner, &ls_inputs(&JobState::Succeeded)).unwrap();
     let ps = default_stack();
     let ps_owner = Owner::of(&ps).unwrap();
     let view = ready_lock_service();
-    let p = paymentstack::desired(&ps, &ps_owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
+    let p = paymentstack::children::desired(&ps, &ps_owner, &ps_inputs(&JobState::Succeeded, Some(&view)))
+        .unwrap();
 
     let secrets = [
-        serde_json::to_string(&database::credentials_secret(&owner, History::Lockdb, &creds)).unwrap(),
-        serde_json::to_string(&database::connection_secret(&owner, History::Lockdb, &urls)).unwrap(),
+        serde_json::to_string(&postgres::credentials_secret(&owner, History::Lockdb, &creds)).unwrap(),
+        serde_json::to_string(&postgres::connection_secret(&owner, History::Lockdb, &urls)).unwrap(),
     ];
     let pw = creds.postgres_password.clone().unwrap();
     // Secrets carry them base64-encoded, never in clear.
@@ -647,7 +664,8 @@ fn kill_switches_become_env_vars() {
         ps.spec.kill_switches.payment_fencing_enabled = payment;
         ps.spec.kill_switches.rail_proxy_fencing_enabled = rail;
         let owner = Owner::of(&ps).unwrap();
-        let p = paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
+        let p = paymentstack::children::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&view)))
+            .unwrap();
         let pr = &containers(&Child::Deployment(
             deployment(&p, "shop-payment-resource").clone(),
         ))[0];
@@ -674,7 +692,7 @@ fn children_the_spec_drops_are_orphans_and_gated_ones_are_held() {
     let owner = Owner::of(&ps).unwrap();
     let view = ready_lock_service();
     let with_stub =
-        paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
+        paymentstack::children::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
     assert!(with_stub.find(ChildKind::Deployment, "shop-rail-stub").is_some());
     assert!(with_stub.find(ChildKind::Service, "shop-rail-stub").is_some());
     assert!(
@@ -685,7 +703,8 @@ fn children_the_spec_drops_are_orphans_and_gated_ones_are_held() {
     assert!(with_stub.endpoints.contains_key("railStub"));
 
     ps.spec.rail_stub.enabled = false;
-    let without = paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
+    let without =
+        paymentstack::children::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
     for kind in [
         ChildKind::Deployment,
         ChildKind::Service,
@@ -698,7 +717,8 @@ fn children_the_spec_drops_are_orphans_and_gated_ones_are_held() {
     }
     assert!(!without.endpoints.contains_key("railStub"));
     // The dropped stub is an orphan even while the schema gate holds everything else back ...
-    let gated = paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Running, Some(&view))).unwrap();
+    let gated =
+        paymentstack::children::desired(&ps, &owner, &ps_inputs(&JobState::Running, Some(&view))).unwrap();
     assert!(!gated.wants(ChildKind::Deployment, "shop-rail-stub"));
     // ... and what the gate holds back is kept as it is: held, not applied, not an orphan.
     for component in ["payment-resource", "rail-proxy", "payout-executor"] {
@@ -729,14 +749,14 @@ fn specs_that_bypassed_cel_are_refused_not_guessed() {
     });
     let owner = Owner::of(&ls).unwrap();
     assert_eq!(
-        lockservice::desired(&ls, &owner, &ls_inputs(&JobState::Absent)),
+        lockservice::children::desired(&ls, &owner, &ls_inputs(&JobState::Absent)),
         Err(super::SpecError::DatabaseMode)
     );
     let mut ps = default_stack();
     ps.spec.rail_stub.enabled = false;
     let owner = Owner::of(&ps).unwrap();
     assert_eq!(
-        paymentstack::desired(&ps, &owner, &ps_inputs(&JobState::Absent, None)),
+        paymentstack::children::desired(&ps, &owner, &ps_inputs(&JobState::Absent, None)),
         Err(super::SpecError::RailUrl)
     );
 }
@@ -750,13 +770,13 @@ fn credentials_round_trip_and_are_random() {
     assert_ne!(a.app_password, b.app_password);
     assert_eq!(a.app_password.len(), 32);
     assert!(a.app_password.chars().all(|c| c.is_ascii_alphanumeric()));
-    let secret = database::credentials_secret(&owner, History::Lockdb, &a);
+    let secret = postgres::credentials_secret(&owner, History::Lockdb, &a);
     assert_eq!(secret.metadata.name.as_deref(), Some("locks-lockdb-credentials"));
     assert_eq!(Credentials::from_secret(&secret, true), Some(a.clone()));
     // An external database has no superuser password to keep.
     let ext = Credentials::generate(false);
     assert!(ext.postgres_password.is_none());
-    let secret = database::credentials_secret(&owner, History::Lockdb, &ext);
+    let secret = postgres::credentials_secret(&owner, History::Lockdb, &ext);
     assert!(!secret.data.as_ref().unwrap().contains_key("postgres-password"));
     // A managed database whose Secret lost its superuser password is refused, not regenerated.
     assert_eq!(Credentials::from_secret(&secret, true), None);
@@ -770,7 +790,7 @@ fn connection_urls() {
         app_password: "APPPW".into(),
         postgres_password: Some("SUPERPW".into()),
     };
-    let urls = database::managed_urls(&owner, History::Lockdb, &creds);
+    let urls = postgres::managed_urls(&owner, History::Lockdb, &creds);
     assert_eq!(
         urls.app_url,
         "postgres://lockapp:APPPW@locks-lockdb.pay.svc:5432/lockdb"
@@ -779,12 +799,12 @@ fn connection_urls() {
         urls.admin_url.as_deref(),
         Some("postgres://postgres:SUPERPW@locks-lockdb.pay.svc:5432/lockdb")
     );
-    let secret = database::connection_secret(&owner, History::Lockdb, &urls);
+    let secret = postgres::connection_secret(&owner, History::Lockdb, &urls);
     let data = secret.data.unwrap();
     assert_eq!(data["url"].0, urls.app_url.as_bytes());
     assert_eq!(data["admin-url"].0, urls.admin_url.unwrap().as_bytes());
 
-    let ext = database::external_app_url(
+    let ext = postgres::external_app_url(
         "postgresql://admin:s3cret@10.1.2.3:6432/paydb?sslmode=require",
         History::Paydb,
         &creds,
@@ -801,7 +821,7 @@ fn connection_urls() {
         "postgres:///socket-only",
         "",
     ] {
-        let err = database::external_app_url(bad, History::Paydb, &creds).unwrap_err();
+        let err = postgres::external_app_url(bad, History::Paydb, &creds).unwrap_err();
         assert!(!err.to_string().contains("user=x"));
     }
 }
@@ -843,7 +863,7 @@ fn job_states() {
         ..JobStatus::default()
     });
     assert_eq!(JobState::of(Some(&retrying)), JobState::Running);
-    let _ = migration::APP_PASSWORD_ENV;
+    let _ = migration_job::APP_PASSWORD_ENV;
 }
 
 #[test]
@@ -926,17 +946,18 @@ fn pod_labels(d: &Desired, name: &str) -> std::collections::BTreeMap<String, Str
 fn network_policies_admit_only_the_callers_each_service_needs() {
     let ls = managed_ls();
     let ls_owner = Owner::of(&ls).unwrap();
-    let locks = lockservice::desired(&ls, &ls_owner, &ls_inputs(&JobState::Succeeded)).unwrap();
+    let locks = lockservice::children::desired(&ls, &ls_owner, &ls_inputs(&JobState::Succeeded)).unwrap();
     let shop = default_stack();
     let shop_owner = Owner::of(&shop).unwrap();
     let view = ready_lock_service();
     let stack =
-        paymentstack::desired(&shop, &shop_owner, &ps_inputs(&JobState::Succeeded, Some(&view))).unwrap();
+        paymentstack::children::desired(&shop, &shop_owner, &ps_inputs(&JobState::Succeeded, Some(&view)))
+            .unwrap();
     // Another stack in the namespace that takes its locks from another LockService.
     let mut other = stack_named("other", "locks-2");
     other.spec.rail_stub.enabled = true;
     let other_owner = Owner::of(&other).unwrap();
-    let other_d = paymentstack::desired(
+    let other_d = paymentstack::children::desired(
         &other,
         &other_owner,
         &ps_inputs(&JobState::Succeeded, Some(&view)),
@@ -1015,7 +1036,7 @@ fn network_policies_exist_before_the_pods_they_protect() {
     // Behind the schema gate no Deployment is applied, but the policies are.
     let shop = default_stack();
     let owner = Owner::of(&shop).unwrap();
-    let gated = paymentstack::desired(&shop, &owner, &ps_inputs(&JobState::Running, None)).unwrap();
+    let gated = paymentstack::children::desired(&shop, &owner, &ps_inputs(&JobState::Running, None)).unwrap();
     let names: Vec<&str> = policies(&gated)
         .iter()
         .filter_map(|p| p.metadata.name.as_deref())
@@ -1031,7 +1052,7 @@ fn network_policies_exist_before_the_pods_they_protect() {
     );
     let ls = managed_ls();
     let ls_owner = Owner::of(&ls).unwrap();
-    let locks = lockservice::desired(&ls, &ls_owner, &ls_inputs(&JobState::Running)).unwrap();
+    let locks = lockservice::children::desired(&ls, &ls_owner, &ls_inputs(&JobState::Running)).unwrap();
     assert_eq!(policies(&locks).len(), 1);
     assert_eq!(locks.deployments().count(), 0);
 }
@@ -1052,8 +1073,8 @@ fn etcd_ls(etcd: serde_json::Value) -> LockService {
     lock_service(json!({"backend": "etcd", "etcd": etcd, "lockServer": {"replicas": 2}}))
 }
 
-fn etcd_inputs(quorum: bool) -> lockservice::Inputs<'static> {
-    lockservice::Inputs {
+fn etcd_inputs(quorum: bool) -> lockservice::children::Inputs<'static> {
+    lockservice::children::Inputs {
         default_image: IMAGE,
         database_ready: quorum,
         migration: &JobState::Succeeded,
@@ -1080,7 +1101,7 @@ fn statefulset<'a>(d: &'a Desired, name: &str) -> &'a k8s_openapi::api::apps::v1
 fn managed_etcd_is_three_members_with_stable_peer_names_and_lock_server_on_them() {
     let ls = etcd_ls(json!({"managed": {}}));
     let owner = Owner::of(&ls).unwrap();
-    let d = lockservice::desired(&ls, &owner, &etcd_inputs(true)).unwrap();
+    let d = lockservice::children::desired(&ls, &owner, &etcd_inputs(true)).unwrap();
     let kinds: Vec<(ChildKind, &str)> = d.apply.iter().map(|c| (c.kind(), c.name())).collect();
     for want in [
         (ChildKind::Service, "locks-etcd"),
@@ -1226,7 +1247,7 @@ fn managed_etcd_is_three_members_with_stable_peer_names_and_lock_server_on_them(
 fn lock_server_waits_for_a_quorum_of_members() {
     let ls = etcd_ls(json!({"managed": {}}));
     let owner = Owner::of(&ls).unwrap();
-    let d = lockservice::desired(&ls, &owner, &etcd_inputs(false)).unwrap();
+    let d = lockservice::children::desired(&ls, &owner, &etcd_inputs(false)).unwrap();
     assert!(d.find(ChildKind::Deployment, "locks-lock-server").is_none());
     assert!(d.find(ChildKind::StatefulSet, "locks-etcd").is_some());
     // Held, not swept: an existing lock-server stays as it is through a lost quorum.
@@ -1240,7 +1261,7 @@ fn managed_etcd_storage_and_size_follow_the_spec() {
     let ls = etcd_ls(json!({"managed": {"replicas": 5, "image": "etcd:custom",
         "storage": {"size": "2Gi", "storageClassName": "fast"}}, "keyPrefix": "/team-a/"}));
     let owner = Owner::of(&ls).unwrap();
-    let d = lockservice::desired(&ls, &owner, &etcd_inputs(true)).unwrap();
+    let d = lockservice::children::desired(&ls, &owner, &etcd_inputs(true)).unwrap();
     let sts = statefulset(&d, "locks-etcd");
     let spec = sts.spec.as_ref().unwrap();
     assert_eq!(spec.replicas, Some(5));
@@ -1279,7 +1300,7 @@ fn managed_etcd_storage_and_size_follow_the_spec() {
 
     // One member: no PodDisruptionBudget (it would block every drain, and protects no quorum).
     let single = etcd_ls(json!({"managed": {"replicas": 1}}));
-    let d = lockservice::desired(&single, &owner, &etcd_inputs(true)).unwrap();
+    let d = lockservice::children::desired(&single, &owner, &etcd_inputs(true)).unwrap();
     assert!(!d.wants(ChildKind::PodDisruptionBudget, "locks-etcd"));
     assert_eq!(
         statefulset(&d, "locks-etcd").spec.as_ref().unwrap().replicas,
@@ -1288,7 +1309,7 @@ fn managed_etcd_storage_and_size_follow_the_spec() {
 
     // emptyDir: a pod volume instead of a claim template.
     let ls = etcd_ls(json!({"managed": {"storage": {"emptyDir": true, "size": "256Mi"}}}));
-    let d = lockservice::desired(&ls, &owner, &etcd_inputs(true)).unwrap();
+    let d = lockservice::children::desired(&ls, &owner, &etcd_inputs(true)).unwrap();
     let spec = statefulset(&d, "locks-etcd").spec.clone().unwrap();
     assert!(spec.volume_claim_templates.is_none());
     let volumes = spec.template.spec.unwrap().volumes.unwrap();
@@ -1303,7 +1324,7 @@ fn external_etcd_endpoints_come_from_the_secret_and_no_member_is_run() {
     let owner = Owner::of(&ls).unwrap();
     let mut inputs = etcd_inputs(true);
     inputs.db_secret_version = Some("99");
-    let d = lockservice::desired(&ls, &owner, &inputs).unwrap();
+    let d = lockservice::children::desired(&ls, &owner, &inputs).unwrap();
     let kinds: Vec<(ChildKind, &str)> = d.apply.iter().map(|c| (c.kind(), c.name())).collect();
     assert_eq!(
         kinds,
@@ -1350,7 +1371,7 @@ fn external_etcd_endpoints_come_from_the_secret_and_no_member_is_run() {
 fn only_this_lock_services_lock_server_and_the_members_reach_etcd() {
     let ls = etcd_ls(json!({"managed": {}}));
     let owner = Owner::of(&ls).unwrap();
-    let d = lockservice::desired(&ls, &owner, &etcd_inputs(true)).unwrap();
+    let d = lockservice::children::desired(&ls, &owner, &etcd_inputs(true)).unwrap();
     let Some(Child::NetworkPolicy(np)) = d.find(ChildKind::NetworkPolicy, "locks-etcd") else {
         panic!()
     };
@@ -1420,24 +1441,24 @@ fn etcd_specs_that_bypassed_cel_are_refused() {
     let owner = Owner::of(&managed_ls()).unwrap();
     let no_block = lock_service(json!({"backend": "etcd"}));
     assert_eq!(
-        lockservice::desired(&no_block, &owner, &etcd_inputs(true)),
+        lockservice::children::desired(&no_block, &owner, &etcd_inputs(true)),
         Err(super::SpecError::StoreMissing)
     );
     let both = etcd_ls(json!({"managed": {}, "external": {"secretRef": {"name": "x"}}}));
     assert_eq!(
-        lockservice::desired(&both, &owner, &etcd_inputs(true)),
+        lockservice::children::desired(&both, &owner, &etcd_inputs(true)),
         Err(super::SpecError::EtcdMode)
     );
     // An etcd LockService has no migration Job to build.
     assert_eq!(
-        lockservice::migration_job(&etcd_ls(json!({"managed": {}})), &owner, IMAGE).unwrap_err(),
+        lockservice::children::migration_job(&etcd_ls(json!({"managed": {}})), &owner, IMAGE).unwrap_err(),
         super::SpecError::StoreMissing
     );
 }
 
 #[test]
 fn external_endpoints_are_checked_as_lock_server_reads_them() {
-    use super::etcd::{EndpointsError, parse_endpoints};
+    use super::etcd_members::{EndpointsError, parse_endpoints};
     assert_eq!(
         parse_endpoints("http://a:2379,http://10.0.0.2:2379").unwrap(),
         vec!["http://a:2379".to_owned(), "http://10.0.0.2:2379".to_owned()]

@@ -12,8 +12,8 @@ use kube::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::error::{Error, Result};
 use crate::builders::{Child, ChildKind, ChildRef, Desired, FIELD_MANAGER, Owner};
+use crate::error::{Error, Result};
 
 fn apply_params() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force()

@@ -1,23 +1,20 @@
-//! The reconcilers, one per kind, and what they share: the context, the error policy with
-//! per-object exponential backoff, instrumentation (metrics, Warning events) and the run loops.
+//! The reconcilers, one per kind ([`lockservice`], [`paymentstack`]), the pipeline they share
+//! ([`pipeline`] over [`steps`]: [`store`], [`schema`], [`apply`], [`verdict`]), the error policy
+//! with per-object exponential backoff, instrumentation (metrics, Warning events) and the run loops.
 //!
 //! Each reconcile is level-based: observe the cluster, compute the desired children with the pure
 //! builders, server-side apply them, delete what the spec no longer asks for, write status.
 
-pub mod actions;
 pub mod apply;
-pub mod database;
-pub mod error;
-pub mod etcd;
 pub mod lockservice;
-pub mod migration;
 pub mod paymentstack;
 pub mod pipeline;
-pub mod status;
+pub mod schema;
 pub mod steps;
+pub mod store;
+pub mod verdict;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -29,102 +26,20 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::Api;
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 
-pub use error::{Error, Result};
+pub use crate::context::{Context, Settings};
+pub use crate::error::{Error, Result};
 
 use crate::builders::{LABEL_MANAGED_BY, MANAGED_BY};
 use crate::crd::{LockService, PaymentStack};
-use crate::metrics::Metrics;
 use crate::reasons::Reason;
 
-/// How often a healthy object is looked at again even without any watch event.
-const REQUEUE_READY: Duration = Duration::from_secs(300);
-/// How often an object that is still converging is looked at again.
-const REQUEUE_PROGRESSING: Duration = Duration::from_secs(15);
-/// How often an object blocked on a human (bad Secret, failed migration) is looked at again.
-const REQUEUE_BLOCKED: Duration = Duration::from_secs(60);
 const BACKOFF_BASE: Duration = Duration::from_secs(2);
 const BACKOFF_MAX: Duration = Duration::from_secs(300);
-
-/// Settings the controllers take from the operator's flags.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// The dlock image, for components whose spec names none.
-    pub default_image: String,
-    /// Namespace to watch; all when `None`.
-    pub namespace: Option<String>,
-    /// How often each LockService's fencing sequence is compared with its paydbs' high-water;
-    /// `None` turns the check off.
-    pub fencing_check_interval: Option<Duration>,
-}
-
-/// State shared by every reconcile. Passed explicitly; no globals.
-pub struct Context {
-    pub client: Client,
-    pub recorder: Recorder,
-    pub metrics: Metrics,
-    pub settings: Settings,
-    /// HTTP client for lock-server's API (actions). Honours HTTP_PROXY / NO_PROXY like any client.
-    pub http: reqwest::Client,
-    /// Consecutive failures per object, for the error policy's backoff.
-    failures: Mutex<HashMap<String, u32>>,
-}
-
-impl Context {
-    pub fn new(client: Client, metrics: Metrics, settings: Settings, instance: Option<String>) -> Context {
-        let reporter = Reporter {
-            controller: crate::builders::FIELD_MANAGER.into(),
-            instance,
-        };
-        Context {
-            recorder: Recorder::new(client.clone(), reporter),
-            client,
-            metrics,
-            settings,
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(10))
-                .build()
-                .unwrap_or_default(),
-            failures: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// Publishes an Event; failures are logged, never fatal (Events are explanations, not state).
-    pub async fn publish(&self, regarding: &ObjectReference, type_: EventType, reason: Reason, note: String) {
-        let ev = Event {
-            type_,
-            reason: reason.as_str().into(),
-            note: Some(note),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&ev, regarding).await {
-            tracing::warn!(event = "event_publish_failed", reason = reason.as_str(), error = %e);
-        }
-    }
-
-    fn record_failure(&self, key: &str) -> u32 {
-        let mut map = self
-            .failures
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let n = map.entry(key.to_owned()).or_insert(0);
-        *n = n.saturating_add(1);
-        *n
-    }
-
-    fn record_success(&self, key: &str) {
-        let mut map = self
-            .failures
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        map.remove(key);
-    }
-}
 
 /// Exponential backoff: 2 s, 4 s, 8 s … capped at 5 minutes.
 pub fn backoff(failures: u32) -> Duration {

@@ -1,60 +1,35 @@
-//! The one reconcile both kinds run, as a pipeline of small steps:
+//! The one reconcile both kinds run, a short driver over steps that know no kind:
 //!
 //! 1. **observe** (reads only): the database and its migration Job, or a LockService's etcd cluster
-//!    ([`steps::prepare`]), then what
-//!    the kind itself needs ([`Reconciled::observe`]: a PaymentStack's LockService; a LockService's
-//!    action requests, restore Jobs and the stacks that use it);
+//!    ([`steps::prepare`]), then what the kind itself needs ([`Reconciled::observe`]: a
+//!    PaymentStack's LockService; a LockService's action requests, Jobs and the stacks that use it);
 //! 2. **plan** (pure, no API calls): the children, the Secrets to create once and the kind's next
-//!    action step ([`Reconciled::plan`]);
+//!    step ([`Reconciled::plan`]);
 //! 3. **apply** (the only writer): Secrets, children by server-side apply, orphans deleted by label
-//!    ([`steps::act`]), then the kind's own writes ([`Reconciled::apply`]: Job sweeps, the pinned
-//!    revoke);
-//! 4. **status** (pure, [`super::status`]) and one status write per reconcile ([`steps::finish`]),
-//!    then the Events that explain what this reconcile did.
+//!    ([`steps::apply_children`]), then the kind's own writes ([`Reconciled::apply`]: Job sweeps,
+//!    the pinned revoke), which return the kind's [`KindOutcome`]; together an [`Applied`];
+//! 4. **status** (pure, built from the [`Reconciliation`] alone, [`super::verdict::status_of`]) and
+//!    its one write, then the Events that explain what this reconcile did ([`steps::finish`]).
 //!
 //! A step that needs a human (a bad Secret, a spec the CRD should have refused) ends the pipeline
-//! with a `Degraded` status; an API failure ends it with an [`Error`] naming the step.
+//! as [`Reconciliation::Stopped`] with a `Degraded` status; an API failure ends it with an [`Error`]
+//! naming the step.
 
 use std::future::Future;
 
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Secret;
 use kube::Resource;
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
 use serde::de::DeserializeOwned;
 
-use super::error::{Error, Result};
-use super::status::{Blocked, Observation};
-use super::steps::{self, ActionsOutcome, Prepared, Store};
-use super::{Context, Settings, apply};
-use crate::builders::actions::ActionEvent;
-use crate::builders::database::History;
-use crate::builders::{Desired, Owner, SpecError};
+use super::steps::{self, Plan, Prepared, Store};
+use super::verdict::{Applied, Blocked, KindOutcome, MigrationRun, Reconciliation, Stopped};
+use crate::builders::postgres::History;
+use crate::builders::{Owner, SpecError};
+use crate::context::{Context, Settings};
 use crate::crd::DlockStatus;
-use crate::reasons::Reason;
-
-/// A Secret the operator creates once and never rewrites (generated credentials), and the Event
-/// note that says so.
-#[derive(Debug, Clone)]
-pub struct CreateOnce {
-    pub secret: Secret,
-    pub step: &'static str,
-    pub note: &'static str,
-}
-
-/// The outcome of the pure planning step.
-#[derive(Debug, Clone)]
-pub struct Plan<Next> {
-    pub desired: Desired,
-    /// Created before any child that reads them.
-    pub secrets: Vec<CreateOnce>,
-    /// Deployments the spec asks for once past the gates (for the Ready verdict).
-    pub expected_deployments: usize,
-    /// The kind's own next step (a LockService's actions); `()` for kinds without one.
-    pub next: Next,
-}
+use crate::error::{Error, Result};
 
 /// What one kind contributes to [`reconcile`]; everything else is shared.
 pub trait Reconciled:
@@ -71,6 +46,8 @@ pub trait Reconciled:
     type Observed: Send + Sync;
     /// The kind's own next step, planned purely.
     type Next: Send + Sync;
+    /// What the kind's own writes did: its part of the verdict and of status.
+    type Outcome: KindOutcome;
 
     fn status(&self) -> Option<&DlockStatus>;
     /// The store step 1 resolves (a spec error when the spec names none the controller can use).
@@ -78,13 +55,12 @@ pub trait Reconciled:
     /// The migration Job the current spec needs (pure).
     fn migration_job(&self, owner: &Owner, settings: &Settings) -> std::result::Result<Job, SpecError>;
 
-    /// Step 1, the kind's reads. May record a dependency that is not there yet in `obs.waiting`.
+    /// Step 1, the kind's reads.
     fn observe(
         &self,
         ctx: &Context,
         owner: &Owner,
         prepared: &Prepared,
-        obs: &mut Observation,
     ) -> impl Future<Output = Result<Self::Observed>> + Send;
 
     /// Step 2, pure: from the spec and the observations to what should exist.
@@ -96,15 +72,13 @@ pub trait Reconciled:
         observed: &Self::Observed,
     ) -> std::result::Result<Plan<Self::Next>, Blocked>;
 
-    /// Step 3, the kind's own writes after the children. Returns the action part of the status and
-    /// the Events of what was done; may record what blocks the object in `obs`.
+    /// Step 3, the kind's own writes after the children.
     fn apply(
         &self,
         ctx: &Context,
         owner: &Owner,
         plan: &Plan<Self::Next>,
-        obs: &mut Observation,
-    ) -> impl Future<Output = Result<(Option<ActionsOutcome>, Vec<ActionEvent>)>> + Send;
+    ) -> impl Future<Output = Result<Self::Outcome>> + Send;
 }
 
 /// A blocked planning step (an invalid spec) as the status says it.
@@ -112,92 +86,55 @@ pub fn invalid_spec(e: &SpecError) -> Blocked {
     Blocked::new(e.reason(), e.to_string())
 }
 
-/// Names the step of an API failure (the other errors name themselves).
-pub fn at(step: &'static str) -> impl Fn(Error) -> Error {
-    move |e| match e {
-        Error::Kube(source) => Error::step(step, source),
-        other => other,
-    }
-}
-
 /// The reconcile of both kinds.
 pub async fn reconcile<K: Reconciled>(obj: &K, ctx: &Context) -> Result<Action> {
     let owner = Owner::of(obj).ok_or(Error::MissingObjectKey)?;
+    let reconciliation = run(obj, ctx, &owner).await?;
+    steps::finish(ctx, obj, obj.status(), K::HISTORY, &reconciliation).await
+}
+
+/// Steps 1 to 3.
+async fn run<K: Reconciled>(obj: &K, ctx: &Context, owner: &Owner) -> Result<Reconciliation<K::Outcome>> {
     let regarding = &obj.object_ref(&());
-    let previous = obj.status();
-    let mut obs = Observation::default();
-    let stop = |obs: Observation| async move {
-        steps::finish(ctx, obj, previous, regarding, &obs, K::HISTORY, None, None, None).await
-    };
 
     // 1. Observe.
-    let Some(prepared) = steps::prepare(ctx, &owner, regarding, K::HISTORY, obj.store(), &mut obs, || {
-        obj.migration_job(&owner, &ctx.settings)
+    let prepared = match steps::prepare(ctx, owner, regarding, K::HISTORY, obj.store(), || {
+        obj.migration_job(owner, &ctx.settings)
     })
     .await?
-    else {
-        return stop(obs).await;
+    {
+        Ok(prepared) => prepared,
+        Err(stopped) => return Ok(Reconciliation::Stopped(stopped)),
     };
-    let observed = obj.observe(ctx, &owner, &prepared, &mut obs).await?;
+    let observed = obj.observe(ctx, owner, &prepared).await?;
 
     // 2. Plan (pure).
-    let plan = match obj.plan(&ctx.settings, &owner, &prepared, &observed) {
+    let plan = match obj.plan(&ctx.settings, owner, &prepared, &observed) {
         Ok(p) => p,
         Err(blocked) => {
-            obs.blocked = Some(blocked);
-            return stop(obs).await;
+            return Ok(Reconciliation::Stopped(Stopped {
+                blocked,
+                etcd: prepared.etcd.clone(),
+            }));
         }
     };
 
     // 3. Apply: Secrets first (the children read them), children and orphans, the kind's writes.
-    for once in &plan.secrets {
-        let (_, created) = apply::create_secret_once(&ctx.client, &owner.namespace, &once.secret)
-            .await
-            .map_err(at(once.step))?;
-        if created {
-            ctx.publish(
-                regarding,
-                EventType::Normal,
-                Reason::CredentialsCreated,
-                once.note.into(),
-            )
-            .await;
-        }
-    }
-    obs.deployments = steps::act(
-        ctx,
-        &owner,
-        regarding,
-        K::HISTORY,
-        &plan.desired,
-        &prepared.job_state,
-    )
-    .await?;
-    obs.expected_deployments = plan.expected_deployments;
-    obs.migration = prepared.schema.then(|| prepared.job_state.clone());
-    let (outcome, events) = obj.apply(ctx, &owner, &plan, &mut obs).await?;
-
-    // 4. Status (pure) and its one write; then the Events of this reconcile.
-    let applied_version = steps::applied_version(ctx, &owner, previous, &prepared).await;
-    let action = steps::finish(
-        ctx,
-        obj,
-        previous,
-        regarding,
-        &obs,
-        K::HISTORY,
-        Some(&plan.desired),
-        applied_version,
-        outcome.as_ref(),
-    )
-    .await?;
-    for e in events {
-        let type_ = if e.warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        };
-        ctx.publish(regarding, type_, e.reason, e.note).await;
-    }
-    Ok(action)
+    let deployments =
+        steps::apply_children(ctx, owner, regarding, K::HISTORY, &plan, &prepared.job_state).await?;
+    let kind = obj.apply(ctx, owner, &plan).await?;
+    let read_version = steps::applied_version(ctx, owner, obj.status(), &prepared).await;
+    Ok(Reconciliation::Applied(Applied {
+        database_ready: prepared.db.ready,
+        etcd: prepared.etcd.clone(),
+        migration: prepared.schema.then(|| MigrationRun {
+            job_name: plan.desired.migration_job.clone(),
+            state: prepared.job_state.clone(),
+            read_version,
+        }),
+        deployments,
+        expected_deployments: plan.expected_deployments,
+        endpoints: plan.desired.endpoints.clone(),
+        kind,
+    }))
 }

@@ -1,29 +1,59 @@
-//! The steps both reconcilers share: resolve the database and observe its migration Job ([`prepare`]),
-//! apply the desired children and delete the rest ([`act`]), then write status and explain what
-//! changed with Events ([`finish`]).
+//! The steps both kinds share: resolve the store and observe its migration Job ([`prepare`]),
+//! create the Secrets, apply the desired children and delete the rest ([`apply_children`]), then
+//! write the status built from what was applied and explain what changed with Events ([`finish`]).
 
-use crate::reasons::Reason;
+use std::time::Duration;
+
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde::de::DeserializeOwned;
 
-use super::apply::{self, Applied};
-use super::database::{self, DatabaseState};
-use super::error::Result;
-use super::etcd;
-use super::migration;
-use super::status::{self, Assessment, Blocked, DeploymentHealth, Observation};
-use super::{Context, REQUEUE_BLOCKED, REQUEUE_PROGRESSING, REQUEUE_READY};
-use crate::builders::database::History;
-use crate::builders::migration::JobState;
+use super::apply::{self, Applied as AppliedChild};
+use super::schema;
+use super::store::{self, DatabaseState};
+use super::verdict::{self, Assessment, Blocked, EtcdHealth, KindOutcome, Reconciliation, Stopped};
+use crate::builders::postgres::History;
 use crate::builders::{ChildKind, Desired, Owner, SpecError};
+use crate::context::Context;
 use crate::crd::{DatabaseSpec, EtcdSpec};
 use crate::crd::{DlockStatus, Phase};
+use crate::error::{Result, at};
+use crate::health::{DeploymentHealth, JobState};
+use crate::reasons::Reason;
+
+/// How often a healthy object is looked at again even without any watch event.
+const REQUEUE_READY: Duration = Duration::from_secs(300);
+/// How often an object that is still converging is looked at again.
+const REQUEUE_PROGRESSING: Duration = Duration::from_secs(15);
+/// How often an object blocked on a human (bad Secret, failed migration) is looked at again.
+const REQUEUE_BLOCKED: Duration = Duration::from_secs(60);
+
+/// A Secret the operator creates once and never rewrites (generated credentials), and the Event
+/// note that says so.
+#[derive(Debug, Clone)]
+pub struct CreateOnce {
+    pub secret: Secret,
+    pub step: &'static str,
+    pub note: &'static str,
+}
+
+/// The outcome of the pure planning step.
+#[derive(Debug, Clone)]
+pub struct Plan<Next> {
+    pub desired: Desired,
+    /// Created before any child that reads them.
+    pub secrets: Vec<CreateOnce>,
+    /// Deployments the spec asks for once past the gates (for the Ready verdict).
+    pub expected_deployments: usize,
+    /// The kind's own next step (a LockService's actions, a PaymentStack's wait for its
+    /// LockService).
+    pub next: Next,
+}
 
 /// What step 1 resolves: a database with a migrated schema, or (a LockService with backend etcd)
 /// an etcd cluster, which has no schema.
@@ -36,6 +66,8 @@ pub enum Store<'a> {
 /// The database and the state of its migration Job, once neither is blocked.
 pub struct Prepared {
     pub db: DatabaseState,
+    /// Backend etcd: the cluster's health (`db.ready` is its quorum).
+    pub etcd: Option<EtcdHealth>,
     pub job_name: String,
     pub job_state: JobState,
     /// `false` for etcd: no migration Job was looked at, and `job_state` is `Succeeded` so that
@@ -43,54 +75,45 @@ pub struct Prepared {
     pub schema: bool,
 }
 
-/// Steps 1 and 2: resolve the store. A database: its credentials Secret, managed StatefulSet or
-/// external URL, and the migration Job `migration_job` builds. etcd: its members' readiness or the
-/// external Secret. `Ok(None)`: `obs.blocked` says what a human must fix, and the caller finishes
-/// with it.
-#[allow(clippy::too_many_arguments)]
+fn stopped(blocked: Blocked) -> Stopped {
+    Stopped { blocked, etcd: None }
+}
+
+/// Step 1, the shared reads: resolve the store. A database: its credentials Secret, managed
+/// StatefulSet or external URL, and the migration Job `migration_job` builds. etcd: its members'
+/// readiness or the external Secret. `Ok(Err(_))`: what a human must fix.
 pub async fn prepare(
     ctx: &Context,
     owner: &Owner,
     regarding: &ObjectReference,
     history: History,
     store: std::result::Result<Store<'_>, SpecError>,
-    obs: &mut Observation,
     migration_job: impl FnOnce() -> std::result::Result<Job, SpecError>,
-) -> Result<Option<Prepared>> {
+) -> Result<std::result::Result<Prepared, Stopped>> {
     let database_spec = match store {
         Ok(Store::Database(db)) => db,
         Ok(Store::Etcd(spec)) => {
-            let state = match etcd::resolve(ctx, owner, spec).await? {
+            let state = match store::resolve_etcd(ctx, owner, spec).await? {
                 Ok(state) => state,
-                Err(blocked) => {
-                    obs.blocked = Some(blocked);
-                    return Ok(None);
-                }
+                Err(blocked) => return Ok(Err(stopped(blocked))),
             };
-            obs.database_ready = state.health.has_quorum();
-            obs.etcd = Some(state.health.clone());
-            return Ok(Some(Prepared {
+            return Ok(Ok(Prepared {
                 db: DatabaseState {
                     ready: state.health.has_quorum(),
                     secret_version: state.secret_version,
                     credentials_created: false,
                 },
+                etcd: Some(state.health),
                 job_name: String::new(),
                 job_state: JobState::Succeeded,
                 schema: false,
             }));
         }
-        Err(e) => {
-            obs.blocked = Some(Blocked::new(e.reason(), e.to_string()));
-            return Ok(None);
-        }
+        Err(e) => return Ok(Err(stopped(Blocked::new(e.reason(), e.to_string())))),
     };
-    let db = match database::resolve(ctx, owner, history, database_spec).await? {
+    let db = match store::resolve_database(ctx, owner, history, database_spec).await? {
         Ok(db) => db,
-        Err(blocked) => {
-            obs.blocked = Some(blocked);
-            return Ok(None);
-        }
+        Err(blocked) => return Ok(Err(stopped(blocked))),
     };
     if db.credentials_created {
         ctx.publish(
@@ -101,18 +124,15 @@ pub async fn prepare(
         )
         .await;
     }
-    obs.database_ready = db.ready;
     let job = match migration_job() {
         Ok(job) => job,
-        Err(e) => {
-            obs.blocked = Some(Blocked::new(e.reason(), e.to_string()));
-            return Ok(None);
-        }
+        Err(e) => return Ok(Err(stopped(Blocked::new(e.reason(), e.to_string())))),
     };
     let job_name = job.metadata.name.clone().unwrap_or_default();
-    let job_state = migration::observe(&ctx.client, &owner.namespace, &job_name).await?;
-    Ok(Some(Prepared {
+    let job_state = schema::observe(&ctx.client, &owner.namespace, &job_name).await?;
+    Ok(Ok(Prepared {
         db,
+        etcd: None,
         job_name,
         job_state,
         schema: true,
@@ -132,15 +152,43 @@ pub async fn applied_version(
             && m.applied_version.is_some()
     });
     if prepared.schema && prepared.job_state == JobState::Succeeded && !already_read {
-        migration::applied_version(&ctx.client, &owner.namespace, &prepared.job_name).await
+        schema::applied_version(&ctx.client, &owner.namespace, &prepared.job_name).await
     } else {
         None
     }
 }
 
+/// Step 3, the shared writes: the Secrets to create once (before the children that read them),
+/// `plan.desired` in order, what it no longer asks for, stale migration Jobs. Returns the health
+/// of the Deployments applied.
+pub async fn apply_children<N>(
+    ctx: &Context,
+    owner: &Owner,
+    regarding: &ObjectReference,
+    history: History,
+    plan: &Plan<N>,
+    job_before: &JobState,
+) -> Result<Vec<DeploymentHealth>> {
+    for once in &plan.secrets {
+        let (_, created) = apply::create_secret_once(&ctx.client, &owner.namespace, &once.secret)
+            .await
+            .map_err(at(once.step))?;
+        if created {
+            ctx.publish(
+                regarding,
+                EventType::Normal,
+                Reason::CredentialsCreated,
+                once.note.into(),
+            )
+            .await;
+        }
+    }
+    act(ctx, owner, regarding, history, &plan.desired, job_before).await
+}
+
 /// Applies `desired` in order, deletes what it no longer asks for and stale migration Jobs.
 /// Returns the health of the Deployments applied.
-pub async fn act(
+async fn act(
     ctx: &Context,
     owner: &Owner,
     regarding: &ObjectReference,
@@ -152,7 +200,7 @@ pub async fn act(
     let ns = &owner.namespace;
     let mut deployments = Vec::new();
     for child in &desired.apply {
-        if let Applied::Deployment(d) = apply::apply_child(client, ns, child).await? {
+        if let AppliedChild::Deployment(d) = apply::apply_child(client, ns, child).await? {
             deployments.push(DeploymentHealth::of(&d));
         }
         if child.kind() == ChildKind::Job && *job_before == JobState::Absent {
@@ -169,12 +217,7 @@ pub async fn act(
     // Orphans by label: whatever of the owner's children the plan neither applies nor holds.
     let orphans = apply::orphans(client, owner, desired)
         .await
-        .map_err(|e| match e {
-            super::error::Error::Kube(source) => {
-                super::error::Error::step("list children for orphans", source)
-            }
-            other => other,
-        })?;
+        .map_err(at("list children for orphans"))?;
     for gone in &orphans {
         if apply::delete_child(client, ns, gone).await? {
             tracing::info!(event = "child_deleted", namespace = %ns, owner = %owner.name, kind = ?gone.kind, name = %gone.name);
@@ -207,34 +250,15 @@ pub async fn act(
     Ok(deployments)
 }
 
-/// The action part of the status a LockService reconcile computed (None: keep what was there).
-#[derive(Debug, Clone, Default)]
-pub struct ActionsOutcome {
-    pub actions: Vec<crate::crd::ActionStatus>,
-    pub gate: Option<crate::crd::actions::GateStatus>,
-    pub fencing: Option<crate::crd::actions::FencingStatus>,
-    /// An action is in flight: look again soon.
-    pub busy: bool,
-    /// Look again at least this often (the fencing check interval).
-    pub requeue_within: Option<std::time::Duration>,
-}
-
-/// How soon a reconcile with an action in flight runs again (status writes also trigger one).
-const REQUEUE_ACTION: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Writes the status computed from `obs` (only when it changed; the one status write of a
-/// reconcile), publishes an Event when the verdict changed, and picks the requeue interval.
-#[allow(clippy::too_many_arguments)]
+/// Step 4: writes the status built from `reconciliation` (only when it changed; the one status
+/// write of a reconcile), publishes an Event when the verdict changed and the kind's Events, and
+/// picks the requeue interval.
 pub async fn finish<K>(
     ctx: &Context,
     obj: &K,
     previous: Option<&DlockStatus>,
-    regarding: &ObjectReference,
-    obs: &Observation,
     history: History,
-    desired: Option<&Desired>,
-    applied_version: Option<i64>,
-    actions: Option<&ActionsOutcome>,
+    reconciliation: &Reconciliation<impl KindOutcome>,
 ) -> Result<Action>
 where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
@@ -242,39 +266,14 @@ where
         + Clone
         + std::fmt::Debug,
 {
-    let assessment = status::assess(obs);
-    let migration = match (desired, &obs.migration) {
-        (Some(d), Some(state)) => Some(status::migration_status(
-            previous.and_then(|p| p.migration.as_ref()),
-            history.name(),
-            &d.migration_job,
-            state,
-            applied_version,
-        )),
-        _ => previous.and_then(|p| p.migration.clone()),
-    };
-    let endpoints = desired
-        .map(|d| d.endpoints.clone())
-        .filter(|e| !e.is_empty())
-        .or_else(|| previous.map(|p| p.endpoints.clone()))
-        .unwrap_or_default();
-    let mut new = status::build(
+    let regarding = &obj.object_ref(&());
+    let (new, assessment) = verdict::status_of(
         previous,
         obj.meta().generation,
-        &assessment,
-        endpoints,
-        migration,
+        history,
+        reconciliation,
         Timestamp::now(),
     );
-    if let Some(etcd) = &obs.etcd {
-        new.etcd = Some(etcd.status());
-    }
-    if let Some(a) = actions {
-        new.actions = a.actions.clone();
-        new.gate = a.gate.clone();
-        new.fencing = a.fencing.clone().or(new.fencing);
-        new.last_action = crate::builders::actions::last_action(&new.actions);
-    }
     let ns = obj.meta().namespace.clone().unwrap_or_default();
     let name = obj.meta().name.clone().unwrap_or_default();
     if previous != Some(&new) {
@@ -294,16 +293,23 @@ where
         )
         .await;
     }
-    if actions.is_some_and(|a| a.busy) {
-        return Ok(Action::requeue(REQUEUE_ACTION));
-    }
     let after = match assessment.phase {
         Phase::Ready => REQUEUE_READY,
         Phase::Degraded => REQUEUE_BLOCKED,
         Phase::Pending | Phase::Migrating => REQUEUE_PROGRESSING,
     };
-    let cap = actions.and_then(|a| a.requeue_within).unwrap_or(after);
-    Ok(Action::requeue(after.min(cap)))
+    let Some(kind) = reconciliation.kind() else {
+        return Ok(Action::requeue(after));
+    };
+    for e in kind.events() {
+        let type_ = if e.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        ctx.publish(regarding, type_, e.reason, e.note.clone()).await;
+    }
+    Ok(Action::requeue(kind.requeue(after)))
 }
 
 /// One Event (and log line) per change of verdict, not per reconcile.

@@ -1,8 +1,8 @@
 //! The server kit. [`main`] is the whole life of every service binary, one shape for all: logging,
 //! configuration (invalid: exit 2, nothing started), the SIGTERM/SIGINT handlers registered before
 //! start-up is announced, start, wait, graceful drain, and the [`exit`] codes. Below it: serving an
-//! axum router until SIGTERM or Ctrl-C ([`run`]), until any other signal ([`run_until`]), or in the
-//! background of this process with a shutdown handle ([`spawn_background`]); the liveness endpoint.
+//! axum router until a signal ([`run_until`]) or in the background of this process with a shutdown
+//! handle ([`spawn_background`]); the liveness endpoint.
 
 use std::fmt::Display;
 use std::future::Future;
@@ -88,11 +88,6 @@ pub async fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     let listener = TcpListener::bind(addr).await?;
     tracing::info!(event = "listening", addr = %listener.local_addr()?);
     Ok(listener)
-}
-
-/// Serves until SIGTERM/SIGINT, then lets in-flight requests finish.
-pub async fn run(listener: TcpListener, app: Router) -> io::Result<()> {
-    run_until(listener, app, shutdown_signal()).await
 }
 
 /// Serves until `shutdown` completes, then lets in-flight requests finish.

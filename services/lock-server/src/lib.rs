@@ -6,7 +6,8 @@
 //!   on etcd (`--backend etcd`); [`backend`]: the one the server runs;
 //! - [`api`]: the HTTP handlers; [`routes`]: the router and its route table;
 //! - [`error`]: the one error enum, mapped to HTTP; [`auth`]: the admin bearer token;
-//! - [`metrics`], [`reaper`], [`config`], [`server`] ([`spawn`] in-process, [`run`] until SIGTERM).
+//! - [`metrics`], [`reaper`], [`config`], [`server`] ([`spawn`] in-process, [`start`] for the binary, which
+//!   [`dlock_common::serve::main`] runs until SIGTERM).
 //!
 //! Fencing tokens come from one global sequence and strictly increase for all time; the lock service
 //! hands them out, the protected resources enforce them.

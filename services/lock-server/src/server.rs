@@ -1,5 +1,6 @@
 //! Starting the server: in-process on an ephemeral port ([`spawn`], for tests, the client library's
-//! tests and the demo) or until SIGTERM ([`run`], for the binary).
+//! tests and the demo) or for the binary ([`start`], which [`dlock_common::serve::main`] serves
+//! until SIGTERM).
 
 use std::net::SocketAddr;
 

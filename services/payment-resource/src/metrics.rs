@@ -7,6 +7,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
+use dlock_common::fencing::FencedOutDetails;
 use dlock_common::metrics::{Resource, ResourceLabel};
 
 /// How one posting call ended.
@@ -102,4 +103,19 @@ impl Metrics {
     pub fn posting_count(&self, outcome: PostingOutcome) -> u64 {
         self.postings.get_or_create(&OutcomeLabel { outcome }).get()
     }
+}
+
+/// Counts `lock_fenced_out{resource}` once and logs the contract event `fenced_out`.
+pub(crate) fn report_fenced_out(metrics: &Metrics, resource: Resource, key: &str, d: &FencedOutDetails) {
+    metrics.fenced_out(resource);
+    tracing::warn!(
+        event = "fenced_out",
+        key,
+        resource = %d.resource_type,
+        resource_id = %d.resource_id,
+        presented = d.presented,
+        stored = d.highest,
+        owner_id = %d.owner_id,
+        "write refused: a newer fencing token has already written this resource"
+    );
 }

@@ -12,9 +12,8 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::error::PaymentError;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, report_fenced_out};
 use crate::model::{AccountKind, Payout, PayoutState};
-use crate::posting::report_fenced_out;
 use crate::repo::payout::After;
 use crate::repo::{account, payout};
 use crate::sql::Statements;

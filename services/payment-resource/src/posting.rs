@@ -12,7 +12,7 @@ use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::error::PaymentError;
-use crate::metrics::{Metrics, PostingOutcome};
+use crate::metrics::{Metrics, PostingOutcome, report_fenced_out};
 use crate::model::{Direction, Payout, PayoutState};
 use crate::repo::ledger::Leg;
 use crate::repo::{account, ledger, payout};
@@ -322,19 +322,4 @@ pub(crate) fn resource_name(resource: Resource) -> &'static str {
         Resource::payout => "payout",
         Resource::rail => "rail",
     }
-}
-
-/// Counts `lock_fenced_out{resource}` once and logs the contract event `fenced_out`.
-pub(crate) fn report_fenced_out(metrics: &Metrics, resource: Resource, key: &str, d: &FencedOutDetails) {
-    metrics.fenced_out(resource);
-    tracing::warn!(
-        event = "fenced_out",
-        key,
-        resource = %d.resource_type,
-        resource_id = %d.resource_id,
-        presented = d.presented,
-        stored = d.highest,
-        owner_id = %d.owner_id,
-        "write refused: a newer fencing token has already written this resource"
-    );
 }

@@ -53,6 +53,17 @@ pub enum StartError {
     },
 }
 
+/// A URL or credential the executor cannot use is bad configuration (exit 2); a failed bind, or a
+/// client that could not be built, is a failure to start (exit 1), as for every other service.
+impl dlock_common::serve::StartFailure for StartError {
+    fn is_config(&self) -> bool {
+        matches!(
+            self,
+            StartError::Client(dlock_client::ClientError::InvalidArgument { .. })
+        )
+    }
+}
+
 /// Runs the executor until `shutdown` is cancelled or, with `exit_when_idle`, until every worker is
 /// idle. `on_listening` learns the metrics address (port 0 picks one).
 pub async fn run(

@@ -1,11 +1,12 @@
 //! `payout-executor` binary: flags and environment are documented on [`payout_executor::config::Cli`]
 //! (`payout-executor --help`). Exit codes: 0 done (or stopped by SIGTERM), 1 some payout could not be
-//! driven or the services stayed unreachable, 2 bad configuration.
+//! driven, the services stayed unreachable or the metrics port could not be bound, 2 bad
+//! configuration (nothing started).
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use dlock_common::serve::exit;
+use dlock_common::serve::{StartFailure, exit};
 use payout_executor::config::Cli;
 use tokio_util::sync::CancellationToken;
 
@@ -34,10 +35,15 @@ async fn main() -> ExitCode {
     match payout_executor::run(config, shutdown, |_| {}).await {
         Ok(report) if report.is_clean() => ExitCode::from(exit::OK),
         Ok(_) => ExitCode::from(exit::FAILURE),
+        Err(e) if e.is_config() => {
+            tracing::error!(event = "config_invalid", error = %e);
+            eprintln!("payout-executor: {e}");
+            ExitCode::from(exit::CONFIG)
+        }
         Err(e) => {
             tracing::error!(event = "start_failed", error = %e);
             eprintln!("payout-executor: {e}");
-            ExitCode::from(exit::CONFIG)
+            ExitCode::from(exit::FAILURE)
         }
     }
 }

@@ -9,7 +9,7 @@ use utoipa::ToSchema;
 /// them (a `FENCED_OUT` carries `presented`, `highest`, `resourceType`, `resourceId`, `ownerId`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
-    #[schema(pattern = "^[A-Z][A-Z0-9_]*$")]
+    #[schema(schema_with = crate::shape::code)]
     pub code: String,
     pub message: String,
     #[serde(flatten)]

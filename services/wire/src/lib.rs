@@ -9,7 +9,8 @@
 //! - [`payment`] — the bodies of payment-resource;
 //! - [`rail`] — the bodies of rail-proxy;
 //! - [`stub`] — the bodies of rail-stub;
-//! - [`pattern`] — the regular expressions the schemas use, each mirroring one validator.
+//! - [`pattern`] — the regular expressions the schemas use, each mirroring one validator;
+//! - [`shape`] — each text field's schema (lengths and pattern), defined once.
 
 pub mod doc;
 pub mod error;
@@ -18,6 +19,7 @@ pub mod lock;
 pub mod pattern;
 pub mod payment;
 pub mod rail;
+pub mod shape;
 pub mod stub;
 
 pub use error::ErrorBody;

@@ -4,18 +4,18 @@
 use chrono::{DateTime, Utc};
 use dlock_common::FencingToken;
 use serde::{Deserialize, Serialize};
+use utoipa::openapi::path::{Parameter, ParameterIn};
+use utoipa::openapi::schema::ObjectBuilder;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
+
+use crate::shape;
 
 /// `POST /v1/sessions`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateSessionRequest {
-    #[schema(
-        min_length = 1,
-        max_length = 128,
-        pattern = "^[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]([^\\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]*[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000])?$"
-    )]
+    #[schema(schema_with = crate::shape::owner_id)]
     pub owner_id: String,
     #[serde(deserialize_with = "crate::int::integral")]
     #[schema(minimum = 10, maximum = 86400000)]
@@ -62,11 +62,7 @@ pub struct SessionClosed {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AcquireRequest {
     pub session_id: Uuid,
-    #[schema(
-        min_length = 1,
-        max_length = 128,
-        pattern = "^[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]([^\\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]*[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000])?$"
-    )]
+    #[schema(schema_with = crate::shape::owner_id)]
     pub owner_id: String,
     #[serde(deserialize_with = "crate::int::integral")]
     #[schema(minimum = 10, maximum = 86400000)]
@@ -137,25 +133,12 @@ pub struct LockView {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RevokeRequest {
-    /// Who revokes: a person or a controller, recorded in the audit row.
-    #[schema(
-        min_length = 1,
-        max_length = 128,
-        pattern = "^[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]([^\\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]*[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000])?$"
-    )]
+    #[schema(schema_with = operator)]
     pub operator: String,
-    #[schema(
-        min_length = 1,
-        max_length = 1024,
-        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000][^\\u0000-\\u001f\\u007f-\\u009f]*$"
-    )]
+    #[schema(schema_with = crate::shape::revoke_reason)]
     pub reason: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(
-        min_length = 1,
-        max_length = 128,
-        pattern = "^[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]([^\\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]*[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000])?$"
-    )]
+    #[schema(schema_with = request_id)]
     pub request_id: Option<String>,
     /// The grant to remove (an integer > 0, or its decimal text); absent removes whatever grant is
     /// live. Kept as raw JSON so that a bad value is `INVALID_TOKEN`, as in the header; `null` is
@@ -171,6 +154,17 @@ pub struct RevokeRequest {
 
 fn token_input() -> utoipa::openapi::schema::Schema {
     FencingToken::input_schema()
+}
+
+fn operator() -> ObjectBuilder {
+    shape::described(
+        shape::owner_id(),
+        "Who revokes: a person or a controller, recorded in the audit row.",
+    )
+}
+
+fn request_id() -> ObjectBuilder {
+    shape::or_null(shape::owner_id())
 }
 
 /// `Some` for any value that is present, `null` included.
@@ -209,16 +203,19 @@ pub struct LockOutcome {
 }
 
 /// The `{key}` of the lock routes: percent-encoded in the path (`/` as `%2F`).
-#[derive(Debug, Clone, Deserialize, IntoParams)]
-#[into_params(parameter_in = Path)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct LockKeyPath {
-    /// 1..=256 printable characters without surrounding spaces.
-    #[param(
-        min_length = 1,
-        max_length = 256,
-        pattern = "^[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]([^\\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]*[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000])?$"
-    )]
     pub key: String,
+}
+
+impl IntoParams for LockKeyPath {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        vec![shape::path_param(
+            "key",
+            Some("1..=256 printable characters without surrounding spaces."),
+            shape::lock_key(),
+        )]
+    }
 }
 
 /// The `{sessionId}` of the session routes.
@@ -233,8 +230,7 @@ mod tests {
     use super::*;
     use crate::pattern;
 
-    /// The schema attributes must spell the patterns of [`crate::pattern`] (attributes take
-    /// literals only, so the text is repeated there; this keeps the copies equal).
+    /// The schemas use the patterns of [`crate::pattern`] (through [`crate::shape`]).
     #[test]
     fn the_schemas_use_the_shared_patterns() {
         let doc = serde_json::to_string(&<AcquireRequest as utoipa::PartialSchema>::schema()).expect("json");

@@ -43,7 +43,7 @@ pub struct CreateAccountRequest {
     /// Absent or `null` picks a fresh id.
     #[serde(default)]
     pub account_id: Option<Uuid>,
-    #[schema(pattern = "^[A-Z]{3}$")]
+    #[schema(schema_with = crate::shape::currency)]
     pub currency: String,
     #[serde(deserialize_with = "crate::int::integral")]
     #[schema(minimum = 0, maximum = 9223372036854775807_i64)]
@@ -88,15 +88,17 @@ pub struct CreatePayoutRequest {
     #[serde(deserialize_with = "crate::int::integral")]
     #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
     pub amount_minor: i64,
-    #[schema(pattern = "^[A-Z]{3}$")]
+    #[schema(schema_with = crate::shape::currency)]
     pub currency: String,
-    /// 1..=128 characters, no control characters, no whitespace at either end.
-    #[schema(
-        min_length = 1,
-        max_length = 128,
-        pattern = "^[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]([^\\u0000-\\u001f\\u007f-\\u009f]*[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000])?$"
-    )]
+    #[schema(schema_with = payout_idempotency_key)]
     pub idempotency_key: String,
+}
+
+fn payout_idempotency_key() -> utoipa::openapi::schema::ObjectBuilder {
+    crate::shape::described(
+        crate::shape::idempotency_key(),
+        "1..=128 characters, no control characters, no whitespace at either end.",
+    )
 }
 
 /// A payout as payment-resource stores and returns it.
@@ -166,11 +168,7 @@ pub struct Page {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClaimRequest {
-    #[schema(
-        min_length = 1,
-        max_length = 128,
-        pattern = "^[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]([^\\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]*[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000])?$"
-    )]
+    #[schema(schema_with = crate::shape::owner_id)]
     pub owner_id: String,
 }
 

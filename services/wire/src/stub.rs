@@ -6,20 +6,19 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use utoipa::openapi::path::{Parameter, ParameterIn};
+use utoipa::openapi::schema::ObjectBuilder;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
+
+use crate::shape;
 
 /// `POST /v1/payments`. Ids and the amount are read raw so that each bad value gets its own code
 /// (`INVALID_PAYOUT_ID`, `INVALID_AMOUNT`, …) rather than a generic decoding error.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PaymentOrder {
-    /// 1..=200 characters without control characters.
-    #[schema(
-        min_length = 1,
-        max_length = 200,
-        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
-    )]
+    #[schema(schema_with = order_idempotency_key)]
     pub idempotency_key: String,
     #[schema(value_type = Uuid)]
     pub payout_id: String,
@@ -28,8 +27,15 @@ pub struct PaymentOrder {
     /// A JSON integer of minor units, > 0.
     #[schema(value_type = i64, minimum = 1, maximum = 9223372036854775807_i64)]
     pub amount_minor: crate::int::JsonInt,
-    #[schema(pattern = "^[A-Z]{3}$")]
+    #[schema(schema_with = crate::shape::currency)]
     pub currency: String,
+}
+
+fn order_idempotency_key() -> ObjectBuilder {
+    shape::described(
+        shape::rail_idempotency_key(),
+        "1..=200 characters without control characters.",
+    )
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -161,13 +167,17 @@ pub struct BehaviourView {
 }
 
 /// The `{idempotencyKey}` of `GET /v1/payments/{idempotencyKey}`.
-#[derive(Debug, Clone, Deserialize, IntoParams)]
-#[into_params(parameter_in = Path, rename_all = "camelCase")]
+#[derive(Debug, Clone, Deserialize)]
 pub struct IdempotencyKeyPath {
-    #[param(
-        min_length = 1,
-        max_length = 200,
-        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
-    )]
     pub idempotency_key: String,
+}
+
+impl IntoParams for IdempotencyKeyPath {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        vec![shape::path_param(
+            "idempotencyKey",
+            None,
+            shape::rail_idempotency_key(),
+        )]
+    }
 }

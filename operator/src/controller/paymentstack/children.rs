@@ -2,12 +2,12 @@
 //! payment-resource, rail-proxy and payout-executor (once the Job has succeeded and the LockService
 //! is Ready). The optional rail-stub needs neither and follows `spec.railStub.enabled` alone.
 
-use super::database::{self, History};
-use super::migration::{self, JobState};
-use super::security;
-use super::workloads::{self, ExecutorTargets, PAYMENT_RESOURCE, PAYOUT_EXECUTOR, RAIL_PROXY, RAIL_STUB};
-use super::{Child, Desired, Owner, SpecError, network};
+use crate::builders::deployments::{self, ExecutorTargets};
+use crate::builders::postgres::{self, History};
+use crate::builders::{Child, Desired, Owner, SpecError, credentials, migration_job, network_policies};
+use crate::builders::{PAYMENT_RESOURCE, PAYOUT_EXECUTOR, RAIL_PROXY, RAIL_STUB};
 use crate::crd::{DatabaseMode, LeaseSpec, PaymentStack};
+use crate::health::JobState;
 
 pub const HISTORY: History = History::Paydb;
 
@@ -52,10 +52,10 @@ pub fn migration_job(
         .migration_image
         .clone()
         .unwrap_or_else(|| image(&ps.spec.payment_resource.image, default_image));
-    let source = database::admin_url_source(owner, HISTORY, external);
+    let source = postgres::admin_url_source(owner, HISTORY, external);
     // The synthetic accounts only when the spec asks for demo data (C1 §1.8: harness only).
     let extra: &[&str] = if ps.spec.demo_data { &[DEMO_SEED_DIR] } else { &[] };
-    Ok(migration::job(owner, HISTORY, &image, &source, extra))
+    Ok(migration_job::job(owner, HISTORY, &image, &source, extra))
 }
 
 /// The rail rail-proxy forwards to: the spec's URL, else the in-cluster stub.
@@ -72,17 +72,18 @@ pub fn desired(ps: &PaymentStack, owner: &Owner, inputs: &Inputs<'_>) -> Result<
     let mut out = Desired::default();
     match spec.database.mode().ok_or(SpecError::DatabaseMode)? {
         DatabaseMode::Managed(managed) => {
-            out.apply.push(Child::Service(database::service(owner, HISTORY)));
+            out.apply.push(Child::Service(postgres::service(owner, HISTORY)));
             out.apply
-                .push(Child::StatefulSet(database::statefulset(owner, HISTORY, managed)));
+                .push(Child::StatefulSet(postgres::statefulset(owner, HISTORY, managed)));
         }
         // External: a managed StatefulSet and Service left from before are orphans (the sweep).
         DatabaseMode::External(_) => {}
     }
     // Who may reach the payment services, from before their first pods start.
     out.apply
-        .push(Child::NetworkPolicy(network::payment_resource(owner)));
-    out.apply.push(Child::NetworkPolicy(network::rail_proxy(owner)));
+        .push(Child::NetworkPolicy(network_policies::payment_resource(owner)));
+    out.apply
+        .push(Child::NetworkPolicy(network_policies::rail_proxy(owner)));
     let rail_url = rail_url(ps, owner)?;
 
     let job = migration_job(ps, owner, inputs.default_image)?;
@@ -92,12 +93,13 @@ pub fn desired(ps: &PaymentStack, owner: &Owner, inputs: &Inputs<'_>) -> Result<
     }
 
     if spec.rail_stub.enabled {
-        let w = workloads::rail_stub(
+        let w = deployments::rail_stub(
             image(&spec.rail_stub.image, inputs.default_image),
             spec.rail_stub.mode,
         );
         out.workload(owner, &w);
-        out.apply.push(Child::NetworkPolicy(network::rail_stub(owner)));
+        out.apply
+            .push(Child::NetworkPolicy(network_policies::rail_stub(owner)));
         out.endpoints
             .insert("railStub".into(), owner.http_url(&owner.child(RAIL_STUB)));
     }
@@ -110,8 +112,8 @@ pub fn desired(ps: &PaymentStack, owner: &Owner, inputs: &Inputs<'_>) -> Result<
     // The schema gate, and the lock-service gate: held back (existing ones left as they are) until
     // the current Job has succeeded and the LockService is Ready.
     if let (JobState::Succeeded, Some((lock_server_url, lease))) = (inputs.migration, lock_service) {
-        let credentials = security::credentials_secret_name(owner);
-        let payment_resource = workloads::payment_resource(
+        let credentials = credentials::credentials_secret_name(owner);
+        let payment_resource = deployments::payment_resource(
             owner,
             image(&spec.payment_resource.image, inputs.default_image),
             spec.payment_resource.replicas,
@@ -119,7 +121,7 @@ pub fn desired(ps: &PaymentStack, owner: &Owner, inputs: &Inputs<'_>) -> Result<
             &spec.kill_switches,
             inputs.db_secret_version,
         );
-        let rail_proxy = workloads::rail_proxy(
+        let rail_proxy = deployments::rail_proxy(
             owner,
             image(&spec.rail_proxy.image, inputs.default_image),
             spec.rail_proxy.replicas,
@@ -134,7 +136,7 @@ pub fn desired(ps: &PaymentStack, owner: &Owner, inputs: &Inputs<'_>) -> Result<
             payment_resource_url: owner.http_url(&owner.child(PAYMENT_RESOURCE)),
             rail_proxy_url: owner.http_url(&owner.child(RAIL_PROXY)),
         };
-        let executor = workloads::payout_executor(
+        let executor = deployments::payout_executor(
             image(&spec.payout_executor.image, inputs.default_image),
             spec.payout_executor.replicas,
             spec.payout_executor.workers,

@@ -18,12 +18,9 @@ use k8s_openapi::api::networking::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::workloads::{LOCK_SERVER, PAYMENT_RESOURCE, PAYOUT_EXECUTOR, RAIL_PROXY, RAIL_STUB};
-use super::{HTTP_PORT, LABEL_MANAGED_BY, LABEL_NAME, MANAGED_BY, Owner};
+use super::{HTTP_PORT, LABEL_LOCK_SERVICE, LABEL_MANAGED_BY, LABEL_NAME, MANAGED_BY, Owner};
+use super::{LOCK_SERVER, PAYMENT_RESOURCE, PAYOUT_EXECUTOR, RAIL_PROXY, RAIL_STUB};
 
-/// Pod label of a PaymentStack's executors naming the LockService they take locks from; lock-server's
-/// policy admits exactly these pods.
-pub const LABEL_LOCK_SERVICE: &str = "dlock.dev/lock-service";
 /// The operator's pods, as the chart labels them (`app.kubernetes.io/name`), in any namespace.
 pub const OPERATOR_POD_NAME: &str = "dlock-operator";
 

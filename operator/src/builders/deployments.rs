@@ -12,16 +12,11 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::database::{History, KEY_URL, names};
-use super::{HTTP_PORT, LISTEN_ADDR, Owner, env, secret_env};
-use super::{network, security};
+use super::credentials;
+use super::postgres::{History, KEY_URL, names};
+use super::{Child, Desired, HTTP_PORT, LISTEN_ADDR, Owner, env, secret_env};
+use super::{LABEL_LOCK_SERVICE, LOCK_SERVER, PAYMENT_RESOURCE, PAYOUT_EXECUTOR, RAIL_PROXY, RAIL_STUB};
 use crate::crd::{KillSwitches, LeaseSpec, RailStubMode};
-
-pub const LOCK_SERVER: &str = "lock-server";
-pub const PAYMENT_RESOURCE: &str = "payment-resource";
-pub const RAIL_PROXY: &str = "rail-proxy";
-pub const RAIL_STUB: &str = "rail-stub";
-pub const PAYOUT_EXECUTOR: &str = "payout-executor";
 
 /// Env keys of the contracts' kill switches (`payment.fencing.enabled`, `rail.proxy.fencing.enabled`).
 pub const PAYMENT_FENCING_ENV: &str = "PAYMENT_FENCING_ENABLED";
@@ -34,6 +29,17 @@ pub const ADMIN_TOKEN_ENV: &str = "DLOCK_ADMIN_TOKEN";
 /// Pod-template annotation carrying the connection Secret's resourceVersion, so pods restart when the
 /// URL they read at start-up changes.
 pub const DB_SECRET_VERSION_ANNOTATION: &str = "dlock.dev/database-secret-version";
+
+impl Desired {
+    /// A workload's Deployment, and its Service when it serves HTTP (without one, a Service of that
+    /// name is an orphan).
+    pub fn workload(&mut self, owner: &Owner, w: &Workload) {
+        self.apply.push(Child::Deployment(deployment(owner, w)));
+        if w.serves_http {
+            self.apply.push(Child::Service(service(owner, w.component)));
+        }
+    }
+}
 
 /// What one Deployment runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -158,16 +164,16 @@ pub fn payment_resource(
     kill_switches: &KillSwitches,
     db_secret_version: Option<&str>,
 ) -> Workload {
-    let credentials_secret = &security::credentials_secret_name(owner);
+    let credentials_secret = &credentials::credentials_secret_name(owner);
     let mut env = vec![env(
         PAYMENT_FENCING_ENV,
         kill_switches.payment_fencing_enabled.to_string(),
     )];
     // Each role's bearer credential from the generated Secret: never a flag, never a plain value.
     for (name, key) in [
-        ("PAYMENT_RESOURCE_ADMIN_TOKEN", security::KEY_ADMIN),
-        ("PAYMENT_RESOURCE_EXECUTOR_TOKEN", security::KEY_EXECUTOR),
-        ("PAYMENT_RESOURCE_CLIENT_TOKEN", security::KEY_CLIENT),
+        ("PAYMENT_RESOURCE_ADMIN_TOKEN", credentials::KEY_ADMIN),
+        ("PAYMENT_RESOURCE_EXECUTOR_TOKEN", credentials::KEY_EXECUTOR),
+        ("PAYMENT_RESOURCE_CLIENT_TOKEN", credentials::KEY_CLIENT),
     ] {
         env.push(secret_env(name, credentials_secret, key));
     }
@@ -194,7 +200,7 @@ pub fn rail_proxy(
     kill_switches: &KillSwitches,
     db_secret_version: Option<&str>,
 ) -> Workload {
-    let credentials_secret = &security::credentials_secret_name(owner);
+    let credentials_secret = &credentials::credentials_secret_name(owner);
     let env = vec![
         env(
             RAIL_PROXY_FENCING_ENV,
@@ -203,7 +209,7 @@ pub fn rail_proxy(
         secret_env(
             "RAIL_PROXY_EXECUTOR_TOKEN",
             credentials_secret,
-            security::KEY_RAIL_PROXY_EXECUTOR,
+            credentials::KEY_RAIL_PROXY_EXECUTOR,
         ),
     ];
     Workload {
@@ -268,12 +274,12 @@ pub fn payout_executor(
     env.push(secret_env(
         "PAYOUT_EXECUTOR_PAYMENT_RESOURCE_TOKEN",
         credentials_secret,
-        security::KEY_EXECUTOR,
+        credentials::KEY_EXECUTOR,
     ));
     env.push(secret_env(
         "PAYOUT_EXECUTOR_RAIL_PROXY_TOKEN",
         credentials_secret,
-        security::KEY_RAIL_PROXY_EXECUTOR,
+        credentials::KEY_RAIL_PROXY_EXECUTOR,
     ));
     Workload {
         component: PAYOUT_EXECUTOR,
@@ -294,7 +300,7 @@ pub fn payout_executor(
         serves_http: false,
         annotations: BTreeMap::new(),
         // lock-server's NetworkPolicy admits the executors of the stacks that use it by this label.
-        pod_labels: BTreeMap::from([(network::LABEL_LOCK_SERVICE.into(), targets.lock_service.clone())]),
+        pod_labels: BTreeMap::from([(LABEL_LOCK_SERVICE.into(), targets.lock_service.clone())]),
     }
 }
 

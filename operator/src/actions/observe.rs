@@ -1,38 +1,28 @@
-//! The I/O around the LockService actions: observing what the pure planning in
-//! [`crate::builders::actions`] needs (the requests, lock-server's view of a key, lock-server's
-//! pods, the restore Jobs and their reports, the PaymentStacks that use this LockService), and the
-//! one external write an action makes outside Kubernetes, the pinned revoke.
+//! What the action planning needs, read from the cluster: the requests, lock-server's view of the
+//! key to revoke (through [`super::client`]), lock-server's pods, the restore and check Jobs and
+//! their reports, the PaymentStacks that use this LockService.
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use serde_json::json;
 
-use super::Context;
-use super::error::{Error, Result};
-use super::status::DeploymentHealth;
-use crate::builders::Owner;
-use crate::builders::actions::{
-    ActionInputs, JobRun, LockView, Request, RevokeAnswer, RevokeCall, StackRef, restore_job_name,
-};
-use crate::builders::database::{History, names};
-use crate::builders::lockservice::{KEY_ADMIN_TOKEN, admin_secret_name};
-use crate::builders::migration::JobState;
-use crate::builders::workloads::LOCK_SERVER;
+use super::jobs::{CHECK_COMPONENT, JobRun, restore_job_name};
+use super::{ActionInputs, Request, StackRef, client};
+use crate::builders::postgres::{History, names};
+use crate::builders::{LOCK_SERVER, Owner};
+use crate::context::Context;
 use crate::crd::actions::{
-    ANNOTATION_RESTORE, ANNOTATION_REVOKE, ActionPhase, ActionStep, id_of, parse_restore, parse_revoke,
+    ANNOTATION_RESTORE, ANNOTATION_REVOKE, ActionPhase, ActionStep, RestoreRequest, RevokeRequest, id_of,
+    parse_restore, parse_revoke,
 };
 use crate::crd::{Backend, LockService, PaymentStack};
+use crate::error::{Error, Result};
+use crate::health::{DeploymentHealth, JobState};
 
 /// The requests in the LockService's annotations.
-pub fn requests(
-    ls: &LockService,
-) -> (
-    Option<Request<crate::crd::actions::RevokeRequest>>,
-    Option<Request<crate::crd::actions::RestoreRequest>>,
-) {
+pub fn requests(ls: &LockService) -> (Option<Request<RevokeRequest>>, Option<Request<RestoreRequest>>) {
     let ann = ls.annotations();
     let revoke = ann.get(ANNOTATION_REVOKE).map(|raw| match parse_revoke(raw) {
         Ok(r) => Request::Valid(r),
@@ -99,7 +89,7 @@ pub async fn observe(
         let recorded = inputs.actions.iter().find(|a| a.id == r.id);
         let needs_lock = recorded.is_none_or(|a| a.phase == ActionPhase::Pending);
         if needs_lock && inputs.lock_server_available {
-            inputs.lock = Some(get_lock(ctx, lock_server_url, &r.key).await?);
+            inputs.lock = Some(client::get_lock(ctx, lock_server_url, &r.key).await?);
         }
     }
 
@@ -109,7 +99,7 @@ pub async fn observe(
     }
     if inputs.check_interval_secs.is_some() {
         let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
-        let selector = owner.component_selector(crate::builders::actions::CHECK_COMPONENT);
+        let selector = owner.component_selector(CHECK_COMPONENT);
         let list = jobs
             .list(&ListParams::default().labels(&selector))
             .await
@@ -231,93 +221,4 @@ async fn termination_message(ctx: &Context, ns: &str, job: &str) -> Result<Optio
             .find_map(|c| c.state.as_ref()?.terminated.as_ref()?.message.clone())
             .filter(|m| !m.trim().is_empty())
     }))
-}
-
-/// lock-server's admin token, from the Secret the operator generated.
-async fn admin_token(ctx: &Context, owner: &Owner) -> Result<String> {
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let name = admin_secret_name(owner);
-    let secret = secrets
-        .get_opt(&name)
-        .await
-        .map_err(|e| Error::step("read the lock-server admin Secret", e))?;
-    secret
-        .and_then(|s| s.data)
-        .and_then(|d| d.get(KEY_ADMIN_TOKEN).cloned())
-        .and_then(|v| String::from_utf8(v.0).ok())
-        .filter(|t| !t.is_empty())
-        .ok_or(Error::LockServer {
-            step: "read the lock-server admin Secret",
-            message: format!("Secret {name} has no key {KEY_ADMIN_TOKEN}"),
-        })
-}
-
-fn lock_url(base: &str, segments: &[&str]) -> Result<url::Url> {
-    let mut url = url::Url::parse(base).map_err(|e| Error::LockServer {
-        step: "build the lock-server URL",
-        message: e.to_string(),
-    })?;
-    url.path_segments_mut()
-        .map_err(|()| Error::LockServer {
-            step: "build the lock-server URL",
-            message: format!("{base} cannot carry a path"),
-        })?
-        .extend(segments);
-    Ok(url)
-}
-
-/// `GET /v1/locks/{key}`: the current holder and its fencing token.
-pub async fn get_lock(ctx: &Context, base: &str, key: &str) -> Result<LockView> {
-    const STEP: &str = "read the current grant (GET /v1/locks/{key})";
-    let url = lock_url(base, &["v1", "locks", key])?;
-    let resp = ctx.http.get(url).send().await.map_err(|e| Error::LockServer {
-        step: STEP,
-        message: e.to_string(),
-    })?;
-    decode(STEP, resp).await
-}
-
-/// The pinned revoke: removes the grant only if it still carries `call.token`.
-pub async fn revoke(ctx: &Context, owner: &Owner, base: &str, call: &RevokeCall) -> Result<RevokeAnswer> {
-    const STEP: &str = "revoke the recorded token (POST /v1/admin/locks/{key}/revoke)";
-    let token = admin_token(ctx, owner).await?;
-    let url = lock_url(base, &["v1", "admin", "locks", &call.key, "revoke"])?;
-    let body = json!({
-        "operator": call.requested_by,
-        "reason": call.reason,
-        "requestId": call.id,
-        "fencingToken": call.token,
-    });
-    let resp = ctx
-        .http
-        .post(url)
-        .bearer_auth(token)
-        .json(&body)
-        .send()
-        .await
-        .map_err(|e| Error::LockServer {
-            step: STEP,
-            message: e.to_string(),
-        })?;
-    decode(STEP, resp).await
-}
-
-async fn decode<T: serde::de::DeserializeOwned>(step: &'static str, resp: reqwest::Response) -> Result<T> {
-    let status = resp.status();
-    let text = resp.text().await.map_err(|e| Error::LockServer {
-        step,
-        message: e.to_string(),
-    })?;
-    if !status.is_success() {
-        // lock-server's errors are {code, message}; never echo anything that could hold a secret.
-        let short: String = text.chars().take(300).collect();
-        return Err(Error::LockServer {
-            step,
-            message: format!("HTTP {status}: {short}"),
-        });
-    }
-    serde_json::from_str(&text).map_err(|e| Error::LockServer {
-        step,
-        message: format!("unexpected answer: {e}"),
-    })
 }

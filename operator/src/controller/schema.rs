@@ -5,8 +5,8 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, LogParams};
 
-use super::error::Result;
-use crate::builders::migration::JobState;
+use crate::error::Result;
+use crate::health::JobState;
 
 pub async fn observe(client: &kube::Client, namespace: &str, job_name: &str) -> Result<JobState> {
     let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);

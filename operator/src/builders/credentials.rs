@@ -1,4 +1,5 @@
-//! The payment services' bearer credentials (docs/security.md): one generated Secret per
+//! The generated Secrets of credentials: lock-server's admin token ([`admin_secret`]) and the
+//! payment services' bearer credentials (docs/security.md): one generated Secret per
 //! PaymentStack, `<owner>-payment-credentials`, with one key per role. payment-resource and
 //! rail-proxy read the credentials they accept from it, payout-executor the ones it presents, and
 //! whoever creates payouts uses `client`. Created once, never rotated by reconcile, never in status,
@@ -11,8 +12,7 @@ use k8s_openapi::api::core::v1::Secret;
 use rand::Rng;
 use rand::distr::Alphanumeric;
 
-use super::Owner;
-use super::workloads::PAYMENT_RESOURCE;
+use super::{LOCK_SERVER, Owner, PAYMENT_RESOURCE};
 
 /// payment-resource's `admin` role: accounts, reconciliation.
 pub const KEY_ADMIN: &str = "admin";
@@ -29,11 +29,11 @@ pub fn credentials_secret_name(owner: &Owner) -> String {
     owner.child("payment-credentials")
 }
 
-fn random_token() -> String {
-    // 48 alphanumerics: ~285 bits, inside the services' 16..=512 visible-ASCII rule.
+/// `len` random alphanumerics.
+fn random_token(len: usize) -> String {
     rand::rng()
         .sample_iter(&Alphanumeric)
-        .take(48)
+        .take(len)
         .map(char::from)
         .collect()
 }
@@ -42,12 +42,36 @@ fn random_token() -> String {
 pub fn credentials_secret(owner: &Owner) -> Secret {
     let data: BTreeMap<String, ByteString> = KEYS
         .iter()
-        .map(|k| ((*k).to_owned(), ByteString(random_token().into_bytes())))
+        // 48 alphanumerics: ~285 bits, inside the services' 16..=512 visible-ASCII rule.
+        .map(|k| ((*k).to_owned(), ByteString(random_token(48).into_bytes())))
         .collect();
     Secret {
         metadata: owner.meta(credentials_secret_name(owner), PAYMENT_RESOURCE),
         type_: Some("Opaque".into()),
         data: Some(data),
+        ..Secret::default()
+    }
+}
+
+/// Key of the admin token in [`admin_secret`].
+pub const KEY_ADMIN_TOKEN: &str = "token";
+
+/// `<owner>-lock-server-admin`: lock-server's admin bearer token (for the pinned force-revoke).
+/// Created once with a random token; lock-server reads it from the environment, the operator from
+/// the Secret. Never logged, never in status or Events.
+pub fn admin_secret_name(owner: &Owner) -> String {
+    owner.child("lock-server-admin")
+}
+
+pub fn admin_secret(owner: &Owner) -> Secret {
+    let token = random_token(40);
+    Secret {
+        metadata: owner.meta(admin_secret_name(owner), LOCK_SERVER),
+        type_: Some("Opaque".into()),
+        data: Some(BTreeMap::from([(
+            KEY_ADMIN_TOKEN.to_owned(),
+            ByteString(token.into_bytes()),
+        )])),
         ..Secret::default()
     }
 }

@@ -1,5 +1,6 @@
 //! The controllers' one error type. Configuration problems a human must fix are not errors: they
-//! become a `Degraded` status (see [`super::status::Blocked`]); these are the failures worth a retry.
+//! become a `Degraded` status (see [`crate::controller::verdict::Blocked`]); these are the failures
+//! worth a retry.
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -54,3 +55,11 @@ fn kube_label(source: &kube::Error) -> &'static str {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Names the step of an API failure (the other errors name themselves).
+pub fn at(step: &'static str) -> impl Fn(Error) -> Error {
+    move |e| match e {
+        Error::Kube(source) => Error::step(step, source),
+        other => other,
+    }
+}

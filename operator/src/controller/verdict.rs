@@ -1,16 +1,19 @@
-//! From observations to status: the phase, the three standard conditions, and the migration block.
-//! Pure functions; the reconcilers patch the result with server-side apply.
+//! From what a reconcile applied to its status: the phase, the three standard conditions, the
+//! migration block, and each kind's own part ([`KindOutcome`]). Pure functions; the pipeline
+//! patches the result with server-side apply.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::Deployment;
+use std::time::Duration;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::builders::migration::JobState;
+use crate::builders::postgres::History;
 use crate::crd::status::{CONDITION_DEGRADED, CONDITION_PROGRESSING, CONDITION_READY};
 use crate::crd::{DlockStatus, EtcdStatus, MigrationStatus, Phase};
-use crate::reasons::Reason;
+use crate::health::{DeploymentHealth, JobState};
+use crate::reasons::{EventNote, Reason};
 
 /// Something a human must fix (or wait for) before the controller can go on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,35 +32,6 @@ impl Blocked {
     }
 }
 
-/// Availability of one Deployment the controller applied.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeploymentHealth {
-    pub name: String,
-    pub desired: i32,
-    pub available: i32,
-    pub updated: i32,
-    /// The Deployment controller has seen the latest spec.
-    pub observed: bool,
-}
-
-impl DeploymentHealth {
-    pub fn of(d: &Deployment) -> DeploymentHealth {
-        let status = d.status.as_ref();
-        let generation = d.metadata.generation.unwrap_or(0);
-        DeploymentHealth {
-            name: d.metadata.name.clone().unwrap_or_default(),
-            desired: d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
-            available: status.and_then(|s| s.available_replicas).unwrap_or(0),
-            updated: status.and_then(|s| s.updated_replicas).unwrap_or(0),
-            observed: status.and_then(|s| s.observed_generation).unwrap_or(0) >= generation,
-        }
-    }
-
-    pub fn is_available(&self) -> bool {
-        self.observed && self.available >= self.desired && self.updated >= self.desired
-    }
-}
-
 /// The etcd cluster of a LockService with backend etcd, as the etcd step saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EtcdHealth {
@@ -71,7 +45,9 @@ impl EtcdHealth {
     /// The cluster can commit: lock-server may start.
     pub fn has_quorum(&self) -> bool {
         match self {
-            EtcdHealth::Managed { members, ready } => *ready >= crate::builders::etcd::quorum(*members),
+            EtcdHealth::Managed { members, ready } => {
+                *ready >= crate::builders::etcd_members::quorum(*members)
+            }
             EtcdHealth::External => true,
         }
     }
@@ -101,7 +77,154 @@ impl EtcdHealth {
     }
 }
 
-/// Everything the status is computed from.
+/// What a kind's own apply step did ([`super::pipeline::Reconciled::apply`]): what it says about
+/// the verdict, its own part of status, how soon to look again, the Events of what it did.
+pub trait KindOutcome: Send + Sync {
+    /// What blocks the object, gates it, or is awaited, by the kind's own reckoning.
+    fn verdict(&self) -> KindVerdict {
+        KindVerdict::default()
+    }
+    /// Writes the kind's own part of `status` (the rest is shared).
+    fn write_status(&self, _status: &mut DlockStatus) {}
+    /// The requeue interval, given the one the phase asks for.
+    fn requeue(&self, after: Duration) -> Duration {
+        after
+    }
+    /// The Events of what was done, published after the status write.
+    fn events(&self) -> &[EventNote] {
+        &[]
+    }
+}
+
+/// A kind's contribution to the verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct KindVerdict {
+    /// Something a human must fix.
+    pub blocked: Option<Blocked>,
+    /// Lock traffic is gated (a restore fast-forward in progress).
+    pub gated: Option<Blocked>,
+    /// A dependency that is not there yet.
+    pub waiting: Option<Blocked>,
+}
+
+/// A reconcile that ended before anything was applied: what a human must fix.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stopped {
+    pub blocked: Blocked,
+    /// The etcd cluster, when it was looked at before the stop.
+    pub etcd: Option<EtcdHealth>,
+}
+
+/// The migration Job of one reconcile.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MigrationRun {
+    pub job_name: String,
+    pub state: JobState,
+    /// Read from the Job's log once it succeeded (`None`: not read this time).
+    pub read_version: Option<i64>,
+}
+
+/// What a reconcile applied, which is all its status is built from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Applied<O> {
+    pub database_ready: bool,
+    /// Backend etcd: the cluster (in place of the database's schema, which it has not).
+    pub etcd: Option<EtcdHealth>,
+    /// `None` without a schema (etcd).
+    pub migration: Option<MigrationRun>,
+    /// Deployments applied (empty while a gate holds them back).
+    pub deployments: Vec<DeploymentHealth>,
+    /// How many Deployments the spec asks for once past the gates.
+    pub expected_deployments: usize,
+    pub endpoints: BTreeMap<String, String>,
+    /// The kind's own outcome.
+    pub kind: O,
+}
+
+/// How one reconcile ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reconciliation<O> {
+    Stopped(Stopped),
+    Applied(Applied<O>),
+}
+
+impl<O: KindOutcome> Reconciliation<O> {
+    /// The verdict's inputs.
+    pub fn observation(&self) -> Observation {
+        match self {
+            Reconciliation::Stopped(s) => Observation {
+                blocked: Some(s.blocked.clone()),
+                etcd: s.etcd.clone(),
+                ..Observation::default()
+            },
+            Reconciliation::Applied(a) => {
+                let kind = a.kind.verdict();
+                Observation {
+                    blocked: kind.blocked,
+                    database_ready: a.database_ready,
+                    migration: a.migration.as_ref().map(|m| m.state.clone()),
+                    waiting: kind.waiting,
+                    deployments: a.deployments.clone(),
+                    expected_deployments: a.expected_deployments,
+                    gated: kind.gated,
+                    etcd: a.etcd.clone(),
+                }
+            }
+        }
+    }
+
+    /// The kind's outcome, when the reconcile got as far as applying.
+    pub fn kind(&self) -> Option<&O> {
+        match self {
+            Reconciliation::Stopped(_) => None,
+            Reconciliation::Applied(a) => Some(&a.kind),
+        }
+    }
+}
+
+/// The new status of a reconcile that ended as `r`, with its verdict.
+pub fn status_of<O: KindOutcome>(
+    previous: Option<&DlockStatus>,
+    generation: Option<i64>,
+    history: History,
+    r: &Reconciliation<O>,
+    now: Timestamp,
+) -> (DlockStatus, Assessment) {
+    let obs = r.observation();
+    let assessment = assess(&obs);
+    let previous_migration = || previous.and_then(|p| p.migration.clone());
+    let previous_endpoints = || previous.map(|p| p.endpoints.clone()).unwrap_or_default();
+    let (migration, endpoints) = match r {
+        Reconciliation::Stopped(_) => (previous_migration(), previous_endpoints()),
+        Reconciliation::Applied(a) => (
+            match &a.migration {
+                Some(m) => Some(migration_status(
+                    previous.and_then(|p| p.migration.as_ref()),
+                    history.name(),
+                    &m.job_name,
+                    &m.state,
+                    m.read_version,
+                )),
+                None => previous_migration(),
+            },
+            if a.endpoints.is_empty() {
+                previous_endpoints()
+            } else {
+                a.endpoints.clone()
+            },
+        ),
+    };
+    let mut new = build(previous, generation, &assessment, endpoints, migration, now);
+    if let Some(etcd) = &obs.etcd {
+        new.etcd = Some(etcd.status());
+    }
+    if let Some(kind) = r.kind() {
+        kind.write_status(&mut new);
+    }
+    (new, assessment)
+}
+
+/// Everything the verdict is computed from.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Observation {
     /// A configuration problem (invalid spec, unusable external database, tampered Secret).
@@ -155,7 +278,7 @@ pub fn assess(obs: &Observation) -> Assessment {
                     Reason::WaitingForEtcd,
                     format!(
                         "waiting for a quorum of the etcd members: {ready}/{members} ready; lock-server starts at {}",
-                        crate::builders::etcd::quorum(*members)
+                        crate::builders::etcd_members::quorum(*members)
                     ),
                 );
             }

@@ -6,7 +6,7 @@ use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::database::{History, KEY_APP_PASSWORD, names};
+use super::postgres::{History, KEY_APP_PASSWORD, names};
 use super::{Owner, secret_env, short_hash};
 use crate::crd::SecretKeyRef;
 
@@ -76,40 +76,5 @@ pub fn job(
             ..JobSpec::default()
         }),
         ..Job::default()
-    }
-}
-
-/// Where a migration Job stands.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum JobState {
-    /// Not created yet (or deleted by a human, to force a re-run).
-    Absent,
-    Running,
-    Succeeded,
-    /// Terminally failed; the message is the Job's own condition message.
-    Failed(String),
-}
-
-impl JobState {
-    pub fn of(job: Option<&Job>) -> JobState {
-        let Some(job) = job else {
-            return JobState::Absent;
-        };
-        let status = job.status.as_ref();
-        if status.and_then(|s| s.succeeded).unwrap_or(0) >= 1 {
-            return JobState::Succeeded;
-        }
-        let failed = status
-            .and_then(|s| s.conditions.as_ref())
-            .and_then(|cs| cs.iter().find(|c| c.type_ == "Failed" && c.status == "True"));
-        match failed {
-            Some(c) => JobState::Failed(
-                c.message
-                    .clone()
-                    .or_else(|| c.reason.clone())
-                    .unwrap_or_else(|| "the migration Job failed".into()),
-            ),
-            None => JobState::Running,
-        }
     }
 }

@@ -1,30 +1,46 @@
 //! The PaymentStack's part of the reconcile pipeline ([`super::pipeline`]): paydb → migration Job →
-//! payment-resource, rail-proxy and payout-executor, once the referenced LockService is Ready; the
-//! optional rail-stub; the payment credentials Secret; the NetworkPolicies.
+//! payment-resource, rail-proxy and payout-executor, once the referenced LockService is Ready
+//! ([`children`], pure); the optional rail-stub; the payment credentials Secret; the
+//! NetworkPolicies. The kind's outcome is [`LockServiceWait`].
+
+pub mod children;
 
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::Api;
 
-use super::error::Result;
-use super::pipeline::{CreateOnce, Plan, Reconciled, at, invalid_spec};
-use super::status::{Blocked, Observation};
-use super::steps::{ActionsOutcome, Prepared, Store};
-use super::{Context, Settings};
-use crate::builders::actions::ActionEvent;
-use crate::builders::database::History;
-use crate::builders::paymentstack::{self as plan, HISTORY, Inputs, LockServiceView};
-use crate::builders::{Owner, SpecError, security};
+use super::pipeline::{Reconciled, invalid_spec};
+use super::steps::{CreateOnce, Plan, Prepared, Store};
+use super::verdict::{Blocked, KindOutcome, KindVerdict};
+use crate::builders::postgres::History;
+use crate::builders::{Owner, SpecError, credentials};
+use crate::context::{Context, Settings};
 use crate::crd::{DlockStatus, LockService, PaymentStack};
+use crate::error::{Result, at};
 use crate::reasons::Reason;
+use children::{HISTORY, Inputs, LockServiceView};
 
 /// The three Deployments that wait for the schema and the LockService.
 const GATED_DEPLOYMENTS: usize = 3;
+
+/// What the stack waits for: its LockService, while it is missing or not Ready.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LockServiceWait(pub Option<Blocked>);
+
+impl KindOutcome for LockServiceWait {
+    fn verdict(&self) -> KindVerdict {
+        KindVerdict {
+            waiting: self.0.clone(),
+            ..KindVerdict::default()
+        }
+    }
+}
 
 impl Reconciled for PaymentStack {
     const HISTORY: History = HISTORY;
     /// The referenced LockService (`None`: it does not exist).
     type Observed = Option<LockServiceView>;
-    type Next = ();
+    type Next = LockServiceWait;
+    type Outcome = LockServiceWait;
 
     fn status(&self) -> Option<&DlockStatus> {
         self.status.as_ref()
@@ -35,7 +51,7 @@ impl Reconciled for PaymentStack {
     }
 
     fn migration_job(&self, owner: &Owner, settings: &Settings) -> std::result::Result<Job, SpecError> {
-        plan::migration_job(self, owner, &settings.default_image)
+        children::migration_job(self, owner, &settings.default_image)
     }
 
     async fn observe(
@@ -43,11 +59,19 @@ impl Reconciled for PaymentStack {
         ctx: &Context,
         owner: &Owner,
         _prepared: &Prepared,
-        obs: &mut Observation,
     ) -> Result<Option<LockServiceView>> {
+        lock_service_view(ctx, &owner.namespace, &self.spec.lock_service_ref.name).await
+    }
+
+    fn plan(
+        &self,
+        settings: &Settings,
+        owner: &Owner,
+        prepared: &Prepared,
+        observed: &Option<LockServiceView>,
+    ) -> std::result::Result<Plan<LockServiceWait>, Blocked> {
         let name = &self.spec.lock_service_ref.name;
-        let view = lock_service_view(ctx, &owner.namespace, name).await?;
-        obs.waiting = match &view {
+        let wait = match observed {
             None => Some(Blocked::new(
                 Reason::LockServiceNotFound,
                 format!("LockService {name} does not exist in this namespace"),
@@ -58,16 +82,6 @@ impl Reconciled for PaymentStack {
             )),
             Some(_) => None,
         };
-        Ok(view)
-    }
-
-    fn plan(
-        &self,
-        settings: &Settings,
-        owner: &Owner,
-        prepared: &Prepared,
-        observed: &Option<LockServiceView>,
-    ) -> std::result::Result<Plan<()>, Blocked> {
         let inputs = Inputs {
             default_image: &settings.default_image,
             database_ready: prepared.db.ready,
@@ -75,16 +89,16 @@ impl Reconciled for PaymentStack {
             db_secret_version: prepared.db.secret_version.as_deref(),
             lock_service: observed.as_ref(),
         };
-        let desired = plan::desired(self, owner, &inputs).map_err(|e| invalid_spec(&e))?;
+        let desired = children::desired(self, owner, &inputs).map_err(|e| invalid_spec(&e))?;
         Ok(Plan {
             desired,
             secrets: vec![CreateOnce {
-                secret: security::credentials_secret(owner),
+                secret: credentials::credentials_secret(owner),
                 step: "create the payment credentials Secret",
                 note: "generated the payment services' bearer credentials into a Secret",
             }],
             expected_deployments: GATED_DEPLOYMENTS + usize::from(self.spec.rail_stub.enabled),
-            next: (),
+            next: LockServiceWait(wait),
         })
     }
 
@@ -93,10 +107,9 @@ impl Reconciled for PaymentStack {
         &self,
         _ctx: &Context,
         _owner: &Owner,
-        _plan: &Plan<()>,
-        _obs: &mut Observation,
-    ) -> Result<(Option<ActionsOutcome>, Vec<ActionEvent>)> {
-        Ok((None, Vec::new()))
+        plan: &Plan<LockServiceWait>,
+    ) -> Result<LockServiceWait> {
+        Ok(plan.next.clone())
     }
 }
 

@@ -23,8 +23,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::Owner;
-use super::workloads::LOCK_SERVER;
+use super::{LOCK_SERVER, Owner};
 use crate::crd::ManagedEtcd;
 
 /// Component label of the members (and the suffix of their StatefulSet's name).

@@ -5,12 +5,13 @@
 //! - backend etcd: the etcd members (managed) → lock-server (once a quorum of them is ready, or at
 //!   once for an external cluster). No lockdb, no migration Job: etcd has no schema.
 
-use super::database::{self, History};
-use super::etcd;
-use super::migration::{self, JobState};
-use super::workloads::{self, LOCK_SERVER, LockServerStore};
-use super::{Child, Desired, Owner, SpecError, network};
+use crate::builders::credentials::admin_secret_name;
+use crate::builders::deployments::{self, LockServerStore};
+use crate::builders::postgres::{self, History};
+use crate::builders::{Child, Desired, LOCK_SERVER, Owner, SpecError};
+use crate::builders::{etcd_members, migration_job, network_policies};
 use crate::crd::{DatabaseMode, DatabaseSpec, EtcdMode, EtcdSpec, LockService, LockStore};
+use crate::health::JobState;
 
 /// What the controller observed, and its defaults.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,36 +30,6 @@ pub struct Inputs<'a> {
     pub gated: bool,
 }
 
-/// Key of the admin token in [`admin_secret`].
-pub const KEY_ADMIN_TOKEN: &str = "token";
-
-/// `<owner>-lock-server-admin`: lock-server's admin bearer token (for the pinned force-revoke).
-/// Created once with a random token; lock-server reads it from the environment, the operator from
-/// the Secret. Never logged, never in status or Events.
-pub fn admin_secret_name(owner: &Owner) -> String {
-    owner.child("lock-server-admin")
-}
-
-pub fn admin_secret(owner: &Owner) -> k8s_openapi::api::core::v1::Secret {
-    use k8s_openapi::ByteString;
-    use rand::Rng;
-    use rand::distr::Alphanumeric;
-    let token: String = rand::rng()
-        .sample_iter(&Alphanumeric)
-        .take(40)
-        .map(char::from)
-        .collect();
-    k8s_openapi::api::core::v1::Secret {
-        metadata: owner.meta(admin_secret_name(owner), LOCK_SERVER),
-        type_: Some("Opaque".into()),
-        data: Some(std::collections::BTreeMap::from([(
-            KEY_ADMIN_TOKEN.to_owned(),
-            ByteString(token.into_bytes()),
-        )])),
-        ..k8s_openapi::api::core::v1::Secret::default()
-    }
-}
-
 /// lockdb's block (backend postgres only).
 fn database(ls: &LockService) -> Result<&DatabaseSpec, SpecError> {
     match ls.spec.store().ok_or(SpecError::StoreMissing)? {
@@ -73,7 +44,7 @@ pub fn lockdb_admin_url(ls: &LockService, owner: &Owner) -> Result<crate::crd::S
         DatabaseMode::Managed(_) => None,
         DatabaseMode::External(e) => Some(&e.secret_ref),
     };
-    Ok(database::admin_url_source(owner, HISTORY, external))
+    Ok(postgres::admin_url_source(owner, HISTORY, external))
 }
 
 pub const HISTORY: History = History::Lockdb;
@@ -101,8 +72,8 @@ pub fn migration_job(
         .migration_image
         .clone()
         .unwrap_or_else(|| lock_server_image(ls, default_image));
-    let source = database::admin_url_source(owner, HISTORY, external);
-    Ok(migration::job(owner, HISTORY, &image, &source, &[]))
+    let source = postgres::admin_url_source(owner, HISTORY, external);
+    Ok(migration_job::job(owner, HISTORY, &image, &source, &[]))
 }
 
 pub fn desired(ls: &LockService, owner: &Owner, inputs: &Inputs<'_>) -> Result<Desired, SpecError> {
@@ -121,15 +92,16 @@ fn desired_postgres(
     let mut out = Desired::default();
     match db.mode().ok_or(SpecError::DatabaseMode)? {
         DatabaseMode::Managed(managed) => {
-            out.apply.push(Child::Service(database::service(owner, HISTORY)));
+            out.apply.push(Child::Service(postgres::service(owner, HISTORY)));
             out.apply
-                .push(Child::StatefulSet(database::statefulset(owner, HISTORY, managed)));
+                .push(Child::StatefulSet(postgres::statefulset(owner, HISTORY, managed)));
         }
         // External: a managed StatefulSet and Service left from before are orphans (the sweep).
         DatabaseMode::External(_) => {}
     }
     // Who may reach lock-server, from before its first pod starts.
-    out.apply.push(Child::NetworkPolicy(network::lock_server(owner)));
+    out.apply
+        .push(Child::NetworkPolicy(network_policies::lock_server(owner)));
 
     let job = migration_job(ls, owner, inputs.default_image)?;
     out.migration_job = job.metadata.name.clone().unwrap_or_default();
@@ -160,21 +132,25 @@ fn desired_etcd(
     let prefix = spec.key_prefix.as_str();
     let store = match spec.mode().ok_or(SpecError::EtcdMode)? {
         EtcdMode::Managed(managed) => {
-            out.apply.push(Child::NetworkPolicy(etcd::network_policy(owner)));
-            out.apply.push(Child::Service(etcd::peer_service(owner)));
-            out.apply.push(Child::Service(etcd::client_service(owner)));
             out.apply
-                .push(Child::StatefulSet(etcd::statefulset(owner, managed)));
+                .push(Child::NetworkPolicy(etcd_members::network_policy(owner)));
+            out.apply.push(Child::Service(etcd_members::peer_service(owner)));
+            out.apply
+                .push(Child::Service(etcd_members::client_service(owner)));
+            out.apply
+                .push(Child::StatefulSet(etcd_members::statefulset(owner, managed)));
             // One member has no quorum to keep through a drain: a budget would only block it.
             if managed.replicas > 1 {
-                out.apply.push(Child::PodDisruptionBudget(etcd::disruption_budget(
-                    owner,
-                    managed.replicas,
-                )));
+                out.apply
+                    .push(Child::PodDisruptionBudget(etcd_members::disruption_budget(
+                        owner,
+                        managed.replicas,
+                    )));
             }
-            out.endpoints.insert("etcd".into(), etcd::client_url(owner));
+            out.endpoints
+                .insert("etcd".into(), etcd_members::client_url(owner));
             LockServerStore::Etcd {
-                endpoints: etcd::member_client_urls(owner, managed.replicas),
+                endpoints: etcd_members::member_client_urls(owner, managed.replicas),
                 prefix,
             }
         }
@@ -186,7 +162,8 @@ fn desired_etcd(
             secret_version: inputs.db_secret_version,
         },
     };
-    out.apply.push(Child::NetworkPolicy(network::lock_server(owner)));
+    out.apply
+        .push(Child::NetworkPolicy(network_policies::lock_server(owner)));
     // lock-server starts once the cluster can commit (a quorum of members ready): before that it
     // could only fail its readiness probe. Once created, it is left running through a member loss.
     if inputs.database_ready {
@@ -210,7 +187,7 @@ fn lock_server(
     } else {
         ls.spec.lock_server.replicas
     };
-    let w = workloads::lock_server(
+    let w = deployments::lock_server(
         owner,
         lock_server_image(ls, inputs.default_image),
         replicas,

@@ -1,0 +1,89 @@
+//! The state every reconcile shares: the client, the Event recorder, metrics, the settings from the
+//! operator's flags, lock-server's HTTP client, and the per-object failure counts of the backoff.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+use crate::metrics::Metrics;
+use crate::reasons::Reason;
+
+/// Settings the controllers take from the operator's flags.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The dlock image, for components whose spec names none.
+    pub default_image: String,
+    /// Namespace to watch; all when `None`.
+    pub namespace: Option<String>,
+    /// How often each LockService's fencing sequence is compared with its paydbs' high-water;
+    /// `None` turns the check off.
+    pub fencing_check_interval: Option<Duration>,
+}
+
+/// State shared by every reconcile. Passed explicitly; no globals.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub metrics: Metrics,
+    pub settings: Settings,
+    /// HTTP client for lock-server's API (actions). Honours HTTP_PROXY / NO_PROXY like any client.
+    pub http: reqwest::Client,
+    /// Consecutive failures per object, for the error policy's backoff.
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    pub fn new(client: Client, metrics: Metrics, settings: Settings, instance: Option<String>) -> Context {
+        let reporter = Reporter {
+            controller: crate::builders::FIELD_MANAGER.into(),
+            instance,
+        };
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            metrics,
+            settings,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap_or_default(),
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Publishes an Event; failures are logged, never fatal (Events are explanations, not state).
+    pub async fn publish(&self, regarding: &ObjectReference, type_: EventType, reason: Reason, note: String) {
+        let ev = Event {
+            type_,
+            reason: reason.as_str().into(),
+            note: Some(note),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, regarding).await {
+            tracing::warn!(event = "event_publish_failed", reason = reason.as_str(), error = %e);
+        }
+    }
+
+    pub(crate) fn record_failure(&self, key: &str) -> u32 {
+        let mut map = self
+            .failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = map.entry(key.to_owned()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    pub(crate) fn record_success(&self, key: &str) {
+        let mut map = self
+            .failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.remove(key);
+    }
+}

@@ -1,0 +1,221 @@
+//! The LockService's part of the reconcile pipeline ([`super::pipeline`]): lockdb → migration Job →
+//! lock-server ([`children`], pure), its admin Secret, and the actions (force-revoke, restore
+//! fast-forward, the periodic fencing check, [`crate::actions`]) requested in its annotations. The
+//! kind's outcome is [`ActionsOutcome`]: the action part of status, and what it means for the verdict.
+
+pub mod children;
+
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+
+use super::apply;
+use super::pipeline::{Reconciled, invalid_spec};
+use super::steps::{CreateOnce, Plan, Prepared, Store};
+use super::verdict::{Blocked, KindOutcome, KindVerdict};
+use crate::actions::check::behind_message;
+use crate::actions::jobs::{CHECK_COMPONENT, RESTORE_COMPONENT, RestoreJobs};
+use crate::actions::{self, ActionInputs, ActionPlan, client, observe, revoke};
+use crate::builders::postgres::History;
+use crate::builders::{Child, LOCK_SERVER, Owner, SpecError, credentials};
+use crate::context::{Context, Settings};
+use crate::crd::actions::ActionPhase;
+use crate::crd::{Backend, DlockStatus, LockService, LockStore};
+use crate::error::{Result, at};
+use crate::health::JobState;
+use crate::reasons::{EventNote, Reason};
+use children::{HISTORY, Inputs};
+
+/// How soon a reconcile with an action in flight runs again (status writes also trigger one).
+const REQUEUE_ACTION: Duration = Duration::from_secs(2);
+
+/// The action part of the status a LockService reconcile computed, and its Events: the planned
+/// step with the pinned revoke's answer recorded.
+#[derive(Debug, Clone, Default)]
+pub struct ActionsOutcome {
+    pub done: ActionPlan,
+    /// Look again at least this often (the fencing check interval).
+    pub requeue_within: Option<Duration>,
+}
+
+impl KindOutcome for ActionsOutcome {
+    /// A sequence found behind the resources' high-water needs a restore fast-forward; a closed gate
+    /// holds lock traffic; a failed restore keeps it closed and needs a human.
+    fn verdict(&self) -> KindVerdict {
+        let done = &self.done;
+        let mut v = KindVerdict::default();
+        if let Some(f) = done
+            .fencing
+            .as_ref()
+            .filter(|f| f.is_behind() && done.gate.is_none())
+        {
+            v.blocked = Some(Blocked::new(Reason::FencingSequenceBehind, behind_message(f)));
+        }
+        if let Some(gate) = &done.gate {
+            v.gated = Some(Blocked::new(Reason::LockTrafficGated, gate.message.clone()));
+            if let Some(f) = done
+                .actions
+                .iter()
+                .find(|a| a.id == gate.action_id)
+                .filter(|a| a.phase == ActionPhase::Failed)
+            {
+                v.blocked = Some(Blocked::new(
+                    Reason::RestoreFailed,
+                    format!(
+                        "lock traffic stays gated: restore {} failed: {}",
+                        f.id,
+                        f.message.as_deref().unwrap_or_default()
+                    ),
+                ));
+            }
+        }
+        v
+    }
+
+    fn write_status(&self, status: &mut DlockStatus) {
+        status.actions = self.done.actions.clone();
+        status.gate = self.done.gate.clone();
+        status.fencing = self.done.fencing.clone().or(status.fencing.take());
+        status.last_action = actions::last_action(&status.actions);
+    }
+
+    fn requeue(&self, after: Duration) -> Duration {
+        if self.done.busy {
+            REQUEUE_ACTION
+        } else {
+            after.min(self.requeue_within.unwrap_or(after))
+        }
+    }
+
+    fn events(&self) -> &[EventNote] {
+        &self.done.events
+    }
+}
+
+impl Reconciled for LockService {
+    const HISTORY: History = HISTORY;
+    type Observed = ActionInputs;
+    type Next = ActionPlan;
+    type Outcome = ActionsOutcome;
+
+    fn status(&self) -> Option<&DlockStatus> {
+        self.status.as_ref()
+    }
+
+    fn store(&self) -> std::result::Result<Store<'_>, SpecError> {
+        match self.spec.store().ok_or(SpecError::StoreMissing)? {
+            LockStore::Postgres(db) => Ok(Store::Database(db)),
+            LockStore::Etcd(etcd) => Ok(Store::Etcd(etcd)),
+        }
+    }
+
+    fn migration_job(&self, owner: &Owner, settings: &Settings) -> std::result::Result<Job, SpecError> {
+        children::migration_job(self, owner, &settings.default_image)
+    }
+
+    /// The actions' inputs: the requests, lock-server's view of the key to revoke, its pods, the
+    /// restore and check Jobs, the PaymentStacks that use this LockService.
+    async fn observe(&self, ctx: &Context, owner: &Owner, prepared: &Prepared) -> Result<ActionInputs> {
+        let lock_server_url = owner.http_url(&owner.child(LOCK_SERVER));
+        let mut inputs = observe::observe(ctx, self, owner, &lock_server_url).await?;
+        inputs.schema_ready = prepared.job_state == JobState::Succeeded;
+        Ok(inputs)
+    }
+
+    /// The next action step first (it decides the gate), then the children it implies.
+    fn plan(
+        &self,
+        settings: &Settings,
+        owner: &Owner,
+        prepared: &Prepared,
+        observed: &ActionInputs,
+    ) -> std::result::Result<Plan<ActionPlan>, Blocked> {
+        let image = self
+            .spec
+            .migration_image
+            .clone()
+            .unwrap_or_else(|| children::lock_server_image(self, &settings.default_image));
+        let lockdb_admin_url = match self.spec.backend {
+            Backend::Postgres => children::lockdb_admin_url(self, owner).map_err(|e| invalid_spec(&e))?,
+            // Never read: with etcd the actions plan no restore or check Job (they work on lockdb).
+            Backend::Etcd => crate::builders::postgres::admin_url_source(owner, HISTORY, None),
+        };
+        let restore_jobs = RestoreJobs {
+            owner,
+            image: &image,
+            lockdb_admin_url: &lockdb_admin_url,
+        };
+        let next = actions::plan(observed, &restore_jobs);
+        let inputs = Inputs {
+            default_image: &settings.default_image,
+            database_ready: prepared.db.ready,
+            migration: &prepared.job_state,
+            db_secret_version: prepared.db.secret_version.as_deref(),
+            gated: next.gated(),
+        };
+        let mut desired = children::desired(self, owner, &inputs).map_err(|e| invalid_spec(&e))?;
+        desired.apply.extend(next.jobs.iter().cloned().map(Child::Job));
+        desired
+            .apply
+            .extend(next.check_job.iter().cloned().map(Child::Job));
+        Ok(Plan {
+            desired,
+            secrets: vec![CreateOnce {
+                secret: credentials::admin_secret(owner),
+                step: "create the lock-server admin Secret",
+                note: "generated lock-server's admin token into a Secret",
+            }],
+            expected_deployments: 1,
+            next,
+        })
+    }
+
+    /// Orphaned restore and check Jobs (by label), then the one write outside Kubernetes: the
+    /// revoke of the token recorded in status.
+    async fn apply(&self, ctx: &Context, owner: &Owner, plan: &Plan<ActionPlan>) -> Result<ActionsOutcome> {
+        let next = &plan.next;
+        let restore = next.jobs.iter().filter_map(|j| j.metadata.name.as_deref());
+        let check = next.check_job.iter().filter_map(|j| j.metadata.name.as_deref());
+        let families: [(&str, Vec<&str>, &'static str); 2] = [
+            (
+                RESTORE_COMPONENT,
+                restore.chain(next.keep_jobs.iter().map(String::as_str)).collect(),
+                "delete finished restore Jobs",
+            ),
+            (
+                CHECK_COMPONENT,
+                check.chain(next.keep_check.as_deref()).collect(),
+                "delete finished fencing check Jobs",
+            ),
+        ];
+        for (component, keep, step) in families {
+            apply::delete_stale_jobs(
+                &ctx.client,
+                &owner.namespace,
+                &owner.component_selector(component),
+                &keep,
+            )
+            .await
+            .map_err(at(step))?;
+        }
+
+        let mut done = next.clone();
+        if let Some(call) = &next.revoke {
+            let lock_server_url = owner.http_url(&owner.child(LOCK_SERVER));
+            let answer = client::revoke(ctx, owner, &lock_server_url, call).await?;
+            if let Some(running) = done.actions.iter_mut().find(|a| a.id == call.id) {
+                let (finished, event) = revoke::outcome(running, &answer, &observe::now());
+                tracing::info!(event = "action_finished", id = %call.id, key = %call.key, token = call.token, outcome = %answer.outcome);
+                *running = finished;
+                done.events.push(event);
+            }
+        }
+        ctx.metrics
+            .fencing_observed(&owner.namespace, &owner.name, done.fencing.as_ref());
+        Ok(ActionsOutcome {
+            done,
+            // Look again in time for the next fencing check.
+            requeue_within: ctx.settings.fencing_check_interval,
+        })
+    }
+}

@@ -1,0 +1,197 @@
+//! Step 1 of both reconcilers: the store. A database ([`resolve_database`]): creates the credentials
+//! Secret once, works out the connection URLs (managed: from the Service name; external: from the
+//! referenced Secret's URL), applies the connection Secret, and reports whether the database can
+//! take the migration. An etcd cluster of a LockService with `backend: etcd` ([`resolve_etcd`]), in
+//! place of the database: how many managed members are ready, or whether the external cluster's
+//! Secret names usable client URLs.
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+
+use super::apply;
+use super::verdict::{Blocked, EtcdHealth};
+use crate::builders::Owner;
+use crate::builders::etcd_members::{self, parse_endpoints};
+use crate::builders::postgres::{self, Credentials, History};
+use crate::context::Context;
+use crate::crd::{DatabaseMode, DatabaseSpec, EtcdMode, EtcdSpec};
+use crate::error::Result;
+use crate::reasons::Reason;
+
+/// What the database step found.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DatabaseState {
+    /// Managed: the StatefulSet has a ready pod. External: assumed reachable (the Job will tell).
+    pub ready: bool,
+    /// resourceVersion of the connection Secret.
+    pub secret_version: Option<String>,
+    /// The credentials Secret was created by this reconcile.
+    pub credentials_created: bool,
+}
+
+/// `Ok(Err(blocked))` for problems a human must fix; `Err` for API failures worth a retry.
+pub async fn resolve_database(
+    ctx: &Context,
+    owner: &Owner,
+    history: History,
+    spec: &DatabaseSpec,
+) -> Result<Result<DatabaseState, Blocked>> {
+    let Some(mode) = spec.mode() else {
+        return Ok(Err(Blocked::new(
+            Reason::InvalidSpec,
+            "spec.database must set exactly one of managed or external",
+        )));
+    };
+    let managed = matches!(mode, DatabaseMode::Managed(_));
+    let names = postgres::names(owner, history);
+    let client = &ctx.client;
+    let ns = &owner.namespace;
+
+    let fresh = postgres::credentials_secret(owner, history, &Credentials::generate(managed));
+    let (stored, created) = apply::create_secret_once(client, ns, &fresh).await?;
+    let Some(credentials) = Credentials::from_secret(&stored, managed) else {
+        return Ok(Err(Blocked::new(
+            Reason::CredentialsInvalid,
+            format!(
+                "Secret {} lacks a password key the database needs; restore it from a backup (it is never regenerated, since the database already uses it)",
+                names.credentials_secret
+            ),
+        )));
+    };
+
+    let urls = match mode {
+        DatabaseMode::Managed(_) => postgres::managed_urls(owner, history, &credentials),
+        DatabaseMode::External(external) => {
+            let r = &external.secret_ref;
+            let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+            let Some(secret) = secrets.get_opt(&r.name).await? else {
+                return Ok(Err(Blocked::new(
+                    Reason::ExternalSecretMissing,
+                    format!(
+                        "Secret {} named by spec.database.external.secretRef does not exist",
+                        r.name
+                    ),
+                )));
+            };
+            let owner_url = secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get(&r.key))
+                .and_then(|v| String::from_utf8(v.0.clone()).ok());
+            let Some(owner_url) = owner_url else {
+                return Ok(Err(Blocked::new(
+                    Reason::ExternalSecretInvalid,
+                    format!("Secret {} has no UTF-8 key {:?}", r.name, r.key),
+                )));
+            };
+            match postgres::external_app_url(&owner_url, history, &credentials) {
+                Ok(urls) => urls,
+                Err(e) => {
+                    return Ok(Err(Blocked::new(
+                        Reason::ExternalUrlInvalid,
+                        format!("Secret {} key {:?}: {e}", r.name, r.key),
+                    )));
+                }
+            }
+        }
+    };
+    let conn = apply::apply(client, ns, &postgres::connection_secret(owner, history, &urls)).await?;
+
+    let ready = match mode {
+        DatabaseMode::External(_) => true,
+        DatabaseMode::Managed(_) => {
+            let sts: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+            sts.get_opt(&names.server)
+                .await?
+                .and_then(|s| s.status)
+                .and_then(|s| s.ready_replicas)
+                .unwrap_or(0)
+                >= 1
+        }
+    };
+    Ok(Ok(DatabaseState {
+        ready,
+        secret_version: conn.metadata.resource_version,
+        credentials_created: created,
+    }))
+}
+
+/// What the etcd step found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EtcdState {
+    pub health: EtcdHealth,
+    /// resourceVersion of the external cluster's Secret (lock-server reads it at start-up).
+    pub secret_version: Option<String>,
+}
+
+/// `Ok(Err(blocked))` for problems a human must fix; `Err` for API failures worth a retry.
+pub async fn resolve_etcd(
+    ctx: &Context,
+    owner: &Owner,
+    spec: &EtcdSpec,
+) -> Result<Result<EtcdState, Blocked>> {
+    let Some(mode) = spec.mode() else {
+        return Ok(Err(Blocked::new(
+            Reason::InvalidSpec,
+            "spec.etcd must set exactly one of managed or external",
+        )));
+    };
+    let ns = &owner.namespace;
+    match mode {
+        EtcdMode::Managed(managed) => {
+            let sts: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), ns);
+            let ready = sts
+                .get_opt(&etcd_members::names(owner).server)
+                .await?
+                .and_then(|s| s.status)
+                .and_then(|s| s.ready_replicas)
+                .unwrap_or(0);
+            Ok(Ok(EtcdState {
+                health: EtcdHealth::Managed {
+                    members: managed.replicas,
+                    ready,
+                },
+                secret_version: None,
+            }))
+        }
+        EtcdMode::External(external) => {
+            let r = &external.secret_ref;
+            let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+            let Some(secret) = secrets.get_opt(&r.name).await? else {
+                return Ok(Err(Blocked::new(
+                    Reason::ExternalSecretMissing,
+                    format!(
+                        "Secret {} named by spec.etcd.external.secretRef does not exist",
+                        r.name
+                    ),
+                )));
+            };
+            let raw = secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get(&r.key))
+                .and_then(|v| String::from_utf8(v.0.clone()).ok());
+            let Some(raw) = raw else {
+                return Ok(Err(Blocked::new(
+                    Reason::ExternalSecretInvalid,
+                    format!("Secret {} has no UTF-8 key {:?}", r.name, r.key),
+                )));
+            };
+            // The URLs are not secret, but the message names only the problem, as for lockdb.
+            if let Err(e) = parse_endpoints(&raw) {
+                return Ok(Err(Blocked::new(
+                    Reason::EtcdEndpointsInvalid,
+                    format!(
+                        "Secret {} key {:?} must hold etcd client URLs, comma-separated http://host:port: {e}",
+                        r.name, r.key
+                    ),
+                )));
+            }
+            Ok(Ok(EtcdState {
+                health: EtcdHealth::External,
+                secret_version: secret.metadata.resource_version,
+            }))
+        }
+    }
+}
