@@ -1468,8 +1468,15 @@ fn check_grants(ops: &[Op<'_>], state: &FinalState) -> CheckResult {
             if a.token == b.token {
                 continue;
             }
+            // acquiredAt is C1's now(): the *transaction's* start (§1.3, Warning 2), not the
+            // instant of the grant. A batched acquire that waited on a row lock inside its
+            // statement reports a now() from before the previous grant of the key, even though it
+            // was granted after that grant's release. So the order of acquiredAt is owed only
+            // where real time orders the two: B asked only after A was answered, so B's
+            // transaction began after A's had committed.
             if let (Some(x), Some(y)) = (a.acquired_at, b.acquired_at)
                 && y < x
+                && b.start > a.end
             {
                 c.push(
                     Violation::new(

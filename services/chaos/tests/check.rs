@@ -1060,3 +1060,43 @@ fn no_high_water_mark_is_expected_with_the_rail_kill_switch_off() {
     s.run.rail_fencing = false;
     passes(&check(&history().done(), &s));
 }
+
+#[test]
+fn a_grant_asked_for_after_the_previous_one_with_an_earlier_acquired_at_fails() {
+    // 12 was asked for after 10 was answered, so its transaction began after 10's committed: an
+    // acquiredAt before 10's is the lock service's clock going backwards.
+    let mut events = history().done();
+    regrant(&mut events, 12, 5, 10_005);
+    only_fails(&check(&events, &state()), "grants", "ACQUIRED_AT_OUT_OF_ORDER");
+}
+
+#[test]
+fn a_batched_grant_that_waited_inside_its_transaction_may_report_an_earlier_acquired_at() {
+    // 12 asked for at 11 ms, before 10 was answered (13 ms): its transaction began first (now() =
+    // 11), waited, and was granted after 10's release. C1's acquired_at is that now().
+    let mut h = history();
+    h.op(
+        "executor-2",
+        F::Acquire,
+        11,
+        Some((26, Type::Ok)),
+        Value {
+            key: Some(key()),
+            session: Some(id(S2)),
+            owner: Some("executor-2".into()),
+            ..Value::default()
+        },
+        Value {
+            key: Some(key()),
+            token: Some(11),
+            session: Some(id(S2)),
+            owner: Some("executor-2".into()),
+            acquired_at: Some(srv(11)),
+            expires_at: Some(srv(1_011)),
+            status: Some(200),
+            ..Value::default()
+        },
+    );
+    let v = check(&h.done(), &state());
+    assert!(v.check("grants").is_some_and(|c| c.passed), "{}", v.table(5));
+}

@@ -48,6 +48,10 @@ pub struct ChaosArgs {
     /// Positive control: rewind lockdb's sequence half-way through without the fast-forward.
     #[arg(long)]
     rewind_sequence: bool,
+    /// Run nothing: judge a recorded run again (a folder with history.jsonl and final.json), e.g.
+    /// after the checker changed.
+    #[arg(long, value_name = "DIR")]
+    judge: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -76,6 +80,11 @@ impl NemesisArg {
 }
 
 pub async fn run(args: ChaosArgs, run_dir: &RunDir) -> Result<bool> {
+    if let Some(dir) = &args.judge {
+        let verdict = dlock_chaos::check::check_files(&dir.join("history.jsonl"), &dir.join("final.json"))?;
+        println!("{verdict}");
+        return Ok(verdict.ok());
+    }
     let seed = args.seed.unwrap_or_else(rand::random);
     let mut nemeses: Vec<Nemesis> = if args.nemesis.is_empty() {
         Nemesis::ALL.to_vec()
