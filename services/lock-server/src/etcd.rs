@@ -68,6 +68,16 @@ struct RevocationValue {
     reason: String,
 }
 
+/// The end of a lease that etcd granted or kept alive for `ttl` seconds, measured from `before`,
+/// an instant taken *before* the call: etcd starts (or restarts) the lease's clock somewhere
+/// between the call and its answer, so an end measured from after the answer would promise the
+/// holder more than etcd keeps. The fault campaign caught it (docs/reliability.md, anomaly 5): a
+/// grant answered with an `expiresAt` up to the call's latency past the instant etcd let the key go
+/// to the next holder.
+fn lease_end(before: DateTime<Utc>, ttl: i64) -> DateTime<Utc> {
+    before + ChronoDuration::seconds(ttl.max(0))
+}
+
 /// etcd leases are whole seconds: a TTL in (fractional) seconds rounds *up*, so a lease never lapses
 /// before the TTL the caller asked for; etcd itself raises anything below its minimum TTL
 /// (1.5 × election timeout, 2 s with the defaults) to that minimum.
@@ -260,6 +270,7 @@ impl EtcdRepo {
 
     pub async fn create_session(&self, owner_id: &str, ttl_secs: f64) -> Result<Session, Error> {
         let secs = lease_secs(ttl_secs);
+        let before = Utc::now();
         let lease = self.client().lease_grant(secs, None).await.map_err(Error::etcd)?;
         let session_id = Uuid::new_v4();
         let value = encode(&SessionValue {
@@ -276,7 +287,7 @@ impl EtcdRepo {
         Ok(Session {
             session_id,
             owner_id: owner_id.to_owned(),
-            expires_at: Utc::now() + ChronoDuration::seconds(lease.ttl()),
+            expires_at: lease_end(before, lease.ttl()),
         })
     }
 
@@ -286,10 +297,11 @@ impl EtcdRepo {
             return Ok(None);
         };
         // A keep-alive restores the TTL the lease was granted with; etcd cannot change a lease's TTL.
+        let before = Utc::now();
         Ok(self
             .keep_alive_once(kv.lease())
             .await?
-            .map(|ttl| Utc::now() + ChronoDuration::seconds(ttl)))
+            .map(|ttl| lease_end(before, ttl)))
     }
 
     /// `false`: no such session. Revoking the session's lease first makes every later acquire under
@@ -330,6 +342,7 @@ impl EtcdRepo {
         session_id: Uuid,
         ttl_secs: f64,
     ) -> Result<Option<Grant>, Error> {
+        let before = Utc::now();
         let lease = self.grant_lease(lease_secs(ttl_secs)).await?;
         let now_ms = Utc::now().timestamp_millis();
         let lkey = self.lock_key(key);
@@ -377,7 +390,7 @@ impl EtcdRepo {
                     owner_id: owner_id.to_owned(),
                     session_id,
                     acquired_at: held,
-                    expires_at: held + ChronoDuration::seconds(lease_secs(ttl_secs)),
+                    expires_at: lease_end(before, lease_secs(ttl_secs)),
                 }));
             }
             if first_get(&ops, 1).is_none() {
@@ -411,6 +424,7 @@ impl EtcdRepo {
         if !self.faults.renew_ignores_token && self.token_of(&kv) != token {
             return Ok(None);
         }
+        let before = Utc::now();
         let Some(ttl) = self.keep_alive_once(kv.lease()).await? else {
             return Ok(None);
         };
@@ -428,7 +442,7 @@ impl EtcdRepo {
         }
         Ok(Some(Renewed {
             fencing_token: token,
-            expires_at: Utc::now() + ChronoDuration::seconds(ttl),
+            expires_at: lease_end(before, ttl),
         }))
     }
 
