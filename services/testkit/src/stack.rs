@@ -280,19 +280,8 @@ impl Stack {
     /// Replaces rail-proxy with a fresh process (same database, rail and credentials; fencing on),
     /// e.g. after a fault made it exit. `extra` adds arguments.
     pub async fn restart_rail_proxy(&mut self, fencing: bool, extra: &[&str]) -> Result<()> {
-        self.rail_proxy.stop();
-        let spec = rail_proxy_spec(
-            "rail-proxy-2",
-            &self.paydb_url,
-            &self.rail_stub.url(),
-            self.rail_timeout_ms,
-            self.rail_abandon_after_ms,
-            fencing,
-            &self.credentials,
-        )?
-        .args(extra.iter().copied());
-        self.rail_proxy = Service::start(spec, &self.log_dir).await?;
-        Ok(())
+        self.replace_rail_proxy("rail-proxy-2", None, fencing, extra)
+            .await
     }
 
     /// Replaces rail-proxy with a fresh process on the **same port** (same database, rail and
@@ -301,9 +290,20 @@ impl Stack {
     /// rail-proxy runs; `extra` adds arguments.
     pub async fn restart_rail_proxy_same_port(&mut self, fencing: bool, extra: &[&str]) -> Result<()> {
         let port = self.rail_proxy.port;
+        self.replace_rail_proxy("rail-proxy-same-port", Some(port), fencing, extra)
+            .await
+    }
+
+    async fn replace_rail_proxy(
+        &mut self,
+        name: &str,
+        port: Option<u16>,
+        fencing: bool,
+        extra: &[&str],
+    ) -> Result<()> {
         self.rail_proxy.stop();
         let mut spec = rail_proxy_spec(
-            "rail-proxy-same-port",
+            name,
             &self.paydb_url,
             &self.rail_stub.url(),
             self.rail_timeout_ms,
@@ -312,7 +312,9 @@ impl Stack {
             &self.credentials,
         )?
         .args(extra.iter().copied());
-        spec.port = port;
+        if let Some(port) = port {
+            spec.port = port;
+        }
         self.rail_proxy = Service::start(spec, &self.log_dir).await?;
         Ok(())
     }
