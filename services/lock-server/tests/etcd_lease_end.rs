@@ -14,7 +14,7 @@ mod common;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use common::{ADMIN_TOKEN, Api};
+use common::{ADMIN_TOKEN, Api, LONG_TTL_MS};
 use dlock_testkit::etcd::EtcdCluster;
 use lock_server::Config;
 use reqwest::StatusCode;
@@ -85,16 +85,18 @@ async fn a_lease_end_is_measured_from_before_etcd_started_the_lease() {
     let s = api
         .post_json(
             "/v1/sessions",
-            serde_json::json!({"ownerId": "lease-end", "ttlMs": TTL_MS}),
+            // Long enough to outlive the delayed answers that follow.
+            serde_json::json!({"ownerId": "lease-end", "ttlMs": LONG_TTL_MS}),
         )
         .await;
     assert_eq!(s.status, StatusCode::CREATED, "{s:?}");
     let session_end = expires_at(&s.body);
+    let session_ttl = chrono::Duration::milliseconds(LONG_TTL_MS);
     assert!(
-        session_end <= asked + ttl + slack,
+        session_end <= asked + session_ttl + slack,
         "the session's lease is reported to end at {session_end}, {} ms after asked + ttl: \
          measured from after etcd's answer",
-        (session_end - (asked + ttl)).num_milliseconds()
+        (session_end - (asked + session_ttl)).num_milliseconds()
     );
 
     // A grant: its lease, too.
