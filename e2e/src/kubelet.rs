@@ -296,7 +296,13 @@ impl Kubelet {
     /// Marks every Deployment and StatefulSet in the namespace as fully rolled out.
     pub fn workloads_ready(&self) {
         for d in self.kubectl.list(&self.ns, "deployments") {
-            if !rolled_out(&d) {
+            // A served Deployment whose process is not running has no ready pod yet: its status
+            // waits for the next pass, after `sync_served` started it, as a readiness probe would.
+            let unstarted = self
+                .served
+                .get(objects::name(&d))
+                .is_some_and(|s| s.process.is_none() && objects::replicas(&d) > 0);
+            if !rolled_out(&d) && !unstarted {
                 self.kubectl
                     .patch_status(&self.ns, "deployment", objects::name(&d), &deployment_status(&d))
                     .ok();
