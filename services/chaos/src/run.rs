@@ -345,6 +345,9 @@ struct Stack {
     dir: PathBuf,
     libfaketime: Option<PathBuf>,
     lease: Duration,
+    /// One connection, kept, for the progress line and the settle loop's counts (once a second);
+    /// the pool reconnects after the database nemesis restarted paydb.
+    counts_pool: sqlx::PgPool,
 }
 
 fn libfaketime() -> Option<PathBuf> {
@@ -450,6 +453,7 @@ impl Stack {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(2))
             .build()?;
+        let admin_url = paydb.admin_url();
         let mut stack = Self {
             paydb,
             lockdb,
@@ -466,6 +470,10 @@ impl Stack {
             dir,
             libfaketime: libfaketime(),
             lease: opts.lease(),
+            counts_pool: sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(Duration::from_secs(2))
+                .connect_lazy(&admin_url)?,
         };
         for i in 0..opts.executors {
             stack.start_executor(i, opts, recorder).await?;
@@ -567,41 +575,28 @@ impl Stack {
 
     /// The etcd member that leads, by asking each member's status.
     async fn etcd_leader(&self, endpoints: &[String]) -> Option<usize> {
+        // One status call per member: each names itself and the leader it follows.
+        let mut ids = Vec::with_capacity(endpoints.len());
+        let mut leader = None;
         for ep in endpoints {
-            let Ok(r) = self
+            let status = match self
                 .http
                 .post(format!("{ep}/v3/maintenance/status"))
                 .json(&json!({}))
                 .send()
                 .await
-            else {
-                continue;
+            {
+                Ok(r) => r.json::<serde_json::Value>().await.ok(),
+                Err(_) => None,
             };
-            let Ok(v) = r.json::<serde_json::Value>().await else {
-                continue;
-            };
-            let leader = v["leader"].as_str().map(str::to_owned);
-            let mut ids = Vec::new();
-            for ep2 in endpoints {
-                let id = match self
-                    .http
-                    .post(format!("{ep2}/v3/maintenance/status"))
-                    .json(&json!({}))
-                    .send()
-                    .await
-                {
-                    Ok(r) => r
-                        .json::<serde_json::Value>()
-                        .await
-                        .ok()
-                        .and_then(|v| v["header"]["member_id"].as_str().map(str::to_owned)),
-                    Err(_) => None,
-                };
-                ids.push(id);
+            let status = status.unwrap_or_default();
+            if leader.is_none() {
+                leader = status["leader"].as_str().map(str::to_owned);
             }
-            return ids.iter().position(|id| id.is_some() && *id == leader);
+            ids.push(status["header"]["member_id"].as_str().map(str::to_owned));
         }
-        None
+        let leader = leader?;
+        ids.iter().position(|id| id.as_deref() == Some(leader.as_str()))
     }
 
     /// Applies one fault, holds it, heals it.
@@ -791,10 +786,9 @@ impl Stack {
 
     /// Payouts by state, read from paydb.
     async fn counts(&self) -> Result<Vec<(String, i64)>> {
-        let mut c = self.paydb().await?;
         Ok(
             sqlx::query_as("SELECT state, count(*) FROM payout GROUP BY state ORDER BY state")
-                .fetch_all(&mut c)
+                .fetch_all(&self.counts_pool)
                 .await?,
         )
     }

@@ -25,9 +25,10 @@ pub struct ChaosArgs {
     /// The seed the whole schedule of faults follows from (default: a fresh one, printed).
     #[arg(long)]
     seed: Option<u64>,
-    /// A nemesis to run (repeatable); default all of them.
-    #[arg(long, value_enum)]
-    nemesis: Vec<NemesisArg>,
+    /// A nemesis to run (repeatable): pause, kill, database, partition, clock, rail, or all (the
+    /// default).
+    #[arg(long, value_parser = nemesis_set)]
+    nemesis: Vec<Vec<Nemesis>>,
     /// payout-executor processes.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=16))]
     executors: u64,
@@ -54,29 +55,18 @@ pub struct ChaosArgs {
     judge: Option<std::path::PathBuf>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum NemesisArg {
-    All,
-    Pause,
-    Kill,
-    Database,
-    Partition,
-    Clock,
-    Rail,
-}
-
-impl NemesisArg {
-    fn nemeses(self) -> Vec<Nemesis> {
-        match self {
-            NemesisArg::All => Nemesis::ALL.to_vec(),
-            NemesisArg::Pause => vec![Nemesis::Pause],
-            NemesisArg::Kill => vec![Nemesis::Kill],
-            NemesisArg::Database => vec![Nemesis::Database],
-            NemesisArg::Partition => vec![Nemesis::Partition],
-            NemesisArg::Clock => vec![Nemesis::Clock],
-            NemesisArg::Rail => vec![Nemesis::Rail],
-        }
+/// `--nemesis`: one of the nemeses, or `all` of them.
+fn nemesis_set(s: &str) -> Result<Vec<Nemesis>, String> {
+    if s.eq_ignore_ascii_case("all") {
+        return Ok(Nemesis::ALL.to_vec());
     }
+    <Nemesis as clap::ValueEnum>::from_str(s, true).map(|n| vec![n]).map_err(|_| {
+        let names: Vec<String> = Nemesis::ALL
+            .iter()
+            .filter_map(|n| clap::ValueEnum::to_possible_value(n).map(|v| v.get_name().to_owned()))
+            .collect();
+        format!("unknown nemesis {s:?}: one of all, {}", names.join(", "))
+    })
 }
 
 pub async fn run(args: ChaosArgs, run_dir: &RunDir) -> Result<bool> {
@@ -89,7 +79,7 @@ pub async fn run(args: ChaosArgs, run_dir: &RunDir) -> Result<bool> {
     let mut nemeses: Vec<Nemesis> = if args.nemesis.is_empty() {
         Nemesis::ALL.to_vec()
     } else {
-        args.nemesis.iter().flat_map(|n| n.nemeses()).collect()
+        args.nemesis.concat()
     };
     nemeses.sort();
     nemeses.dedup();
