@@ -6,7 +6,7 @@ use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::postgres::{History, KEY_APP_PASSWORD, names};
+use super::postgres::{self, History, KEY_APP_PASSWORD, names};
 use super::{Owner, secret_env, short_hash};
 use crate::crd::SecretKeyRef;
 
@@ -25,8 +25,12 @@ pub fn job(
     admin_url: &SecretKeyRef,
     extra_dirs: &[&str],
 ) -> Job {
-    let component = history.migration_component();
-    let mut command = vec![MIGRATE_BINARY.to_owned(), "--dir".into(), history.dir()];
+    let component = postgres::migration_component(history);
+    let mut command = vec![
+        MIGRATE_BINARY.to_owned(),
+        "--dir".into(),
+        postgres::history_dir(history),
+    ];
     for dir in extra_dirs {
         command.extend(["--dir".to_owned(), (*dir).to_owned()]);
     }

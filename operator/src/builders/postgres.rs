@@ -32,38 +32,16 @@ pub const KEY_ADMIN_URL: &str = "admin-url";
 const PASSWORD_LEN: usize = 32;
 const DATA_MOUNT: &str = "/var/lib/postgresql/data";
 
-/// Which of the two histories a database carries. lockdb and paydb are always separate instances.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum History {
-    Lockdb,
-    Paydb,
+pub use dlock_common::db::History;
+
+/// Folder of the history inside the dlock image.
+pub fn history_dir(history: History) -> String {
+    format!("/migrations/{}", history.name())
 }
 
-impl History {
-    /// Database name, history folder name and component label.
-    pub fn name(self) -> &'static str {
-        match self {
-            History::Lockdb => "lockdb",
-            History::Paydb => "paydb",
-        }
-    }
-
-    /// The application role the migrations create and the services log in as.
-    pub fn app_role(self) -> &'static str {
-        match self {
-            History::Lockdb => "lockapp",
-            History::Paydb => "payapp",
-        }
-    }
-
-    /// Folder of the history inside the dlock image.
-    pub fn dir(self) -> String {
-        format!("/migrations/{}", self.name())
-    }
-
-    pub fn migration_component(self) -> String {
-        format!("{}-migration", self.name())
-    }
+/// The component label of a history's migration Job.
+pub fn migration_component(history: History) -> String {
+    format!("{}-migration", history.name())
 }
 
 /// Names of one database's children.

@@ -17,7 +17,7 @@ use super::apply::{self, Applied as AppliedChild};
 use super::schema;
 use super::store::{self, DatabaseState};
 use super::verdict::{self, Assessment, Blocked, EtcdHealth, KindOutcome, Reconciliation, Stopped};
-use crate::builders::postgres::History;
+use crate::builders::postgres::{self, History};
 use crate::builders::{ChildKind, Desired, Owner, SpecError};
 use crate::context::Context;
 use crate::crd::{DatabaseSpec, EtcdSpec};
@@ -233,7 +233,7 @@ async fn act(
             .await;
         }
     }
-    let selector = owner.component_selector(&history.migration_component());
+    let selector = owner.component_selector(&postgres::migration_component(history));
     for job in apply::delete_stale_jobs(client, ns, &selector, &[desired.migration_job.as_str()]).await? {
         tracing::info!(event = "stale_migration_job_deleted", namespace = %ns, owner = %owner.name, job = %job);
         ctx.publish(

@@ -60,13 +60,15 @@ fn nemesis_set(s: &str) -> Result<Vec<Nemesis>, String> {
     if s.eq_ignore_ascii_case("all") {
         return Ok(Nemesis::ALL.to_vec());
     }
-    <Nemesis as clap::ValueEnum>::from_str(s, true).map(|n| vec![n]).map_err(|_| {
-        let names: Vec<String> = Nemesis::ALL
-            .iter()
-            .filter_map(|n| clap::ValueEnum::to_possible_value(n).map(|v| v.get_name().to_owned()))
-            .collect();
-        format!("unknown nemesis {s:?}: one of all, {}", names.join(", "))
-    })
+    <Nemesis as clap::ValueEnum>::from_str(s, true)
+        .map(|n| vec![n])
+        .map_err(|_| {
+            let names: Vec<String> = Nemesis::ALL
+                .iter()
+                .filter_map(|n| clap::ValueEnum::to_possible_value(n).map(|v| v.get_name().to_owned()))
+                .collect();
+            format!("unknown nemesis {s:?}: one of all, {}", names.join(", "))
+        })
 }
 
 pub async fn run(args: ChaosArgs, run_dir: &RunDir) -> Result<bool> {

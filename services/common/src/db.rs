@@ -6,6 +6,32 @@ use std::time::Duration;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
+/// Which of the two histories a database carries (C1 §1.1): lockdb and paydb are always separate
+/// instances. The one definition of their names, shared by the operator and the test kit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum History {
+    Lockdb,
+    Paydb,
+}
+
+impl History {
+    /// Database name, history folder name and component label.
+    pub fn name(self) -> &'static str {
+        match self {
+            History::Lockdb => "lockdb",
+            History::Paydb => "paydb",
+        }
+    }
+
+    /// The application role the migrations create and the owning service logs in as.
+    pub fn app_role(self) -> &'static str {
+        match self {
+            History::Lockdb => "lockapp",
+            History::Paydb => "payapp",
+        }
+    }
+}
+
 /// Pool settings, flattened into each service's command line.
 #[derive(Debug, Clone, clap::Args)]
 pub struct PoolArgs {

@@ -31,29 +31,7 @@ use sqlx::{Connection, PgConnection, PgPool};
 
 pub use pg::{PgError, PgServer};
 
-/// Which of the two histories a database carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum History {
-    Lockdb,
-    Paydb,
-}
-
-impl History {
-    pub fn name(self) -> &'static str {
-        match self {
-            History::Lockdb => "lockdb",
-            History::Paydb => "paydb",
-        }
-    }
-
-    /// The role the owning service connects as (C1 §1.1).
-    pub fn app_role(self) -> &'static str {
-        match self {
-            History::Lockdb => "lockapp",
-            History::Paydb => "payapp",
-        }
-    }
-}
+pub use dlock_common::db::History;
 
 /// The repository's `migrations/` folder (or `DLOCK_MIGRATIONS_DIR`).
 pub fn migrations_root() -> PathBuf {
