@@ -12,10 +12,13 @@
 //! - [`kubelet`]: the stand-in for the kubelet and the controllers that are not running: runs a
 //!   migration Job's own command against a local PostgreSQL 16 and writes workload status.
 //! - [`objects`]: reading owner references, labels and conditions out of JSON objects.
+//! - [`kind`]: the kind tier's steps after `e2e/kind/run.sh`'s setup (`tests/kind.rs`): typed
+//!   objects, watches, the ledger over sqlx, the services over reqwest.
 
 pub mod crds;
 pub mod env;
 pub mod helm;
+pub mod kind;
 pub mod kubectl;
 pub mod kubelet;
 pub mod lockapi;

@@ -1,0 +1,524 @@
+//! The kind tier's steps after the setup (`e2e/kind/run.sh` builds the cluster, installs the
+//! operator and applies the stack, then runs `tests/kind.rs`): the cluster as typed objects through
+//! `kube::Client`, waits on watches (`await_condition`), the ledger over sqlx and the services' HTTP
+//! APIs over reqwest, all through `kubectl port-forward` to loopback ports.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::Secret;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::wait::{Condition, await_condition};
+use kube::{Api, Client, Config, Resource};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// Where the stack runs, as `e2e/kind/run.sh` passes it.
+#[derive(Debug, Clone)]
+pub struct KindEnv {
+    pub kubeconfig: PathBuf,
+    /// The stack's namespace (LockServices, PaymentStack).
+    pub ns: String,
+    /// The operator's namespace (its pods and its Lease).
+    pub op_ns: String,
+    /// Payouts per batch.
+    pub payouts: u32,
+    /// Bound of every wait.
+    pub timeout: Duration,
+}
+
+/// `Some` inside a kind run (`DLOCK_KIND_KUBECONFIG` set by `e2e/kind/run.sh`); otherwise prints
+/// why the test does nothing and returns `None`, so `cargo test --workspace` passes by it. With the
+/// variable set but no kubeconfig file it panics: a run that was asked for must not pass by skipping.
+pub fn kind_env(test: &str) -> Option<KindEnv> {
+    let Some(kubeconfig) = std::env::var_os("DLOCK_KIND_KUBECONFIG") else {
+        eprintln!(
+            "skipped {test}: not in a kind run (DLOCK_KIND_KUBECONFIG is not set); e2e/kind/run.sh \
+             sets up the cluster and runs this test"
+        );
+        return None;
+    };
+    let kubeconfig = PathBuf::from(kubeconfig);
+    assert!(
+        kubeconfig.is_file(),
+        "DLOCK_KIND_KUBECONFIG ({}) is not a file",
+        kubeconfig.display()
+    );
+    let var = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_owned());
+    let number = |name: &str, default: &str| -> u64 {
+        let v = var(name, default);
+        v.parse().unwrap_or_else(|_| panic!("{name}={v} is not a number"))
+    };
+    Some(KindEnv {
+        kubeconfig,
+        ns: var("DLOCK_KIND_NAMESPACE", "dlock-e2e"),
+        op_ns: var("DLOCK_KIND_OPERATOR_NAMESPACE", "dlock-system"),
+        payouts: u32::try_from(number("DLOCK_KIND_PAYOUTS", "20")).expect("DLOCK_KIND_PAYOUTS fits u32"),
+        timeout: Duration::from_secs(number("DLOCK_KIND_TIMEOUT", "600")),
+    })
+}
+
+/// A client of the kind cluster from its kubeconfig file (not `$KUBECONFIG`, which may name another
+/// cluster).
+pub async fn client(kubeconfig: &Path) -> Client {
+    let kc = Kubeconfig::read_from(kubeconfig)
+        .unwrap_or_else(|e| panic!("read kubeconfig {}: {e}", kubeconfig.display()));
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("kubeconfig {}: {e}", kubeconfig.display()));
+    Client::try_from(config).unwrap_or_else(|e| panic!("kube client: {e}"))
+}
+
+/// One progress line on stderr, as run.sh's own.
+pub fn log(msg: impl AsRef<str>) {
+    eprintln!("[kind] {}", msg.as_ref());
+}
+
+/// The step log: each step opens with `---- NAME` and closes with its duration, so a long run shows
+/// where it stands.
+#[derive(Debug, Default)]
+pub struct Steps {
+    current: Option<(String, Instant)>,
+}
+
+impl Steps {
+    /// Closes the previous step (with its duration) and opens `name`.
+    pub fn step(&mut self, name: &str) {
+        self.close();
+        log(format!("---- {name}"));
+        self.current = Some((name.to_owned(), Instant::now()));
+    }
+
+    /// Closes the step in progress.
+    pub fn close(&mut self) {
+        if let Some((name, started)) = self.current.take() {
+            log(format!("step {name}: done in {}s", started.elapsed().as_secs()));
+        }
+    }
+}
+
+/// Waits on a watch of `name` until `cond` holds, at most `timeout`; panics naming `what`.
+pub async fn wait_until<K>(
+    api: &Api<K>,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+    cond: impl Condition<K>,
+) -> K
+where
+    K: Clone + Debug + Send + DeserializeOwned + Resource + 'static,
+{
+    match tokio::time::timeout(timeout, await_condition(api.clone(), name, cond)).await {
+        Ok(Ok(Some(obj))) => obj,
+        Ok(Ok(None)) => panic!("waiting for {what}: {name} does not exist"),
+        Ok(Err(e)) => panic!("waiting for {what}: watching {name}: {e}"),
+        Err(_) => panic!("timed out after {}s waiting for {what}", timeout.as_secs()),
+    }
+}
+
+/// How often [`poll`] probes what has no watch (the ledger).
+pub const POLL: Duration = Duration::from_secs(1);
+
+/// Probes until `probe` returns `Ok`, at most `timeout`; panics naming `what` and the last `Err`.
+pub async fn poll<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        match probe().await {
+            Ok(v) => return v,
+            Err(last) if Instant::now() >= deadline => {
+                panic!(
+                    "timed out after {}s waiting for {what}; last: {last}",
+                    timeout.as_secs()
+                )
+            }
+            Err(_) => tokio::time::sleep(POLL).await,
+        }
+    }
+}
+
+/// `kubectl rollout status deploy/...`: the latest spec observed, every replica updated, none of an
+/// older ReplicaSet left, every updated one available.
+pub fn deployment_rolled_out(obj: Option<&Deployment>) -> bool {
+    let Some(d) = obj else { return false };
+    let (Some(spec), Some(st)) = (&d.spec, &d.status) else {
+        return false;
+    };
+    let updated = st.updated_replicas.unwrap_or(0);
+    st.observed_generation.unwrap_or(0) >= d.metadata.generation.unwrap_or(0)
+        && updated >= spec.replicas.unwrap_or(1)
+        && st.replicas.unwrap_or(0) <= updated
+        && st.available_replicas.unwrap_or(0) >= updated
+}
+
+/// `kubectl rollout status sts/...`: the latest spec observed, every replica ready, on one revision.
+pub fn statefulset_rolled_out(obj: Option<&StatefulSet>) -> bool {
+    let Some(s) = obj else { return false };
+    let (Some(spec), Some(st)) = (&s.spec, &s.status) else {
+        return false;
+    };
+    st.observed_generation.unwrap_or(0) >= s.metadata.generation.unwrap_or(0)
+        && st.ready_replicas.unwrap_or(0) >= spec.replicas.unwrap_or(1)
+        && st.update_revision.is_some()
+        && st.update_revision == st.current_revision
+}
+
+/// A `kubectl port-forward` to a Service on a loopback port, stopped when dropped. (The API server's
+/// service proxy rewrites content types, which the services rightly refuse.)
+#[derive(Debug)]
+pub struct Forward {
+    pub port: u16,
+    _child: Child,
+}
+
+impl Forward {
+    /// `http://127.0.0.1:PORT` + `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+}
+
+/// Starts a port-forward to `svc/SERVICE:PORT` in `ns` and waits (at most 60 s) until it listens.
+pub async fn forward(env: &KindEnv, service: &str, port: u16) -> Forward {
+    let kubectl = crate::env::tool("kubectl").expect("kubectl on PATH or in the tools dir");
+    let mut child = Command::new(kubectl)
+        .arg("--kubeconfig")
+        .arg(&env.kubeconfig)
+        .args([
+            "-n",
+            &env.ns,
+            "port-forward",
+            &format!("svc/{service}"),
+            &format!(":{port}"),
+        ])
+        .args(["--address", "127.0.0.1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("start kubectl port-forward svc/{service}: {e}"));
+    let stdout = child.stdout.take().expect("port-forward stdout is piped");
+    let mut lines = BufReader::new(stdout).lines();
+    let first = async {
+        while let Some(line) = lines.next_line().await.ok().flatten() {
+            // `Forwarding from 127.0.0.1:40123 -> 8080`
+            if let Some(p) = line
+                .strip_prefix("Forwarding from 127.0.0.1:")
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|p| p.parse().ok())
+            {
+                return Some(p);
+            }
+        }
+        None
+    };
+    let port = match tokio::time::timeout(Duration::from_secs(60), first).await {
+        Ok(Some(p)) => p,
+        Ok(None) => panic!("kubectl port-forward svc/{service} ended before it listened"),
+        Err(_) => panic!("timed out after 60s waiting for a port-forward to {service}"),
+    };
+    // kubectl prints a line per connection; the pipe is drained so it never blocks on a full one.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Forward { port, _child: child }
+}
+
+/// One key of a Secret, as text.
+pub async fn secret_value(client: &Client, ns: &str, name: &str, key: &str) -> String {
+    let secret = Api::<Secret>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .unwrap_or_else(|e| panic!("get Secret {name}: {e}"));
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .unwrap_or_else(|| panic!("Secret {name} has no key {key}"));
+    String::from_utf8(bytes.0.clone()).unwrap_or_else(|_| panic!("Secret {name}/{key} is not UTF-8"))
+}
+
+/// The payment stack's ledger and services, as the checks see them: paydb as its owner (the URL
+/// from the stack's connection Secret, never printed), payment-resource with the stack's `client`
+/// credential, and the rail-stub's ground truth.
+#[derive(Debug)]
+pub struct Payments {
+    pub db: PgPool,
+    pub http: reqwest::Client,
+    pub payment_resource: Forward,
+    pub rail_stub: Forward,
+    client_token: String,
+    _paydb: Forward,
+}
+
+/// `posted failed total` of one run's payouts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub posted: i64,
+    pub failed: i64,
+    pub total: i64,
+}
+
+impl std::fmt::Display for Counts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} posted, {} failed, of {} created",
+            self.posted, self.failed, self.total
+        )
+    }
+}
+
+/// The payout a negative control pays a second time.
+#[derive(Debug, Clone)]
+pub struct Victim {
+    pub payout_id: String,
+    pub account_id: String,
+    pub amount_minor: i64,
+}
+
+/// A run's payouts are those whose idempotency key starts with `RUN-`.
+fn run_pattern(run: &str) -> String {
+    format!("{run}-%")
+}
+
+impl Payments {
+    /// Connects to the PaymentStack `pstack`'s paydb and services in `env.ns`.
+    pub async fn connect(env: &KindEnv, client: &Client, pstack: &str) -> Self {
+        let paydb = forward(env, &format!("{pstack}-paydb"), 5432).await;
+        let admin_url = secret_value(client, &env.ns, &format!("{pstack}-paydb-conn"), "admin-url").await;
+        let mut url = url::Url::parse(admin_url.trim()).expect("the paydb admin URL parses");
+        url.set_host(Some("127.0.0.1"))
+            .expect("a postgres URL takes a host");
+        url.set_port(Some(paydb.port))
+            .expect("a postgres URL takes a port");
+        let db = PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect(url.as_str())
+            .await
+            .unwrap_or_else(|e| panic!("connect to paydb of {pstack} through the port-forward: {e}"));
+        let client_token = secret_value(
+            client,
+            &env.ns,
+            &format!("{pstack}-payment-credentials"),
+            "client",
+        )
+        .await;
+        assert!(
+            client_token.len() >= 16,
+            "Secret {pstack}-payment-credentials has no client credential"
+        );
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .expect("an HTTP client");
+        Payments {
+            db,
+            http,
+            payment_resource: forward(env, &format!("{pstack}-payment-resource"), 8080).await,
+            rail_stub: forward(env, &format!("{pstack}-rail-stub"), 8080).await,
+            client_token,
+            _paydb: paydb,
+        }
+    }
+
+    /// Creates one payout through payment-resource's API. The only place payouts are made.
+    pub async fn create_payout(&self, key: &str, account: u32, amount_minor: i64) {
+        let body = json!({
+            "accountId": format!("00000000-0000-4000-8000-0000000000{account:02}"),
+            "amountMinor": amount_minor,
+            "currency": "EUR",
+            "idempotencyKey": key,
+        });
+        let resp = self
+            .http
+            .post(self.payment_resource.url("/v1/payouts"))
+            .bearer_auth(&self.client_token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("create payout {key}: {e}"));
+        let status = resp.status();
+        if !status.is_success() {
+            let text = resp.text().await.unwrap_or_default();
+            panic!("create payout {key}: {status}: {text}");
+        }
+    }
+
+    /// Payouts `RUN-FROM` ..= `RUN-TO`, over ten accounts.
+    pub async fn create_batch(&self, run: &str, from: u32, to: u32) {
+        for i in from..=to {
+            self.create_payout(&format!("{run}-{i}"), 1 + i % 10, 100 + i64::from(i))
+                .await;
+        }
+    }
+
+    pub async fn counts(&self, run: &str) -> Result<Counts, String> {
+        let (posted, failed, total): (i64, i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE state = 'POSTED'),
+                    count(*) FILTER (WHERE state IN ('FAILED','ABANDONED')), count(*)
+               FROM payout WHERE idempotency_key LIKE $1",
+        )
+        .bind(run_pattern(run))
+        .fetch_one(&self.db)
+        .await
+        .map_err(|e| format!("count the payouts of {run}: {e}"))?;
+        Ok(Counts {
+            posted,
+            failed,
+            total,
+        })
+    }
+
+    /// Waits until all `n` payouts of `run` are POSTED; panics at once if one failed.
+    pub async fn await_posted(&self, run: &str, n: u32, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let mut last: Option<Result<Counts, String>> = None;
+        loop {
+            let c = self.counts(run).await;
+            if let Ok(c) = &c {
+                assert!(
+                    c.failed == 0,
+                    "{} payouts of {run} ended FAILED/ABANDONED",
+                    c.failed
+                );
+                if c.total == i64::from(n) && c.posted == i64::from(n) {
+                    log(format!("{run}: {}/{n} posted", c.posted));
+                    return;
+                }
+                // One line per change, not per probe.
+                if last.as_ref().and_then(|l| l.as_ref().ok()) != Some(c) {
+                    log(format!("{run}: {}/{n} posted", c.posted));
+                }
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "timed out after {}s waiting for the executors to post {run}; last: {c:?}",
+                    timeout.as_secs()
+                );
+            }
+            last = Some(c);
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// The ledger and the rail's ground truth for the payouts of `run`: every payout with one debit
+    /// and one credit leg of its amount, every customer account's balance its opening balance plus
+    /// its ledger, no payout ACKED twice in rail_submission; and the rail-stub paid none twice and
+    /// each of them exactly once. `Err` says which check failed.
+    pub async fn check_batch(&self, run: &str) -> Result<(), String> {
+        let (unbalanced, drifted, duplicates): (i64, i64, i64) = sqlx::query_as(
+            "WITH batch AS (SELECT payout_id, amount_minor FROM payout WHERE idempotency_key LIKE $1),
+             legs AS (
+               SELECT b.payout_id,
+                      count(l.*) FILTER (WHERE l.direction = 'DEBIT')  AS debits,
+                      count(l.*) FILTER (WHERE l.direction = 'CREDIT') AS credits,
+                      coalesce(sum(l.amount_minor) FILTER (WHERE l.direction = 'DEBIT'), 0)  AS debit_sum,
+                      coalesce(sum(l.amount_minor) FILTER (WHERE l.direction = 'CREDIT'), 0) AS credit_sum,
+                      b.amount_minor
+                 FROM batch b LEFT JOIN ledger_entry l ON l.payout_id = b.payout_id
+                GROUP BY b.payout_id, b.amount_minor)
+             SELECT
+               (SELECT count(*) FROM legs WHERE debits <> 1 OR credits <> 1
+                                             OR debit_sum <> amount_minor OR credit_sum <> amount_minor),
+               (SELECT count(*) FROM account a WHERE a.kind = 'CUSTOMER' AND a.balance_minor <>
+                    a.opening_balance_minor
+                    - coalesce((SELECT sum(amount_minor) FROM ledger_entry l WHERE l.account_id = a.account_id AND l.direction = 'DEBIT'), 0)
+                    + coalesce((SELECT sum(amount_minor) FROM ledger_entry l WHERE l.account_id = a.account_id AND l.direction = 'CREDIT'), 0)),
+               (SELECT count(*) FROM (SELECT s.payout_id FROM rail_submission s JOIN batch b USING (payout_id)
+                                       WHERE s.outcome = 'ACKED' GROUP BY s.payout_id HAVING count(*) > 1) d)",
+        )
+        .bind(run_pattern(run))
+        .fetch_one(&self.db)
+        .await
+        .map_err(|e| format!("read the ledger of {run}: {e}"))?;
+        log(format!(
+            "{run}: payouts with unbalanced legs: {unbalanced}; customer accounts off their ledger: \
+             {drifted}; payouts acked twice in rail_submission: {duplicates}"
+        ));
+        if unbalanced != 0 || drifted != 0 || duplicates != 0 {
+            return Err(format!("the ledger of {run} is wrong"));
+        }
+        // The rail's own record of what it paid: every payout of the batch paid exactly once.
+        let report: Value = self
+            .http
+            .get(self.rail_stub.url("/v1/received"))
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .map_err(|e| format!("GET the rail-stub's /v1/received: {e}"))?
+            .json()
+            .await
+            .map_err(|e| format!("the rail-stub's /v1/received: {e}"))?;
+        let ids: Vec<String> =
+            sqlx::query_scalar("SELECT payout_id::text FROM payout WHERE idempotency_key LIKE $1")
+                .bind(run_pattern(run))
+                .fetch_all(&self.db)
+                .await
+                .map_err(|e| format!("read the payout ids of {run}: {e}"))?;
+        let paid_twice = report["paidTwice"].as_array().map_or(0, Vec::len);
+        let paid_once = ids
+            .iter()
+            .filter(|id| report["perPayout"][id.as_str()]["paid"].as_i64() == Some(1))
+            .count();
+        log(format!(
+            "{run}: rail-stub paid {paid_once}/{} of them exactly once; paid twice (any run): {paid_twice}",
+            ids.len()
+        ));
+        if paid_twice != 0 {
+            return Err(format!(
+                "the rail paid {paid_twice} payouts twice: {}",
+                report["paidTwice"]
+            ));
+        }
+        if paid_once != ids.len() {
+            return Err(format!("the rail did not pay every payout of {run} exactly once"));
+        }
+        Ok(())
+    }
+
+    /// The payout under idempotency key `key`.
+    pub async fn payout(&self, key: &str) -> Victim {
+        let (payout_id, account_id, amount_minor): (String, String, i64) = sqlx::query_as(
+            "SELECT payout_id::text, account_id::text, amount_minor FROM payout WHERE idempotency_key = $1",
+        )
+        .bind(key)
+        .fetch_one(&self.db)
+        .await
+        .unwrap_or_else(|e| panic!("read payout {key}: {e}"));
+        Victim {
+            payout_id,
+            account_id,
+            amount_minor,
+        }
+    }
+
+    /// Pays `victim` straight at the rail-stub under `key`, bypassing rail-proxy's fence, as an
+    /// unfenced stale holder would.
+    pub async fn pay_at_rail(&self, key: &str, victim: &Victim) {
+        let body = json!({
+            "idempotencyKey": key,
+            "payoutId": victim.payout_id,
+            "accountId": victim.account_id,
+            "amountMinor": victim.amount_minor,
+            "currency": "EUR",
+        });
+        self.http
+            .post(self.rail_stub.url("/v1/payments"))
+            .json(&body)
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .unwrap_or_else(|e| panic!("pay {} at the rail-stub: {e}", victim.payout_id));
+    }
+}

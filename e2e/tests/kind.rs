@@ -1,0 +1,482 @@
+//! The kind tier's checks (steps 7–12 of `e2e/kind/run.sh`, which sets up the cluster, the operator
+//! and the stack, then runs this test): one test, because the steps run in order against one
+//! cluster and each builds on the state the previous one left.
+//!
+//! - 7, batch: payouts through payment-resource's API; the in-cluster executors post them; every
+//!   payout POSTED once, legs balanced, the rail-stub's ground truth without a duplicate
+//! - 8, chaos: a second batch while a lock-server pod and an executor pod are killed
+//! - 9, failover: delete the operator leader's pod: another replica takes the Lease and reconciles
+//! - 10, actions: a revoke of a held lock by annotation (REVOKED, pinned to its token) and a restore
+//!   fast-forward (gate, read and advance Jobs, resume); a third batch is paid
+//! - 11, etcd: the LockService with backend etcd: two grants whose tokens are the etcd revisions of
+//!   their keys, read back from etcd itself, strictly increasing
+//! - 12, negative control: a payout paid twice straight at the rail makes the checks of step 7 fail
+//!
+//! Outside a kind run (no `DLOCK_KIND_KUBECONFIG`) it says so and returns.
+
+use base64::Engine as _;
+use dlock_e2e::kind::{
+    Forward, KindEnv, Payments, Steps, client, deployment_rolled_out, forward, kind_env, log,
+    statefulset_rolled_out, wait_until,
+};
+use dlock_e2e::lockapi::{Grant, LockApi};
+use dlock_operator::crd::actions::{ANNOTATION_RESTORE, ANNOTATION_REVOKE, RestoreRequest, RevokeRequest};
+use dlock_operator::crd::{ActionStatus, LockService, PaymentStack, Phase};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+const LSVC: &str = "payments-locks";
+const PSTACK: &str = "payments";
+const ELSVC: &str = "etcd-locks";
+
+/// The cluster's objects the steps touch, typed.
+struct Cluster {
+    env: KindEnv,
+    client: Client,
+    lsvcs: Api<LockService>,
+    pstacks: Api<PaymentStack>,
+    deployments: Api<Deployment>,
+    pods: Api<Pod>,
+}
+
+impl Cluster {
+    async fn rolled_out(&self, name: &str) {
+        wait_until(
+            &self.deployments,
+            name,
+            &format!("deploy/{name} to roll out"),
+            self.env.timeout,
+            deployment_rolled_out,
+        )
+        .await;
+    }
+
+    async fn lsvc_ready(&self, name: &str) -> LockService {
+        wait_until(
+            &self.lsvcs,
+            name,
+            &format!("lsvc/{name} to be Ready"),
+            self.env.timeout,
+            |o: Option<&LockService>| o.and_then(|l| l.status.as_ref()).is_some_and(|s| s.is_ready()),
+        )
+        .await
+    }
+
+    /// The name of the first pod labelled with `instance` and `component`.
+    async fn pod_of(&self, instance: &str, component: &str) -> String {
+        let lp = ListParams::default().labels(&format!(
+            "app.kubernetes.io/instance={instance},app.kubernetes.io/component={component}"
+        ));
+        let pods = self.pods.list(&lp).await.expect("list pods");
+        pods.items
+            .first()
+            .and_then(|p| p.metadata.name.clone())
+            .unwrap_or_else(|| panic!("no {component} pod of {instance}"))
+    }
+
+    /// Sets one annotation on lsvc/LSVC (what `kubectl annotate --overwrite` does).
+    async fn annotate(&self, key: &str, value: String) {
+        let patch = json!({"metadata": {"annotations": {key: value}}});
+        self.lsvcs
+            .patch(LSVC, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap_or_else(|e| panic!("annotate lsvc/{LSVC} {key}: {e}"));
+    }
+
+    /// Waits until the action `id` of lsvc/LSVC is final (Succeeded or Failed) and returns it.
+    async fn finished(&self, id: &str) -> ActionStatus {
+        let action = |o: Option<&LockService>| -> Option<ActionStatus> {
+            o?.status.as_ref()?.actions.iter().find(|a| a.id == id).cloned()
+        };
+        let lsvc = wait_until(
+            &self.lsvcs,
+            LSVC,
+            &format!("action {id} to finish"),
+            self.env.timeout,
+            |o: Option<&LockService>| action(o).is_some_and(|a| a.phase.is_final()),
+        )
+        .await;
+        action(Some(&lsvc)).expect("the action is in the status it was awaited in")
+    }
+}
+
+fn run_name(suffix: &str) -> String {
+    format!("kind-{}-{suffix}", chrono::Utc::now().timestamp())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kind_tier_steps() {
+    let Some(env) = kind_env("kind_tier_steps") else {
+        return;
+    };
+    let client = client(&env.kubeconfig).await;
+    let c = Cluster {
+        lsvcs: Api::namespaced(client.clone(), &env.ns),
+        pstacks: Api::namespaced(client.clone(), &env.ns),
+        deployments: Api::namespaced(client.clone(), &env.ns),
+        pods: Api::namespaced(client.clone(), &env.ns),
+        client,
+        env,
+    };
+    let mut steps = Steps::default();
+    let pay = Payments::connect(&c.env, &c.client, PSTACK).await;
+
+    steps.step("batch");
+    let run1 = batch(&c, &pay).await;
+
+    steps.step("chaos");
+    chaos(&c, &pay).await;
+
+    steps.step("failover");
+    failover(&c).await;
+
+    steps.step("actions");
+    actions(&c, &pay).await;
+
+    steps.step("etcd");
+    etcd(&c).await;
+
+    steps.step("negative-control");
+    negative_control(&pay, &run1).await;
+    steps.close();
+}
+
+/// Step 7: A payout batch, posted by the in-cluster executors, checked in the ledger and at the rail.
+async fn batch(c: &Cluster, pay: &Payments) -> String {
+    let run1 = run_name("a");
+    let n = c.env.payouts;
+    log(format!("creating {n} payouts through payment-resource ({run1})"));
+    pay.create_batch(&run1, 1, n).await;
+    pay.await_posted(&run1, n, c.env.timeout).await;
+    pay.check_batch(&run1).await.unwrap_or_else(|e| panic!("{e}"));
+    run1
+}
+
+/// Step 8: Pods deleted mid-batch.
+async fn chaos(c: &Cluster, pay: &Payments) {
+    let run2 = run_name("b");
+    let n2 = c.env.payouts * 2;
+    let ls_pod = c.pod_of(LSVC, "lock-server").await;
+    let ex_pod = c.pod_of(PSTACK, "payout-executor").await;
+    // A few payouts are created, and while the executors work on them both pods are killed (no
+    // grace: the processes die as in a crash, and the API forgets the pods at once, so their
+    // replacements may start before they are gone); the rest of the batch is created while the
+    // replacements start.
+    let first = 5;
+    pay.create_batch(&run2, 1, first).await;
+    log(format!(
+        "mid-batch: killing lock-server pod {ls_pod} and executor pod {ex_pod}"
+    ));
+    let now = DeleteParams::default().grace_period(0);
+    for pod in [&ls_pod, &ex_pod] {
+        c.pods
+            .delete(pod, &now)
+            .await
+            .unwrap_or_else(|e| panic!("delete pod {pod}: {e}"));
+    }
+    match pay.counts(&run2).await {
+        Ok(counts) => log(format!("at the kill: {counts}")),
+        Err(e) => log(format!("at the kill: {e}")),
+    }
+    pay.create_batch(&run2, first + 1, n2).await;
+    pay.await_posted(&run2, n2, c.env.timeout).await;
+    pay.check_batch(&run2).await.unwrap_or_else(|e| panic!("{e}"));
+    c.rolled_out(&format!("{LSVC}-lock-server")).await;
+    c.rolled_out(&format!("{PSTACK}-payout-executor")).await;
+}
+
+/// Step 9: Operator failover: the leader's pod deleted, another replica takes the Lease and reconciles.
+async fn failover(c: &Cluster) {
+    let op_ns = &c.env.op_ns;
+    let leases: Api<Lease> = Api::namespaced(c.client.clone(), op_ns);
+    let lease = leases
+        .list(&ListParams::default())
+        .await
+        .expect("list Leases")
+        .items
+        .into_iter()
+        .filter_map(|l| l.metadata.name)
+        .find(|n| n.contains("dlock-operator"))
+        .unwrap_or_else(|| panic!("no operator Lease in {op_ns}"));
+    let holder = |l: Option<&Lease>| -> String {
+        l.and_then(|l| l.spec.as_ref()?.holder_identity.clone())
+            .unwrap_or_default()
+    };
+    let leader = holder(Some(&leases.get(&lease).await.expect("get the operator Lease")));
+    let op_pods: Api<Pod> = Api::namespaced(c.client.clone(), op_ns);
+    let leader_pod = op_pods
+        .list(&ListParams::default())
+        .await
+        .expect("list operator pods")
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .rfind(|p| leader.contains(p.as_str()))
+        .unwrap_or_else(|| panic!("Lease holder \"{leader}\" is none of the operator pods"));
+    log(format!("leader {leader} (pod {leader_pod}): deleting it"));
+    op_pods
+        .delete(&leader_pod, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("delete pod {leader_pod}: {e}"));
+    let taken = wait_until(
+        &leases,
+        &lease,
+        "another operator replica to take the Lease",
+        c.env.timeout,
+        |l: Option<&Lease>| {
+            let h = holder(l);
+            !h.is_empty() && !h.contains(leader_pod.as_str())
+        },
+    )
+    .await;
+    log(format!("new leader: {}", holder(Some(&taken))));
+    // The new leader carries on: a spec change is reconciled into the Deployment and rolled out.
+    let patch = json!({"spec": {"lockServer": {"replicas": 3}}});
+    c.lsvcs
+        .patch(LSVC, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("scale lsvc/{LSVC}: {e}"));
+    wait_until(
+        &c.deployments,
+        &format!("{LSVC}-lock-server"),
+        "the new leader to scale lock-server to 3 ready replicas",
+        c.env.timeout,
+        |d: Option<&Deployment>| d.and_then(|d| d.status.as_ref()?.ready_replicas) == Some(3),
+    )
+    .await;
+    c.lsvc_ready(LSVC).await;
+}
+
+/// Step 10: Both operator actions, one annotation each, executed by the operator in the cluster: a
+/// pinned force-revoke of a lock held through lock-server's API, then a restore fast-forward (gate
+/// -> read Job over the paydb -> advance Job -> resume), after which payouts flow again.
+async fn actions(c: &Cluster, pay: &Payments) {
+    let fwd: Forward = forward(&c.env, &format!("{LSVC}-lock-server"), 8080).await;
+    let locks = LockApi { port: fwd.port };
+    let held = tokio::task::block_in_place(|| locks.acquire("kind-stuck-worker", "kind:stuck", 600_000));
+    log(format!(
+        "revoke: kind:stuck is held with token {}; requesting its revoke",
+        held.token
+    ));
+    let revoke = RevokeRequest {
+        id: "kind-r-1".into(),
+        key: "kind:stuck".into(),
+        reason: "kind tier".into(),
+        requested_by: "e2e".into(),
+    };
+    c.annotate(
+        ANNOTATION_REVOKE,
+        serde_json::to_string(&revoke).expect("a revoke request serializes"),
+    )
+    .await;
+    let revoked = c.finished("kind-r-1").await;
+    log(format!(
+        "revoke: {}",
+        serde_json::to_string(&revoked).unwrap_or_default()
+    ));
+    assert!(
+        revoked.phase == dlock_operator::crd::status::ActionPhase::Succeeded
+            && revoked.outcome.as_deref() == Some("REVOKED")
+            && revoked.previous_token == Some(held.token)
+            && revoked.target_token == Some(held.token),
+        "revoke kind-r-1 did not revoke token {}",
+        held.token
+    );
+    let state = tokio::task::block_in_place(|| locks.get("kind:stuck"))["state"].clone();
+    assert_eq!(state, "FREE", "kind:stuck is {state} after the revoke");
+
+    log("restore: requesting a fast-forward");
+    let restore = RestoreRequest {
+        id: "kind-ff-1".into(),
+        margin: Some(100),
+    };
+    c.annotate(
+        ANNOTATION_RESTORE,
+        serde_json::to_string(&restore).expect("a restore request serializes"),
+    )
+    .await;
+    let restored = c.finished("kind-ff-1").await;
+    let stacks: Vec<Value> = restored
+        .stacks
+        .iter()
+        .map(|s| json!({"name": s.name, "highest": s.highest}))
+        .collect();
+    log(format!(
+        "restore: {}",
+        json!({"phase": restored.phase, "sequenceBefore": restored.sequence_before,
+               "targetSequence": restored.target_sequence, "sequenceAfter": restored.sequence_after,
+               "stacks": stacks})
+    ));
+    let high_water = restored.stacks.iter().map(|s| s.highest).max();
+    let past_high_water = match (restored.target_sequence, restored.sequence_after) {
+        (Some(target), Some(after)) => after >= target && high_water.is_none_or(|h| target > h),
+        _ => false,
+    };
+    assert!(
+        restored.phase == dlock_operator::crd::status::ActionPhase::Succeeded && past_high_water,
+        "restore kind-ff-1 did not move the sequence past the high-water"
+    );
+    drop(fwd);
+    c.rolled_out(&format!("{LSVC}-lock-server")).await;
+    let lsvc = c.lsvc_ready(LSVC).await;
+    let gate = lsvc.status.as_ref().and_then(|s| s.gate.as_ref());
+    assert!(gate.is_none(), "the gate is still closed: {gate:?}");
+
+    // Lock traffic resumed: a third batch is paid in full, with the same checks.
+    let run3 = run_name("c");
+    pay.create_batch(&run3, 1, c.env.payouts).await;
+    pay.await_posted(&run3, c.env.payouts, c.env.timeout).await;
+    pay.check_batch(&run3).await.unwrap_or_else(|e| panic!("{e}"));
+    let pstack = c.pstacks.get(PSTACK).await.expect("get the PaymentStack");
+    let pactions = pstack.status.map(|s| s.actions).unwrap_or_default();
+    assert!(
+        pactions.is_empty(),
+        "pstack/{PSTACK} reports actions nobody requested: {pactions:?}"
+    );
+}
+
+/// `mod_revision` of lock-server's grant key of `lock_key` (0 when absent) and the cluster's revision,
+/// from etcd's own JSON gateway.
+async fn etcd_key(http: &reqwest::Client, etcd: &Forward, lock_key: &str) -> (i64, i64) {
+    let key = base64::engine::general_purpose::STANDARD.encode(format!("/dlock/l/{lock_key}"));
+    let body: Value = http
+        .post(etcd.url("/v3/kv/range"))
+        .json(&json!({"key": key}))
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .unwrap_or_else(|e| panic!("read {lock_key} from etcd: {e}"))
+        .json()
+        .await
+        .unwrap_or_else(|e| panic!("read {lock_key} from etcd: {e}"));
+    // etcd's gateway writes 64-bit numbers as strings.
+    let number = |v: &Value| v.as_str().and_then(|s| s.parse().ok()).or_else(|| v.as_i64());
+    let m = number(&body["kvs"][0]["mod_revision"]).unwrap_or(0);
+    let rev = number(&body["header"]["revision"]).unwrap_or_else(|| panic!("no revision in {body}"));
+    (m, rev)
+}
+
+/// Step 11: Backend etcd, from CR to grant: the operator ran three members and lock-server on them; a
+/// grant's token is the etcd revision of its key (read back from etcd's own API through the client
+/// Service), and a second grant's is strictly greater.
+async fn etcd(c: &Cluster) {
+    c.lsvc_ready(ELSVC).await;
+    let sts: Api<StatefulSet> = Api::namespaced(c.client.clone(), &c.env.ns);
+    wait_until(
+        &sts,
+        &format!("{ELSVC}-etcd"),
+        &format!("sts/{ELSVC}-etcd to roll out"),
+        c.env.timeout,
+        statefulset_rolled_out,
+    )
+    .await;
+    c.rolled_out(&format!("{ELSVC}-lock-server")).await;
+    let elsvc = c.lsvcs.get(ELSVC).await.expect("get the etcd LockService");
+    // How long the etcd LockService took from creation to Ready: it comes up alongside the stack,
+    // so most of it is hidden behind the stack step.
+    let status = elsvc.status.clone().unwrap_or_default();
+    if let (Some(ready), Some(created)) = (status.condition("Ready"), &elsvc.metadata.creation_timestamp) {
+        log(format!(
+            "lsvc/{ELSVC} was Ready {}s after its creation",
+            ready.last_transition_time.0.as_second() - created.0.as_second()
+        ));
+    }
+    let summary = json!({"phase": status.phase, "etcd": status.etcd, "migration": status.migration});
+    log(format!("etcd LockService: {summary}"));
+    assert!(
+        status.phase == Phase::Ready
+            && status.etcd.as_ref().is_some_and(|e| e.ready == "3/3")
+            && status.migration.is_none(),
+        "lsvc/{ELSVC} is not Ready on 3/3 etcd members without a migration: {summary}"
+    );
+    let jobs: Api<Job> = Api::namespaced(c.client.clone(), &c.env.ns);
+    let elsvc_jobs = jobs
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={ELSVC}")))
+        .await
+        .expect("list Jobs");
+    assert!(elsvc_jobs.items.is_empty(), "an etcd LockService ran a Job");
+
+    let ls = forward(&c.env, &format!("{ELSVC}-lock-server"), 8080).await;
+    let etcd_fwd = forward(&c.env, &format!("{ELSVC}-etcd-client"), 2379).await;
+    let http = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(30))
+        .build()
+        .expect("an HTTP client");
+    let locks = LockApi { port: ls.port };
+    let owner = "kind-etcd-worker";
+    let (_, session) = tokio::task::block_in_place(|| {
+        locks.call(
+            "POST",
+            "/v1/sessions",
+            Some(&json!({"ownerId": owner, "ttlMs": 60_000})),
+            &[],
+        )
+    });
+    let session_id = session["sessionId"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        session_id.len() == 36 && session_id.chars().all(|ch| ch.is_ascii_hexdigit() || ch == '-'),
+        "no session from lock-server on etcd: {session}"
+    );
+    let mut grants: Vec<Grant> = Vec::new();
+    for key in ["kind:etcd:a", "kind:etcd:b"] {
+        let (_, g) = tokio::task::block_in_place(|| {
+            locks.call(
+                "POST",
+                &format!("/v1/locks/{key}/acquire"),
+                Some(&json!({"sessionId": session_id, "ownerId": owner, "ttlMs": 60_000})),
+                &[],
+            )
+        });
+        let token = g["fencingToken"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("no grant of {key} on etcd: {g}"));
+        let (m, rev) = etcd_key(&http, &etcd_fwd, key).await;
+        log(format!(
+            "etcd: {key} granted with token {token}; etcd has the key at mod_revision {m} (cluster revision {rev})"
+        ));
+        assert!(
+            m == token && rev >= token,
+            "the token of {key} ({token}) is not the etcd revision of its key: mod {m}, rev {rev}"
+        );
+        grants.push(Grant {
+            key: key.to_owned(),
+            owner: owner.to_owned(),
+            session: session_id.clone(),
+            token,
+        });
+    }
+    let tokens: Vec<i64> = grants.iter().map(|g| g.token).collect();
+    assert!(
+        tokens[1] > tokens[0],
+        "etcd tokens not strictly increasing: {tokens:?}"
+    );
+    // Released by its token, the key is gone from etcd (the grant was really there, nowhere else).
+    tokio::task::block_in_place(|| locks.release(&grants[1]));
+    let (m, _) = etcd_key(&http, &etcd_fwd, "kind:etcd:b").await;
+    assert_eq!(m, 0, "kind:etcd:b is still in etcd after its release");
+    log(format!(
+        "etcd: tokens {tokens:?} are etcd revisions, strictly increasing; the release removed the key"
+    ));
+}
+
+/// Step 12: Negative control: the checks can fail. One posted payout of the first batch paid a second
+/// time straight at the rail (under a new idempotency key, bypassing rail-proxy's fence, as an
+/// unfenced stale holder would), and the ground-truth check of step 7 must now refuse that batch.
+async fn negative_control(pay: &Payments, run1: &str) {
+    let victim = pay.payout(&format!("{run1}-1")).await;
+    pay.pay_at_rail(&format!("negative-control-{run1}"), &victim)
+        .await;
+    match pay.check_batch(run1).await {
+        Ok(()) => panic!("the checks accepted a payout the rail paid twice"),
+        Err(e) if e.contains("payouts twice") => log(format!(
+            "negative control: a second payment of {} at the rail is caught ({e})",
+            victim.payout_id
+        )),
+        Err(e) => panic!("the checks failed for another reason than the double payment: {e}"),
+    }
+}
