@@ -26,7 +26,8 @@
 #
 # Steps 1-6 are this script; steps 7-12 are `cargo test -p dlock-e2e --test kind` (e2e/tests/kind.rs),
 # handed the cluster by DLOCK_KIND_KUBECONFIG, DLOCK_KIND_NAMESPACE, DLOCK_KIND_OPERATOR_NAMESPACE,
-# DLOCK_KIND_PAYOUTS and DLOCK_KIND_TIMEOUT (without them that test says it is not in a kind run).
+# DLOCK_KIND_LOCKSERVICE, DLOCK_KIND_PAYMENTSTACK, DLOCK_KIND_ETCD_LOCKSERVICE, DLOCK_KIND_PAYOUTS and
+# DLOCK_KIND_TIMEOUT (without DLOCK_KIND_KUBECONFIG that test says it is not in a kind run).
 #
 # Where no Docker daemon can run it prints why and the word "skipped", and exits 0.
 # On failure it prints the state (objects, events, pod logs). The cluster is deleted at the end.
@@ -215,6 +216,7 @@ grep -q '=1' <<<"$jobs_ok" || die "no migration Job succeeded"
 # own step lines; a failure fails this script, whose cleanup then prints the state.
 step checks
 DLOCK_KIND_KUBECONFIG="$kubeconfig" DLOCK_KIND_NAMESPACE="$ns" DLOCK_KIND_OPERATOR_NAMESPACE="$op_ns" \
+    DLOCK_KIND_LOCKSERVICE="$lsvc" DLOCK_KIND_PAYMENTSTACK="$pstack" DLOCK_KIND_ETCD_LOCKSERVICE="$elsvc" \
     DLOCK_KIND_PAYOUTS="$payouts" DLOCK_KIND_TIMEOUT="$timeout" \
     cargo test -q --manifest-path "$root/Cargo.toml" -p dlock-e2e --test kind -- --nocapture --test-threads=1 >&2 ||
     die "the kind tier's checks failed (output above)"

@@ -29,6 +29,11 @@ pub struct KindEnv {
     pub ns: String,
     /// The operator's namespace (its pods and its Lease).
     pub op_ns: String,
+    /// The stack's LockService (backend postgres), its PaymentStack, and the LockService with
+    /// backend etcd (`e2e/kind/samples/`).
+    pub lsvc: String,
+    pub pstack: String,
+    pub elsvc: String,
     /// Payouts per batch.
     pub payouts: u32,
     /// Bound of every wait.
@@ -61,6 +66,9 @@ pub fn kind_env(test: &str) -> Option<KindEnv> {
         kubeconfig,
         ns: var("DLOCK_KIND_NAMESPACE", "dlock-e2e"),
         op_ns: var("DLOCK_KIND_OPERATOR_NAMESPACE", "dlock-system"),
+        lsvc: var("DLOCK_KIND_LOCKSERVICE", "payments-locks"),
+        pstack: var("DLOCK_KIND_PAYMENTSTACK", "payments"),
+        elsvc: var("DLOCK_KIND_ETCD_LOCKSERVICE", "etcd-locks"),
         payouts: u32::try_from(number("DLOCK_KIND_PAYOUTS", "20")).expect("DLOCK_KIND_PAYOUTS fits u32"),
         timeout: Duration::from_secs(number("DLOCK_KIND_TIMEOUT", "600")),
     })

@@ -30,10 +30,6 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
-const LSVC: &str = "payments-locks";
-const PSTACK: &str = "payments";
-const ELSVC: &str = "etcd-locks";
-
 /// The cluster's objects the steps touch, typed.
 struct Cluster {
     env: KindEnv,
@@ -79,23 +75,23 @@ impl Cluster {
             .unwrap_or_else(|| panic!("no {component} pod of {instance}"))
     }
 
-    /// Sets one annotation on lsvc/LSVC (what `kubectl annotate --overwrite` does).
+    /// Sets one annotation on the LockService of the stack (what `kubectl annotate --overwrite` does).
     async fn annotate(&self, key: &str, value: String) {
         let patch = json!({"metadata": {"annotations": {key: value}}});
         self.lsvcs
-            .patch(LSVC, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch(&self.env.lsvc, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .unwrap_or_else(|e| panic!("annotate lsvc/{LSVC} {key}: {e}"));
+            .unwrap_or_else(|e| panic!("annotate lsvc/{} {key}: {e}", self.env.lsvc));
     }
 
-    /// Waits until the action `id` of lsvc/LSVC is final (Succeeded or Failed) and returns it.
+    /// Waits until the action `id` of the LockService of the stack is final (Succeeded or Failed) and returns it.
     async fn finished(&self, id: &str) -> ActionStatus {
         let action = |o: Option<&LockService>| -> Option<ActionStatus> {
             o?.status.as_ref()?.actions.iter().find(|a| a.id == id).cloned()
         };
         let lsvc = wait_until(
             &self.lsvcs,
-            LSVC,
+            &self.env.lsvc,
             &format!("action {id} to finish"),
             self.env.timeout,
             |o: Option<&LockService>| action(o).is_some_and(|a| a.phase.is_final()),
@@ -124,7 +120,7 @@ async fn kind_tier_steps() {
         env,
     };
     let mut steps = Steps::default();
-    let pay = Payments::connect(&c.env, &c.client, PSTACK).await;
+    let pay = Payments::connect(&c.env, &c.client, &c.env.pstack).await;
 
     steps.step("batch");
     let run1 = batch(&c, &pay).await;
@@ -159,10 +155,12 @@ async fn batch(c: &Cluster, pay: &Payments) -> String {
 
 /// Step 8: Pods deleted mid-batch.
 async fn chaos(c: &Cluster, pay: &Payments) {
+    let lsvc = c.env.lsvc.as_str();
+    let pstack = c.env.pstack.as_str();
     let run2 = run_name("b");
     let n2 = c.env.payouts * 2;
-    let ls_pod = c.pod_of(LSVC, "lock-server").await;
-    let ex_pod = c.pod_of(PSTACK, "payout-executor").await;
+    let ls_pod = c.pod_of(lsvc, "lock-server").await;
+    let ex_pod = c.pod_of(pstack, "payout-executor").await;
     // A few payouts are created, and while the executors work on them both pods are killed (no
     // grace: the processes die as in a crash, and the API forgets the pods at once, so their
     // replacements may start before they are gone); the rest of the batch is created while the
@@ -186,12 +184,13 @@ async fn chaos(c: &Cluster, pay: &Payments) {
     pay.create_batch(&run2, first + 1, n2).await;
     pay.await_posted(&run2, n2, c.env.timeout).await;
     pay.check_batch(&run2).await.unwrap_or_else(|e| panic!("{e}"));
-    c.rolled_out(&format!("{LSVC}-lock-server")).await;
-    c.rolled_out(&format!("{PSTACK}-payout-executor")).await;
+    c.rolled_out(&format!("{lsvc}-lock-server")).await;
+    c.rolled_out(&format!("{pstack}-payout-executor")).await;
 }
 
 /// Step 9: Operator failover: the leader's pod deleted, another replica takes the Lease and reconciles.
 async fn failover(c: &Cluster) {
+    let lsvc = c.env.lsvc.as_str();
     let op_ns = &c.env.op_ns;
     let leases: Api<Lease> = Api::namespaced(c.client.clone(), op_ns);
     let lease = leases
@@ -238,25 +237,27 @@ async fn failover(c: &Cluster) {
     // The new leader carries on: a spec change is reconciled into the Deployment and rolled out.
     let patch = json!({"spec": {"lockServer": {"replicas": 3}}});
     c.lsvcs
-        .patch(LSVC, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(lsvc, &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .unwrap_or_else(|e| panic!("scale lsvc/{LSVC}: {e}"));
+        .unwrap_or_else(|e| panic!("scale lsvc/{lsvc}: {e}"));
     wait_until(
         &c.deployments,
-        &format!("{LSVC}-lock-server"),
+        &format!("{lsvc}-lock-server"),
         "the new leader to scale lock-server to 3 ready replicas",
         c.env.timeout,
         |d: Option<&Deployment>| d.and_then(|d| d.status.as_ref()?.ready_replicas) == Some(3),
     )
     .await;
-    c.lsvc_ready(LSVC).await;
+    c.lsvc_ready(lsvc).await;
 }
 
 /// Step 10: Both operator actions, one annotation each, executed by the operator in the cluster: a
 /// pinned force-revoke of a lock held through lock-server's API, then a restore fast-forward (gate
 /// -> read Job over the paydb -> advance Job -> resume), after which payouts flow again.
 async fn actions(c: &Cluster, pay: &Payments) {
-    let fwd: Forward = forward(&c.env, &format!("{LSVC}-lock-server"), 8080).await;
+    let lsvc = c.env.lsvc.as_str();
+    let pstack = c.env.pstack.as_str();
+    let fwd: Forward = forward(&c.env, &format!("{lsvc}-lock-server"), 8080).await;
     let locks = LockApi { port: fwd.port };
     let held = tokio::task::block_in_place(|| locks.acquire("kind-stuck-worker", "kind:stuck", 600_000));
     log(format!(
@@ -322,8 +323,8 @@ async fn actions(c: &Cluster, pay: &Payments) {
         "restore kind-ff-1 did not move the sequence past the high-water"
     );
     drop(fwd);
-    c.rolled_out(&format!("{LSVC}-lock-server")).await;
-    let lsvc = c.lsvc_ready(LSVC).await;
+    c.rolled_out(&format!("{lsvc}-lock-server")).await;
+    let lsvc = c.lsvc_ready(lsvc).await;
     let gate = lsvc.status.as_ref().and_then(|s| s.gate.as_ref());
     assert!(gate.is_none(), "the gate is still closed: {gate:?}");
 
@@ -332,11 +333,11 @@ async fn actions(c: &Cluster, pay: &Payments) {
     pay.create_batch(&run3, 1, c.env.payouts).await;
     pay.await_posted(&run3, c.env.payouts, c.env.timeout).await;
     pay.check_batch(&run3).await.unwrap_or_else(|e| panic!("{e}"));
-    let pstack = c.pstacks.get(PSTACK).await.expect("get the PaymentStack");
-    let pactions = pstack.status.map(|s| s.actions).unwrap_or_default();
+    let stack = c.pstacks.get(pstack).await.expect("get the PaymentStack");
+    let pactions = stack.status.map(|s| s.actions).unwrap_or_default();
     assert!(
         pactions.is_empty(),
-        "pstack/{PSTACK} reports actions nobody requested: {pactions:?}"
+        "pstack/{pstack} reports actions nobody requested: {pactions:?}"
     );
 }
 
@@ -365,24 +366,26 @@ async fn etcd_key(http: &reqwest::Client, etcd: &Forward, lock_key: &str) -> (i6
 /// grant's token is the etcd revision of its key (read back from etcd's own API through the client
 /// Service), and a second grant's is strictly greater.
 async fn etcd(c: &Cluster) {
-    c.lsvc_ready(ELSVC).await;
+    let elsvc = c.env.elsvc.as_str();
+    c.lsvc_ready(elsvc).await;
     let sts: Api<StatefulSet> = Api::namespaced(c.client.clone(), &c.env.ns);
     wait_until(
         &sts,
-        &format!("{ELSVC}-etcd"),
-        &format!("sts/{ELSVC}-etcd to roll out"),
+        &format!("{elsvc}-etcd"),
+        &format!("sts/{elsvc}-etcd to roll out"),
         c.env.timeout,
         statefulset_rolled_out,
     )
     .await;
-    c.rolled_out(&format!("{ELSVC}-lock-server")).await;
-    let elsvc = c.lsvcs.get(ELSVC).await.expect("get the etcd LockService");
+    c.rolled_out(&format!("{elsvc}-lock-server")).await;
+    let etcd_lsvc = c.lsvcs.get(elsvc).await.expect("get the etcd LockService");
     // How long the etcd LockService took from creation to Ready: it comes up alongside the stack,
     // so most of it is hidden behind the stack step.
-    let status = elsvc.status.clone().unwrap_or_default();
-    if let (Some(ready), Some(created)) = (status.condition("Ready"), &elsvc.metadata.creation_timestamp) {
+    let status = etcd_lsvc.status.clone().unwrap_or_default();
+    if let (Some(ready), Some(created)) = (status.condition("Ready"), &etcd_lsvc.metadata.creation_timestamp)
+    {
         log(format!(
-            "lsvc/{ELSVC} was Ready {}s after its creation",
+            "lsvc/{elsvc} was Ready {}s after its creation",
             ready.last_transition_time.0.as_second() - created.0.as_second()
         ));
     }
@@ -392,17 +395,17 @@ async fn etcd(c: &Cluster) {
         status.phase == Phase::Ready
             && status.etcd.as_ref().is_some_and(|e| e.ready == "3/3")
             && status.migration.is_none(),
-        "lsvc/{ELSVC} is not Ready on 3/3 etcd members without a migration: {summary}"
+        "lsvc/{elsvc} is not Ready on 3/3 etcd members without a migration: {summary}"
     );
     let jobs: Api<Job> = Api::namespaced(c.client.clone(), &c.env.ns);
     let elsvc_jobs = jobs
-        .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={ELSVC}")))
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={elsvc}")))
         .await
         .expect("list Jobs");
     assert!(elsvc_jobs.items.is_empty(), "an etcd LockService ran a Job");
 
-    let ls = forward(&c.env, &format!("{ELSVC}-lock-server"), 8080).await;
-    let etcd_fwd = forward(&c.env, &format!("{ELSVC}-etcd-client"), 2379).await;
+    let ls = forward(&c.env, &format!("{elsvc}-lock-server"), 8080).await;
+    let etcd_fwd = forward(&c.env, &format!("{elsvc}-etcd-client"), 2379).await;
     let http = reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(30))
         .build()
