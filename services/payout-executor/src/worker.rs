@@ -380,6 +380,10 @@ impl Discovery<'_> {
 struct Attempt {
     outcome: Outcome,
     session_lost: bool,
+    /// The acquire failed with an error (the lock service down, or its session gone): not the
+    /// payout's fault, so no error is counted against it; the pass ends and the worker pauses
+    /// before it asks the lock service again.
+    lock_unreachable: bool,
 }
 
 pub struct Worker {
@@ -463,14 +467,19 @@ impl Worker {
                 };
                 failures = 0;
                 let attempt = self.attempt(current, &p).await;
+                if attempt.session_lost {
+                    session = None;
+                }
+                if attempt.lock_unreachable {
+                    // Every other payout of this pass would meet the same lock service: end the
+                    // pass without progress, so the worker pauses instead of spinning on it.
+                    break;
+                }
                 match attempt.outcome {
                     Outcome::contended => {
                         busy_accounts.insert(p.account_id);
                     }
                     _ => progressed = true,
-                }
-                if attempt.session_lost {
-                    session = None;
                 }
             }
             if config.exit_when_idle && failures >= MAX_CONSECUTIVE_FAILURES {
@@ -538,6 +547,7 @@ impl Worker {
                 return Attempt {
                     outcome: Outcome::contended,
                     session_lost: false,
+                    lock_unreachable: false,
                 };
             }
             Err(e) => {
@@ -553,6 +563,7 @@ impl Worker {
                 return Attempt {
                     outcome: Outcome::error,
                     session_lost,
+                    lock_unreachable: true,
                 };
             }
         };
@@ -596,6 +607,7 @@ impl Worker {
         Attempt {
             outcome,
             session_lost: session.is_lost(),
+            lock_unreachable: false,
         }
     }
 

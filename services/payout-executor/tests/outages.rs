@@ -1,6 +1,7 @@
-//! rail-proxy unavailable for a moment, with a payout already reserved (RAIL_SUBMITTED, its amount
-//! held on the account): every submission fails with a transport error until a new rail-proxy
-//! answers on the same port. Real processes on loopback over real PostgreSQL 16 (lockdb and paydb),
+//! A service unavailable for a moment. rail-proxy, with a payout already reserved (RAIL_SUBMITTED,
+//! its amount held on the account): every submission fails with a transport error until a new
+//! rail-proxy answers on the same port. lock-server, before the payout is claimed: every acquire
+//! fails until it is back. Real processes on loopback over real PostgreSQL 16 (lockdb and paydb),
 //! as in the proof tests.
 //!
 //! No payout may wait for ever: an executor backs off and tries again — a long-running one even past
@@ -55,15 +56,21 @@ fn log_dir(name: &str) -> PathBuf {
 /// The stack, an account holding [`OPENING`] and one PENDING payout of [`AMOUNT`] on it; then
 /// rail-proxy is stopped (its port refuses connections until it is restarted).
 async fn outage(name: &str) -> (Env, Payout) {
+    let (mut env, p) = with_payout(name).await;
+    env.stack.rail_proxy.stop();
+    (env, p)
+}
+
+/// The stack, an account holding [`OPENING`] and one PENDING payout of [`AMOUNT`] on it.
+async fn with_payout(name: &str) -> (Env, Payout) {
     let lockdb = dlock_testkit::lockdb().await;
     let paydb = dlock_testkit::paydb().await;
     let opts = StackOptions::new(log_dir(name));
-    let mut stack = Stack::start(&lockdb.app_url(), &paydb.app_url(), &opts)
+    let stack = Stack::start(&lockdb.app_url(), &paydb.app_url(), &opts)
         .await
         .unwrap_or_else(|e| panic!("start the stack (logs in {}): {e:#}", opts.log_dir.display()));
     let account = stack.create_account(CURRENCY, OPENING).await.unwrap();
     let payout = stack.create_payout(account, AMOUNT, CURRENCY).await.unwrap();
-    stack.rail_proxy.stop();
     let env = Env {
         stack,
         _lockdb: lockdb,
@@ -290,4 +297,93 @@ async fn a_batch_executor_that_spends_the_budget_exits_non_zero_naming_the_payou
     assert!(exit.success(), "{exit}; log {}", e2.log.display());
     let now = env.stack.payout(id).await.unwrap();
     assert_finished(&env.stack, &p, &now, &e2).await;
+}
+
+/// The timestamps of `event` lines about payout `id`.
+fn times(svc: &Service, event: &str, id: Uuid) -> Vec<chrono::DateTime<chrono::FixedOffset>> {
+    events(svc, event, id)
+        .iter()
+        .map(|e| {
+            chrono::DateTime::parse_from_rfc3339(e["timestamp"].as_str().unwrap_or_default())
+                .unwrap_or_else(|err| panic!("timestamp of {e}: {err}"))
+        })
+        .collect()
+}
+
+/// The poll interval of the lock-server outage scenario.
+const POLL_MS: i64 = 300;
+
+/// lock-server down: every acquire fails at once (connection refused). The old executor counted
+/// such an attempt as progress and went straight into its next pass, so it asked the dead lock
+/// service again within milliseconds, over and over; now a failed acquire ends the pass and the
+/// worker waits its poll interval first. No error is counted against the payout (the lock service
+/// failed, not the payout), and when lock-server is back the payout ends POSTED, paid once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_acquire_pauses_the_worker_and_the_payout_ends_once_lock_server_is_back() {
+    let (mut env, p) = with_payout("lock-server").await;
+    let mut e1 = env
+        .stack
+        .start_executor(env.stack.service_executor_spec("e1").unwrap().args([
+            "--workers".to_owned(),
+            "1".to_owned(),
+            "--poll-interval-ms".to_owned(),
+            POLL_MS.to_string(),
+        ]))
+        .await
+        .unwrap();
+    // The first payout is paid while lock-server runs: the worker holds an open session when the
+    // outage begins, so the outage meets the acquire itself.
+    let first = wait_terminal(&env.stack, p.payout_id, Duration::from_secs(30)).await;
+    assert_eq!(
+        first.state,
+        PayoutState::Posted,
+        "{first:?}; log {}",
+        e1.log.display()
+    );
+    env.stack
+        .lock_server
+        .as_mut()
+        .expect("the stack's lock-server")
+        .stop();
+    // Payouts are created after the stop, so every attempt on them meets the outage.
+    let account = env.stack.create_account(CURRENCY, OPENING).await.unwrap();
+    let q = env.stack.create_payout(account, AMOUNT, CURRENCY).await.unwrap();
+    let qid = q.payout_id;
+    eventually("four failed acquires of the payout", LIMIT, || async {
+        (times(&e1, "lock_acquire_failed", qid).len() >= 4).then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}; log {}", e1.log.display()));
+    let failed = times(&e1, "lock_acquire_failed", qid);
+    for pair in failed.windows(2) {
+        let gap = (pair[1] - pair[0]).num_milliseconds();
+        assert!(
+            gap + 5 >= POLL_MS,
+            "asked the dead lock service again after {gap} ms, within its {POLL_MS} ms poll interval; log {}",
+            e1.log.display()
+        );
+    }
+    assert!(
+        events(&e1, "payout_attempt_failed", qid).is_empty(),
+        "an unreachable lock service is not the payout's error"
+    );
+
+    env.stack.restart_lock_server_same_port().await.unwrap();
+    for payout in [&p, &q] {
+        let now = wait_terminal(&env.stack, payout.payout_id, Duration::from_secs(30)).await;
+        // The first one was already POSTED; both must be, each paid exactly once.
+        assert_eq!(
+            (now.state, now.reserved_minor),
+            (PayoutState::Posted, 0),
+            "{now:?}; log {}",
+            e1.log.display()
+        );
+        let received = env.stack.rail_received().await.unwrap();
+        assert_eq!(
+            (received.received(now.payout_id), received.paid(now.payout_id)),
+            (1, 1)
+        );
+    }
+    assert_eq!(env.stack.reconciliation().await.unwrap()["clean"], true);
+    e1.stop();
 }

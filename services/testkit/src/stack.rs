@@ -129,6 +129,8 @@ pub use dlock_wire::stub::{
 pub struct Stack {
     /// `None` when [`StackOptions::lock_server_url`] named an outside lock-server.
     pub lock_server: Option<Service>,
+    /// How the stack started its lock-server, for [`Stack::restart_lock_server_same_port`].
+    lock_server_spec: Option<Spec>,
     pub rail_stub: Service,
     pub rail_proxy: Service,
     pub payment: Service,
@@ -191,6 +193,7 @@ impl Stack {
             dir,
         )
         .await?;
+        let mut lock_server_spec = None;
         let (lock_server, lock_url, etcd) = match &opts.lock_server_url {
             Some(url) => (None, url.clone(), None),
             None => {
@@ -214,7 +217,9 @@ impl Stack {
                         (spec, Some(etcd))
                     }
                 };
-                let svc = Service::start(spec.args(["--listen", "127.0.0.1:{port}"]), dir).await?;
+                let spec = spec.args(["--listen", "127.0.0.1:{port}"]);
+                lock_server_spec = Some(spec.clone());
+                let svc = Service::start(spec, dir).await?;
                 let url = svc.url();
                 (Some(svc), url, etcd)
             }
@@ -225,6 +230,7 @@ impl Stack {
         let lock = LockClient::new(&lock_url)?;
         Ok(Self {
             lock_server,
+            lock_server_spec,
             rail_stub,
             rail_proxy,
             payment,
@@ -275,6 +281,22 @@ impl Stack {
                 "--listen".to_owned(),
                 "127.0.0.1:{port}".to_owned(),
             ]))
+    }
+
+    /// Starts the stack's lock-server again on the **same port** (same store), after it was stopped:
+    /// the end of a lock-server outage, as the executors see it. The new log is
+    /// `lock-server-restarted.log`.
+    pub async fn restart_lock_server_same_port(&mut self) -> Result<()> {
+        let mut spec = self
+            .lock_server_spec
+            .clone()
+            .context("this stack did not start a lock-server")?;
+        if let Some(old) = self.lock_server.as_mut() {
+            old.stop();
+        }
+        spec.name = "lock-server-restarted".into();
+        self.lock_server = Some(Service::start(spec, &self.log_dir).await?);
+        Ok(())
     }
 
     /// Replaces rail-proxy with a fresh process (same database, rail and credentials; fencing on),
