@@ -9,12 +9,14 @@
 //! - [`serve`]: the server kit — a binary's life ([`serve::main`]: config, signals, start, drain,
 //!   [`serve::exit`] codes), health endpoints, serving in the background;
 //! - [`db`]: the database pool and its flags, one name for each setting;
-//! - [`auth`]: bearer credentials per role, from env or files, redacted in `Debug`.
+//! - [`auth`]: bearer credentials per role, from env or files, redacted in `Debug`;
+//! - [`grant`]: signed grants at a resource: `X-Fencing-Grant`, verification, refusal codes.
 
 pub mod auth;
 pub mod db;
 pub mod error;
 pub mod fencing;
+pub mod grant;
 pub mod metrics;
 pub mod payout;
 pub mod serve;
@@ -23,4 +25,5 @@ pub mod token;
 pub mod validate;
 
 pub use error::{ApiError, ApiJson, ApiPath, ApiQuery};
+pub use grant::FENCING_GRANT_HEADER;
 pub use token::{FENCING_TOKEN_HEADER, FencingToken, TokenError};

@@ -62,6 +62,32 @@ impl utoipa::IntoParams for FencingTokenHeader {
     }
 }
 
+/// The `X-Fencing-Grant` request header of the fenced routes: the grant lock-server signed for the
+/// presented token (`LockGrant.grant`). Required while the resource verifies grants (the default);
+/// refused with 403 `GRANT_INVALID`, `GRANT_UNKNOWN_SIGNER` or `GRANT_WRONG_RESOURCE`.
+#[derive(Debug, Clone, Copy)]
+pub struct FencingGrantHeader;
+
+impl utoipa::IntoParams for FencingGrantHeader {
+    fn into_params(
+        _parameter_in: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
+    ) -> Vec<utoipa::openapi::path::Parameter> {
+        use utoipa::openapi::Required;
+        use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+        vec![
+            ParameterBuilder::new()
+                .name(dlock_common::FENCING_GRANT_HEADER)
+                .parameter_in(ParameterIn::Header)
+                .required(Required::True)
+                .description(Some(
+                    "The signed grant of the presented token, as lock-server answered it (`LockGrant.grant`): it must verify under a public key the resource trusts, state the same token, and be for `account:<the payout's account>`.",
+                ))
+                .schema(Some(crate::shape::signed_grant()))
+                .build(),
+        ]
+    }
+}
+
 /// Liveness: the process is up (`dlock_common::serve::healthz`, served by every service).
 #[utoipa::path(get, path = "/healthz", tag = "operations", operation_id = "healthz",
     responses(

@@ -79,6 +79,12 @@ pub struct LockGrant {
     pub session_id: Uuid,
     pub acquired_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
+    /// The grant signed by the lock service (lock service id, key id, lock key, token, owner,
+    /// session): present it in `X-Fencing-Grant` beside `X-Fencing-Token`. Absent when lock-server
+    /// has no signing key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = signed_grant)]
+    pub grant: Option<String>,
 }
 
 /// `200` of `POST /v1/locks/{key}/renew`.
@@ -88,6 +94,15 @@ pub struct LockRenewed {
     pub lock_key: String,
     pub fencing_token: FencingToken,
     pub expires_at: DateTime<Utc>,
+    /// The same grant signed again, with the key lock-server signs with now (after a key rotation,
+    /// the new one): use it from here on. Absent when lock-server has no signing key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = signed_grant)]
+    pub grant: Option<String>,
+}
+
+fn signed_grant() -> ObjectBuilder {
+    shape::signed_grant()
 }
 
 /// `200` of `POST /v1/locks/{key}/release`; a stale release (`released: false, stale: true`) is a

@@ -22,6 +22,11 @@ pub const CURRENCY: &str = "^[A-Z]{3}$";
 /// A machine-readable code (a failure reason, an error code).
 pub const CODE: &str = "^[A-Z][A-Z0-9_]*$";
 
+/// A signed grant's wire form (`dlock_grant`): unpadded base64url payload, a dot, and the unpadded
+/// base64url of the 64-byte Ed25519 signature (86 characters). Its validity is the signature's, not
+/// the shape's; this says only what can be one.
+pub const SIGNED_GRANT: &str = "^[A-Za-z0-9_-]+\\.[A-Za-z0-9_-]{86}$";
+
 /// A UUID as `uuid::Uuid` parses it in its hyphenated form (either case).
 pub const UUID: &str = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$";
 

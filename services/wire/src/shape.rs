@@ -70,6 +70,12 @@ pub fn code() -> ObjectBuilder {
         .pattern(Some(pattern::CODE))
 }
 
+/// A signed grant (`X-Fencing-Grant`, `LockGrant.grant`): at most `dlock_grant::MAX_WIRE_LEN`
+/// characters of [`pattern::SIGNED_GRANT`].
+pub fn signed_grant() -> ObjectBuilder {
+    text(88, 4096, pattern::SIGNED_GRANT)
+}
+
 /// A required path parameter of `shape` (derived parameters cannot take a shape by name).
 pub fn path_param(name: &str, description: Option<&str>, shape: ObjectBuilder) -> Parameter {
     ParameterBuilder::new()
