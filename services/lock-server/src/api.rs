@@ -62,6 +62,22 @@ fn stored(token: i64) -> Result<FencingToken, ApiError> {
     FencingToken::new(token).map_err(ApiError::internal)
 }
 
+/// The signed grant of an answer (acquire and renew): `None` when lock-server has no signing key.
+/// Every field was validated or read back from the store, so a failure here is a bug (500).
+fn signed(
+    state: &AppState,
+    key: &str,
+    token: FencingToken,
+    owner_id: &str,
+    session_id: Uuid,
+) -> Result<Option<String>, ApiError> {
+    state
+        .signer()
+        .map(|s| s.sign(key, token.get(), owner_id, session_id))
+        .transpose()
+        .map_err(ApiError::internal)
+}
+
 // ---- sessions ----------------------------------------------------------------------------------
 
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions", operation_id = "createSession",
@@ -140,7 +156,7 @@ pub async fn close_session(
 #[utoipa::path(post, path = "/v1/locks/{key}/acquire", tag = "locks", operation_id = "acquireLock",
     params(LockKeyPath), request_body = AcquireRequest,
     responses(
-        (status = 200, description = "GRANTED: a free key, a genuinely expired lease taken over, or the same session re-entering; always a new, higher token.", body = LockGrant),
+        (status = 200, description = "GRANTED: a free key, a genuinely expired lease taken over, or the same session re-entering; always a new, higher token, and (with a signing key) its signed grant.", body = LockGrant),
         (status = 400, description = "Bad key or body (`INVALID_LOCK_KEY`, `INVALID_OWNER_ID`, `INVALID_TTL`, `INVALID_FIELD`, `MALFORMED_JSON`).", body = ErrorBody),
         (status = 409, description = "`CONTENDED`: held by a live, different holder.", body = ErrorBody),
         (status = 410, description = "`SESSION_GONE`: the session does not exist.", body = ErrorBody),
@@ -170,13 +186,16 @@ pub async fn acquire(
                 owner_id = %g.owner_id,
                 session_id = %g.session_id,
             );
+            let fencing_token = stored(g.fencing_token)?;
+            let grant = signed(&state, &key, fencing_token, &g.owner_id, g.session_id)?;
             Ok(Json(LockGrant {
                 lock_key: key,
-                fencing_token: stored(g.fencing_token)?,
+                fencing_token,
                 owner_id: g.owner_id,
                 session_id: g.session_id,
                 acquired_at: g.acquired_at,
                 expires_at: g.expires_at,
+                grant,
             }))
         }
         None => {
@@ -190,7 +209,7 @@ pub async fn acquire(
 #[utoipa::path(post, path = "/v1/locks/{key}/renew", tag = "locks", operation_id = "renewLock",
     params(LockKeyPath, dlock_wire::doc::FencingTokenHeader), request_body = TtlRequest,
     responses(
-        (status = 200, description = "Renewed.", body = LockRenewed),
+        (status = 200, description = "Renewed; the grant signed again with the current signing key.", body = LockRenewed),
         (status = 400, description = "Bad key, token or body (`INVALID_LOCK_KEY`, `INVALID_TOKEN`, `INVALID_TTL`, `INVALID_FIELD`, `MALFORMED_JSON`).", body = ErrorBody),
         (status = 410, description = "`LEASE_EXPIRED`: the lease lapsed (even by 1 ms) or the key now belongs to a newer token; abort the critical section.", body = ErrorBody),
         (status = 415, description = "`UNSUPPORTED_MEDIA_TYPE`.", body = ErrorBody),
@@ -206,11 +225,16 @@ pub async fn renew(
     let token = FencingToken::from_headers(&headers)?;
     let ttl = validate::ttl_ms("ttlMs", req.ttl_ms)?;
     match state.repo().renew(&key, token.get(), ttl).await? {
-        Some(r) => Ok(Json(LockRenewed {
-            lock_key: key,
-            fencing_token: stored(r.fencing_token)?,
-            expires_at: r.expires_at,
-        })),
+        Some(r) => {
+            let fencing_token = stored(r.fencing_token)?;
+            let grant = signed(&state, &key, fencing_token, &r.owner_id, r.session_id)?;
+            Ok(Json(LockRenewed {
+                lock_key: key,
+                fencing_token,
+                expires_at: r.expires_at,
+                grant,
+            }))
+        }
         None => {
             // C1 §1.4: the caller must abort its critical section; this is terminal.
             state.metrics().session_lost.inc();

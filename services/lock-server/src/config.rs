@@ -5,6 +5,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use dlock_grant::SigningKey;
+
+use crate::signing::{SIGNING_KEY_ENV, Signer};
+
 /// Which store holds sessions and grants.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackendConfig {
@@ -16,6 +20,11 @@ pub enum BackendConfig {
 
 /// The default key prefix of the etcd backend.
 pub const DEFAULT_ETCD_PREFIX: &str = "/dlock/";
+
+/// The default lock service id signed into every grant (the operator sets `<namespace>/<name>`).
+pub const DEFAULT_LOCK_SERVICE_ID: &str = "dlock";
+/// Longest lock service id: what a grant can carry.
+pub const MAX_LOCK_SERVICE_ID_LEN: usize = dlock_grant::MAX_LOCK_SERVICE_BYTES;
 
 /// Everything the server needs to run. Build it with [`Config::new`] and adjust the public fields.
 #[derive(Clone)]
@@ -34,6 +43,11 @@ pub struct Config {
     pub pool_max_connections: u32,
     /// How long a request waits for a free connection before answering 503.
     pub pool_acquire_timeout: Duration,
+    /// Named in every signed grant: which lock service issued it.
+    pub lock_service_id: String,
+    /// The key grants are signed with. `None`: answers carry no `grant` (a WARN at start-up), and
+    /// resources that verify grants refuse their tokens.
+    pub signing_key: Option<SigningKey>,
 }
 
 impl Config {
@@ -48,7 +62,27 @@ impl Config {
             reaper_interval: Some(Duration::from_secs(1)),
             pool_max_connections: 10,
             pool_acquire_timeout: Duration::from_secs(5),
+            lock_service_id: DEFAULT_LOCK_SERVICE_ID.to_owned(),
+            signing_key: None,
         }
+    }
+
+    /// Signs every grant with `key`.
+    pub fn with_signing_key(mut self, key: Option<SigningKey>) -> Self {
+        self.signing_key = key;
+        self
+    }
+
+    pub fn with_lock_service_id(mut self, id: impl Into<String>) -> Self {
+        self.lock_service_id = id.into();
+        self
+    }
+
+    /// What the handlers sign with, if there is a key.
+    pub fn signer(&self) -> Option<Signer> {
+        self.signing_key
+            .clone()
+            .map(|key| Signer::new(self.lock_service_id.clone(), key))
     }
 
     /// [`Config::new`] for the etcd backend.
@@ -100,6 +134,10 @@ impl Config {
         if self.pool_max_connections == 0 {
             return Err(ConfigError::PoolSize);
         }
+        let id = &self.lock_service_id;
+        if id.is_empty() || id.len() > MAX_LOCK_SERVICE_ID_LEN || !id.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(ConfigError::LockServiceId);
+        }
         if self
             .reaper_interval
             .is_some_and(|i| i < Duration::from_millis(10))
@@ -121,6 +159,8 @@ impl std::fmt::Debug for Config {
             .field("reaper_interval", &self.reaper_interval)
             .field("pool_max_connections", &self.pool_max_connections)
             .field("pool_acquire_timeout", &self.pool_acquire_timeout)
+            .field("lock_service_id", &self.lock_service_id)
+            .field("signing_key", &self.signing_key)
             .finish()
     }
 }
@@ -143,6 +183,24 @@ pub enum ConfigError {
     AdminTokenFile { path: String, source: std::io::Error },
     #[error("give the admin token either in --admin-token-file or in DLOCK_ADMIN_TOKEN, not both")]
     AdminTokenTwice,
+    #[error("the lock service id must be 1..={MAX_LOCK_SERVICE_ID_LEN} visible ASCII characters")]
+    LockServiceId,
+    #[error("the grant signing key: {0}")]
+    SigningKey(String),
+}
+
+/// The grant signing key from `DLOCK_GRANT_SIGNING_KEY` or the file `DLOCK_GRANT_SIGNING_KEY_FILE`
+/// names (both set is an error; the rules of every credential, `dlock_common::auth`). `None` when
+/// neither is set. Never a flag: it would show in a process listing.
+pub fn signing_key_from_env() -> Result<Option<SigningKey>, ConfigError> {
+    let Some(text) = dlock_common::auth::Credential::from_env(SIGNING_KEY_ENV)
+        .map_err(|e| ConfigError::SigningKey(e.to_string()))?
+    else {
+        return Ok(None);
+    };
+    SigningKey::parse(text.expose())
+        .map(Some)
+        .map_err(|e| ConfigError::SigningKey(format!("{SIGNING_KEY_ENV}: {e}")))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -159,6 +217,9 @@ pub const ADMIN_TOKEN_ENV: &str = "DLOCK_ADMIN_TOKEN";
 /// The admin bearer token (for `POST /v1/admin/locks/{key}/revoke`) comes from
 /// `--admin-token-file` or the environment variable `DLOCK_ADMIN_TOKEN`; it is deliberately not a
 /// flag, so that it never shows in a process listing. Without it admin endpoints answer 403.
+///
+/// The grant signing key (`<keyId>=<base64url seed>`) comes from `DLOCK_GRANT_SIGNING_KEY` or the
+/// file `DLOCK_GRANT_SIGNING_KEY_FILE` names, never a flag. Without it grants are not signed.
 #[derive(Debug, clap::Parser)]
 #[command(name = "lock-server", version, about)]
 pub struct Cli {
@@ -190,6 +251,10 @@ pub struct Cli {
     /// File holding the admin bearer token (surrounding whitespace is ignored).
     #[arg(long, env = "DLOCK_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
+
+    /// Named in every signed grant: which lock service issued it.
+    #[arg(long, env = dlock_common::grant::LOCK_SERVICE_ID_ENV, default_value = DEFAULT_LOCK_SERVICE_ID)]
+    pub lock_service_id: String,
 
     /// Reaper period in milliseconds; 0 disables the reaper.
     #[arg(long, env = "DLOCK_REAPER_INTERVAL_MS", default_value_t = 1000)]
@@ -237,6 +302,8 @@ impl Cli {
                 .then(|| Duration::from_millis(self.reaper_interval_ms)),
             pool_max_connections: self.pool.db_max_connections,
             pool_acquire_timeout: self.pool.acquire_timeout(),
+            lock_service_id: self.lock_service_id,
+            signing_key: None,
         };
         config.validate()?;
         Ok(config)
@@ -341,8 +408,37 @@ mod tests {
 
     #[test]
     fn debug_redacts_secrets() {
-        let c = Config::new("postgres://lockapp:pw@h/db").with_admin_token("s3cret");
+        let key = SigningKey::generate(dlock_grant::KeyId::new("k1").unwrap());
+        let seed = key.expose_text().split_once('=').unwrap().1.to_owned();
+        let c = Config::new("postgres://lockapp:pw@h/db")
+            .with_admin_token("s3cret")
+            .with_signing_key(Some(key));
         let text = format!("{c:?}");
-        assert!(!text.contains("s3cret") && !text.contains("pw@"), "{text}");
+        assert!(
+            !text.contains("s3cret") && !text.contains("pw@") && !text.contains(&seed),
+            "{text}"
+        );
+        assert!(text.contains("k1"), "the key id is not secret: {text}");
+    }
+
+    #[test]
+    fn the_lock_service_id_is_checked() {
+        assert_eq!(
+            cli(&[]).into_config(None).unwrap().lock_service_id,
+            DEFAULT_LOCK_SERVICE_ID
+        );
+        let c = cli(&["--lock-service-id", "payments/locks"])
+            .into_config(None)
+            .unwrap();
+        assert_eq!(c.lock_service_id, "payments/locks");
+        for bad in ["", "has space", &"x".repeat(MAX_LOCK_SERVICE_ID_LEN + 1)] {
+            assert!(
+                matches!(
+                    cli(&["--lock-service-id", bad]).into_config(None),
+                    Err(ConfigError::LockServiceId)
+                ),
+                "{bad:?}"
+            );
+        }
     }
 }

@@ -440,9 +440,14 @@ impl EtcdRepo {
                 return Ok(None);
             }
         }
+        // The grant's own value names its holder (for the re-signed grant): the key was at `token`
+        // when read and still is, so this is that grant's value.
+        let holder: GrantValue = decode(&kv)?;
         Ok(Some(Renewed {
             fencing_token: token,
             expires_at: lease_end(before, ttl),
+            owner_id: holder.owner_id,
+            session_id: holder.session_id,
         }))
     }
 

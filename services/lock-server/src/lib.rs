@@ -6,6 +6,7 @@
 //!   on etcd (`--backend etcd`); [`backend`]: the one the server runs;
 //! - [`api`]: the HTTP handlers; [`routes`]: the router and its route table;
 //! - [`error`]: the one error enum, mapped to HTTP; [`auth`]: the admin bearer token;
+//! - [`signing`]: the signed grant of every acquire and renew (`LockGrant.grant`);
 //! - [`metrics`], [`reaper`], [`config`], [`server`] ([`spawn`] in-process, [`start`] for the binary, which
 //!   [`dlock_common::serve::main`] runs until SIGTERM).
 //!
@@ -24,6 +25,7 @@ pub mod reaper;
 pub mod repo;
 pub mod routes;
 pub mod server;
+pub mod signing;
 pub mod sql;
 pub mod state;
 
@@ -34,5 +36,6 @@ pub use etcd::{EtcdFaults, EtcdRepo};
 pub use repo::Repo;
 pub use routes::{RouteSpec, app, routes};
 pub use server::{RunningServer, StartError, spawn, spawn_with_backend, spawn_with_statements, start};
+pub use signing::Signer;
 pub use sql::Statements;
 pub use state::AppState;

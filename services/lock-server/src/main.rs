@@ -5,10 +5,12 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use lock_server::config::{ADMIN_TOKEN_ENV, Cli};
+use lock_server::config::{ADMIN_TOKEN_ENV, Cli, signing_key_from_env};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let config = Cli::parse().into_config(std::env::var(ADMIN_TOKEN_ENV).ok());
+    let config = Cli::parse()
+        .into_config(std::env::var(ADMIN_TOKEN_ENV).ok())
+        .and_then(|c| Ok(c.with_signing_key(signing_key_from_env()?)));
     dlock_common::serve::main("lock-server", config, lock_server::start).await
 }

@@ -24,10 +24,13 @@ pub struct Grant {
     pub expires_at: DateTime<Utc>,
 }
 
+/// A renewed grant, with the holder the re-signed grant names.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Renewed {
     pub fencing_token: i64,
     pub expires_at: DateTime<Utc>,
+    pub owner_id: String,
+    pub session_id: Uuid,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -71,6 +74,8 @@ pub enum Revocation {
 pub struct Repo {
     pool: PgPool,
     stmts: Statements,
+    /// `stmts.renew` inside [`sql::with_holder`], built once.
+    renew: Arc<str>,
     /// Concurrent acquires and releases go to lockdb batched ([`crate::batch`]), each batch built
     /// from `stmts`, so a negative control's broken statement is what its batches run too.
     acquires: Arc<Batcher<AcquireCall>>,
@@ -156,6 +161,7 @@ impl Repo {
         Self {
             acquires: Arc::new(Batcher::new(pool.clone(), stmts.acquire)),
             releases: Arc::new(Batcher::new(pool.clone(), stmts.release)),
+            renew: sql::with_holder(stmts.renew).into(),
             pool,
             stmts,
         }
@@ -226,7 +232,7 @@ impl Repo {
 
     /// `None`: the lease lapsed or the row belongs to a newer token (LEASE_EXPIRED).
     pub async fn renew(&self, key: &str, token: i64, ttl_secs: f64) -> Result<Option<Renewed>, Error> {
-        Ok(sqlx::query_as(self.stmts.renew)
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(self.renew.clone()))
             .bind(key)
             .bind(token)
             .bind(ttl_secs)

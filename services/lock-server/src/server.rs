@@ -111,7 +111,7 @@ pub async fn spawn_with_statements(config: Config, stmts: Statements) -> Result<
 /// [`spawn`] over a given backend (the etcd negative controls pass a deliberately broken one).
 pub async fn spawn_with_backend(config: Config, backend: Backend) -> Result<RunningServer, StartError> {
     config.validate()?;
-    let state = AppState::with_backend(backend, config.admin_token.clone());
+    let state = AppState::with_backend(backend, config.admin_token.clone()).with_signer(config.signer());
     let listener = serve::bind(config.listen).await?;
     let shutdown = CancellationToken::new();
     let reaper = config
@@ -134,6 +134,18 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
             event = "admin_disabled",
             "no admin token configured; admin endpoints answer 403"
         );
+    }
+    match &config.signing_key {
+        None => tracing::warn!(
+            event = "grant_signing_disabled",
+            setting = crate::signing::SIGNING_KEY_ENV,
+            "no grant signing key configured: grants carry no signature, and resources that verify grants (the default) refuse their tokens"
+        ),
+        Some(key) => tracing::info!(
+            event = "grant_signing_enabled",
+            key_id = %key.id(),
+            lock_service_id = %config.lock_service_id,
+        ),
     }
     spawn(config).await
 }

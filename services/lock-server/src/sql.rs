@@ -34,6 +34,23 @@ UPDATE lock_entry
    AND expires_at    > now()
 RETURNING fencing_token, expires_at";
 
+/// The renew statement `renew` (C1's [`RENEW`], or a negative control's) run as it is, in a `WITH`,
+/// and joined back to its row for the owner and session the re-signed grant names. Binds as `renew`'s
+/// (`$1` key, `$2` token, `$3` ttl_seconds); returns `fencing_token, expires_at, owner_id,
+/// session_id`, zero rows exactly when `renew` has zero.
+///
+/// The renew's text is untouched, character for character (C1 §1.4 is normative), and nothing is
+/// read in a second round trip. The join sees the statement's snapshot, from before its UPDATE: the
+/// row at this key and token, whose owner and session renew does not change (one token is one grant
+/// for all time, C1 §1.4).
+pub fn with_holder(renew: &str) -> String {
+    format!(
+        "WITH r AS (\n{renew}\n)\n\
+         SELECT r.fencing_token, r.expires_at, e.owner_id, e.session_id\n  \
+         FROM r JOIN lock_entry e ON e.lock_key = $1 AND e.fencing_token = r.fencing_token"
+    )
+}
+
 /// C1 §1.4 release: compare-and-delete on exactly key + token. Binds: `$1` key, `$2` token.
 /// Zero rows = the grant is no longer ours (stale); never retried, never widened.
 pub const RELEASE: &str = "\
@@ -430,6 +447,14 @@ RETURNING (b.batch_index - 1)::int4 AS batch_index, fencing_token"
         // A bind past the arrays, or a key column the row does not fill from a bind.
         assert_eq!(unnested(RELEASE, &["text"]), None);
         assert_eq!(unnested(CREATE_SESSION, &["text", "float8"]), None);
+    }
+
+    #[test]
+    fn the_renew_that_names_its_holder_is_c1s_renew_unchanged_inside() {
+        let text = with_holder(RENEW);
+        assert!(text.contains(&format!("WITH r AS (\n{RENEW}\n)")), "{text}");
+        assert_eq!(text.matches("UPDATE lock_entry").count(), 1);
+        assert_eq!(text.matches("$").count(), RENEW.matches('$').count() + 1);
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! What every handler is given: the repository, the metrics and the admin token. Passed explicitly
-//! through axum's `State`; there are no globals.
+//! What every handler is given: the repository, the metrics, the admin token and the grant signer.
+//! Passed explicitly through axum's `State`; there are no globals.
 
 use std::sync::Arc;
 
@@ -8,6 +8,7 @@ use sqlx::PgPool;
 use crate::backend::Backend;
 use crate::metrics::Metrics;
 use crate::repo::Repo;
+use crate::signing::Signer;
 use crate::sql::Statements;
 
 #[derive(Debug, Clone)]
@@ -15,6 +16,7 @@ pub struct AppState {
     repo: Backend,
     metrics: Arc<Metrics>,
     admin_token: Option<Arc<str>>,
+    signer: Option<Arc<Signer>>,
 }
 
 impl AppState {
@@ -35,7 +37,18 @@ impl AppState {
             metrics: Arc::new(Metrics::new()),
             // An empty token is never a valid credential; treat it as "not configured".
             admin_token: admin_token.filter(|t| !t.is_empty()).map(Arc::from),
+            signer: None,
         }
+    }
+
+    /// Signs every grant with `signer` (`None`: grants go out unsigned).
+    pub fn with_signer(mut self, signer: Option<Signer>) -> Self {
+        self.signer = signer.map(Arc::new);
+        self
+    }
+
+    pub fn signer(&self) -> Option<&Signer> {
+        self.signer.as_deref()
     }
 
     /// The store the handlers use (PostgreSQL or etcd).
