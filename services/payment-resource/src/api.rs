@@ -4,15 +4,16 @@
 use std::sync::Arc;
 
 use axum::extract::{FromRequestParts, State};
-use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::from_fn_with_state;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use dlock_common::auth::{self, Credentials, Gate, Role};
 use dlock_common::error::not_found_fallback;
+use dlock_common::grant::GrantGate;
 use dlock_common::{ApiError, ApiJson, ApiPath, ApiQuery, FencingToken};
 use prometheus_client::registry::Registry;
 use sqlx::PgPool;
@@ -25,7 +26,7 @@ use crate::posting::{Posted, Posting};
 use crate::reconcile::{self, Report};
 use crate::sql;
 use dlock_wire::ErrorBody;
-use dlock_wire::doc::{BearerAuth, FencingTokenHeader};
+use dlock_wire::doc::{BearerAuth, FencingGrantHeader, FencingTokenHeader};
 use dlock_wire::payment::{
     AccountIdPath, ClaimRequest, CreateAccountRequest, CreatePayoutRequest, ListPayoutsQuery, PayoutIdPath,
     ReconciliationQuery, TransitionRequest,
@@ -41,7 +42,7 @@ pub const OPENAPI_YAML: &str = include_str!("../../../docs/openapi/payment-resou
     info(
         title = "dlock payment-resource",
         version = "1",
-        description = "The protected resource over paydb: accounts, payouts and the ledger, with the fenced writes (a)(b)(c) in one transaction. Money is integer minor units; the fencing token travels in `X-Fencing-Token`. Writes need a bearer credential of the right role (docs/security.md): `admin` for accounts and reconciliation, `client` to create payouts, `executor` for claim, transition and post. A rejected request writes nothing.",
+        description = "The protected resource over paydb: accounts, payouts and the ledger, with the fenced writes (a)(b)(c) in one transaction. Money is integer minor units; the fencing token travels in `X-Fencing-Token`, the grant lock-server signed for it in `X-Fencing-Grant` (verified before anything is read: it must be for `account:<the payout's account>`). Writes need a bearer credential of the right role (docs/security.md): `admin` for accounts and reconciliation, `client` to create payouts, `executor` for claim, transition and post. A rejected request writes nothing.",
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
     ),
     paths(
@@ -104,6 +105,8 @@ pub struct AppState {
     pub pool: PgPool,
     pub metrics: Arc<crate::metrics::Metrics>,
     pub credentials: Arc<Credentials>,
+    /// Signed-grant verification of the executor's fenced calls, and its refusal counter.
+    pub grants: GrantGate,
     pub accounts: Accounts,
     pub payouts: Payouts,
     pub posting: Posting,
@@ -274,13 +277,13 @@ async fn get_payout(State(s): State<AppState>, ApiPath(id): ApiPath<Uuid>) -> Ap
 }
 
 #[utoipa::path(post, path = "/v1/payouts/{payoutId}/claim", tag = "executor", operation_id = "claimPayout",
-    params(PayoutIdPath, FencingTokenHeader), request_body = ClaimRequest,
+    params(PayoutIdPath, FencingTokenHeader, FencingGrantHeader), request_body = ClaimRequest,
     security(("bearer" = [])),
     responses(
         (status = 200, description = "Claimed (PENDING → CLAIMED), adopted from an older token, or the same grant again (`idempotent`).", body = Claimed),
         (status = 400, description = "Bad input, with a machine-readable code (`INVALID_*`, `MALFORMED_JSON`); nothing is written.", body = ErrorBody),
         (status = 401, description = "`UNAUTHENTICATED`: no valid bearer credential.", body = ErrorBody),
-        (status = 403, description = "`FORBIDDEN`: the credential belongs to another role.", body = ErrorBody),
+        (status = 403, description = "`FORBIDDEN`: the credential belongs to another role; or the grant does not authorize the token here: `GRANT_INVALID` (none, malformed, forged, or for another token), `GRANT_UNKNOWN_SIGNER`, `GRANT_WRONG_RESOURCE` (for another lock than the payout's account). Nothing is written.", body = ErrorBody),
         (status = 404, description = "`UNKNOWN_PAYOUT`.", body = ErrorBody),
         (status = 409, description = "`FENCED_OUT` (a newer grant holds it; terminal) or `NOT_CLAIMABLE`.", body = ErrorBody),
         (status = 415, description = "`UNSUPPORTED_MEDIA_TYPE`: the body is not `application/json`.", body = ErrorBody),
@@ -290,19 +293,26 @@ async fn claim_payout(
     State(s): State<AppState>,
     ApiPath(id): ApiPath<Uuid>,
     Token(token): Token,
+    headers: HeaderMap,
     ApiJson(body): ApiJson<ClaimRequest>,
 ) -> ApiResult<Json<Claimed>> {
-    Ok(Json(s.payouts.claim(id, &body.owner_id, token).await?))
+    let claimed = s
+        .grants
+        .fenced("claim", id, token, &headers, |p| {
+            s.payouts.claim(id, &body.owner_id, p)
+        })
+        .await?;
+    Ok(Json(claimed))
 }
 
 #[utoipa::path(post, path = "/v1/payouts/{payoutId}/transition", tag = "executor", operation_id = "transitionPayout",
-    params(PayoutIdPath, FencingTokenHeader), request_body = TransitionRequest,
+    params(PayoutIdPath, FencingTokenHeader, FencingGrantHeader), request_body = TransitionRequest,
     security(("bearer" = [])),
     responses(
         (status = 200, description = "Moved along one executor edge, or already there (`idempotent`).", body = Transitioned),
         (status = 400, description = "Bad input (`INVALID_TOKEN`, `UNSUPPORTED_TRANSITION`, `INVALID_REASON`, …).", body = ErrorBody),
         (status = 401, description = "`UNAUTHENTICATED`: no valid bearer credential.", body = ErrorBody),
-        (status = 403, description = "`FORBIDDEN`: the credential belongs to another role.", body = ErrorBody),
+        (status = 403, description = "`FORBIDDEN`: the credential belongs to another role; or the grant does not authorize the token here: `GRANT_INVALID` (none, malformed, forged, or for another token), `GRANT_UNKNOWN_SIGNER`, `GRANT_WRONG_RESOURCE` (for another lock than the payout's account). Nothing is written.", body = ErrorBody),
         (status = 404, description = "`UNKNOWN_PAYOUT`.", body = ErrorBody),
         (status = 409, description = "`FENCED_OUT`, `INVALID_TRANSITION` or `ATTEMPT_NOT_ABANDONED`.", body = ErrorBody),
         (status = 415, description = "`UNSUPPORTED_MEDIA_TYPE`: the body is not `application/json`.", body = ErrorBody),
@@ -313,23 +323,27 @@ async fn transition_payout(
     State(s): State<AppState>,
     ApiPath(id): ApiPath<Uuid>,
     Token(token): Token,
+    headers: HeaderMap,
     ApiJson(body): ApiJson<TransitionRequest>,
 ) -> ApiResult<Json<Transitioned>> {
-    Ok(Json(
-        s.payouts
-            .transition_with_reason(id, body.from, body.to, token, body.reason.as_deref())
-            .await?,
-    ))
+    let moved = s
+        .grants
+        .fenced("transition", id, token, &headers, |p| {
+            s.payouts
+                .transition_with_reason(id, body.from, body.to, p, body.reason.as_deref())
+        })
+        .await?;
+    Ok(Json(moved))
 }
 
 #[utoipa::path(post, path = "/v1/payouts/{payoutId}/post", tag = "executor", operation_id = "postPayout",
-    params(PayoutIdPath, FencingTokenHeader),
+    params(PayoutIdPath, FencingTokenHeader, FencingGrantHeader),
     security(("bearer" = [])),
     responses(
         (status = 200, description = "Posted: (a)(b)(c) in one transaction; or already POSTED (`idempotent`).", body = Posted),
         (status = 400, description = "`INVALID_PATH` or `INVALID_TOKEN`.", body = ErrorBody),
         (status = 401, description = "`UNAUTHENTICATED`: no valid bearer credential.", body = ErrorBody),
-        (status = 403, description = "`FORBIDDEN`: the credential belongs to another role.", body = ErrorBody),
+        (status = 403, description = "`FORBIDDEN`: the credential belongs to another role; or the grant does not authorize the token here: `GRANT_INVALID` (none, malformed, forged, or for another token), `GRANT_UNKNOWN_SIGNER`, `GRANT_WRONG_RESOURCE` (for another lock than the payout's account). Nothing is written.", body = ErrorBody),
         (status = 404, description = "`UNKNOWN_PAYOUT`.", body = ErrorBody),
         (status = 409, description = "`FENCED_OUT` or `NOT_POSTABLE`.", body = ErrorBody),
         (status = 422, description = "`INSUFFICIENT_FUNDS`.", body = ErrorBody),
@@ -339,8 +353,13 @@ async fn post_payout(
     State(s): State<AppState>,
     ApiPath(id): ApiPath<Uuid>,
     Token(token): Token,
+    headers: HeaderMap,
 ) -> ApiResult<Json<Posted>> {
-    Ok(Json(s.posting.post(id, token).await?))
+    let posted = s
+        .grants
+        .fenced("post", id, token, &headers, |p| s.posting.post(id, p))
+        .await?;
+    Ok(Json(posted))
 }
 
 #[utoipa::path(get, path = "/v1/reconciliation", tag = "admin", operation_id = "reconcile",

@@ -2,17 +2,22 @@
 //! literal in tests); nothing is read from globals later.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{ArgAction, Parser, Subcommand};
 use dlock_common::auth::{CredentialError, Credentials, Role};
 use dlock_common::db::PoolArgs;
+use dlock_common::grant::{GrantConfigError, GrantPolicy, PublicKeyArgs};
 
 /// Env prefix of this service's credentials: `PAYMENT_RESOURCE_{ADMIN,EXECUTOR,CLIENT}_TOKEN`
 /// (or `…_TOKEN_FILE`).
 pub const CREDENTIALS_PREFIX: &str = "PAYMENT_RESOURCE";
 /// The roles this service admits (docs/security.md).
 pub const ROLES: &[Role] = &[Role::Admin, Role::Executor, Role::Client];
+
+/// The switch of grant verification (on unless set to `false`, for a rolling migration only).
+pub const GRANT_VERIFICATION_SETTING: &str = "PAYMENT_GRANT_VERIFICATION_ENABLED";
 
 /// `payment.fencing.enabled` (env `PAYMENT_FENCING_ENABLED`). Selects the statement variant of
 /// (a)(b)(c) at the repository boundary; it is never expressed as a sentinel token.
@@ -51,6 +56,9 @@ pub struct Config {
     pub acquire_timeout: Duration,
     /// Bearer credentials per role; a role without one admits nobody. Redacted in `Debug`.
     pub credentials: Credentials,
+    /// Signed grants: verified with these public keys (the default; none configured refuses to
+    /// start), or off.
+    pub grants: GrantPolicy,
 }
 
 // Hand-written so that the database URL's password never reaches a log (credentials redact
@@ -64,12 +72,14 @@ impl std::fmt::Debug for Config {
             .field("max_connections", &self.max_connections)
             .field("acquire_timeout", &self.acquire_timeout)
             .field("credentials", &self.credentials)
+            .field("grants", &self.grants)
             .finish()
     }
 }
 
 impl Config {
-    /// Defaults for everything but the database.
+    /// Defaults for everything but the database. Grant verification is on with no key, which
+    /// [`crate::spawn`] refuses: give the lock service's public keys ([`Config::with_grants`]).
     pub fn new(database_url: impl Into<String>) -> Self {
         Self {
             database_url: database_url.into(),
@@ -78,6 +88,7 @@ impl Config {
             max_connections: 16,
             acquire_timeout: Duration::from_secs(5),
             credentials: Credentials::new(),
+            grants: GrantPolicy::Verify(Arc::default()),
         }
     }
 
@@ -98,11 +109,27 @@ impl Config {
         self.fencing = fencing;
         self
     }
+
+    pub fn with_grants(mut self, grants: GrantPolicy) -> Self {
+        self.grants = grants;
+        self
+    }
+}
+
+/// Why `serve`'s configuration was refused (exit 2, nothing started).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("credentials: {0}")]
+    Credentials(#[from] CredentialError),
+    #[error("grants: {0}")]
+    Grants(#[from] GrantConfigError),
 }
 
 /// `payment-resource serve` runs the service; `payment-resource reconcile` prints the reconciliation
 /// report as JSON and exits non-zero when the books do not balance. Credentials come from
-/// `PAYMENT_RESOURCE_{ADMIN,EXECUTOR,CLIENT}_TOKEN` (or `…_TOKEN_FILE`), never from flags.
+/// `PAYMENT_RESOURCE_{ADMIN,EXECUTOR,CLIENT}_TOKEN` (or `…_TOKEN_FILE`), never from flags; the lock
+/// service's grant public keys from `DLOCK_GRANT_PUBLIC_KEYS` (or `…_FILE`, or the flag: they are not
+/// secret).
 #[derive(Debug, Parser)]
 #[command(
     name = "payment-resource",
@@ -145,19 +172,34 @@ pub struct ServeArgs {
         action = ArgAction::Set
     )]
     pub fencing_enabled: bool,
+    /// Signed-grant verification: every fenced write needs `X-Fencing-Grant`, verified with the
+    /// lock service's public keys. `false` only for a rolling migration (WARN at start-up).
+    #[arg(
+        long = "grant-verification-enabled",
+        env = GRANT_VERIFICATION_SETTING,
+        default_value = "true",
+        value_parser = parse_bool,
+        action = ArgAction::Set
+    )]
+    pub grant_verification_enabled: bool,
+    #[command(flatten)]
+    pub grant_keys: PublicKeyArgs,
     #[command(flatten)]
     pub pool: PoolArgs,
 }
 
 impl ServeArgs {
     /// The checked [`Config`], with the credentials read from the environment or their files.
-    pub fn into_config(self) -> Result<Config, CredentialError> {
+    pub fn into_config(self) -> Result<Config, ConfigError> {
         Ok(Config {
             listen: self.listen,
             fencing: Fencing::from_enabled(self.fencing_enabled),
             max_connections: self.pool.db_max_connections,
             acquire_timeout: self.pool.acquire_timeout(),
             credentials: Credentials::from_env(CREDENTIALS_PREFIX, ROLES)?,
+            grants: self
+                .grant_keys
+                .policy(self.grant_verification_enabled, GRANT_VERIFICATION_SETTING)?,
             ..Config::new(self.database_url)
         })
     }
@@ -190,6 +232,38 @@ mod tests {
             !shown.contains("hunter2") && shown.contains("db/paydb"),
             "{shown}"
         );
+    }
+
+    fn serve(args: &[&str]) -> Result<Config, ConfigError> {
+        let mut all = vec![
+            "payment-resource",
+            "serve",
+            "--database-url",
+            "postgres://payapp@db/paydb",
+        ];
+        all.extend_from_slice(args);
+        match Cli::try_parse_from(all).expect("parses").command {
+            Command::Serve(args) => args.into_config(),
+            Command::Reconcile { .. } => unreachable!("serve was given"),
+        }
+    }
+
+    #[test]
+    fn grant_verification_is_on_by_default_and_needs_keys() {
+        assert!(Config::new("postgres://x").grants.is_on());
+        assert!(matches!(
+            serve(&[]),
+            Err(ConfigError::Grants(GrantConfigError::NoKeys { .. }))
+        ));
+        let key = dlock_grant::SigningKey::generate(dlock_grant::KeyId::new("k1").unwrap());
+        let keys = key.public_key().to_text();
+        assert!(serve(&["--grant-public-keys", &keys]).unwrap().grants.is_on());
+        let off = serve(&["--grant-verification-enabled", "false"]).unwrap();
+        assert!(!off.grants.is_on());
+        assert!(matches!(
+            serve(&["--grant-public-keys", "k1=not-a-key"]),
+            Err(ConfigError::Grants(GrantConfigError::Keys(_)))
+        ));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use axum::http::StatusCode;
 use dlock_common::ApiError;
 use dlock_common::fencing::{FENCED_OUT, FencedOutDetails};
+use dlock_common::grant::GrantRefused;
 use uuid::Uuid;
 
 use crate::model::PayoutState;
@@ -97,8 +98,22 @@ pub enum PaymentError {
     #[error("{message}")]
     Invalid { code: &'static str, message: String },
 
+    /// The grant of the presented token does not authorize this write (403 `GRANT_*`); nothing
+    /// was written.
+    #[error(transparent)]
+    GrantRefused(#[from] GrantRefused),
+
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+}
+
+impl dlock_common::grant::CarriesRefusal for PaymentError {
+    fn refusal(&self) -> Option<&GrantRefused> {
+        match self {
+            PaymentError::GrantRefused(r) => Some(r),
+            _ => None,
+        }
+    }
 }
 
 impl PaymentError {
@@ -182,6 +197,7 @@ impl From<PaymentError> for ApiError {
             PaymentError::AccountExists(_) => ApiError::conflict("ACCOUNT_EXISTS", message),
             PaymentError::SettlementExists(_) => ApiError::conflict("SETTLEMENT_EXISTS", message),
             PaymentError::Invalid { code, message } => ApiError::bad_request(code, message),
+            PaymentError::GrantRefused(r) => ApiError::from(r),
             PaymentError::Database(db) => match db {
                 sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed => {
                     ApiError::unavailable(db)

@@ -3,7 +3,8 @@
 //! reconciliation ([`reconcile`]) and the HTTP API ([`api`]).
 //!
 //! - [`sql`]: every statement, each once; [`repo`]: one function per statement;
-//! - [`config`]: settings, including the `payment.fencing.enabled` kill switch;
+//! - [`config`]: settings, including the `payment.fencing.enabled` kill switch and grant
+//!   verification (`PAYMENT_GRANT_VERIFICATION_ENABLED`, on by default);
 //! - [`error`]: the one error enum, mapped to HTTP at the edge; [`metrics`]: `lock_fenced_out` & co.
 
 pub mod accounts;
@@ -42,6 +43,8 @@ use crate::sql::Statements;
 pub enum StartError {
     #[error("{0}")]
     DatabaseUrl(#[from] dlock_common::db::UrlError),
+    #[error("{0}")]
+    Grants(#[from] dlock_common::grant::GrantConfigError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -52,7 +55,7 @@ pub enum StartError {
 
 impl dlock_common::serve::StartFailure for StartError {
     fn is_config(&self) -> bool {
-        matches!(self, StartError::DatabaseUrl(_))
+        matches!(self, StartError::DatabaseUrl(_) | StartError::Grants(_))
     }
 }
 
@@ -74,8 +77,13 @@ pub struct App {
     pub metrics: Arc<Metrics>,
 }
 
-/// Builds the service from its configuration (no I/O yet).
+/// Builds the service from its configuration (no I/O yet). Grant verification on without a key is
+/// refused here: a configuration error, nothing started.
 pub fn app(config: &Config) -> Result<App, StartError> {
+    config.grants.validate(config::GRANT_VERIFICATION_SETTING)?;
+    config
+        .grants
+        .announce("payment-resource", config::GRANT_VERIFICATION_SETTING);
     if !config.fencing.is_enabled() {
         tracing::warn!(
             event = "fencing_disabled",
@@ -93,6 +101,10 @@ pub fn app(config: &Config) -> Result<App, StartError> {
         pool: pool.clone(),
         metrics: metrics.clone(),
         credentials: Arc::new(config.credentials.clone()),
+        grants: dlock_common::grant::GrantGate {
+            policy: config.grants.clone(),
+            metrics: metrics.grants.clone(),
+        },
         accounts: Accounts::new(pool.clone()),
         payouts: Payouts::new(pool.clone(), metrics.clone())
             .with_statements(Statements::for_fencing(config.fencing)),

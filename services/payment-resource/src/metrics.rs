@@ -8,6 +8,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
 use dlock_common::fencing::FencedOutDetails;
+use dlock_common::grant::GrantMetrics;
 use dlock_common::metrics::{Resource, ResourceLabel};
 
 /// How one posting call ended.
@@ -32,13 +33,18 @@ pub struct Metrics {
     postings: Family<OutcomeLabel, Counter>,
     funds_rejected: Counter,
     stuck: prometheus_client::metrics::gauge::Gauge,
+    /// `grant_refused_total{code}` (dlock_common::grant).
+    pub grants: GrantMetrics,
 }
 
 impl Metrics {
     /// The metrics and a registry that exports them.
     pub fn new() -> (Metrics, Registry) {
-        let metrics = Metrics::default();
         let mut registry = Registry::default();
+        let metrics = Metrics {
+            grants: GrantMetrics::register(&mut registry),
+            ..Metrics::default()
+        };
         registry.register(
             "lock_fenced_out",
             "Writes refused because a newer fencing token had already written the resource",

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use dlock_common::FencingToken;
 use dlock_common::fencing::FencedOutDetails;
+use dlock_common::grant::{Granted, Presented};
 use dlock_common::metrics::Resource;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -161,16 +161,18 @@ impl Payouts {
         Ok(Page { items, next_cursor })
     }
 
-    /// Claims a PENDING payout, or adopts one an older token left in flight.
+    /// Claims a PENDING payout, or adopts one an older token left in flight. Under a verified grant
+    /// only a payout of the grant's account (GRANT_WRONG_RESOURCE otherwise, nothing written).
     pub async fn claim(
         &self,
         payout_id: Uuid,
         owner_id: &str,
-        token: FencingToken,
+        presented: impl Into<Presented>,
     ) -> Result<Claimed, PaymentError> {
         validate::owner_id(owner_id)?;
+        let Presented { token, granted } = presented.into();
         let t = token.get();
-        if let Some(p) = payout::claim(&self.pool, payout_id, owner_id, t).await? {
+        if let Some(p) = payout::claim(&self.pool, payout_id, owner_id, t, granted.account()).await? {
             // The first claim makes attempt_count 1 and payouts never return to PENDING, so any
             // later successful claim is an adoption.
             let adopted = p.attempt_count > 1;
@@ -188,6 +190,8 @@ impl Payouts {
             });
         }
         let now = self.get(payout_id).await?;
+        // Zero rows under a grant for another account: the statement's predicate refused it.
+        granted.check_account(now.account_id)?;
         if now.state.is_terminal() {
             return Err(PaymentError::NotClaimable {
                 payout_id,
@@ -217,9 +221,9 @@ impl Payouts {
         payout_id: Uuid,
         from: PayoutState,
         to: PayoutState,
-        token: FencingToken,
+        presented: impl Into<Presented>,
     ) -> Result<Transitioned, PaymentError> {
-        self.transition_with_reason(payout_id, from, to, token, None)
+        self.transition_with_reason(payout_id, from, to, presented, None)
             .await
     }
 
@@ -231,12 +235,15 @@ impl Payouts {
     ///   account; if it cannot cover it the payout ends FAILED (`INSUFFICIENT_FUNDS`) — before anything
     ///   reached the rail, which only forwards a payout holding its reservation;
     /// - into FAILED or ABANDONED releases the hold, in the same transaction.
+    ///
+    /// Under a verified grant every edge checks the payout's account first, in the statement or the
+    /// read that already looks at the payout (GRANT_WRONG_RESOURCE, nothing written).
     pub async fn transition_with_reason(
         &self,
         payout_id: Uuid,
         from: PayoutState,
         to: PayoutState,
-        token: FencingToken,
+        presented: impl Into<Presented>,
         reason: Option<&str>,
     ) -> Result<Transitioned, PaymentError> {
         if !PayoutState::can_transition(from, to) {
@@ -245,39 +252,50 @@ impl Payouts {
         if let Some(r) = reason {
             validate::reason(r)?;
         }
+        let Presented { token, granted } = presented.into();
         let t = token.get();
         match (from, to) {
             (PayoutState::Claimed, PayoutState::RailSubmitted) => {
-                return self.reserve(payout_id, token).await;
+                return self.reserve(payout_id, t, granted).await;
             }
             (_, PayoutState::Failed | PayoutState::Abandoned) => {
                 return self
-                    .end(payout_id, from, to, t, reason.unwrap_or(UNSPECIFIED_REASON))
+                    .end(
+                        payout_id,
+                        from,
+                        to,
+                        t,
+                        reason.unwrap_or(UNSPECIFIED_REASON),
+                        granted,
+                    )
                     .await;
             }
             _ => {}
         }
-        if let Some(p) = payout::transition(&self.pool, payout_id, from, to, t).await? {
+        if let Some(p) = payout::transition(&self.pool, payout_id, from, to, t, granted.account()).await? {
             tracing::info!(event = "payout_transitioned", payout_id = %payout_id, %from, %to, token = t);
             return Ok(Transitioned {
                 payout: p,
                 idempotent: false,
             });
         }
-        self.refused_transition(payout_id, from, to, t).await
+        self.refused_transition(payout_id, from, to, t, granted).await
     }
 
     /// CLAIMED → RAIL_SUBMITTED with the reservation (r), in one transaction.
-    async fn reserve(&self, payout_id: Uuid, token: FencingToken) -> Result<Transitioned, PaymentError> {
+    async fn reserve(&self, payout_id: Uuid, t: i64, granted: Granted) -> Result<Transitioned, PaymentError> {
         let (from, to) = (PayoutState::Claimed, PayoutState::RailSubmitted);
-        let t = token.get();
         let mut tx = self.pool.begin().await?;
         let p = payout::for_update(&mut tx, payout_id)
             .await?
             .ok_or(PaymentError::UnknownPayout(payout_id))?;
+        if let Err(refused) = granted.check_account(p.account_id) {
+            tx.rollback().await?;
+            return Err(refused.into());
+        }
         if p.state != from || p.claim_token.is_none_or(|c| c > t) {
             tx.rollback().await?;
-            return self.refused_transition(payout_id, from, to, t).await;
+            return self.refused_transition(payout_id, from, to, t, granted).await;
         }
         let reserved = account::reserve(
             &mut tx,
@@ -294,7 +312,7 @@ impl Payouts {
         };
         let Some(now) = payout::mark_reserved(&mut tx, payout_id, t).await? else {
             tx.rollback().await?;
-            return self.refused_transition(payout_id, from, to, t).await;
+            return self.refused_transition(payout_id, from, to, t, granted).await;
         };
         tx.commit().await?;
         tracing::info!(
@@ -330,12 +348,13 @@ impl Payouts {
             report_fenced_out(
                 &self.metrics,
                 Resource::account,
-                &format!("account:{}", p.account_id),
+                &dlock_common::grant::account_key(p.account_id),
                 &details,
             );
             return Ok(PaymentError::FencedOut(details));
         }
         let available = acct.balance_minor.saturating_sub(acct.reserved_minor);
+        // The grant was checked against this payout when the reservation read it.
         let state = match self
             .end_locked(
                 p.payout_id,
@@ -343,6 +362,7 @@ impl Payouts {
                 PayoutState::Failed,
                 token,
                 INSUFFICIENT_FUNDS,
+                Granted::Unverified,
             )
             .await?
         {
@@ -378,8 +398,12 @@ impl Payouts {
         to: PayoutState,
         token: i64,
         reason: &str,
+        granted: Granted,
     ) -> Result<Transitioned, PaymentError> {
-        match self.end_locked(payout_id, from, to, token, reason).await? {
+        match self
+            .end_locked(payout_id, from, to, token, reason, granted)
+            .await?
+        {
             Some(p) => {
                 tracing::info!(
                     event = "payout_transitioned",
@@ -394,7 +418,7 @@ impl Payouts {
                     idempotent: false,
                 })
             }
-            None => self.refused_transition(payout_id, from, to, token).await,
+            None => self.refused_transition(payout_id, from, to, token, granted).await,
         }
     }
 
@@ -407,19 +431,23 @@ impl Payouts {
         to: PayoutState,
         token: i64,
         reason: &str,
+        granted: Granted,
     ) -> Result<Option<Payout>, PaymentError> {
-        end_payout(&self.pool, payout_id, from, to, token, reason).await
+        end_payout(&self.pool, payout_id, from, to, token, reason, granted).await
     }
 
-    /// A transition that changed nothing, classified by re-reading the payout.
+    /// A transition that changed nothing, classified by re-reading the payout: first whether the
+    /// grant was for its account at all.
     async fn refused_transition(
         &self,
         payout_id: Uuid,
         from: PayoutState,
         to: PayoutState,
         t: i64,
+        granted: Granted,
     ) -> Result<Transitioned, PaymentError> {
         let now = self.get(payout_id).await?;
+        granted.check_account(now.account_id)?;
         if let Some(claim) = now.claim_token
             && claim > t
         {
@@ -450,7 +478,7 @@ impl Payouts {
         report_fenced_out(
             &self.metrics,
             Resource::payout,
-            &format!("account:{}", p.account_id),
+            &dlock_common::grant::account_key(p.account_id),
             &details,
         );
         PaymentError::FencedOut(details)
@@ -459,6 +487,7 @@ impl Payouts {
 
 /// One transaction: lock the payout, end it (FAILED / ABANDONED with `reason`), give its hold back to
 /// the account. `None`: the payout is not in `from` under a claim `token` may act on (nothing changed).
+/// A grant for another account is refused at the first read, before anything is written.
 pub(crate) async fn end_payout(
     pool: &PgPool,
     payout_id: Uuid,
@@ -466,12 +495,17 @@ pub(crate) async fn end_payout(
     to: PayoutState,
     token: i64,
     reason: &str,
+    granted: Granted,
 ) -> Result<Option<Payout>, PaymentError> {
     let mut tx = pool.begin().await?;
     let Some(p) = payout::for_update(&mut tx, payout_id).await? else {
         tx.rollback().await?;
         return Err(PaymentError::UnknownPayout(payout_id));
     };
+    if let Err(refused) = granted.check_account(p.account_id) {
+        tx.rollback().await?;
+        return Err(refused.into());
+    }
     // ABANDONED only when the rail never received it: rail-proxy records that on the attempt after
     // asking the rail past its deadline. A payout whose attempt may have been paid stays ambiguous.
     if to == PayoutState::Abandoned

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use dlock_common::FencingToken;
 use dlock_common::fencing::FencedOutDetails;
+use dlock_common::grant::{Granted, Presented};
 use dlock_common::metrics::Resource;
 use futures::future::BoxFuture;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
@@ -74,9 +74,15 @@ impl Posting {
         self.statements
     }
 
-    /// Posts a RAIL_ACKED payout with the caller's grant `token`.
-    pub async fn post(&self, payout_id: Uuid, token: FencingToken) -> Result<Posted, PaymentError> {
-        let result = self.run(payout_id, token.get()).await;
+    /// Posts a RAIL_ACKED payout with the caller's grant `token` (under a verified grant, only a
+    /// payout of the grant's account: checked on the payout's first read, before (a)).
+    pub async fn post(
+        &self,
+        payout_id: Uuid,
+        presented: impl Into<Presented>,
+    ) -> Result<Posted, PaymentError> {
+        let Presented { token, granted } = presented.into();
+        let result = self.run(payout_id, token.get(), granted).await;
         let outcome = match &result {
             Ok(p) if p.idempotent => Some(PostingOutcome::idempotent),
             Ok(_) => Some(PostingOutcome::posted),
@@ -91,14 +97,19 @@ impl Posting {
         result
     }
 
-    async fn run(&self, payout_id: Uuid, token: i64) -> Result<Posted, PaymentError> {
+    async fn run(&self, payout_id: Uuid, token: i64, granted: Granted) -> Result<Posted, PaymentError> {
         let stmts = self.statements;
         let mut tx = self.pool.begin().await?;
 
-        // Row-lock the payout first so that two postings of one payout serialise.
+        // Row-lock the payout first so that two postings of one payout serialise. The same read
+        // tells the payout's account: a grant for another account writes nothing.
         let p = payout::for_update(&mut tx, payout_id)
             .await?
             .ok_or(PaymentError::UnknownPayout(payout_id))?;
+        if let Err(refused) = granted.check_account(p.account_id) {
+            tx.rollback().await?;
+            return Err(refused.into());
+        }
         match p.state {
             PayoutState::RailAcked => {}
             PayoutState::Posted => {
@@ -216,6 +227,8 @@ impl Posting {
             PayoutState::Failed,
             token,
             crate::payouts::INSUFFICIENT_FUNDS,
+            // Checked against this payout at the top of the posting transaction.
+            Granted::Unverified,
         )
         .await?
         {
@@ -307,7 +320,7 @@ impl Posting {
         report_fenced_out(
             &self.metrics,
             resource,
-            &format!("account:{}", p.account_id),
+            &dlock_common::grant::account_key(p.account_id),
             &details,
         );
         PaymentError::FencedOut(details)

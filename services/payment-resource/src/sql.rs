@@ -234,22 +234,37 @@ pub const PAYOUT_FOR_UPDATE: &str = concat!(
     " FROM payout WHERE payout_id = $1 FOR UPDATE"
 );
 
-/// Claim or adopt. $1 payout_id, $2 owner, $3 token. PENDING → CLAIMED; a payout in flight under an
-/// older token is adopted by the newer holder (state unchanged) so it can finish a dead holder's
-/// work. Every claim counts an attempt, so `attempt_count > 1` means the payout was adopted.
-pub const PAYOUT_CLAIM: &str = concat!(
-    "UPDATE payout
+/// The claim statement, with `$account` (empty, or a predicate on the payout's account) after the
+/// payout id: the one text of both variants below.
+macro_rules! payout_claim {
+    ($account:literal) => {
+        concat!(
+            "UPDATE payout
    SET state         = CASE WHEN state = 'PENDING' THEN 'CLAIMED' ELSE state END,
        claimed_by    = $2,
        claim_token   = $3,
        attempt_count = attempt_count + 1,
        updated_at    = now()
- WHERE payout_id = $1
+ WHERE payout_id = $1",
+            $account,
+            "
    AND (state = 'PENDING'
         OR (state IN ('CLAIMED','RAIL_SUBMITTED','RAIL_ACKED','RAIL_AMBIGUOUS') AND claim_token < $3))
 RETURNING ",
-    payout_columns!()
-);
+            payout_columns!()
+        )
+    };
+}
+
+/// Claim or adopt. $1 payout_id, $2 owner, $3 token. PENDING → CLAIMED; a payout in flight under an
+/// older token is adopted by the newer holder (state unchanged) so it can finish a dead holder's
+/// work. Every claim counts an attempt, so `attempt_count > 1` means the payout was adopted.
+pub const PAYOUT_CLAIM: &str = payout_claim!("");
+
+/// [`PAYOUT_CLAIM`] under a verified grant, $4 the grant's account: a payout of another account is
+/// not touched (zero rows; the caller's re-read names it GRANT_WRONG_RESOURCE). Learning the
+/// payout's account costs no statement of its own: it is this statement's predicate.
+pub const PAYOUT_CLAIM_FOR_ACCOUNT: &str = payout_claim!("\n   AND account_id = $4");
 
 /// CLAIMED → RAIL_SUBMITTED, holding the amount: runs in the reservation transaction after (r)
 /// succeeded. $1 payout_id, $2 token; fenced like (c).
@@ -290,14 +305,26 @@ SELECT EXISTS (SELECT 1 FROM rail_submission
 /// $1 payout_id.
 pub const PAYOUT_CLEAR_RESERVATION: &str = "UPDATE payout SET reserved_minor = 0 WHERE payout_id = $1";
 
-/// An executor-driven state change. $1 payout_id, $2 from, $3 to, $4 token; fenced like (c).
-pub const PAYOUT_TRANSITION: &str = concat!(
-    "UPDATE payout
+/// The transition statement, with `$account` as in [`payout_claim`].
+macro_rules! payout_transition {
+    ($account:literal) => {
+        concat!(
+            "UPDATE payout
    SET state = $3, updated_at = now()
- WHERE payout_id = $1 AND state = $2 AND claim_token <= $4
+ WHERE payout_id = $1 AND state = $2 AND claim_token <= $4",
+            $account,
+            "
 RETURNING ",
-    payout_columns!()
-);
+            payout_columns!()
+        )
+    };
+}
+
+/// An executor-driven state change. $1 payout_id, $2 from, $3 to, $4 token; fenced like (c).
+pub const PAYOUT_TRANSITION: &str = payout_transition!("");
+
+/// [`PAYOUT_TRANSITION`] under a verified grant, $5 the grant's account (as [`PAYOUT_CLAIM_FOR_ACCOUNT`]).
+pub const PAYOUT_TRANSITION_FOR_ACCOUNT: &str = payout_transition!("\n   AND account_id = $5");
 
 /// First page of PENDING payouts, oldest first, over `payout_pending_idx`. $1 limit.
 pub const PAYOUT_LIST_PENDING_FIRST: &str = concat!(

@@ -23,7 +23,8 @@ impl Api {
         let server = payment_resource::spawn(
             Config::ephemeral(f.db.app_url())
                 .with_fencing(fencing)
-                .with_credentials(common::credentials()),
+                .with_credentials(common::credentials())
+                .with_grants(common::grants()),
         )
         .await
         .expect("spawn");
@@ -50,6 +51,9 @@ impl Api {
         }
         if let Some(t) = token {
             req = req.header("X-Fencing-Token", t);
+            if let Some(g) = self.grant_for(path, t).await {
+                req = req.header("X-Fencing-Grant", g);
+            }
         }
         if let Some(b) = body {
             req = req.header("Content-Type", "application/json").body(b.to_owned());
@@ -59,6 +63,35 @@ impl Api {
         let text = resp.text().await.expect("body");
         let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
         (status, value)
+    }
+
+    /// The grant an executor holding `account:<the payout's account>` at token `t` presents with an
+    /// executor call on `path` (`None` for other paths and for a token that is not one): these
+    /// tests are about the API, so every fenced call carries its rightful grant (tests/grants.rs
+    /// is about the wrong ones). An unknown payout gets a grant for some account: the service
+    /// answers UNKNOWN_PAYOUT first.
+    async fn grant_for(&self, path: &str, t: &str) -> Option<String> {
+        let token = t.parse::<dlock_common::FencingToken>().ok()?;
+        let rest = path.strip_prefix("/v1/payouts/")?;
+        let (id, op) = rest.split_once('/')?;
+        if !matches!(op, "claim" | "transition" | "post") {
+            return None;
+        }
+        let id: Uuid = id.parse().ok()?;
+        let account = match self
+            .client
+            .get(format!("{}/v1/payouts/{id}", self.server.url()))
+            .send()
+            .await
+        {
+            Ok(r) if r.status().is_success() => r
+                .json::<Value>()
+                .await
+                .ok()
+                .and_then(|v| v["accountId"].as_str().and_then(|a| a.parse().ok())),
+            _ => None,
+        };
+        Some(common::grant(account.unwrap_or_else(Uuid::new_v4), token.get()))
     }
 
     async fn post(&self, path: &str, token: Option<&str>, body: Value) -> (u16, Value) {
@@ -251,9 +284,11 @@ async fn health_readiness_and_metrics_are_served() {
     api.server.shutdown().await.unwrap();
 
     // Readiness follows the database: a server pointed at a closed port answers 503.
-    let dead = payment_resource::spawn(Config::ephemeral("postgres://payapp@127.0.0.1:1/paydb"))
-        .await
-        .unwrap();
+    let dead = payment_resource::spawn(
+        Config::ephemeral("postgres://payapp@127.0.0.1:1/paydb").with_grants(common::grants()),
+    )
+    .await
+    .unwrap();
     let (s, v) = Api {
         server: dead,
         client: Client::new(),
@@ -1198,7 +1233,8 @@ async fn every_write_and_admin_endpoint_needs_its_role_and_reads_and_probes_stay
                 role.as_str()
             );
         }
-        // The admitted role gets past authentication (here: to body validation).
+        // The admitted role gets past authentication (here: to body validation, or to the grant
+        // check: `raw` sends no grant).
         let (s, v, _) = raw(
             &api,
             method,
@@ -1206,7 +1242,7 @@ async fn every_write_and_admin_endpoint_needs_its_role_and_reads_and_probes_stay
             Some(&format!("Bearer {}", token(allowed[0]))),
         )
         .await;
-        assert!(s != 401 && s != 403, "{method} {path}: {s} {v}");
+        assert!(s != 401 && v["code"] != "FORBIDDEN", "{method} {path}: {s} {v}");
     }
     // Refused requests wrote nothing (the admitted ones above had invalid bodies).
     assert_eq!(f.snapshot().await, before);
@@ -1227,7 +1263,7 @@ async fn every_write_and_admin_endpoint_needs_its_role_and_reads_and_probes_stay
     api.server.shutdown().await.unwrap();
 
     // A server without credentials admits nobody (fail closed).
-    let bare = payment_resource::spawn(Config::ephemeral(f.db.app_url()))
+    let bare = payment_resource::spawn(Config::ephemeral(f.db.app_url()).with_grants(common::grants()))
         .await
         .unwrap();
     let bare = Api {

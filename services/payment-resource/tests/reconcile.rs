@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::{EUR_SETTLEMENT, fixture, tok};
 use payment_resource::reconcile::{self, AccountBreakKind, PayoutBreakKind};
 use payment_resource::sql::Statements;
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 use uuid::Uuid;
@@ -69,7 +69,8 @@ async fn reconciliation_reports_the_stale_fence_after_a_kill_switch_run() {
     let server = payment_resource::spawn(
         payment_resource::Config::ephemeral(f.db.app_url())
             .with_fencing(payment_resource::Fencing::Disabled)
-            .with_credentials(common::credentials()),
+            .with_credentials(common::credentials())
+            .with_grants(common::grants()),
     )
     .await
     .unwrap();
@@ -82,6 +83,7 @@ async fn reconciliation_reports_the_stale_fence_after_a_kill_switch_run() {
             .post(format!("{}/v1/payouts/{p}/post", server.url()))
             .bearer_auth(common::EXECUTOR_TOKEN)
             .header("X-Fencing-Token", t.to_string())
+            .header("X-Fencing-Grant", common::grant(acct, t))
             .send()
             .await
             .unwrap();
@@ -180,6 +182,28 @@ async fn reconcile_cli_rejects_a_bad_database_url() {
     );
 }
 
+/// Grant verification is on by default; on with no public key configured, `serve` refuses to start
+/// (exit 2) and says which settings to give.
+#[tokio::test]
+async fn serve_refuses_to_start_with_grant_verification_on_and_no_keys() {
+    let out = Command::new(BIN)
+        .args(["serve", "--database-url", "postgres://x@127.0.0.1:1/x"])
+        .env_remove("PAYMENT_GRANT_VERIFICATION_ENABLED")
+        .env_remove("DLOCK_GRANT_PUBLIC_KEYS")
+        .env_remove("DLOCK_GRANT_PUBLIC_KEYS_FILE")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("config_invalid")
+            && err.contains("DLOCK_GRANT_PUBLIC_KEYS")
+            && err.contains("PAYMENT_GRANT_VERIFICATION_ENABLED=false"),
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn binary_logs_json_warns_when_fencing_is_off_and_stops_on_sigterm() {
     let f = fixture().await;
@@ -192,6 +216,7 @@ async fn binary_logs_json_warns_when_fencing_is_off_and_stops_on_sigterm() {
             "127.0.0.1:0",
         ])
         .env("PAYMENT_FENCING_ENABLED", "false")
+        .env("PAYMENT_GRANT_VERIFICATION_ENABLED", "false")
         .env_remove("DLOCK_LOG_FORMAT")
         .env("RUST_LOG", "info")
         .stderr(Stdio::piped())
@@ -201,6 +226,7 @@ async fn binary_logs_json_warns_when_fencing_is_off_and_stops_on_sigterm() {
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let mut warned = false;
+    let mut grants_off = false;
     let mut addr = None;
     // Read the start-up log until the server reports its address (bounded by a deadline).
     tokio::time::timeout(Duration::from_secs(30), async {
@@ -209,6 +235,14 @@ async fn binary_logs_json_warns_when_fencing_is_off_and_stops_on_sigterm() {
             if v["event"] == "fencing_disabled" {
                 assert_eq!(v["level"], "WARN", "{v}");
                 warned = true;
+            }
+            if v["event"] == "grant_verification_disabled" {
+                assert_eq!(
+                    (&v["level"], &v["key"]),
+                    (&json!("WARN"), &json!("PAYMENT_GRANT_VERIFICATION_ENABLED")),
+                    "{v}"
+                );
+                grants_off = true;
             }
             if v["event"] == "listening" {
                 addr = v["addr"].as_str().map(str::to_owned);
@@ -219,6 +253,7 @@ async fn binary_logs_json_warns_when_fencing_is_off_and_stops_on_sigterm() {
     .await
     .expect("server did not report listening");
     assert!(warned, "no WARN when payment.fencing.enabled=false");
+    assert!(grants_off, "no WARN when grant verification is off");
     let addr = addr.expect("listening addr");
     let health = reqwest::get(format!("http://{addr}/readyz")).await.unwrap();
     assert_eq!(health.status().as_u16(), 200);

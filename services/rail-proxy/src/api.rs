@@ -12,7 +12,7 @@ use axum::{Json, Router};
 use dlock_common::auth::{self, Credentials, Gate, Role};
 use dlock_common::{ApiError, ApiJson, ApiPath, FencingToken};
 use dlock_wire::ErrorBody;
-use dlock_wire::doc::{BearerAuth, FencingTokenHeader};
+use dlock_wire::doc::{BearerAuth, FencingGrantHeader, FencingTokenHeader};
 use dlock_wire::rail::{PayoutIdPath, RailOutcome, Submission, SubmissionList, SubmitRequest};
 use prometheus_client::registry::Registry;
 use uuid::Uuid;
@@ -31,7 +31,7 @@ pub const OPENAPI_YAML: &str = include_str!("../../../docs/openapi/rail-proxy.ya
     info(
         title = "dlock rail-proxy",
         version = "1",
-        description = "The fenced gateway to the payment rail: (d) records each payout's one attempt under the account's high-water mark and forwards it at most once; ambiguous attempts are resolved by asking the rail, never by resubmitting. Submissions and resolutions need the executor's bearer credential (docs/security.md).",
+        description = "The fenced gateway to the payment rail: (d) records each payout's one attempt under the account's high-water mark and forwards it at most once, for a token presented with the grant lock-server signed for it on the payout's account (`X-Fencing-Grant`); ambiguous attempts are resolved by asking the rail, never by resubmitting. Submissions and resolutions need the executor's bearer credential (docs/security.md).",
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
     ),
     paths(submit, list, resolve, dlock_wire::doc::healthz, readyz, dlock_wire::doc::metrics, openapi),
@@ -116,13 +116,13 @@ fn payout_id(text: &str) -> Result<Uuid, ProxyError> {
 }
 
 #[utoipa::path(post, path = "/v1/submissions", tag = "submissions", operation_id = "submit",
-    params(FencingTokenHeader), request_body = SubmitRequest,
+    params(FencingTokenHeader, FencingGrantHeader), request_body = SubmitRequest,
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The payout's one attempt: recorded under the high-water mark (d) and forwarded at most once; its outcome, or `null`/`TIMEOUT` when the rail did not answer in time.", body = Submission),
         (status = 400, description = "`INVALID_TOKEN`, `INVALID_PAYOUT_ID`, `INVALID_FIELD` or `MALFORMED_JSON`; nothing is recorded.", body = ErrorBody),
         (status = 401, description = "`UNAUTHENTICATED`: no valid bearer credential.", body = ErrorBody),
-        (status = 403, description = "`FORBIDDEN`: the credential belongs to another role.", body = ErrorBody),
+        (status = 403, description = "`FORBIDDEN`: the credential belongs to another role; or the grant does not authorize the token here: `GRANT_INVALID` (none, malformed, forged, or for another token), `GRANT_UNKNOWN_SIGNER`, `GRANT_WRONG_RESOURCE` (for another lock than the payout's account). Nothing is recorded or forwarded.", body = ErrorBody),
         (status = 404, description = "`UNKNOWN_PAYOUT`.", body = ErrorBody),
         (status = 409, description = "`FENCED_OUT` (a newer token reached the account; terminal), `DUPLICATE_ATTEMPT` or `NOT_RESERVED`.", body = ErrorBody),
         (status = 415, description = "`UNSUPPORTED_MEDIA_TYPE`.", body = ErrorBody),
@@ -136,7 +136,13 @@ async fn submit(
 ) -> Result<Json<Submission>, ApiError> {
     let token = FencingToken::from_headers(&headers)?;
     let payout_id = payout_id(&body.payout_id)?;
-    Ok(Json(wire(proxy.submit(payout_id, token).await?)?))
+    let attempt = proxy
+        .grants
+        .fenced("submit", payout_id, token, &headers, |p| {
+            proxy.submit(payout_id, p)
+        })
+        .await?;
+    Ok(Json(wire(attempt)?))
 }
 
 #[utoipa::path(get, path = "/v1/submissions/{payoutId}", tag = "submissions", operation_id = "listSubmissions",
@@ -160,13 +166,13 @@ async fn list(
 }
 
 #[utoipa::path(post, path = "/v1/submissions/{payoutId}/resolve", tag = "submissions", operation_id = "resolveSubmission",
-    params(PayoutIdPath, FencingTokenHeader),
+    params(PayoutIdPath, FencingTokenHeader, FencingGrantHeader),
     security(("bearer" = [])),
     responses(
         (status = 200, description = "What became of the attempt, asked of the rail (never a resubmission).", body = Submission),
         (status = 400, description = "`INVALID_TOKEN` or `INVALID_PAYOUT_ID`.", body = ErrorBody),
         (status = 401, description = "`UNAUTHENTICATED`: no valid bearer credential.", body = ErrorBody),
-        (status = 403, description = "`FORBIDDEN`: the credential belongs to another role.", body = ErrorBody),
+        (status = 403, description = "`FORBIDDEN`: the credential belongs to another role; or the grant does not authorize the token here: `GRANT_INVALID` (none, malformed, forged, or for another token), `GRANT_UNKNOWN_SIGNER`, `GRANT_WRONG_RESOURCE` (for another lock than the payout's account). Nothing is recorded or forwarded.", body = ErrorBody),
         (status = 404, description = "`UNKNOWN_PAYOUT` or `NO_ATTEMPT`.", body = ErrorBody),
         (status = 409, description = "`FENCED_OUT` or `RAIL_OUTCOME_UNKNOWN`.", body = ErrorBody),
         (status = 502, description = "`RAIL_UNAVAILABLE`.", body = ErrorBody),
@@ -178,7 +184,14 @@ async fn resolve(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Submission>, ApiError> {
     let token = FencingToken::from_headers(&headers)?;
-    Ok(Json(wire(proxy.resolve(payout_id(&id)?, token).await?)?))
+    let payout_id = payout_id(&id)?;
+    let attempt = proxy
+        .grants
+        .fenced("resolve", payout_id, token, &headers, |p| {
+            proxy.resolve(payout_id, p)
+        })
+        .await?;
+    Ok(Json(wire(attempt)?))
 }
 
 #[utoipa::path(get, path = "/readyz", tag = "operations", operation_id = "readyz",

@@ -3,9 +3,12 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use clap::ArgAction;
 use dlock_common::auth::{CredentialError, Credentials, Role};
 use dlock_common::db::PoolArgs;
+use dlock_common::grant::{GrantConfigError, GrantPolicy, PublicKeyArgs};
 
 use crate::sql;
 
@@ -13,6 +16,8 @@ use crate::sql;
 pub const CREDENTIALS_PREFIX: &str = "RAIL_PROXY";
 /// Only the executor submits and resolves (docs/security.md).
 pub const ROLES: &[Role] = &[Role::Executor];
+/// The switch of grant verification (on unless set to `false`, for a rolling migration only).
+pub const GRANT_VERIFICATION_SETTING: &str = "RAIL_PROXY_GRANT_VERIFICATION_ENABLED";
 
 /// Default abandonment deadline: an attempt the rail has never seen is given up this long after it
 /// was recorded.
@@ -73,6 +78,9 @@ pub struct Config {
     pub abandon_after: Duration,
     /// Bearer credential of the executor role; without one, writes admit nobody. Redacted in Debug.
     pub credentials: Credentials,
+    /// Signed grants: verified with these public keys (the default; none configured refuses to
+    /// start), or off.
+    pub grants: GrantPolicy,
     pub fault: Option<Fault>,
 }
 
@@ -95,10 +103,13 @@ pub enum ConfigError {
     FaultInjectionNotBuilt,
     #[error("credentials: {0}")]
     Credentials(#[from] CredentialError),
+    #[error("grants: {0}")]
+    Grants(#[from] GrantConfigError),
 }
 
 /// `rail-proxy`: fencing point (d) in front of the payment rail. The executor's credential comes
-/// from `RAIL_PROXY_EXECUTOR_TOKEN` or `RAIL_PROXY_EXECUTOR_TOKEN_FILE`, never a flag.
+/// from `RAIL_PROXY_EXECUTOR_TOKEN` or `RAIL_PROXY_EXECUTOR_TOKEN_FILE`, never a flag; the lock
+/// service's grant public keys from `DLOCK_GRANT_PUBLIC_KEYS` (or `…_FILE`, or the flag).
 #[derive(Debug, clap::Parser)]
 #[command(
     name = "rail-proxy",
@@ -121,6 +132,13 @@ pub struct Cli {
     /// rail.proxy.fencing.enabled: `false` skips statement (d) entirely (demo of the corruption).
     #[arg(long, env = "RAIL_PROXY_FENCING_ENABLED", default_value_t = true, action = ArgAction::Set)]
     pub fencing_enabled: bool,
+    /// Signed-grant verification: every submission and resolution needs `X-Fencing-Grant`,
+    /// verified with the lock service's public keys. `false` only for a rolling migration (WARN at
+    /// start-up).
+    #[arg(long, env = GRANT_VERIFICATION_SETTING, default_value_t = true, action = ArgAction::Set)]
+    pub grant_verification_enabled: bool,
+    #[command(flatten)]
+    pub grant_keys: PublicKeyArgs,
     #[command(flatten)]
     pub pool: PoolArgs,
     /// An attempt the rail has never received is abandoned once older than this (must exceed the
@@ -153,6 +171,9 @@ impl Cli {
         config.abandon_after = Duration::from_millis(self.abandon_after_ms);
         config.fault = self.fault.filter(|_| self.enable_fault_injection);
         config.credentials = Credentials::from_env(CREDENTIALS_PREFIX, ROLES)?;
+        config.grants = self
+            .grant_keys
+            .policy(self.grant_verification_enabled, GRANT_VERIFICATION_SETTING)?;
         config.validate()?;
         Ok(config)
     }
@@ -172,13 +193,16 @@ impl std::fmt::Debug for Config {
             .field("db_acquire_timeout", &self.db_acquire_timeout)
             .field("abandon_after", &self.abandon_after)
             .field("credentials", &self.credentials)
+            .field("grants", &self.grants)
             .field("fault", &self.fault)
             .finish()
     }
 }
 
 impl Config {
-    /// Defaults for everything but the two addresses: fencing on, 2 s rail timeout.
+    /// Defaults for everything but the two addresses: fencing on, 2 s rail timeout, grant
+    /// verification on with no key — which [`Config::validate`] refuses: give the lock service's
+    /// public keys.
     pub fn new(database_url: impl Into<String>, rail_url: impl Into<String>) -> Self {
         Self {
             database_url: database_url.into(),
@@ -190,8 +214,14 @@ impl Config {
             db_acquire_timeout: Duration::from_secs(5),
             abandon_after: DEFAULT_ABANDON_AFTER,
             credentials: Credentials::new(),
+            grants: GrantPolicy::Verify(Arc::default()),
             fault: None,
         }
+    }
+
+    pub fn with_grants(mut self, grants: GrantPolicy) -> Self {
+        self.grants = grants;
+        self
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -205,6 +235,7 @@ impl Config {
         if self.fault.is_some() && !cfg!(feature = "fault-injection") {
             return Err(ConfigError::FaultInjectionNotBuilt);
         }
+        self.grants.validate(GRANT_VERIFICATION_SETTING)?;
         if self.abandon_after <= self.rail_timeout {
             return Err(ConfigError::AbandonAfter {
                 abandon_ms: self.abandon_after.as_millis(),
@@ -229,10 +260,47 @@ mod tests {
         );
     }
 
+    fn keys() -> dlock_grant::PublicKeys {
+        let key = dlock_grant::SigningKey::generate(dlock_grant::KeyId::new("k1").unwrap());
+        dlock_grant::PublicKeys::new(vec![key.public_key()]).unwrap()
+    }
+
+    #[test]
+    fn grant_verification_is_on_by_default_and_needs_keys() {
+        use clap::Parser;
+        let config = Config::new("postgres://payapp@localhost/paydb", "http://127.0.0.1:1");
+        assert!(config.grants.is_on());
+        assert!(matches!(config.validate(), Err(ConfigError::Grants(_))));
+        let cli = |extra: &[&str]| {
+            let mut args = vec![
+                "rail-proxy",
+                "--database-url",
+                "postgres://payapp@localhost/paydb",
+                "--rail-url",
+                "http://127.0.0.1:1",
+            ];
+            args.extend_from_slice(extra);
+            Cli::try_parse_from(args).expect("parses").into_config()
+        };
+        assert!(matches!(
+            cli(&[]),
+            Err(ConfigError::Grants(GrantConfigError::NoKeys { .. }))
+        ));
+        let text = keys().to_text();
+        assert!(cli(&["--grant-public-keys", &text]).unwrap().grants.is_on());
+        assert!(
+            !cli(&["--grant-verification-enabled", "false"])
+                .unwrap()
+                .grants
+                .is_on()
+        );
+    }
+
     /// A build without the feature (the release image) refuses a fault instead of ignoring it.
     #[test]
     fn a_fault_needs_a_build_with_fault_injection() {
-        let mut config = Config::new("postgres://payapp@localhost/paydb", "http://127.0.0.1:1");
+        let mut config = Config::new("postgres://payapp@localhost/paydb", "http://127.0.0.1:1")
+            .with_grants(GrantPolicy::new(true, keys(), GRANT_VERIFICATION_SETTING).unwrap());
         assert!(config.validate().is_ok());
         config.fault = Some(Fault::ExitAfterAttempt);
         assert_eq!(

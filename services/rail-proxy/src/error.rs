@@ -3,6 +3,7 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use dlock_common::fencing::{FENCED_OUT, FencedOutDetails};
+use dlock_common::grant::GrantRefused;
 use dlock_common::{ApiError, TokenError};
 use uuid::Uuid;
 
@@ -35,8 +36,21 @@ pub enum ProxyError {
     RailOutcomeUnknown(Box<Submission>),
     #[error("the rail did not answer: {0}")]
     RailUnavailable(String),
+    /// The grant of the presented token does not authorize this call (403 `GRANT_*`); nothing was
+    /// recorded or forwarded.
+    #[error(transparent)]
+    GrantRefused(#[from] GrantRefused),
     #[error("database: {0}")]
     Db(#[from] sqlx::Error),
+}
+
+impl dlock_common::grant::CarriesRefusal for ProxyError {
+    fn refusal(&self) -> Option<&GrantRefused> {
+        match self {
+            ProxyError::GrantRefused(r) => Some(r),
+            _ => None,
+        }
+    }
 }
 
 impl From<ProxyError> for ApiError {
@@ -44,6 +58,7 @@ impl From<ProxyError> for ApiError {
         let message = e.to_string();
         match e {
             ProxyError::InvalidToken(t) => t.into(),
+            ProxyError::GrantRefused(r) => r.into(),
             ProxyError::InvalidPayoutId => ApiError::bad_request("INVALID_PAYOUT_ID", message),
             ProxyError::UnknownPayout(_) => ApiError::not_found("UNKNOWN_PAYOUT", message),
             ProxyError::FencedOut { details, submission } => ApiError::conflict(FENCED_OUT, message)

@@ -8,7 +8,9 @@
 //! ACKED / REJECTED / TIMEOUT. An ambiguous TIMEOUT is resolved by asking the rail, never by
 //! submitting again.
 //!
-//! - [`config`]: settings and the `rail.proxy.fencing.enabled` kill switch;
+//! - [`config`]: settings, the `rail.proxy.fencing.enabled` kill switch and grant verification
+//!   (`RAIL_PROXY_GRANT_VERIFICATION_ENABLED`, on by default: the token only inside a signed grant for
+//!   `account:<the payout's account>`);
 //! - [`sql`]: every statement, once; [`rail`]: the rail client;
 //! - [`proxy`]: the flow; [`error`]: outcomes mapped to HTTP; [`api`]: routes; [`metrics`]: counters.
 
@@ -82,6 +84,9 @@ pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
     config
         .credentials
         .warn_missing("rail-proxy", config::CREDENTIALS_PREFIX, config::ROLES);
+    config
+        .grants
+        .announce("rail-proxy", config::GRANT_VERIFICATION_SETTING);
 
     let mut registry = Registry::default();
     let metrics = metrics::Metrics::register(&mut registry);
@@ -89,6 +94,10 @@ pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
         pool,
         rail,
         fence: config.fence,
+        grants: dlock_common::grant::GrantGate {
+            policy: config.grants.clone(),
+            metrics: dlock_common::grant::GrantMetrics::register(&mut registry),
+        },
         metrics,
         abandon_after: config.abandon_after,
         fault: config.fault,
@@ -102,7 +111,8 @@ pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
         %addr,
         rail_url = %config.rail_url,
         rail_timeout_ms = config.rail_timeout.as_millis() as u64,
-        fencing_enabled = !matches!(config.fence, RailFence::Disabled)
+        fencing_enabled = !matches!(config.fence, RailFence::Disabled),
+        grant_verification_enabled = config.grants.is_on()
     );
     Ok(dlock_common::serve::spawn_background(
         listener,

@@ -3,6 +3,7 @@
 
 use dlock_common::FencingToken;
 use dlock_common::fencing::FencedOutDetails;
+use dlock_common::grant::{GrantGate, Presented};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -20,6 +21,8 @@ pub struct Proxy {
     pub pool: PgPool,
     pub rail: Rail,
     pub fence: RailFence,
+    /// Signed-grant verification of submissions and resolutions, and its refusal counter.
+    pub grants: GrantGate,
     pub metrics: Metrics,
     /// How old an attempt the rail has never seen must be before it is abandoned.
     pub abandon_after: std::time::Duration,
@@ -38,9 +41,17 @@ impl Proxy {
     ///
     /// `payout.claim_token` is deliberately not compared with `token`: it is written by
     /// payment-resource, and this enforcement point must not depend on the other one's state
-    /// (C1 §1.5). The per-account mark (d) and the one-attempt index are the whole check.
-    pub async fn submit(&self, payout_id: Uuid, token: FencingToken) -> Result<Submission, ProxyError> {
+    /// (C1 §1.5). The per-account mark (d) and the one-attempt index are the whole check — for a
+    /// token whose grant is for this payout's account: the payout read that (d) needs anyway tells
+    /// the account, and a grant for another one records nothing (before (d) could raise the mark).
+    pub async fn submit(
+        &self,
+        payout_id: Uuid,
+        presented: impl Into<Presented>,
+    ) -> Result<Submission, ProxyError> {
+        let Presented { token, granted } = presented.into();
         let payout = self.payout(payout_id).await?;
+        granted.check_account(payout.account_id)?;
         match self.fence {
             RailFence::Enforced { statement } => self.check_high_water(statement, &payout, token).await?,
             RailFence::Disabled => {}
@@ -198,9 +209,16 @@ impl Proxy {
     /// `POST /v1/submissions/{payoutId}/resolve`: records the rail's real outcome on an ambiguous
     /// or unanswered attempt. Never submits. The token is required and logged but not compared:
     /// resolving only records what the rail already did, so it cannot move money, and an executor
-    /// adopting a dead holder's payout must be able to do it.
-    pub async fn resolve(&self, payout_id: Uuid, token: FencingToken) -> Result<Submission, ProxyError> {
+    /// adopting a dead holder's payout must be able to do it. Its grant must still be for the
+    /// payout's account.
+    pub async fn resolve(
+        &self,
+        payout_id: Uuid,
+        presented: impl Into<Presented>,
+    ) -> Result<Submission, ProxyError> {
+        let Presented { token, granted } = presented.into();
         let payout = self.payout(payout_id).await?;
+        granted.check_account(payout.account_id)?;
         let attempt = sql::select_attempt(&self.pool, payout_id)
             .await?
             .ok_or(ProxyError::NoAttempt(payout_id))?;

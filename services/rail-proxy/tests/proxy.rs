@@ -1,4 +1,6 @@
-//! rail-proxy against a real PostgreSQL 16 paydb (dlock-testkit) and an in-process rail-stub.
+//! rail-proxy against a real PostgreSQL 16 paydb (dlock-testkit) and an in-process rail-stub; at the
+//! end, signed grants: every bad grant refused at submit and resolve with paydb untouched, and the
+//! negative control with verification off (another account's token fences the holder out).
 //!
 //! Payouts are set up by inserting account and payout rows as the superuser; the proxy itself runs
 //! as payapp, exactly as deployed.
@@ -14,6 +16,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 const TOKEN: &str = "X-Fencing-Token";
+const GRANT: &str = "X-Fencing-Grant";
 /// The executor's credential for the test proxies.
 const EXECUTOR: &str = "test-rail-executor-credential";
 
@@ -22,8 +25,32 @@ fn credentials() -> dlock_common::auth::Credentials {
     Credentials::new().with(Role::Executor, Credential::new("test", EXECUTOR).unwrap())
 }
 
+/// What lock-server would sign with; the test proxies trust it.
+static GRANT_KEY: std::sync::LazyLock<dlock_grant::SigningKey> = std::sync::LazyLock::new(|| {
+    dlock_grant::SigningKey::generate(dlock_grant::KeyId::new("test-k1").unwrap())
+});
+
+fn grants() -> dlock_common::grant::GrantPolicy {
+    let keys = dlock_grant::PublicKeys::new(vec![GRANT_KEY.public_key()]).unwrap();
+    dlock_common::grant::GrantPolicy::new(true, keys, "TEST").unwrap()
+}
+
+/// The grant of `token` on `account:<account>`.
+fn grant(account: Uuid, token: &str) -> Option<String> {
+    let token = token.parse::<dlock_common::FencingToken>().ok()?.get();
+    GRANT_KEY
+        .sign(&dlock_grant::Claims {
+            lock_service: "tests",
+            lock_key: &dlock_common::grant::account_key(account),
+            token,
+            owner_id: "test-holder",
+            session_id: Uuid::nil(),
+        })
+        .ok()
+}
+
 struct Harness {
-    _db: TestDb,
+    db: TestDb,
     admin: PgPool,
     stub: rail_stub::RunningServer,
     proxy: RunningServer,
@@ -50,10 +77,11 @@ impl Harness {
         config.fence = fence;
         config.max_connections = 4;
         config.credentials = credentials();
+        config.grants = grants();
         tweak(&mut config);
         let proxy = rail_proxy::spawn(config).await.expect("proxy starts");
         Self {
-            _db: db,
+            db,
             admin,
             stub,
             proxy,
@@ -114,6 +142,23 @@ impl Harness {
         Payout { id, key }
     }
 
+    /// The account of a payout, for the grant its executor would hold (an unknown payout: some
+    /// account; the proxy answers UNKNOWN_PAYOUT first).
+    async fn account_of(&self, payout: &Value) -> Uuid {
+        let id = payout.as_str().and_then(|s| s.parse::<Uuid>().ok());
+        let found: Option<Uuid> = match id {
+            Some(id) => sqlx::query_scalar("SELECT account_id FROM payout WHERE payout_id = $1")
+                .bind(id)
+                .fetch_optional(&self.admin)
+                .await
+                .unwrap(),
+            None => None,
+        };
+        found.unwrap_or_else(Uuid::new_v4)
+    }
+
+    /// Every call carries the rightful grant of its token (these tests are about the proxy;
+    /// tests/grants.rs is about wrong grants).
     async fn submit_raw(&self, body: Value, token: Option<&str>) -> (StatusCode, Value) {
         let mut req = self
             .http
@@ -122,6 +167,9 @@ impl Harness {
             .json(&body);
         if let Some(t) = token {
             req = req.header(TOKEN, t);
+            if let Some(g) = grant(self.account_of(&body["payoutId"]).await, t) {
+                req = req.header(GRANT, g);
+            }
         }
         let resp = req.send().await.unwrap();
         (resp.status(), resp.json().await.unwrap_or(Value::Null))
@@ -139,6 +187,9 @@ impl Harness {
             .bearer_auth(EXECUTOR);
         if let Some(t) = token {
             req = req.header(TOKEN, t);
+            if let Some(g) = grant(self.account_of(&json!(payout)).await, t) {
+                req = req.header(GRANT, g);
+            }
         }
         let resp = req.send().await.unwrap();
         (resp.status(), resp.json().await.unwrap_or(Value::Null))
@@ -790,6 +841,7 @@ async fn health_readiness_and_an_unreachable_paydb() {
     let mut down = Config::new("postgres://payapp@127.0.0.1:1/paydb", h.stub.url());
     down.db_acquire_timeout = Duration::from_millis(300);
     down.credentials = credentials();
+    down.grants = grants();
     let proxy = rail_proxy::spawn(down)
         .await
         .expect("starts without the database");
@@ -806,6 +858,7 @@ async fn health_readiness_and_an_unreachable_paydb() {
         .post(format!("{}/v1/submissions", proxy.url()))
         .bearer_auth(EXECUTOR)
         .header(TOKEN, "5")
+        .header(GRANT, grant(Uuid::new_v4(), "5").unwrap())
         .json(&json!({"payoutId": Uuid::new_v4()}))
         .send()
         .await
@@ -824,7 +877,11 @@ async fn health_readiness_and_an_unreachable_paydb() {
         },
     ] {
         let shown = format!("{} {}", bad.database_url, bad.rail_url);
-        assert!(rail_proxy::spawn(bad).await.is_err(), "{shown}");
+        // Keys given: each is refused for its own fault, not for a missing key.
+        assert!(
+            rail_proxy::spawn(bad.with_grants(grants())).await.is_err(),
+            "{shown}"
+        );
     }
     h.stop().await;
 }
@@ -1147,5 +1204,171 @@ async fn writes_need_the_executor_credential_reads_and_probes_do_not() {
     // The deadline must exceed the rail timeout.
     let mut bad = Config::new("postgres://payapp@127.0.0.1:1/paydb", "http://127.0.0.1:1");
     bad.abandon_after = bad.rail_timeout;
-    assert!(rail_proxy::spawn(bad).await.is_err());
+    assert!(rail_proxy::spawn(bad.with_grants(grants())).await.is_err());
+}
+
+// ---- signed grants ------------------------------------------------------------------------------
+
+/// A fenced call with exactly this token and grant header (none when `None`): a submission of
+/// `payout`, or (`resolve`) its resolution.
+async fn fenced(
+    h: &Harness,
+    resolve: bool,
+    payout: Uuid,
+    token: i64,
+    grant: Option<&str>,
+) -> (StatusCode, Value) {
+    let mut req = if resolve {
+        h.http
+            .post(format!("{}/v1/submissions/{payout}/resolve", h.proxy.url()))
+    } else {
+        h.http
+            .post(format!("{}/v1/submissions", h.proxy.url()))
+            .json(&json!({"payoutId": payout}))
+    };
+    req = req.bearer_auth(EXECUTOR).header(TOKEN, token.to_string());
+    if let Some(g) = grant {
+        req = req.header(GRANT, g);
+    }
+    let resp = req.send().await.unwrap();
+    (resp.status(), resp.json().await.unwrap_or(Value::Null))
+}
+
+fn signed(key: &dlock_grant::SigningKey, lock_key: &str, token: i64) -> String {
+    key.sign(&dlock_grant::Claims {
+        lock_service: "tests",
+        lock_key,
+        token,
+        owner_id: "test-holder",
+        session_id: Uuid::nil(),
+    })
+    .unwrap()
+}
+
+#[tokio::test]
+async fn submit_and_resolve_refuse_every_bad_grant_and_paydb_is_untouched() {
+    let h = Harness::start(RailFence::from_flag(true)).await;
+    let account = h.account().await;
+    let key = dlock_common::grant::account_key(account);
+    let p = h.payout(account, 100, 5, "holder").await;
+    let stranger = dlock_grant::SigningKey::generate(dlock_grant::KeyId::new("stranger").unwrap());
+    let rightful = |t: i64| grant(account, &t.to_string()).unwrap();
+    let mut flipped = rightful(50).into_bytes();
+    let at = flipped.len() - 5; // inside the signature
+    flipped[at] ^= 0x01;
+    let flipped = String::from_utf8(flipped).unwrap();
+    let cases = [
+        ("a forged integer with no grant", None, "GRANT_INVALID"),
+        (
+            "a grant for another account",
+            grant(Uuid::new_v4(), "50"),
+            "GRANT_WRONG_RESOURCE",
+        ),
+        (
+            "a grant for a key that is no account",
+            Some(signed(&GRANT_KEY, "bench:1", 50)),
+            "GRANT_WRONG_RESOURCE",
+        ),
+        ("a grant with a flipped byte", Some(flipped), "GRANT_INVALID"),
+        (
+            "a grant by an unknown key",
+            Some(signed(&stranger, &key, 50)),
+            "GRANT_UNKNOWN_SIGNER",
+        ),
+        (
+            "a grant whose token differs from the header",
+            Some(rightful(51)),
+            "GRANT_INVALID",
+        ),
+    ];
+    for resolve in [false, true] {
+        if resolve {
+            // An attempt to resolve: the rightful submission first.
+            let (status, body) = fenced(&h, false, p.id, 50, Some(&rightful(50))).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+        }
+        for (what, grant_header, code) in &cases {
+            let before = h.db.digest().await;
+            let rail_before = h.rail_requests().await;
+            let (status, body) = fenced(&h, resolve, p.id, 50, grant_header.as_deref()).await;
+            assert_eq!(
+                (status, body["code"].as_str()),
+                (StatusCode::FORBIDDEN, Some(*code)),
+                "resolve={resolve} with {what}: {body}"
+            );
+            assert_eq!(
+                h.db.digest().await,
+                before,
+                "resolve={resolve} with {what} changed paydb"
+            );
+            assert_eq!(h.rail_requests().await, rail_before, "the rail heard of it");
+        }
+    }
+    let (status, body) = fenced(&h, true, p.id, 50, Some(&rightful(50))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let metrics = h.metrics().await;
+    for (code, n) in [
+        ("GRANT_INVALID", 6),
+        ("GRANT_WRONG_RESOURCE", 4),
+        ("GRANT_UNKNOWN_SIGNER", 2),
+    ] {
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l == format!("grant_refused_total{{code=\"{code}\"}} {n}")),
+            "{code} {n} in\n{metrics}"
+        );
+    }
+    h.stop().await;
+}
+
+/// The attack at rail-proxy: the holder of `account:B` has two payouts of B reserved; an attacker
+/// holding a higher token granted on `account:A` submits one of them; then the holder submits the
+/// other. `Err` names the violation.
+async fn cross_account_token_at_the_rail(verify: bool) -> Result<(), String> {
+    let h = Harness::start_with(RailFence::from_flag(true), |c| {
+        if !verify {
+            c.grants = dlock_common::grant::GrantPolicy::Off;
+        }
+    })
+    .await;
+    let (a, b) = (h.account().await, h.account().await);
+    let first = h.payout(b, 100, 5, "holder-b").await;
+    let second = h.payout(b, 100, 5, "holder-b").await;
+    let mut violations = Vec::new();
+    let (status, body) = fenced(&h, false, first.id, 50, grant(a, "50").as_deref()).await;
+    if status != StatusCode::FORBIDDEN {
+        violations.push(format!(
+            "account A's grant was accepted for B's payout: {status} {body}"
+        ));
+    }
+    let (status, body) = fenced(&h, false, second.id, 5, grant(b, "5").as_deref()).await;
+    if status != StatusCode::OK {
+        violations.push(format!(
+            "the rightful holder of account B was fenced out: {status} {}",
+            body["code"]
+        ));
+    }
+    h.stop().await;
+    if violations.is_empty() {
+        Ok(())
+    } else {
+        Err(violations.join("; "))
+    }
+}
+
+#[tokio::test]
+async fn another_accounts_token_cannot_raise_the_mark_of_the_holders_account() {
+    cross_account_token_at_the_rail(true).await.unwrap();
+}
+
+#[tokio::test]
+async fn negative_control_with_verification_off_another_accounts_token_fences_the_holder_out_at_the_rail() {
+    let violation = cross_account_token_at_the_rail(false)
+        .await
+        .expect_err("with verification off, the attack must succeed");
+    assert!(
+        violation.contains("was accepted") && violation.contains("FENCED_OUT"),
+        "{violation}"
+    );
 }

@@ -51,36 +51,55 @@ pub async fn for_update(conn: &mut PgConnection, payout_id: Uuid) -> Result<Opti
         .await
 }
 
-/// Claim (PENDING) or adopt (in flight under an older token). `None`: neither applied.
+/// Claim (PENDING) or adopt (in flight under an older token). `account`: the account a verified
+/// grant was for — only a payout of that account is claimed (the statement variant with the
+/// predicate); `None` when no grant was verified. `None` back: nothing applied.
 pub async fn claim<'c>(
     ex: impl PgExecutor<'c>,
     payout_id: Uuid,
     owner_id: &str,
     token: i64,
+    account: Option<Uuid>,
 ) -> Result<Option<Payout>, sqlx::Error> {
-    sqlx::query_as::<_, Payout>(sql::PAYOUT_CLAIM)
-        .bind(payout_id)
-        .bind(owner_id)
-        .bind(token)
-        .fetch_optional(ex)
-        .await
+    let query = match account {
+        Some(a) => sqlx::query_as::<_, Payout>(sql::PAYOUT_CLAIM_FOR_ACCOUNT)
+            .bind(payout_id)
+            .bind(owner_id)
+            .bind(token)
+            .bind(a),
+        None => sqlx::query_as::<_, Payout>(sql::PAYOUT_CLAIM)
+            .bind(payout_id)
+            .bind(owner_id)
+            .bind(token),
+    };
+    query.fetch_optional(ex).await
 }
 
-/// `from → to` if the payout is in `from` and `claim_token <= token`. `None`: it is not.
+/// `from → to` if the payout is in `from` and `claim_token <= token` (and, with `account`, belongs
+/// to that account, as in [`claim`]). `None`: it is not.
 pub async fn transition<'c>(
     ex: impl PgExecutor<'c>,
     payout_id: Uuid,
     from: PayoutState,
     to: PayoutState,
     token: i64,
+    account: Option<Uuid>,
 ) -> Result<Option<Payout>, sqlx::Error> {
-    sqlx::query_as::<_, Payout>(sql::PAYOUT_TRANSITION)
+    let stmt = match account {
+        Some(_) => sql::PAYOUT_TRANSITION_FOR_ACCOUNT,
+        None => sql::PAYOUT_TRANSITION,
+    };
+    let query = sqlx::query_as::<_, Payout>(stmt)
         .bind(payout_id)
         .bind(from.as_str())
         .bind(to.as_str())
-        .bind(token)
-        .fetch_optional(ex)
-        .await
+        .bind(token);
+    match account {
+        Some(a) => query.bind(a),
+        None => query,
+    }
+    .fetch_optional(ex)
+    .await
 }
 
 /// Statement (c) (`stmt` is [`crate::sql::Statements::payout_post`]). `None` is zero rows: not

@@ -3,9 +3,11 @@
 //! everything a write could touch.
 #![allow(dead_code)] // each test binary uses a different subset
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use dlock_common::FencingToken;
+use dlock_common::grant::{GrantPolicy, account_key};
+use dlock_grant::{Claims, KeyId, PublicKeys, SigningKey};
 use dlock_testkit::TestDb;
 use payment_resource::accounts::{Accounts, NewAccount};
 use payment_resource::metrics::Metrics;
@@ -54,6 +56,33 @@ pub fn token_for(method: &str, path: &str) -> Option<&'static str> {
             Some(Role::Executor) => EXECUTOR_TOKEN,
             _ => CLIENT_TOKEN,
         })
+}
+
+/// The test servers trust this key: what lock-server would sign with (a fresh one per test binary).
+pub static GRANT_KEY: LazyLock<SigningKey> =
+    LazyLock::new(|| SigningKey::generate(KeyId::new("test-k1").expect("key id")));
+
+/// Grant verification with [`GRANT_KEY`], as a deployment's default.
+pub fn grants() -> GrantPolicy {
+    let keys = PublicKeys::new(vec![GRANT_KEY.public_key()]).expect("one key");
+    GrantPolicy::new(true, keys, "TEST_GRANT_VERIFICATION_ENABLED").expect("keys given")
+}
+
+/// The grant lock-server would sign for `token` on `lock_key`, signed by `key`.
+pub fn grant_by(key: &SigningKey, lock_key: &str, token: i64) -> String {
+    key.sign(&Claims {
+        lock_service: "tests",
+        lock_key,
+        token,
+        owner_id: "test-holder",
+        session_id: Uuid::nil(),
+    })
+    .expect("sign")
+}
+
+/// The grant of `token` on `account:<account>`, by [`GRANT_KEY`].
+pub fn grant(account: Uuid, token: i64) -> String {
+    grant_by(&GRANT_KEY, &account_key(account), token)
 }
 
 pub struct Fixture {
