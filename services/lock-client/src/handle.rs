@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use dlock_common::FencingToken;
+use dlock_common::{FENCING_GRANT_HEADER, FENCING_TOKEN_HEADER, FencingToken};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -28,7 +28,27 @@ pub enum ReleaseOutcome {
     Stale,
 }
 
-/// A held lock. Pass [`LockHandle::token`] to every protected write.
+/// What a protected write presents: the fencing token and, when lock-server signed one, the grant
+/// (`X-Fencing-Token`, `X-Fencing-Grant`). Take a fresh one from [`LockHandle::fence`] for each
+/// write: a renewal may have re-signed the grant with a newer key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub token: FencingToken,
+    pub grant: Option<String>,
+}
+
+impl Fence {
+    /// Both headers on an outgoing request (the grant only when there is one).
+    pub fn apply(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        let request = request.header(FENCING_TOKEN_HEADER, self.token.to_string());
+        match &self.grant {
+            Some(grant) => request.header(FENCING_GRANT_HEADER, grant),
+            None => request,
+        }
+    }
+}
+
+/// A held lock. Pass [`LockHandle::fence`] (token and signed grant) to every protected write.
 ///
 /// It renews in the background and is **lost** — for good — when a renew answers 410
 /// `LEASE_EXPIRED`, when its session is lost, or when no renewal could be confirmed before the
@@ -45,6 +65,8 @@ pub struct LockHandle {
     live: Arc<Liveness>,
     stop: CancellationToken,
     suspended: watch::Sender<bool>,
+    /// The grant as last signed by lock-server (acquire, then each renewal).
+    signed: watch::Receiver<Option<String>>,
 }
 
 impl LockHandle {
@@ -64,6 +86,7 @@ impl LockHandle {
         ));
         let stop = CancellationToken::new();
         let (suspended, suspended_rx) = watch::channel(false);
+        let (resigned, signed) = watch::channel(grant.grant.clone());
         tokio::spawn(renew(
             session.clone(),
             grant.lock_key.clone(),
@@ -71,6 +94,7 @@ impl LockHandle {
             live.clone(),
             stop.clone(),
             suspended_rx,
+            resigned,
             ttl_ms,
         ));
         Self {
@@ -79,6 +103,7 @@ impl LockHandle {
             live,
             stop,
             suspended,
+            signed,
         }
     }
 
@@ -89,6 +114,21 @@ impl LockHandle {
     /// The fencing token of this grant: strictly greater than every token issued before it.
     pub fn token(&self) -> FencingToken {
         self.grant.fencing_token
+    }
+
+    /// The grant lock-server signed for this token (`X-Fencing-Grant`): the latest one, since a
+    /// renewal signs it again with the key lock-server signs with then. `None` when lock-server
+    /// signs no grants.
+    pub fn grant(&self) -> Option<String> {
+        self.signed.borrow().clone()
+    }
+
+    /// The token and its latest grant, as every protected write presents them.
+    pub fn fence(&self) -> Fence {
+        Fence {
+            token: self.token(),
+            grant: self.grant(),
+        }
     }
 
     pub fn owner_id(&self) -> &str {
@@ -209,6 +249,7 @@ async fn renew(
     live: Arc<Liveness>,
     stop: CancellationToken,
     suspended: watch::Receiver<bool>,
+    resigned: watch::Sender<Option<String>>,
     ttl_ms: i64,
 ) {
     let ended = keepalive::run(live, stop, suspended, || async {
@@ -218,6 +259,9 @@ async fn renew(
                 "renewed {key:?} with token {token} and got token {}",
                 renewed.fencing_token
             )));
+        }
+        if let Some(grant) = renewed.grant {
+            resigned.send_replace(Some(grant));
         }
         Ok(renewed.expires_at)
     })

@@ -46,7 +46,7 @@ pub use dlock_common::fencing::FencedOutDetails;
 pub use error::{
     ClientError, FencedOut, LossReason, error_from_body, error_from_response, fenced_out_from_body,
 };
-pub use handle::{LockHandle, ReleaseOutcome};
+pub use handle::{Fence, LockHandle, ReleaseOutcome};
 pub use session::Session;
 
 /// The entry point: one per process, cheap to clone.

@@ -540,3 +540,69 @@ async fn a_fenced_out_answer_from_a_protected_resource_becomes_the_terminal_erro
     assert_eq!(post("10").await.expect("answer").status(), 200);
     server.abort();
 }
+
+/// The handle carries the grant lock-server signed for its token, and presents it with the token
+/// (`fence`); a renewal brings the grant signed again — after a key rotation (a new lock-server on
+/// the same lockdb and port, with a new key, as a rolled pod would be), with the new key — and the
+/// lock is held throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_handle_carries_its_signed_grant_and_a_renewal_brings_the_new_key() {
+    use dlock_grant::{KeyId, PublicKeys, SigningKey};
+    let db = dlock_testkit::lockdb().await;
+    let (k1, k2) = (
+        SigningKey::generate(KeyId::new("k1").unwrap()),
+        SigningKey::generate(KeyId::new("k2").unwrap()),
+    );
+    let trust = |k: &SigningKey| PublicKeys::new(vec![k.public_key()]).unwrap();
+    let config = |key: &SigningKey| {
+        lock_server::Config::new(db.app_url())
+            .with_reaper_interval(None)
+            .with_lock_service_id("tests/locks")
+            .with_signing_key(Some(key.clone()))
+    };
+    let first = lock_server::spawn(config(&k1)).await.unwrap();
+    let addr = first.addr();
+    let client = dlock_client::LockClient::new(&first.base_url()).unwrap();
+    let session = client.open_session("holder", LONG).await.unwrap();
+    let key = format!("account:{}", uuid::Uuid::new_v4());
+    let lock = session
+        .acquire(&key, Duration::from_secs(3), Duration::from_secs(1))
+        .await
+        .unwrap();
+    let token = lock.token();
+    let signed = trust(&k1).verify(&lock.grant().expect("a signed grant")).unwrap();
+    assert_eq!(
+        (
+            signed.lock_key.as_str(),
+            signed.token,
+            signed.owner_id.as_str(),
+            signed.session_id
+        ),
+        (key.as_str(), token.get(), "holder", session.id())
+    );
+    assert_eq!(
+        lock.fence(),
+        dlock_client::Fence {
+            token,
+            grant: lock.grant()
+        }
+    );
+
+    first.shutdown().await.unwrap();
+    let second = lock_server::spawn(config(&k2).with_listen(addr)).await.unwrap();
+    let resigned = dlock_testkit::wait::eventually(
+        "a renewal to bring the grant signed with k2",
+        WAIT_LIMIT,
+        || async { trust(&k2).verify(&lock.grant()?).ok() },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (resigned.token, resigned.lock_key.as_str()),
+        (token.get(), key.as_str())
+    );
+    assert!(!lock.is_lost(), "{:?}", lock.loss_reason());
+    lock.release().await.unwrap();
+    session.close().await.unwrap();
+    second.shutdown().await.unwrap();
+}

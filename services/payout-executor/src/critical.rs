@@ -23,7 +23,9 @@
 //! Every write is preceded by `ensure_held()` and runs under `select!` with the handle's `lost()`, so
 //! the section stops the moment the lock is lost. The one exception is fault injection: a write that
 //! follows a SIGSTOP pause goes out unchecked — the pause sits between the check and the write, which
-//! is the hazard the resources' fences exist for. Any `FENCED_OUT` ends the section (terminal).
+//! is the hazard the resources' fences exist for. Any `FENCED_OUT` ends the section (terminal), and
+//! so does a refused grant (403 `GRANT_*`): every write carries the token with the grant lock-server
+//! signed for it (`LockHandle::fence`), and a grant that is refused stays refused.
 
 use std::future::Future;
 
@@ -141,7 +143,7 @@ impl Critical<'_> {
         let claimed = self
             .write(
                 Some(Step::BeforeClaim),
-                api.claim(self.payout_id, self.owner_id, self.token()),
+                api.claim(self.payout_id, self.owner_id, &self.lock.fence()),
             )
             .await;
         let claimed = match claimed {
@@ -205,7 +207,7 @@ impl Critical<'_> {
         let done = self
             .write(
                 None,
-                api.transition(self.payout_id, from, to, self.token(), reason),
+                api.transition(self.payout_id, from, to, &self.lock.fence(), reason),
             )
             .await?;
         tracing::info!(
@@ -225,7 +227,7 @@ impl Critical<'_> {
         let answer = self
             .write(
                 Some(Step::BeforeRailSubmit),
-                rail.submit(self.payout_id, self.token()),
+                rail.submit(self.payout_id, &self.lock.fence()),
             )
             .await;
         match answer {
@@ -323,7 +325,7 @@ impl Critical<'_> {
         let attempt = loop {
             self.lock.ensure_held()?;
             let answer = self
-                .guarded(self.resources.rail.resolve(self.payout_id, self.token()))
+                .guarded(self.resources.rail.resolve(self.payout_id, &self.lock.fence()))
                 .await;
             let retry = match answer {
                 Ok(a) => break a,
@@ -393,7 +395,10 @@ impl Critical<'_> {
     async fn post(&self) -> Result<Ended, ClientError> {
         let api = &self.resources.payments;
         let answer = self
-            .write(Some(Step::BeforePost), api.post(self.payout_id, self.token()))
+            .write(
+                Some(Step::BeforePost),
+                api.post(self.payout_id, &self.lock.fence()),
+            )
             .await;
         match answer {
             Ok(posted) if posted.idempotent => {

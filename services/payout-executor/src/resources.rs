@@ -1,14 +1,14 @@
 //! Every HTTP call the executor makes to the two protected resources, and nothing else: one method
-//! per route of payment-resource and rail-proxy. Single attempts, no retries; the fencing token is
-//! always an explicit parameter and travels in `X-Fencing-Token`.
+//! per route of payment-resource and rail-proxy. Single attempts, no retries; the fence (the token
+//! and its signed grant) is always an explicit parameter and travels in `X-Fencing-Token` and
+//! `X-Fencing-Grant` ([`Fence::apply`]).
 //!
 //! Error answers become [`ClientError`] through `dlock_client::error_from_body`, so a 409 `FENCED_OUT`
 //! from either resource is the terminal [`ClientError::FencedOut`] with its five details.
 
 use std::time::Duration;
 
-use dlock_client::{ClientError, FencingToken, error_from_body};
-use dlock_common::FENCING_TOKEN_HEADER;
+use dlock_client::{ClientError, Fence, error_from_body};
 use dlock_common::auth::Credential;
 use reqwest::Url;
 use serde::de::DeserializeOwned;
@@ -127,17 +127,13 @@ impl PaymentApi {
         &self,
         payout_id: Uuid,
         owner_id: &str,
-        token: FencingToken,
+        fence: &Fence,
     ) -> Result<Claimed, ClientError> {
         let u = url(&self.base, &["v1", "payouts", &payout_id.to_string(), "claim"]);
-        let request = self
-            .http
-            .post(u)
-            .header(FENCING_TOKEN_HEADER, token.to_string())
-            .json(&ClaimRequest {
-                owner_id: owner_id.to_owned(),
-            });
-        read(request.send().await?).await
+        let request = self.http.post(u).json(&ClaimRequest {
+            owner_id: owner_id.to_owned(),
+        });
+        read(fence.apply(request).send().await?).await
     }
 
     /// `POST /v1/payouts/{id}/transition`, fenced by `claim_token <= token`.
@@ -146,30 +142,26 @@ impl PaymentApi {
         payout_id: Uuid,
         from: PayoutState,
         to: PayoutState,
-        token: FencingToken,
+        fence: &Fence,
         reason: Option<&str>,
     ) -> Result<Transitioned, ClientError> {
         let u = url(
             &self.base,
             &["v1", "payouts", &payout_id.to_string(), "transition"],
         );
-        let request = self
-            .http
-            .post(u)
-            .header(FENCING_TOKEN_HEADER, token.to_string())
-            .json(&TransitionRequest {
-                from,
-                to,
-                reason: reason.map(str::to_owned),
-            });
-        read(request.send().await?).await
+        let request = self.http.post(u).json(&TransitionRequest {
+            from,
+            to,
+            reason: reason.map(str::to_owned),
+        });
+        read(fence.apply(request).send().await?).await
     }
 
     /// `POST /v1/payouts/{id}/post`: (a)(b)(c) in one transaction with `token`.
-    pub async fn post(&self, payout_id: Uuid, token: FencingToken) -> Result<Posted, ClientError> {
+    pub async fn post(&self, payout_id: Uuid, fence: &Fence) -> Result<Posted, ClientError> {
         let u = url(&self.base, &["v1", "payouts", &payout_id.to_string(), "post"]);
-        let request = self.http.post(u).header(FENCING_TOKEN_HEADER, token.to_string());
-        read(request.send().await?).await
+        let request = self.http.post(u);
+        read(fence.apply(request).send().await?).await
     }
 }
 
@@ -189,16 +181,12 @@ impl RailApi {
     }
 
     /// `POST /v1/submissions`: (d), then at most one forward per payout.
-    pub async fn submit(&self, payout_id: Uuid, token: FencingToken) -> Result<Submission, ClientError> {
+    pub async fn submit(&self, payout_id: Uuid, fence: &Fence) -> Result<Submission, ClientError> {
         let u = url(&self.base, &["v1", "submissions"]);
-        let request = self
-            .http
-            .post(u)
-            .header(FENCING_TOKEN_HEADER, token.to_string())
-            .json(&SubmitRequest {
-                payout_id: payout_id.to_string(),
-            });
-        read(request.send().await?).await
+        let request = self.http.post(u).json(&SubmitRequest {
+            payout_id: payout_id.to_string(),
+        });
+        read(fence.apply(request).send().await?).await
     }
 
     /// `GET /v1/submissions/{payoutId}`: the recorded attempt and any FENCED refusals.
@@ -209,13 +197,13 @@ impl RailApi {
 
     /// `POST /v1/submissions/{payoutId}/resolve`: asks the rail what became of an ambiguous attempt.
     /// Never submits.
-    pub async fn resolve(&self, payout_id: Uuid, token: FencingToken) -> Result<Submission, ClientError> {
+    pub async fn resolve(&self, payout_id: Uuid, fence: &Fence) -> Result<Submission, ClientError> {
         let u = url(
             &self.base,
             &["v1", "submissions", &payout_id.to_string(), "resolve"],
         );
-        let request = self.http.post(u).header(FENCING_TOKEN_HEADER, token.to_string());
-        read(request.send().await?).await
+        let request = self.http.post(u);
+        read(fence.apply(request).send().await?).await
     }
 }
 

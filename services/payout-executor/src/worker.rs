@@ -528,7 +528,7 @@ impl Worker {
         let shared = &self.shared;
         let config = &shared.config;
         let picked = Instant::now();
-        let key = format!("account:{}", p.account_id);
+        let key = dlock_common::grant::account_key(p.account_id);
 
         let acquiring = Instant::now();
         let lock = match session.acquire(&key, config.lease_ttl, config.acquire_wait).await {

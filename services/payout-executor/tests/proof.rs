@@ -903,6 +903,9 @@ async fn in_process_env(
     acquire: Acquire,
 ) -> (Env, lock_server::RunningServer) {
     let broken = acquire == Acquire::Broken;
+    let mut opts = StackOptions::new(log_dir(&format!("{name}-{backend}")));
+    // The in-process lock-server signs with the key the stack's resources trust.
+    let signing = Some(opts.grant_key.clone());
     let (server, lockdb, etcd) = match backend {
         LockBackend::Postgres => {
             let lockdb = dlock_testkit::lockdb().await;
@@ -914,10 +917,12 @@ async fn in_process_env(
                 },
                 ..lock_server::Statements::C1
             };
-            let server =
-                lock_server::spawn_with_statements(lock_server::Config::new(lockdb.app_url()), statements)
-                    .await
-                    .unwrap();
+            let server = lock_server::spawn_with_statements(
+                lock_server::Config::new(lockdb.app_url()).with_signing_key(signing),
+                statements,
+            )
+            .await
+            .unwrap();
             (server, Some(lockdb), None)
         }
         LockBackend::Etcd => {
@@ -933,7 +938,7 @@ async fn in_process_env(
             };
             let repo = lock_server::EtcdRepo::with_client(repo.client(), prefix, faults);
             let server = lock_server::spawn_with_backend(
-                lock_server::Config::etcd(etcd.endpoints(), prefix),
+                lock_server::Config::etcd(etcd.endpoints(), prefix).with_signing_key(signing),
                 lock_server::Backend::Etcd(repo),
             )
             .await
@@ -942,7 +947,6 @@ async fn in_process_env(
         }
     };
     let paydb = dlock_testkit::paydb().await;
-    let mut opts = StackOptions::new(log_dir(&format!("{name}-{backend}")));
     opts.lock_backend = backend;
     opts.lock_server_url = Some(server.base_url());
     let lockdb_url = lockdb.as_ref().map(TestDb::app_url).unwrap_or_default();
