@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
+use dlock_common::grant::{PUBLIC_KEYS_ENV, SIGNING_KEY_ENV};
 use dlock_testkit::etcd::EtcdCluster;
 use dlock_testkit::procs::{Service, Spec};
 use dlock_testkit::stack::{LockBackend, kill_hard};
@@ -313,6 +314,9 @@ struct Credentials {
     client: String,
     rail_executor: String,
     lock_admin: String,
+    /// Both lock-servers sign grants with it; the resources verify them (every fenced write of the
+    /// campaign carries its grant, through the proxies like its token).
+    grant_key: dlock_grant::SigningKey,
 }
 
 impl Credentials {
@@ -324,6 +328,9 @@ impl Credentials {
             client: fresh("client"),
             rail_executor: fresh("rail-executor"),
             lock_admin: fresh("lock-admin"),
+            grant_key: dlock_grant::SigningKey::generate(
+                dlock_grant::KeyId::new("chaos").unwrap_or_else(|| unreachable!("a valid key id")),
+            ),
         }
     }
 }
@@ -379,7 +386,8 @@ impl Stack {
         for i in 0..2 {
             let spec = Spec::new(&format!("lock-server-{i}"), "lock-server")?
                 .args(["--listen", "127.0.0.1:{port}"])
-                .env("DLOCK_ADMIN_TOKEN", &creds.lock_admin);
+                .env("DLOCK_ADMIN_TOKEN", &creds.lock_admin)
+                .env(SIGNING_KEY_ENV, creds.grant_key.expose_text());
             let spec = match (&lockdb, &etcd) {
                 (Some(db), _) => spec.args(["--database-url".to_owned(), db.app_url()]),
                 (None, Some(e)) => spec.args([
@@ -429,7 +437,8 @@ impl Stack {
                     "--fencing-enabled".to_owned(),
                     opts.rail_fencing.to_string(),
                 ])
-                .env("RAIL_PROXY_EXECUTOR_TOKEN", &creds.rail_executor),
+                .env("RAIL_PROXY_EXECUTOR_TOKEN", &creds.rail_executor)
+                .env(PUBLIC_KEYS_ENV, creds.grant_key.public_key().to_text()),
             &dir,
         )
         .await?;
@@ -446,7 +455,8 @@ impl Stack {
                 ])
                 .env("PAYMENT_RESOURCE_ADMIN_TOKEN", &creds.admin)
                 .env("PAYMENT_RESOURCE_EXECUTOR_TOKEN", &creds.executor)
-                .env("PAYMENT_RESOURCE_CLIENT_TOKEN", &creds.client),
+                .env("PAYMENT_RESOURCE_CLIENT_TOKEN", &creds.client)
+                .env(PUBLIC_KEYS_ENV, creds.grant_key.public_key().to_text()),
             &dir,
         )
         .await?;

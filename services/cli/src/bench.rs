@@ -1,7 +1,8 @@
 //! `dlock bench lock`: acquire/release over HTTP through lock-server on PostgreSQL and on etcd, the
 //! bare C1 acquire statement straight against the same lockdb, and etcd's own lock recipe
 //! (`concurrency.Mutex`, the Go program in bench/etcd-mutex) against the same etcd — side by side in
-//! one run, at each client count asked for.
+//! one run, at each client count asked for; lock-server signing grants or not (`--grant-signing`),
+//! and the cost of one signature and one verification measured in this process ([`grant_cost`]).
 
 use std::time::{Duration, Instant};
 
@@ -20,7 +21,7 @@ use std::process::Command;
 use dlock_testkit::etcd::{EtcdCluster, etcd_bin};
 use dlock_testkit::procs::{Service, Spec};
 
-use crate::stack::{Database, RunDir, lock_server, step};
+use crate::stack::{Database, RunDir, lock_server, run_key, step};
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
@@ -44,6 +45,10 @@ pub struct PayoutArgs {
     /// Rounds of (fencing on, fencing off), alternated so drift hits both alike.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
     rounds: u32,
+    /// Signed grants: lock-server signs and the resources verify (`on`, what a deployment runs),
+    /// neither (`off`), or both side by side (`both`: a third row, fencing on with grants off).
+    #[arg(long, value_enum, default_value_t = Grants::On)]
+    grants: Grants,
     /// Backlog mode (repeatable, e.g. `--backlog 1000 --backlog 100000`): seed this many PENDING
     /// payouts with one bulk INSERT, then time how fast the executors work through the first
     /// `--measure` of them, fencing on. Shows that discovery is bounded work (throughput does not
@@ -53,6 +58,76 @@ pub struct PayoutArgs {
     /// Backlog mode: payouts that must end (POSTED) for one measurement.
     #[arg(long, default_value_t = 800, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     measure: u32,
+}
+
+/// Whether a run signs (and verifies) grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Grants {
+    On,
+    Off,
+    /// On and off, side by side in the same run.
+    Both,
+}
+
+impl Grants {
+    /// The settings to run, `true` meaning grants on.
+    pub fn settings(self) -> &'static [bool] {
+        match self {
+            Grants::On => &[true],
+            Grants::Off => &[false],
+            Grants::Both => &[true, false],
+        }
+    }
+}
+
+/// How many grants [`grant_cost`] signs and verifies.
+const GRANT_COST_N: u32 = 2_000;
+
+/// The cost of signed grants on one core, measured in this process: µs to sign one grant (what
+/// lock-server adds to each acquire and renew) and µs to check one (what a resource adds to each
+/// fenced write: the header read, the signature, the token and the account key).
+pub fn grant_cost(n: u32) -> Result<(f64, f64)> {
+    use dlock_common::grant::{FENCING_GRANT_HEADER, GrantPolicy};
+    let key = run_key("bench")?;
+    let policy = GrantPolicy::new(
+        true,
+        dlock_grant::PublicKeys::new(vec![key.public_key()])?,
+        "bench",
+    )?;
+    let lock_key = dlock_common::grant::account_key(Uuid::new_v4());
+    let session = Uuid::new_v4();
+    let started = Instant::now();
+    let mut grants = Vec::with_capacity(n as usize);
+    for token in 1..=i64::from(n) {
+        grants.push(key.sign(&dlock_grant::Claims {
+            lock_service: "bench",
+            lock_key: &lock_key,
+            token,
+            owner_id: "bench-owner",
+            session_id: session,
+        })?);
+    }
+    let sign_us = started.elapsed().as_secs_f64() * 1e6 / f64::from(n);
+    let started = Instant::now();
+    for (token, grant) in (1..).zip(&grants) {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(FENCING_GRANT_HEADER, grant.parse()?);
+        policy
+            .check(&headers, dlock_common::FencingToken::new(token)?)
+            .map_err(|e| anyhow::anyhow!("a grant just signed was refused: {e}"))?;
+    }
+    let verify_us = started.elapsed().as_secs_f64() * 1e6 / f64::from(n);
+    Ok((sign_us, verify_us))
+}
+
+/// Prints [`grant_cost`]'s line.
+pub fn print_grant_cost() -> Result<()> {
+    let (sign, verify) = grant_cost(GRANT_COST_N)?;
+    println!(
+        "signed grants (Ed25519, this process, {GRANT_COST_N} each): sign {sign:.1} µs/grant (lock-server, per acquire and renew), \
+         verify {verify:.1} µs/write (payment-resource, rail-proxy, per fenced write)"
+    );
+    Ok(())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -75,6 +150,10 @@ pub struct LockArgs {
     /// Measured seconds per phase (after a 1 s warm-up).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=600))]
     seconds: u64,
+    /// lock-server signing grants (`on`, what a deployment runs), not (`off`), or both side by
+    /// side (`both`: each dlock phase once with a signing lock-server, once without).
+    #[arg(long, value_enum, default_value_t = Grants::On)]
+    grant_signing: Grants,
 }
 
 pub async fn run(cmd: BenchCommand, run_dir: &RunDir) -> Result<bool> {
@@ -92,14 +171,22 @@ pub async fn run(cmd: BenchCommand, run_dir: &RunDir) -> Result<bool> {
             .await
         }
         BenchCommand::Payouts(args) => {
-            crate::paybench::run(args.payouts, args.executors, args.workers, args.rounds, run_dir).await
+            crate::paybench::run(
+                args.payouts,
+                args.executors,
+                args.workers,
+                args.rounds,
+                args.grants,
+                run_dir,
+            )
+            .await
         }
     }
 }
 
 /// What one phase measured.
 struct Phase {
-    name: &'static str,
+    name: String,
     /// Completed cycles (acquire attempt, and release when granted).
     cycles: u64,
     grants: u64,
@@ -143,10 +230,17 @@ async fn lock(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
     } else {
         None
     };
-    let pg_server = match &db {
-        Some(db) => Some(lock_server(db, run_dir.path(), &["--db-pool-size", &pool_size]).await?),
-        None => None,
-    };
+    // One lock-server per signing setting asked for, over the same store.
+    let key = run_key("bench")?;
+    let signings = args.grant_signing.settings();
+    let mut pg_servers = Vec::new();
+    if let Some(db) = &db {
+        for &signed in signings {
+            let signing = signed.then_some(&key);
+            let server = lock_server(db, run_dir.path(), &["--db-pool-size", &pool_size], signing).await?;
+            pg_servers.push((signed, server));
+        }
+    }
     let cluster = if etcd {
         step("etcd (one member, data on tmpfs) …");
         let c = EtcdCluster::single().context("start etcd (scripts/cluster-tools.sh etcd installs it)")?;
@@ -155,35 +249,45 @@ async fn lock(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
     } else {
         None
     };
-    let etcd_server = match &cluster {
-        Some(c) => Some(etcd_lock_server(&c.endpoint(0), run_dir.path()).await?),
-        None => None,
+    let mut etcd_servers = Vec::new();
+    if let Some(c) = &cluster {
+        for &signed in signings {
+            let server = etcd_lock_server(&c.endpoint(0), run_dir.path(), signed.then_some(&key)).await?;
+            etcd_servers.push((signed, server));
+        }
+    }
+    // "unsigned" marks the rows of a lock-server without a signing key.
+    let name = |store: &str, signed: bool, shape: &str| {
+        format!("dlock/{store}{}, {shape}", if signed { "" } else { " unsigned" })
     };
     let mutex_bin = if etcd { Some(mutex_bench_bin()?) } else { None };
 
     let mut rows: Vec<(u32, Phase)> = Vec::new();
     for &clients in &args.clients {
-        if let (Some(server), Some(db)) = (&pg_server, &db) {
-            for (name, contended) in [
-                ("dlock/postgres, distinct", false),
-                ("dlock/postgres, one key", true),
-            ] {
-                step(format!("{name}, {clients} clients …"));
-                rows.push((
-                    clients,
-                    http_phase(name, &server.url(), clients, contended, measure).await?,
-                ));
+        if let Some(db) = &db {
+            for (signed, server) in &pg_servers {
+                for (shape, contended) in [("distinct", false), ("one key", true)] {
+                    let name = name("postgres", *signed, shape);
+                    step(format!("{name}, {clients} clients …"));
+                    rows.push((
+                        clients,
+                        http_phase(name, &server.url(), clients, contended, measure).await?,
+                    ));
+                }
             }
             step(format!("bare C1 statement, {clients} clients …"));
             rows.push((clients, bare_phase(&db.app_url(), clients, measure).await?));
         }
-        if let (Some(server), Some(cluster), Some(bin)) = (&etcd_server, &cluster, &mutex_bin) {
-            for (name, contended) in [("dlock/etcd, distinct", false), ("dlock/etcd, one key", true)] {
-                step(format!("{name}, {clients} clients …"));
-                rows.push((
-                    clients,
-                    http_phase(name, &server.url(), clients, contended, measure).await?,
-                ));
+        if let (Some(cluster), Some(bin)) = (&cluster, &mutex_bin) {
+            for (signed, server) in &etcd_servers {
+                for (shape, contended) in [("distinct", false), ("one key", true)] {
+                    let name = name("etcd", *signed, shape);
+                    step(format!("{name}, {clients} clients …"));
+                    rows.push((
+                        clients,
+                        http_phase(name, &server.url(), clients, contended, measure).await?,
+                    ));
+                }
             }
             for (name, contended) in [("etcd Mutex, distinct", false), ("etcd Mutex, one key", true)] {
                 step(format!("{name}, {clients} clients …"));
@@ -197,12 +301,12 @@ async fn lock(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
 
     println!();
     println!(
-        "{:<28} {:>8} {:>10} {:>10} {:>12} {:>12}",
+        "{:<36} {:>8} {:>10} {:>10} {:>12} {:>12}",
         "phase", "clients", "cycles/s", "grants/s", "acquire p50", "acquire p99"
     );
     for (clients, p) in &rows {
         println!(
-            "{:<28} {:>8} {:>10.0} {:>10.0} {:>9.2} ms {:>9.2} ms",
+            "{:<36} {:>8} {:>10.0} {:>10.0} {:>9.2} ms {:>9.2} ms",
             p.name,
             clients,
             p.per_sec(),
@@ -212,22 +316,27 @@ async fn lock(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
         );
     }
     println!();
+    print_grant_cost()?;
+    println!();
     println!("goal: dlock (either backend) at 16 clients ≥ etcd Mutex cycles/s at 16 clients, p99 no worse");
     Ok(true)
 }
 
-/// lock-server as a process with `--backend etcd`.
-async fn etcd_lock_server(endpoint: &str, run_dir: &std::path::Path) -> Result<Service> {
-    let spec = Spec::new("lock-server-etcd", "lock-server")?
-        .args([
-            "--backend",
-            "etcd",
-            "--etcd-endpoints",
-            endpoint,
-            "--listen",
-            "127.0.0.1:{port}",
-        ])
-        .env("DLOCK_ADMIN_TOKEN", "demo-admin-token");
+/// lock-server as a process with `--backend etcd`, signing grants with `signing` if given.
+async fn etcd_lock_server(
+    endpoint: &str,
+    run_dir: &std::path::Path,
+    signing: Option<&dlock_grant::SigningKey>,
+) -> Result<Service> {
+    let spec = Spec::new("lock-server-etcd", "lock-server")?.args([
+        "--backend",
+        "etcd",
+        "--etcd-endpoints",
+        endpoint,
+        "--listen",
+        "127.0.0.1:{port}",
+    ]);
+    let spec = crate::stack::lock_server_env(spec, signing);
     let svc = Service::start(spec, run_dir).await?;
     step(format!("lock-server (etcd) on {} (pid {})", svc.url(), svc.pid()));
     Ok(svc)
@@ -255,7 +364,7 @@ struct MutexResult {
 /// etcd's Mutex: cycles and the Lock latency quantiles come from the Go program; the histogram is
 /// rebuilt from its two quantiles (only p50/p99 are printed).
 fn mutex_phase(
-    name: &'static str,
+    name: impl Into<String>,
     bin: &PathBuf,
     endpoint: &str,
     clients: u32,
@@ -288,7 +397,7 @@ fn mutex_phase(
     acquire.record_n(r.p50_us.max(1), r.cycles.div_ceil(2).max(1))?;
     acquire.record_n(r.p99_us.max(1), (r.cycles / 2).max(1))?;
     Ok(Phase {
-        name,
+        name: name.into(),
         cycles: r.cycles,
         grants: r.cycles,
         secs: measure.as_secs_f64(),
@@ -297,7 +406,7 @@ fn mutex_phase(
 }
 
 async fn http_phase(
-    name: &'static str,
+    name: impl Into<String>,
     base: &str,
     clients: u32,
     contended: bool,
@@ -418,12 +527,12 @@ async fn bare_phase(url: &str, clients: u32, measure: Duration) -> Result<Phase>
 type TaskResult = Result<(Histogram<u64>, u64, u64)>;
 
 async fn collect(
-    name: &'static str,
+    name: impl Into<String>,
     tasks: Vec<tokio::task::JoinHandle<TaskResult>>,
     measure: Duration,
 ) -> Result<Phase> {
     let mut phase = Phase {
-        name,
+        name: name.into(),
         cycles: 0,
         grants: 0,
         secs: measure.as_secs_f64(),

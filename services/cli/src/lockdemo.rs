@@ -10,7 +10,7 @@ use dlock_testkit::stack::LockBackend;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::stack::{LockStore, RunDir, lock_server_on, step};
+use crate::stack::{LockStore, RunDir, lock_server_on, run_key, step};
 
 const KEY: &str = "account:demo";
 const LEASE_MS: i64 = 1500;
@@ -122,7 +122,9 @@ pub async fn run(run_dir: &RunDir, payments: bool, backend: LockBackend) -> Resu
     };
     println!("Starting {store_name} and lock-server (--backend {backend}) on loopback:");
     let store = LockStore::start(backend).await?;
-    let ls = lock_server_on(&store, run_dir.path(), &[]).await?;
+    let key = run_key("demo")?;
+    let ls = lock_server_on(&store, run_dir.path(), &[], Some(&key)).await?;
+    let trusted = dlock_grant::PublicKeys::new(vec![key.public_key()])?;
     let api = Api::new(ls.url())?;
     let mut ok = true;
     let mut check = |what: &str, held: bool| {
@@ -137,6 +139,19 @@ pub async fn run(run_dir: &RunDir, payments: bool, backend: LockBackend) -> Resu
     let (st, g1) = api.acquire(KEY, &s1, "worker-1", LEASE_MS).await?;
     let t1 = token(&g1).with_context(|| format!("W1 acquire answered {st}"))?;
     step(format!("W1 granted, fencing token {t1}"));
+    let signed = g1["grant"].as_str().map(|wire| trusted.verify(wire));
+    step(match &signed {
+        Some(Ok(g)) => format!(
+            "W1's grant is signed by lock-server's key {}: {} at token {} to {}",
+            g.key_id, g.lock_key, g.token, g.owner_id
+        ),
+        Some(Err(e)) => format!("W1's grant does not verify: {e}"),
+        None => "W1's answer carries no signed grant".to_owned(),
+    });
+    check(
+        "the grant is signed for exactly this key, token and holder (a resource can check it offline)",
+        matches!(&signed, Some(Ok(g)) if g.lock_key == KEY && g.token == t1 && g.owner_id == "worker-1"),
+    );
     if backend == LockBackend::Etcd {
         step(format!(
             "(etcd leases are whole seconds: the lease is rounded up to {} s, never shortened)",
@@ -278,11 +293,13 @@ pub async fn run(run_dir: &RunDir, payments: bool, backend: LockBackend) -> Resu
         && fenced.payouts_paid_twice == 0
         && fenced.fenced_at_rail + fenced.fenced_at_payment >= 1.0
         && fenced.balance_error_minor == 0
-        && fenced.reconciliation_clean;
+        && fenced.reconciliation_clean
+        && verdicts.iter().all(crate::paydemo::Verdict::grants_held);
     println!();
     println!(
         "Verdict: {} — with fencing on, every payout was paid and posted exactly once, the paused holder was refused by \
-         the resource itself, and the books reconcile. (lock backend: {backend}; {:.0} s in all)",
+         the resource itself, a forged grant and another account's grant were refused, and the books reconcile. \
+         (lock backend: {backend}; {:.0} s in all)",
         if ok && proof { "PASS" } else { "FAIL" },
         started.elapsed().as_secs_f64()
     );

@@ -1,6 +1,8 @@
 //! `dlock bench payouts`: end-to-end payouts per second through the real processes, with fencing on
-//! and with both kill switches off, in one run; lock acquire latency and payout latency read
-//! separately from the executors' own histograms.
+//! and with both kill switches off, in one run — and with signed grants on (lock-server signs, the
+//! resources verify), off, or both (`--grants`); lock acquire latency and payout latency read
+//! separately from the executors' own histograms, and the cost of one signature and one
+//! verification measured in this process.
 
 use std::time::{Duration, Instant};
 
@@ -10,10 +12,12 @@ use dlock_testkit::stack::{Stack, StackOptions};
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::bench::{Grants, print_grant_cost};
 use crate::stack::{Database, RunDir, step};
 
 struct Run {
     fencing: bool,
+    grants: bool,
     per_sec: f64,
     acquire_mean_ms: f64,
     acquire_p99_ms: f64,
@@ -65,17 +69,34 @@ fn quantile_bound(buckets: &[(f64, f64)], count: f64, q: f64) -> f64 {
         .map_or(f64::NAN, |(le, _)| *le)
 }
 
-async fn one_run(fencing: bool, payouts: u32, executors: u32, workers: u32, run_dir: &RunDir) -> Result<Run> {
+/// The label of a run's settings.
+fn label(fencing: bool, grants: bool) -> String {
+    format!(
+        "fencing {}, grants {}",
+        if fencing { "on" } else { "off" },
+        if grants { "on" } else { "off" }
+    )
+}
+
+async fn one_run(
+    fencing: bool,
+    grants: bool,
+    payouts: u32,
+    executors: u32,
+    workers: u32,
+    run_dir: &RunDir,
+) -> Result<Run> {
     let lockdb = Database::start(History::Lockdb).await?;
     let paydb = Database::start(History::Paydb).await?;
-    let mut opts =
-        StackOptions::new(
-            run_dir
-                .path()
-                .join(if fencing { "bench-fenced" } else { "bench-unfenced" }),
-        );
+    let mut opts = StackOptions::new(run_dir.path().join(format!(
+        "bench-{}-{}",
+        if fencing { "fenced" } else { "unfenced" },
+        if grants { "signed" } else { "unsigned" }
+    )));
     opts.rail_fencing = fencing;
     opts.payment_fencing = fencing;
+    opts.grant_signing = grants;
+    opts.grant_verification = grants;
     let stack = Stack::start(&lockdb.app_url(), &paydb.app_url(), &opts).await?;
     let mut ids = Vec::new();
     for i in 0..payouts {
@@ -84,8 +105,8 @@ async fn one_run(fencing: bool, payouts: u32, executors: u32, workers: u32, run_
         ids.push(stack.create_payout(account, 100, &currency).await?.payout_id);
     }
     step(format!(
-        "fencing {}: {payouts} payouts created; starting {executors} executors × {workers} workers",
-        if fencing { "on" } else { "off" }
+        "{}: {payouts} payouts created; starting {executors} executors × {workers} workers",
+        label(fencing, grants)
     ));
     let started = Instant::now();
     let mut procs = Vec::new();
@@ -161,6 +182,7 @@ async fn one_run(fencing: bool, payouts: u32, executors: u32, workers: u32, run_
     let posted = ids.len();
     Ok(Run {
         fencing,
+        grants,
         per_sec: posted as f64 / secs,
         acquire_mean_ms: a_sum / a_count * 1000.0,
         acquire_p99_ms: quantile_bound(&a_buckets, a_count, 0.99) * 1000.0,
@@ -169,35 +191,55 @@ async fn one_run(fencing: bool, payouts: u32, executors: u32, workers: u32, run_
     })
 }
 
-pub async fn run(payouts: u32, executors: u32, workers: u32, rounds: u32, run_dir: &RunDir) -> Result<bool> {
+pub async fn run(
+    payouts: u32,
+    executors: u32,
+    workers: u32,
+    rounds: u32,
+    grants: Grants,
+    run_dir: &RunDir,
+) -> Result<bool> {
+    // (fencing, grants) of each row: fencing on and off under the grants asked for, and with
+    // `both` a third row, fencing on without grants, to compare with the first.
+    let combos: &[(bool, bool)] = match grants {
+        Grants::On => &[(true, true), (false, true)],
+        Grants::Off => &[(true, false), (false, false)],
+        Grants::Both => &[(true, true), (false, true), (true, false)],
+    };
     println!(
         "dlock bench payouts — {payouts} payouts, {executors} executors × {workers} workers, \
-         {rounds} rounds of fencing on / off alternated (medians reported)"
+         {rounds} rounds of {} alternated (medians reported)",
+        combos
+            .iter()
+            .map(|(f, g)| label(*f, *g))
+            .collect::<Vec<_>>()
+            .join(" / ")
     );
-    let (mut ons, mut offs) = (Vec::new(), Vec::new());
+    let mut runs: Vec<Vec<Run>> = combos.iter().map(|_| Vec::new()).collect();
     for round in 1..=rounds {
         step(format!("round {round} of {rounds}"));
-        ons.push(one_run(true, payouts, executors, workers, run_dir).await?);
-        offs.push(one_run(false, payouts, executors, workers, run_dir).await?);
+        for (i, (fencing, grants)) in combos.iter().enumerate() {
+            runs[i].push(one_run(*fencing, *grants, payouts, executors, workers, run_dir).await?);
+        }
     }
-    for (label, runs) in [("on", &ons), ("off", &offs)] {
-        let rates: Vec<String> = runs.iter().map(|r| format!("{:.1}", r.per_sec)).collect();
+    for ((fencing, grants), rs) in combos.iter().zip(&runs) {
+        let rates: Vec<String> = rs.iter().map(|r| format!("{:.1}", r.per_sec)).collect();
         step(format!(
-            "fencing {label}: payouts/s per round {}",
+            "{}: payouts/s per round {}",
+            label(*fencing, *grants),
             rates.join(", ")
         ));
     }
-    let on = median(ons);
-    let off = median(offs);
+    let medians: Vec<Run> = runs.into_iter().map(median).collect();
     println!();
     println!(
-        "{:<14} {:>11} {:>16} {:>16} {:>16} {:>16}",
-        "fencing", "payouts/s", "acquire mean", "acquire p99 ≤", "payout mean", "payout p99 ≤"
+        "{:<26} {:>11} {:>16} {:>16} {:>16} {:>16}",
+        "settings", "payouts/s", "acquire mean", "acquire p99 ≤", "payout mean", "payout p99 ≤"
     );
-    for r in [&on, &off] {
+    for r in &medians {
         println!(
-            "{:<14} {:>11.1} {:>13.2} ms {:>13.1} ms {:>13.1} ms {:>13.1} ms",
-            if r.fencing { "on" } else { "off" },
+            "{:<26} {:>11.1} {:>13.2} ms {:>13.1} ms {:>13.1} ms {:>13.1} ms",
+            label(r.fencing, r.grants),
             r.per_sec,
             r.acquire_mean_ms,
             r.acquire_p99_ms,
@@ -206,10 +248,29 @@ pub async fn run(payouts: u32, executors: u32, workers: u32, rounds: u32, run_di
         );
     }
     println!();
-    println!(
-        "fencing costs {:.1}% of throughput (target ≤ 10%); p99 figures are histogram bucket bounds (buckets double)",
-        (1.0 - on.per_sec / off.per_sec) * 100.0
-    );
+    let rate = |fencing: bool, grants: bool| {
+        medians
+            .iter()
+            .find(|r| r.fencing == fencing && r.grants == grants)
+            .map(|r| r.per_sec)
+    };
+    for grants in [true, false] {
+        if let (Some(on), Some(off)) = (rate(true, grants), rate(false, grants)) {
+            println!(
+                "fencing costs {:.1}% of throughput with grants {} (target ≤ 10%)",
+                (1.0 - on / off) * 100.0,
+                if grants { "on" } else { "off" }
+            );
+        }
+    }
+    if let (Some(signed), Some(unsigned)) = (rate(true, true), rate(true, false)) {
+        println!(
+            "signed grants cost {:.1}% of throughput (fencing on, grants on vs off)",
+            (1.0 - signed / unsigned) * 100.0
+        );
+    }
+    println!("p99 figures are histogram bucket bounds (buckets double)");
+    print_grant_cost()?;
     Ok(true)
 }
 

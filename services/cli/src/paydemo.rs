@@ -2,13 +2,19 @@
 //! executor processes, one of them stopped (SIGSTOP) with a token in hand right before it writes to
 //! the rail; the other takes over; the stopped one resumes with its stale token. Run once with
 //! fencing on and once with both kill switches off, then compare. The locks live in lockdb or, with
-//! `--backend etcd`, in a single-member etcd the stack starts; paydb is PostgreSQL either way.
+//! `--backend etcd`, in a single-member etcd the stack starts; paydb is PostgreSQL either way. After
+//! the batch, two fenced writes with a bad grant: one signed by a key the resources do not trust,
+//! one a real grant of lock-server's for another account — both must be refused (403), the payout
+//! untouched.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use dlock_client::{Fence, FencingToken, LockClient};
+use dlock_common::grant::account_key;
+use dlock_grant::{Claims, KeyId, SigningKey};
 use dlock_testkit::History;
 use dlock_testkit::stack::{LockBackend, Stack, StackOptions, log_events, process_state};
 use dlock_testkit::wait::eventually;
@@ -40,7 +46,23 @@ pub struct Verdict {
     pub stale_outcome: String,
     pub reconciliation_clean: bool,
     pub balance_error_minor: i64,
+    /// What payment-resource answered a claim whose grant was signed by a key it does not trust.
+    pub forged_grant: String,
+    /// What it answered a claim with lock-server's real grant for another account.
+    pub cross_account_grant: String,
+    /// The probed payout is still PENDING and unclaimed afterwards.
+    pub probe_untouched: bool,
+    pub grant_refusals: f64,
     pub secs: f64,
+}
+
+impl Verdict {
+    /// Both bad grants refused with their codes, and the payout they aimed at untouched.
+    pub fn grants_held(&self) -> bool {
+        self.forged_grant == "403 GRANT_UNKNOWN_SIGNER"
+            && self.cross_account_grant == "403 GRANT_WRONG_RESOURCE"
+            && self.probe_untouched
+    }
 }
 
 fn seeded_account(n: u32) -> Result<Uuid> {
@@ -268,8 +290,80 @@ pub async fn run(fencing: bool, run_dir: &Path, backend: LockBackend) -> Result<
             .await?;
     }
     verdict.reconciliation_clean = stack.reconciliation().await?["clean"] == true;
+    grant_probes(&stack, &mut verdict).await?;
+    verdict.grant_refusals = stack.metric(&pay, "grant_refused_total", &[]).await?;
     verdict.secs = started.elapsed().as_secs_f64();
     Ok(verdict)
+}
+
+/// Claims `payout` at payment-resource with `fence`, as an executor would; `<status> <code>`.
+async fn claim_with(stack: &Stack, payout: Uuid, fence: &Fence) -> Result<String> {
+    let request = reqwest::Client::new()
+        .post(format!("{}/v1/payouts/{payout}/claim", stack.payment.url()))
+        .bearer_auth(&stack.credentials.executor)
+        .json(&serde_json::json!({"ownerId": "grant-probe"}));
+    let response = fence.apply(request).send().await?;
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.unwrap_or(Value::Null);
+    Ok(format!("{status} {}", body["code"].as_str().unwrap_or(""))
+        .trim()
+        .to_owned())
+}
+
+/// The two bad grants, against a fresh PENDING payout of seeded account 1 (after the batch, with no
+/// executor running): a grant signed by a key nobody configured (any token, any account: what an
+/// attacker can mint), and the grant lock-server really signed for seeded account 2.
+async fn grant_probes(stack: &Stack, verdict: &mut Verdict) -> Result<()> {
+    let (a, b) = (seeded_account(1)?, seeded_account(2)?);
+    let currency = stack.account(a).await?.currency;
+    let target = stack.create_payout(a, 100, &currency).await?;
+    step(format!(
+        "signed grants: two claims of a fresh payout of {} with a bad grant",
+        account_key(a)
+    ));
+
+    let forger = SigningKey::generate(KeyId::new("forged").context("key id")?);
+    let token = FencingToken::new(i64::MAX / 2)?;
+    let forged = forger.sign(&Claims {
+        lock_service: "not-the-lock-service",
+        lock_key: &account_key(a),
+        token: token.get(),
+        owner_id: "forger",
+        session_id: Uuid::new_v4(),
+    })?;
+    verdict.forged_grant = claim_with(
+        stack,
+        target.payout_id,
+        &Fence {
+            token,
+            grant: Some(forged),
+        },
+    )
+    .await?;
+    step(format!(
+        "a grant signed by an unknown key, token {token} → {}",
+        verdict.forged_grant
+    ));
+
+    let session = LockClient::new(&stack.lock_url)?
+        .open_session("grant-probe", Duration::from_secs(30))
+        .await?;
+    let lock = session
+        .acquire(&account_key(b), Duration::from_secs(30), Duration::from_secs(5))
+        .await?;
+    verdict.cross_account_grant = claim_with(stack, target.payout_id, &lock.fence()).await?;
+    step(format!(
+        "lock-server's own grant for {}, token {} → {}",
+        account_key(b),
+        lock.token(),
+        verdict.cross_account_grant
+    ));
+    lock.release().await?;
+    session.close().await?;
+
+    let after = stack.payout(target.payout_id).await?;
+    verdict.probe_untouched = after.state.as_str() == "PENDING" && after.claim_token.is_none();
+    Ok(())
 }
 
 /// What the resumed stale holder got back for `payout`: its first event about it after resuming.
@@ -337,6 +431,20 @@ pub fn print(verdicts: &[Verdict]) {
     row("rail.duplicate.attempted", &|v| v.duplicate_attempts.to_string());
     row("balance error (minor units)", &|v| {
         v.balance_error_minor.to_string()
+    });
+    row("forged grant refused", &|v| v.forged_grant.clone());
+    row("another account's grant refused", &|v| {
+        v.cross_account_grant.clone()
+    });
+    row("grant_refused_total (payment-resource)", &|v| {
+        v.grant_refusals.to_string()
+    });
+    row("payout aimed at untouched", &|v| {
+        if v.probe_untouched {
+            "yes".into()
+        } else {
+            "NO".into()
+        }
     });
     row("reconciliation", &|v| {
         if v.reconciliation_clean {

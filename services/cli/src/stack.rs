@@ -4,6 +4,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
+use dlock_common::grant::SIGNING_KEY_ENV;
+use dlock_grant::{KeyId, SigningKey};
 use dlock_testkit::etcd::{EtcdCluster, etcd_bin};
 use dlock_testkit::procs::{Service, Spec};
 use dlock_testkit::stack::LockBackend;
@@ -96,11 +98,32 @@ impl Database {
     }
 }
 
-pub async fn lock_server(db: &Database, run_dir: &Path, extra: &[&str]) -> Result<Service> {
+/// A grant signing key made for this run (never written anywhere but lock-server's environment).
+pub fn run_key(id: &str) -> Result<SigningKey> {
+    let id = KeyId::new(id).with_context(|| format!("{id:?} is not a key id"))?;
+    Ok(SigningKey::generate(id))
+}
+
+/// lock-server's environment: the demo admin token and, when given, the grant signing key.
+pub fn lock_server_env(spec: Spec, signing: Option<&SigningKey>) -> Spec {
+    let spec = spec.env("DLOCK_ADMIN_TOKEN", "demo-admin-token");
+    match signing {
+        Some(key) => spec.env(SIGNING_KEY_ENV, key.expose_text()),
+        None => spec,
+    }
+}
+
+/// lock-server on lockdb; it signs grants with `signing` (none: unsigned grants).
+pub async fn lock_server(
+    db: &Database,
+    run_dir: &Path,
+    extra: &[&str],
+    signing: Option<&SigningKey>,
+) -> Result<Service> {
     let spec = Spec::new("lock-server", "lock-server")?
         .args(["--database-url", &db.app_url(), "--listen", "127.0.0.1:{port}"])
-        .args(extra.iter().copied())
-        .env("DLOCK_ADMIN_TOKEN", "demo-admin-token");
+        .args(extra.iter().copied());
+    let spec = lock_server_env(spec, signing);
     let svc = Service::start(spec, run_dir).await?;
     step(format!(
         "lock-server on {} (pid {}), backend postgres",
@@ -138,9 +161,14 @@ impl LockStore {
 }
 
 /// lock-server over `store`: [`lock_server`] on lockdb, `--backend etcd` on etcd.
-pub async fn lock_server_on(store: &LockStore, run_dir: &Path, extra: &[&str]) -> Result<Service> {
+pub async fn lock_server_on(
+    store: &LockStore,
+    run_dir: &Path,
+    extra: &[&str],
+    signing: Option<&SigningKey>,
+) -> Result<Service> {
     let etcd = match store {
-        LockStore::Postgres(db) => return lock_server(db, run_dir, extra).await,
+        LockStore::Postgres(db) => return lock_server(db, run_dir, extra, signing).await,
         LockStore::Etcd(etcd) => etcd,
     };
     let spec = Spec::new("lock-server", "lock-server")?
@@ -152,8 +180,8 @@ pub async fn lock_server_on(store: &LockStore, run_dir: &Path, extra: &[&str]) -
             "--listen".to_owned(),
             "127.0.0.1:{port}".to_owned(),
         ])
-        .args(extra.iter().copied())
-        .env("DLOCK_ADMIN_TOKEN", "demo-admin-token");
+        .args(extra.iter().copied());
+    let spec = lock_server_env(spec, signing);
     let svc = Service::start(spec, run_dir).await?;
     step(format!(
         "lock-server on {} (pid {}), backend etcd",
@@ -170,10 +198,15 @@ pub async fn up(run_dir: &RunDir) -> Result<bool> {
         run_dir.path().display()
     );
     let lockdb = Database::start(History::Lockdb).await?;
-    let ls = lock_server(&lockdb, run_dir.path(), &[]).await?;
+    let key = run_key("up")?;
+    let ls = lock_server(&lockdb, run_dir.path(), &[], Some(&key)).await?;
     println!();
     println!("lockdb          {}", lockdb.app_url());
     println!("lock-server     {}   (admin token: demo-admin-token)", ls.url());
+    println!(
+        "grant key       {}   (public: grants in acquire/renew answers verify with it)",
+        key.public_key().to_text()
+    );
     println!();
     println!("Try:");
     println!(

@@ -111,6 +111,44 @@ impl TestDb {
     pub async fn app_pool(&self) -> PgPool {
         pool(&self.app_url()).await
     }
+
+    /// One digest per table (every row, ordered) and per sequence (its last value), as
+    /// `(name, digest)`: two equal digests mean nothing in the database changed (what a refused
+    /// request must leave behind).
+    pub async fn digest(&self) -> Vec<(String, String)> {
+        use sqlx::Row;
+        let pool = self.admin_pool().await;
+        let tables: Vec<String> = sqlx::query_scalar(
+            "SELECT quote_ident(schemaname) || '.' || quote_ident(tablename) FROM pg_tables \
+             WHERE schemaname NOT IN ('pg_catalog', 'information_schema') ORDER BY 1",
+        )
+        .fetch_all(&pool)
+        .await
+        .expect("list tables");
+        let mut out = Vec::new();
+        for t in tables {
+            // `t` is a quote_ident-ed name read from the catalogue, not input.
+            let digest: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT md5(coalesce(string_agg(x::text, E'\\n' ORDER BY x::text), '')) FROM {t} x"
+            )))
+            .fetch_one(&pool)
+            .await
+            .expect("digest a table");
+            out.push((t, digest.unwrap_or_default()));
+        }
+        let seqs = sqlx::query(
+            "SELECT schemaname || '.' || sequencename AS name, coalesce(last_value, 0)::text AS v \
+             FROM pg_sequences ORDER BY 1",
+        )
+        .fetch_all(&pool)
+        .await
+        .expect("list sequences");
+        for s in seqs {
+            out.push((s.get("name"), s.get("v")));
+        }
+        pool.close().await;
+        out
+    }
 }
 
 async fn pool(url: &str) -> PgPool {

@@ -8,7 +8,9 @@
 //! (lockapp / payapp); binaries are found by [`crate::procs::binary`] (next to the running
 //! executable, or in `DLOCK_BIN_DIR`). With [`LockBackend::Etcd`] the locks live in a real
 //! single-member etcd the stack starts itself (lock-server `--backend etcd`), and no lockdb is used;
-//! paydb stays PostgreSQL either way.
+//! paydb stays PostgreSQL either way. Grants are signed with a key pair generated for each run
+//! ([`StackOptions::grant_key`]): lock-server gets the private key, the resources the public one,
+//! all through the environment.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -18,6 +20,8 @@ use crate::metrics::metric_value;
 use crate::procs::{Service, Spec};
 use anyhow::{Context, Result, anyhow, bail};
 use dlock_client::{LockClient, LockView};
+use dlock_common::grant::{PUBLIC_KEYS_ENV, SIGNING_KEY_ENV};
+use dlock_grant::{KeyId, PublicKeys, SigningKey};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -71,6 +75,16 @@ pub struct StackOptions {
     pub rail_abandon_after_ms: Option<u64>,
     /// Extra rail-proxy arguments (e.g. fault injection).
     pub rail_proxy_args: Vec<String>,
+    /// The grant signing key of this run (fresh in [`StackOptions::new`]): lock-server signs with
+    /// it (a lock-server of [`StackOptions::lock_server_url`] must be given it too), and the
+    /// resources trust its public key plus [`StackOptions::extra_public_keys`].
+    pub grant_key: SigningKey,
+    /// Whether lock-server signs grants at all (a bench row without signing).
+    pub grant_signing: bool,
+    /// `PAYMENT_GRANT_VERIFICATION_ENABLED` / `RAIL_PROXY_GRANT_VERIFICATION_ENABLED`.
+    pub grant_verification: bool,
+    /// More public keys the resources trust besides the run's own (a rotation in a test).
+    pub extra_public_keys: PublicKeys,
 }
 
 /// The credentials of one stack, generated fresh for every start. Services receive them through
@@ -113,8 +127,41 @@ impl StackOptions {
             rail_stub_test_mode: false,
             rail_abandon_after_ms: None,
             rail_proxy_args: Vec::new(),
+            grant_key: SigningKey::generate(run_key_id()),
+            grant_signing: true,
+            grant_verification: true,
+            extra_public_keys: PublicKeys::default(),
         }
     }
+
+    /// The public keys the resources of this stack trust.
+    pub fn public_keys(&self) -> Result<PublicKeys> {
+        let keys = std::iter::once(self.grant_key.public_key())
+            .chain(self.extra_public_keys.iter().cloned())
+            .collect();
+        PublicKeys::new(keys).context("the stack's public keys")
+    }
+
+    /// The verification settings of payment-resource and rail-proxy: `--grant-verification-enabled`
+    /// and, when on, the public keys in the environment.
+    fn grant_settings(&self, spec: Spec) -> Result<Spec> {
+        let spec = spec.args([
+            "--grant-verification-enabled".to_owned(),
+            self.grant_verification.to_string(),
+        ]);
+        Ok(if self.grant_verification {
+            spec.env(PUBLIC_KEYS_ENV, self.public_keys()?.to_text())
+        } else {
+            spec
+        })
+    }
+}
+
+/// The key id of a run's key: `run-` and a few random hex digits, so that two runs' keys differ in
+/// name as in value.
+fn run_key_id() -> KeyId {
+    let id = format!("run-{}", &Uuid::new_v4().simple().to_string()[..8]);
+    KeyId::new(&id).unwrap_or_else(|| unreachable!("run-<8 hex> is a valid key id"))
 }
 
 /// An account as payment-resource reports it (recomputed from the ledger), and the rail stub's
@@ -141,9 +188,11 @@ pub struct Stack {
     pub lock_url: String,
     pub log_dir: PathBuf,
     pub credentials: StackCredentials,
+    /// The run's grant key (tests sign grants of their own with it, or forge around it).
+    pub grant_key: SigningKey,
+    /// How the resources were started with respect to grants ([`Stack::restart_rail_proxy`] keeps it).
+    grant_opts: StackOptions,
     paydb_url: String,
-    rail_timeout_ms: u64,
-    rail_abandon_after_ms: Option<u64>,
     http: reqwest::Client,
     lock: LockClient,
 }
@@ -167,8 +216,7 @@ impl Stack {
                 "rail-proxy",
                 paydb_url,
                 &rail_stub.url(),
-                opts.rail_timeout_ms,
-                opts.rail_abandon_after_ms,
+                opts,
                 opts.rail_fencing,
                 &credentials,
             )?
@@ -176,20 +224,20 @@ impl Stack {
             dir,
         )
         .await?;
+        // The grant settings are `serve`'s: after the subcommand.
         let payment = Service::start(
-            Spec::new("payment-resource", "payment-resource")?
-                .args([
-                    "serve".to_owned(),
-                    "--database-url".to_owned(),
-                    paydb_url.to_owned(),
-                    "--listen".to_owned(),
-                    "127.0.0.1:{port}".to_owned(),
-                    "--fencing-enabled".to_owned(),
-                    opts.payment_fencing.to_string(),
-                ])
-                .env("PAYMENT_RESOURCE_ADMIN_TOKEN", &credentials.admin)
-                .env("PAYMENT_RESOURCE_EXECUTOR_TOKEN", &credentials.executor)
-                .env("PAYMENT_RESOURCE_CLIENT_TOKEN", &credentials.client),
+            opts.grant_settings(Spec::new("payment-resource", "payment-resource")?.args([
+                "serve".to_owned(),
+                "--database-url".to_owned(),
+                paydb_url.to_owned(),
+                "--listen".to_owned(),
+                "127.0.0.1:{port}".to_owned(),
+                "--fencing-enabled".to_owned(),
+                opts.payment_fencing.to_string(),
+            ]))?
+            .env("PAYMENT_RESOURCE_ADMIN_TOKEN", &credentials.admin)
+            .env("PAYMENT_RESOURCE_EXECUTOR_TOKEN", &credentials.executor)
+            .env("PAYMENT_RESOURCE_CLIENT_TOKEN", &credentials.client),
             dir,
         )
         .await?;
@@ -217,7 +265,10 @@ impl Stack {
                         (spec, Some(etcd))
                     }
                 };
-                let spec = spec.args(["--listen", "127.0.0.1:{port}"]);
+                let mut spec = spec.args(["--listen", "127.0.0.1:{port}"]);
+                if opts.grant_signing {
+                    spec = spec.env(SIGNING_KEY_ENV, opts.grant_key.expose_text());
+                }
                 lock_server_spec = Some(spec.clone());
                 let svc = Service::start(spec, dir).await?;
                 let url = svc.url();
@@ -239,9 +290,9 @@ impl Stack {
             lock_url,
             log_dir: dir.to_path_buf(),
             credentials,
+            grant_key: opts.grant_key.clone(),
+            grant_opts: opts.clone(),
             paydb_url: paydb_url.to_owned(),
-            rail_timeout_ms: opts.rail_timeout_ms,
-            rail_abandon_after_ms: opts.rail_abandon_after_ms,
             http,
             lock,
         })
@@ -328,8 +379,7 @@ impl Stack {
             name,
             &self.paydb_url,
             &self.rail_stub.url(),
-            self.rail_timeout_ms,
-            self.rail_abandon_after_ms,
+            &self.grant_opts,
             fencing,
             &self.credentials,
         )?
@@ -470,12 +520,13 @@ fn rail_proxy_spec(
     name: &str,
     paydb_url: &str,
     rail_url: &str,
-    rail_timeout_ms: u64,
-    abandon_after_ms: Option<u64>,
+    opts: &StackOptions,
     fencing: bool,
     credentials: &StackCredentials,
 ) -> Result<Spec> {
-    let mut spec = Spec::new(name, "rail-proxy")?
+    let (rail_timeout_ms, abandon_after_ms) = (opts.rail_timeout_ms, opts.rail_abandon_after_ms);
+    let mut spec = opts
+        .grant_settings(Spec::new(name, "rail-proxy")?)?
         .args([
             "--database-url".to_owned(),
             paydb_url.to_owned(),

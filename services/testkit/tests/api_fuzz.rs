@@ -1,7 +1,10 @@
 //! A bounded property-based run (schemathesis, every check on) from each service's served OpenAPI
 //! document against the real service: lock-server on lockdb, payment-resource and rail-proxy on
 //! paydb, rail-proxy forwarding to the real rail-stub. Zero failures, zero 5xx; and a run of only
-//! schema-invalid requests leaves every table and sequence of both databases as it was.
+//! schema-invalid requests leaves every table and sequence of both databases as it was. lock-server
+//! signs grants with a key made for the run and the resources verify them (the default), so the
+//! fenced routes get random grants (`X-Fencing-Grant` is in their documents): every one refused with
+//! a 403, nothing written.
 //!
 //! schemathesis is installed by scripts/setup.sh into `$DLOCK_TOOLS_DIR/schemathesis-<version>`.
 //! Without it the test says so and passes, unless `DLOCK_REQUIRE_SCHEMATHESIS=1` (scripts/test.sh
@@ -10,9 +13,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use dlock_common::grant::{PUBLIC_KEYS_ENV, SIGNING_KEY_ENV};
+use dlock_grant::{KeyId, SigningKey};
 use dlock_testkit::procs::{Service, Spec};
 use dlock_testkit::{TestDb, lockdb, paydb};
-use sqlx::Row;
 
 /// Pinned in scripts/setup.sh too.
 const SCHEMATHESIS_VERSION: &str = "4.32.5";
@@ -41,41 +45,6 @@ fn schemathesis() -> Option<PathBuf> {
 
 fn wanted(service: &str) -> bool {
     std::env::var("DLOCK_FUZZ_ONLY").map_or(true, |only| only == service)
-}
-
-/// One digest per table (every row, ordered) and per sequence (its last value).
-async fn snapshot(db: &TestDb) -> Vec<(String, String)> {
-    let pool = db.admin_pool().await;
-    let tables: Vec<String> = sqlx::query_scalar(
-        "SELECT quote_ident(schemaname) || '.' || quote_ident(tablename) FROM pg_tables \
-         WHERE schemaname NOT IN ('pg_catalog', 'information_schema') ORDER BY 1",
-    )
-    .fetch_all(&pool)
-    .await
-    .expect("list tables");
-    let mut out = Vec::new();
-    for t in tables {
-        // `t` is a quote_ident-ed name read from the catalogue, not input.
-        let digest: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT md5(coalesce(string_agg(x::text, E'\\n' ORDER BY x::text), '')) FROM {t} x"
-        )))
-        .fetch_one(&pool)
-        .await
-        .expect("digest a table");
-        out.push((t, digest.unwrap_or_default()));
-    }
-    let seqs = sqlx::query(
-        "SELECT schemaname || '.' || sequencename AS name, coalesce(last_value, 0)::text AS v \
-         FROM pg_sequences ORDER BY 1",
-    )
-    .fetch_all(&pool)
-    .await
-    .expect("list sequences");
-    for s in seqs {
-        out.push((s.get("name"), s.get("v")));
-    }
-    pool.close().await;
-    out
 }
 
 struct Run<'a> {
@@ -141,14 +110,14 @@ impl Run<'_> {
 async fn fuzz(run: &Run<'_>, dbs: &[&TestDb], failures: &mut Vec<String>) {
     let mut before = Vec::new();
     for db in dbs {
-        before.push(snapshot(db).await);
+        before.push(db.digest().await);
     }
     let (ok, text) = run.go("negative");
     if !ok {
         failures.push(format!("{} (negative): {}", run.service, tail(&text)));
     }
     for (db, before) in dbs.iter().zip(before) {
-        let after = snapshot(db).await;
+        let after = db.digest().await;
         let changed: Vec<_> = before
             .iter()
             .zip(&after)
@@ -192,6 +161,8 @@ async fn every_service_survives_a_property_based_run_from_its_own_document() {
     let pay_executor = "fuzz-pay-executor-token-0123456789";
     let pay_client = "fuzz-pay-client-token-0123456789";
     let rail_executor = "fuzz-rail-executor-token-0123456789";
+    let grant_key = SigningKey::generate(KeyId::new("fuzz").expect("key id"));
+    let public_keys = grant_key.public_key().to_text();
 
     let lock_server = Service::start(
         Spec::new("lock-server", "lock-server")
@@ -202,7 +173,8 @@ async fn every_service_survives_a_property_based_run_from_its_own_document() {
                 "--listen",
                 "127.0.0.1:{port}",
             ])
-            .env("DLOCK_ADMIN_TOKEN", admin),
+            .env("DLOCK_ADMIN_TOKEN", admin)
+            .env(SIGNING_KEY_ENV, grant_key.expose_text()),
         &logs,
     )
     .await
@@ -231,7 +203,8 @@ async fn every_service_survives_a_property_based_run_from_its_own_document() {
                 "--rail-timeout-ms",
                 "2000",
             ])
-            .env("RAIL_PROXY_EXECUTOR_TOKEN", rail_executor),
+            .env("RAIL_PROXY_EXECUTOR_TOKEN", rail_executor)
+            .env(PUBLIC_KEYS_ENV, &public_keys),
         &logs,
     )
     .await
@@ -248,7 +221,8 @@ async fn every_service_survives_a_property_based_run_from_its_own_document() {
             ])
             .env("PAYMENT_RESOURCE_ADMIN_TOKEN", pay_admin)
             .env("PAYMENT_RESOURCE_EXECUTOR_TOKEN", pay_executor)
-            .env("PAYMENT_RESOURCE_CLIENT_TOKEN", pay_client),
+            .env("PAYMENT_RESOURCE_CLIENT_TOKEN", pay_client)
+            .env(PUBLIC_KEYS_ENV, &public_keys),
         &logs,
     )
     .await
