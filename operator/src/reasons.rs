@@ -47,10 +47,17 @@ pub enum Reason {
     RestoreSucceeded,
     RestoreFailed,
     RestoreUnsupported,
+    // Signed grants: the keys of a LockService.
+    GrantKeysInvalid,
+    GrantKeysCreated,
+    GrantKeyAdded,
+    GrantKeyRetired,
+    GrantKeyRequestRefused,
+    GrantSigningKeySwitched,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 38] = [
+    pub const ALL: [Reason; 44] = [
         Reason::Ready,
         Reason::Idle,
         Reason::AsExpected,
@@ -89,6 +96,12 @@ impl Reason {
         Reason::RestoreSucceeded,
         Reason::RestoreFailed,
         Reason::RestoreUnsupported,
+        Reason::GrantKeysInvalid,
+        Reason::GrantKeysCreated,
+        Reason::GrantKeyAdded,
+        Reason::GrantKeyRetired,
+        Reason::GrantKeyRequestRefused,
+        Reason::GrantSigningKeySwitched,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -131,6 +144,12 @@ impl Reason {
             Reason::RestoreSucceeded => "RestoreSucceeded",
             Reason::RestoreFailed => "RestoreFailed",
             Reason::RestoreUnsupported => "RestoreUnsupported",
+            Reason::GrantKeysInvalid => "GrantKeysInvalid",
+            Reason::GrantKeysCreated => "GrantKeysCreated",
+            Reason::GrantKeyAdded => "GrantKeyAdded",
+            Reason::GrantKeyRetired => "GrantKeyRetired",
+            Reason::GrantKeyRequestRefused => "GrantKeyRequestRefused",
+            Reason::GrantSigningKeySwitched => "GrantSigningKeySwitched",
         }
     }
 }

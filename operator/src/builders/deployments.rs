@@ -12,10 +12,10 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::credentials;
 use super::postgres::{History, KEY_URL, names};
-use super::{Child, Desired, HTTP_PORT, LISTEN_ADDR, Owner, env, secret_env};
+use super::{Child, Desired, HTTP_PORT, LISTEN_ADDR, Owner, configmap_env, env, secret_env};
 use super::{LABEL_LOCK_SERVICE, LOCK_SERVER, PAYMENT_RESOURCE, PAYOUT_EXECUTOR, RAIL_PROXY, RAIL_STUB};
+use super::{credentials, grant_keys};
 use crate::crd::{KillSwitches, LeaseSpec, RailStubMode};
 
 /// Env keys of the contracts' kill switches (`payment.fencing.enabled`, `rail.proxy.fencing.enabled`).
@@ -26,6 +26,53 @@ pub const LEASE_TTL_ENV: &str = "DLOCK_LEASE_TTL_MS";
 pub const SESSION_TTL_ENV: &str = "DLOCK_SESSION_TTL_MS";
 /// lock-server reads its admin bearer token from here (services/lock-server/src/config.rs).
 pub const ADMIN_TOKEN_ENV: &str = "DLOCK_ADMIN_TOKEN";
+/// Signed grants (services' config.rs, dlock_common::grant): lock-server's signing key and the lock
+/// service id it signs, the resources' public keys and their verification switches.
+pub const GRANT_SIGNING_KEY_ENV: &str = dlock_common::grant::SIGNING_KEY_ENV;
+pub const LOCK_SERVICE_ID_ENV: &str = dlock_common::grant::LOCK_SERVICE_ID_ENV;
+pub const GRANT_PUBLIC_KEYS_ENV: &str = dlock_common::grant::PUBLIC_KEYS_ENV;
+pub const PAYMENT_GRANT_VERIFICATION_ENV: &str = "PAYMENT_GRANT_VERIFICATION_ENABLED";
+pub const RAIL_PROXY_GRANT_VERIFICATION_ENV: &str = "RAIL_PROXY_GRANT_VERIFICATION_ENABLED";
+
+/// What lock-server signs grants with: one key of its LockService's signing-key Secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SigningGrants {
+    /// The Secret ([`grant_keys::signing_secret_name`]) and the key id in it.
+    pub secret: String,
+    pub key_id: String,
+    /// `<namespace>/<name>` of the LockService, signed into every grant.
+    pub lock_service_id: String,
+}
+
+/// How payment-resource and rail-proxy verify grants: the public key set of their LockService's
+/// ConfigMap (never a Secret of it), and the stack's switch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifyingGrants {
+    /// The ConfigMap ([`grant_keys::public_keys_name`]).
+    pub configmap: String,
+    /// [`grant_keys::checksum`] of the set: a changed set rolls the pods.
+    pub checksum: String,
+    pub enabled: bool,
+}
+
+impl Workload {
+    /// The public keys by `configMapKeyRef`, the switch `switch_env`, and the annotation that rolls
+    /// the pods when the key set changes.
+    fn verifying(mut self, grants: &VerifyingGrants, switch_env: &str) -> Self {
+        self.env.push(env(switch_env, grants.enabled.to_string()));
+        if grants.enabled {
+            self.env.push(configmap_env(
+                GRANT_PUBLIC_KEYS_ENV,
+                &grants.configmap,
+                grant_keys::KEY_SET,
+            ));
+            self.annotations
+                .insert(grant_keys::PUBLIC_KEYS_ANNOTATION.into(), grants.checksum.clone());
+        }
+        self
+    }
+}
+
 /// Pod-template annotation carrying the connection Secret's resourceVersion, so pods restart when the
 /// URL they read at start-up changes.
 pub const DB_SECRET_VERSION_ANNOTATION: &str = "dlock.dev/database-secret-version";
@@ -104,12 +151,20 @@ pub fn lock_server(
     lease: &LeaseSpec,
     store: &LockServerStore<'_>,
     admin_secret: &str,
+    grants: &SigningGrants,
 ) -> Workload {
     let mut env = lease_env(lease);
     // The admin token (force-revoke) from its Secret: never a flag, never a plain value.
     env.push(secret_env(ADMIN_TOKEN_ENV, admin_secret, "token"));
+    // The one signing key it signs with, from the Secret: lock-server is the only workload that
+    // references that Secret. A new key id rolls it (the annotation).
+    env.push(secret_env(GRANT_SIGNING_KEY_ENV, &grants.secret, &grants.key_id));
+    env.push(super::env(LOCK_SERVICE_ID_ENV, grants.lock_service_id.clone()));
     let mut args: Vec<String> = vec!["--listen".into(), LISTEN_ADDR.into()];
-    let mut annotations = BTreeMap::new();
+    let mut annotations = BTreeMap::from([(
+        grant_keys::SIGNING_KEY_ANNOTATION.to_owned(),
+        grants.key_id.clone(),
+    )]);
     let etcd_args = |prefix: &str| {
         vec![
             "--backend".to_owned(),
@@ -163,6 +218,7 @@ pub fn payment_resource(
     resources: Option<ResourceRequirements>,
     kill_switches: &KillSwitches,
     db_secret_version: Option<&str>,
+    grants: &VerifyingGrants,
 ) -> Workload {
     let credentials_secret = &credentials::credentials_secret_name(owner);
     let mut env = vec![env(
@@ -189,6 +245,7 @@ pub fn payment_resource(
         pod_labels: BTreeMap::new(),
     }
     .with_database(owner, History::Paydb, db_secret_version)
+    .verifying(grants, PAYMENT_GRANT_VERIFICATION_ENV)
 }
 
 pub fn rail_proxy(
@@ -199,6 +256,7 @@ pub fn rail_proxy(
     rail_url: &str,
     kill_switches: &KillSwitches,
     db_secret_version: Option<&str>,
+    grants: &VerifyingGrants,
 ) -> Workload {
     let credentials_secret = &credentials::credentials_secret_name(owner);
     let env = vec![
@@ -229,6 +287,7 @@ pub fn rail_proxy(
         pod_labels: BTreeMap::new(),
     }
     .with_database(owner, History::Paydb, db_secret_version)
+    .verifying(grants, RAIL_PROXY_GRANT_VERIFICATION_ENV)
 }
 
 pub fn rail_stub(image: String, mode: Option<RailStubMode>) -> Workload {

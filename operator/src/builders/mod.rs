@@ -1,12 +1,14 @@
 //! Pure functions that build the child objects, one module per object built (whichever kind asks
 //! for it): [`postgres`] a managed PostgreSQL (Secrets, Service, StatefulSet), [`etcd_members`] a
 //! managed etcd cluster, [`migration_job`] the migration Job, [`deployments`] the Deployments and
-//! Services of the dlock binaries, [`network_policies`], [`credentials`] the generated Secrets. No
+//! Services of the dlock binaries, [`network_policies`], [`credentials`] the generated Secrets,
+//! [`grant_keys`] a LockService's grant signing keys and their public ConfigMap. No
 //! I/O here; which of them a kind asks for is the kind's plan (`controller::<kind>::children`).
 
 pub mod credentials;
 pub mod deployments;
 pub mod etcd_members;
+pub mod grant_keys;
 pub mod migration_job;
 pub mod network_policies;
 pub mod postgres;
@@ -15,7 +17,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, SecretKeySelector, Service};
+use k8s_openapi::api::core::v1::{ConfigMapKeySelector, EnvVar, EnvVarSource, SecretKeySelector, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -142,6 +144,22 @@ pub fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
         value_from: Some(EnvVarSource {
             secret_key_ref: Some(SecretKeySelector {
                 name: secret.into(),
+                key: key.into(),
+                optional: Some(false),
+            }),
+            ..EnvVarSource::default()
+        }),
+    }
+}
+
+/// An environment variable read from a ConfigMap key (public settings another object publishes).
+pub fn configmap_env(name: &str, configmap: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            config_map_key_ref: Some(ConfigMapKeySelector {
+                name: configmap.into(),
                 key: key.into(),
                 optional: Some(false),
             }),

@@ -20,7 +20,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::Api;
@@ -183,6 +183,18 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     .owns(api::<Deployment>(&client, ns), children())
     .owns(api::<NetworkPolicy>(&client, ns), children())
     .owns(api::<PodDisruptionBudget>(&client, ns), children())
+    // The grant public keys it publishes.
+    .owns(api::<ConfigMap>(&client, ns), children())
+    // A PaymentStack's status (the grant keys its resources are rolled out with) decides which key
+    // its LockService signs with: a change re-reconciles that LockService.
+    .watches(
+        api::<DeserializeGuard<PaymentStack>>(&client, ns),
+        watcher::Config::default(),
+        |ps| {
+            let ps = ps.0.as_ref().ok()?;
+            Some(ObjectRef::new(&ps.spec.lock_service_ref.name).within(&ps.namespace()?))
+        },
+    )
     .graceful_shutdown_on(stop(rx.clone()))
     .run(
         |obj, ctx| {

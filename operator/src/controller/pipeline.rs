@@ -30,6 +30,7 @@ use crate::builders::{Owner, SpecError};
 use crate::context::{Context, Settings};
 use crate::crd::DlockStatus;
 use crate::error::{Error, Result};
+use crate::health::DeploymentHealth;
 
 /// What one kind contributes to [`reconcile`]; everything else is shared.
 pub trait Reconciled:
@@ -78,6 +79,7 @@ pub trait Reconciled:
         ctx: &Context,
         owner: &Owner,
         plan: &Plan<Self::Next>,
+        deployments: &[DeploymentHealth],
     ) -> impl Future<Output = Result<Self::Outcome>> + Send;
 }
 
@@ -122,7 +124,7 @@ async fn run<K: Reconciled>(obj: &K, ctx: &Context, owner: &Owner) -> Result<Rec
     // 3. Apply: Secrets first (the children read them), children and orphans, the kind's writes.
     let deployments =
         steps::apply_children(ctx, owner, regarding, K::HISTORY, &plan, &prepared.job_state).await?;
-    let kind = obj.apply(ctx, owner, &plan).await?;
+    let kind = obj.apply(ctx, owner, &plan, &deployments).await?;
     let read_version = steps::applied_version(ctx, owner, obj.status(), &prepared).await;
     Ok(Reconciliation::Applied(Applied {
         database_ready: prepared.db.ready,

@@ -1,5 +1,6 @@
 //! The reconcilers against a fake apiserver: an in-memory object store behind kube's `Client`
-//! (namespaced GET / LIST / POST / server-side-apply PATCH / DELETE, status subresource), so each
+//! (namespaced GET / LIST / POST / server-side-apply and JSON merge PATCH / DELETE, status
+//! subresource), so each
 //! test drives a resource through its lifecycle by setting child statuses as the cluster would.
 
 use std::collections::BTreeMap;
@@ -42,6 +43,27 @@ fn is_collection(path: &str) -> bool {
     }
 }
 
+/// RFC 7386 JSON merge patch: objects merge key by key, `null` removes, anything else replaces.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    match (target.as_object_mut(), patch.as_object()) {
+        (Some(t), Some(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        _ => {
+            *target = patch.clone();
+            if let Some(t) = target.as_object_mut() {
+                t.retain(|_, v| !v.is_null());
+            }
+        }
+    }
+}
+
 fn labels_match(obj: &Value, selector: &str) -> bool {
     selector.split(',').filter(|s| !s.is_empty()).all(|pair| {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
@@ -63,9 +85,26 @@ impl FakeApi {
         let method = req.method().clone();
         let path = req.uri().path().to_owned();
         let query = req.uri().query().unwrap_or_default().to_owned();
+        // A metadata-only read (`get_metadata`) is logged apart from a read of the whole object.
+        let (merge, metadata_only) = {
+            let header = |name: &str, part: &str| {
+                req.headers()
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.contains(part))
+            };
+            (
+                header("content-type", "merge-patch"),
+                header("accept", "PartialObjectMetadata"),
+            )
+        };
+
         let body = req.into_body().collect_bytes().await.unwrap();
         let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-        let (code, out) = self.route(&method, &path, &query, body);
+        let (code, out) = self.route(&method, &path, &query, body, merge);
+        if metadata_only && let Some(last) = self.0.lock().unwrap().log.last_mut() {
+            *last = format!("GET(metadata) {path}");
+        }
         Response::builder()
             .status(StatusCode::from_u16(code).unwrap())
             .header("content-type", "application/json")
@@ -77,7 +116,7 @@ impl FakeApi {
             .unwrap()
     }
 
-    fn route(&self, method: &Method, path: &str, query: &str, body: Value) -> (u16, Value) {
+    fn route(&self, method: &Method, path: &str, query: &str, body: Value, merge: bool) -> (u16, Value) {
         let mut s = self.0.lock().unwrap();
         s.log.push(format!("{method} {path}"));
         let (key, status_sub) = match path.strip_suffix("/status") {
@@ -131,6 +170,18 @@ impl FakeApi {
                 }
                 None => (404, status_body(404, "NotFound")),
             },
+            Method::PATCH if merge => {
+                s.version += 1;
+                let version = s.version.to_string();
+                match s.objects.get_mut(&key) {
+                    Some(obj) => {
+                        merge_patch(obj, &body);
+                        obj["metadata"]["resourceVersion"] = json!(version);
+                        (200, obj.clone())
+                    }
+                    None => (404, status_body(404, "NotFound")),
+                }
+            }
             Method::PATCH => {
                 s.version += 1;
                 let version = s.version.to_string();
@@ -200,6 +251,18 @@ const SECRETS: &str = "/api/v1/namespaces/pay/secrets/";
 const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/pay/deployments/";
 const STATEFULSETS: &str = "/apis/apps/v1/namespaces/pay/statefulsets/";
 const JOBS: &str = "/apis/batch/v1/namespaces/pay/jobs/";
+const CONFIGMAPS: &str = "/api/v1/namespaces/pay/configmaps/";
+
+/// What the LockService `locks` publishes as its grant public keys (one key, `k1`).
+fn publish_grant_keys(api: &FakeApi) {
+    let k1 = dlock_grant::SigningKey::generate(dlock_grant::KeyId::new("k1").unwrap());
+    api.put(
+        &format!("{CONFIGMAPS}locks-grant-public-keys"),
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": "locks-grant-public-keys", "namespace": NS},
+               "data": {"keys": k1.public_key().to_text()}}),
+    );
+}
 
 fn context(api: &FakeApi) -> Context {
     let mut registry = prometheus_client::registry::Registry::default();
@@ -494,13 +557,30 @@ async fn a_stack_waits_for_its_lock_service_then_drops_the_stub_when_asked() {
         (Phase::Pending, "WaitingForLockService".into())
     );
 
-    // Ready, with an endpoint: the stack's Deployments appear, wired to it.
+    // Ready, with an endpoint, but no grant public keys published yet: still waiting.
     api.set_status(
         LS_KEY,
         json!({"observedGeneration": 1, "phase": "Ready",
                "conditions": [{"type": "Ready", "status": "True", "reason": "Ready", "message": "", "lastTransitionTime": "2025-01-01T00:00:00Z"}],
                "endpoints": {"lockServer": "http://locks-lock-server.pay.svc:8080"}}),
     );
+    let ps = reconcile_ps(&api, &ctx).await;
+    let status = ps.status.clone().unwrap();
+    assert_eq!(
+        phase_and_reason(ps.status),
+        (Phase::Pending, "WaitingForLockService".into())
+    );
+    assert!(
+        status
+            .condition("Ready")
+            .unwrap()
+            .message
+            .contains("grant public keys"),
+        "{status:?}"
+    );
+
+    // Published: the stack's Deployments appear, wired to it.
+    publish_grant_keys(&api);
     let ps = reconcile_ps(&api, &ctx).await;
     assert_eq!(phase_and_reason(ps.status), (Phase::Pending, "RollingOut".into()));
     assert_eq!(api.keys(DEPLOYMENTS).len(), 4);
@@ -737,6 +817,10 @@ async fn an_external_etcd_needs_a_secret_with_usable_client_urls() {
         &format!("{SECRETS}prod-etcd"),
         secret("http://etcd-a.example:2379,http://etcd-b.example:2379"),
     );
+    // The first reconcile that gets this far generates the grant signing key; lock-server waits for it.
+    reconcile_ls(&api, &ctx).await;
+    assert!(api.get(&format!("{DEPLOYMENTS}locks-lock-server")).is_none());
+    assert!(api.get(&format!("{CONFIGMAPS}locks-grant-public-keys")).is_some());
     let ls = reconcile_ls(&api, &ctx).await;
     let status = ls.status.clone().unwrap();
     assert_eq!(phase_and_reason(ls.status), (Phase::Pending, "RollingOut".into()));
@@ -759,4 +843,185 @@ async fn an_external_etcd_needs_a_secret_with_usable_client_urls() {
         "5"
     );
     assert!(api.keys(STATEFULSETS).is_empty());
+}
+
+/// The grant keys of a LockService through a whole rotation, against the fake apiserver: the first
+/// key before lock-server starts, an added key published (the signer unchanged until the stack's
+/// resources run with it), the switch, a retire that waits for lock-server to roll and then removes
+/// the old key from the Secret and the ConfigMap; the signing-key Secret is never read.
+#[tokio::test]
+async fn grant_keys_rotate_resources_first_signer_after_and_the_secret_is_never_read() {
+    let api = FakeApi::default();
+    let ctx = context(&api);
+    store_lock_service(
+        &api,
+        json!({"backend": "etcd", "etcd": {"external": {"secretRef": {"name": "prod-etcd"}}}}),
+    );
+    let mut etcd_secret = serde_json::to_value(k8s_openapi::api::core::v1::Secret {
+        data: Some(BTreeMap::from([(
+            "endpoints".to_owned(),
+            k8s_openapi::ByteString(b"http://etcd.example:2379".to_vec()),
+        )])),
+        ..Default::default()
+    })
+    .unwrap();
+    etcd_secret["apiVersion"] = json!("v1");
+    etcd_secret["kind"] = json!("Secret");
+    etcd_secret["metadata"] = json!({"name": "prod-etcd", "namespace": NS, "resourceVersion": "5"});
+    api.put(&format!("{SECRETS}prod-etcd"), etcd_secret);
+    let secret_key = format!("{SECRETS}locks-grant-signing-keys");
+    let cm_key = format!("{CONFIGMAPS}locks-grant-public-keys");
+    let secret_ids = |api: &FakeApi| -> Vec<String> {
+        api.get(&secret_key).unwrap()["data"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect()
+    };
+    let published = |api: &FakeApi| -> Vec<String> {
+        let keys = api.get(&cm_key).unwrap()["data"]["keys"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        dlock_grant::PublicKeys::parse(&keys)
+            .unwrap()
+            .ids()
+            .map(ToString::to_string)
+            .collect()
+    };
+    let signs_with = |api: &FakeApi| -> (String, String) {
+        let dep = api.get(&format!("{DEPLOYMENTS}locks-lock-server")).unwrap();
+        let pod = &dep["spec"]["template"];
+        let env = pod["spec"]["containers"][0]["env"].as_array().unwrap().clone();
+        let key = env
+            .iter()
+            .find(|e| e["name"] == "DLOCK_GRANT_SIGNING_KEY")
+            .unwrap();
+        (
+            key["valueFrom"]["secretKeyRef"]["key"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+            pod["metadata"]["annotations"]["dlock.dev/grant-signing-key"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        )
+    };
+    let roll_lock_server = |api: &FakeApi| {
+        api.set_status(
+            &format!("{DEPLOYMENTS}locks-lock-server"),
+            json!({"replicas": 2, "availableReplicas": 2, "updatedReplicas": 2, "readyReplicas": 2}),
+        );
+    };
+    let stack_runs_with = |api: &FakeApi, ids: &[&str]| {
+        api.put(
+            PS_KEY,
+            json!({
+                "apiVersion": "dlock.dev/v1alpha1", "kind": "PaymentStack",
+                "metadata": {"name": "shop", "namespace": NS, "uid": "uid-shop", "generation": 1},
+                "spec": {"lockServiceRef": {"name": "locks"}, "database": {"managed": {}},
+                         "railStub": {"enabled": true}},
+                "status": {"grants": {"keyIds": ids}},
+            }),
+        );
+    };
+    let request = |api: &FakeApi, raw: &str| {
+        let mut ls = api.get(LS_KEY).unwrap();
+        ls["metadata"]["annotations"] = json!({"dlock.dev/grant-keys": raw});
+        api.put(LS_KEY, ls);
+    };
+
+    // The first key, before lock-server.
+    reconcile_ls(&api, &ctx).await;
+    assert_eq!(
+        (secret_ids(&api), published(&api)),
+        (vec!["k1".into()], vec!["k1".into()])
+    );
+    assert!(api.get(&format!("{DEPLOYMENTS}locks-lock-server")).is_none());
+    let ls = reconcile_ls(&api, &ctx).await;
+    assert_eq!(signs_with(&api), ("k1".into(), "k1".into()));
+    let grants = ls.status.unwrap().grants.unwrap();
+    assert_eq!(
+        (grants.key_ids, grants.signing_key_id.as_deref()),
+        (vec!["k1".into()], Some("k1"))
+    );
+    roll_lock_server(&api);
+    stack_runs_with(&api, &["k1"]);
+
+    // Add: k2 is generated and published; lock-server keeps signing with k1.
+    request(&api, r#"{"id":"rot-1","action":"add"}"#);
+    let ls = reconcile_ls(&api, &ctx).await;
+    assert_eq!(secret_ids(&api), ["k1", "k2"]);
+    assert_eq!(published(&api), ["k1", "k2"]);
+    let grants = ls.status.unwrap().grants.unwrap();
+    assert_eq!(grants.last_outcome.as_deref(), Some("added k2"));
+    reconcile_ls(&api, &ctx).await;
+    assert_eq!(
+        signs_with(&api).0,
+        "k1",
+        "the stack's resources do not verify k2 yet"
+    );
+    assert_eq!(secret_ids(&api), ["k1", "k2"], "the request is handled once");
+
+    // The stack's resources run with both keys: lock-server switches to k2.
+    stack_runs_with(&api, &["k1", "k2"]);
+    let ls = reconcile_ls(&api, &ctx).await;
+    assert_eq!(signs_with(&api), ("k2".into(), "k2".into()));
+    assert_eq!(
+        ls.status.unwrap().grants.unwrap().signing_key_id.as_deref(),
+        Some("k2")
+    );
+
+    // Retire k1: it waits while lock-server has not rolled out with k2 …
+    request(&api, r#"{"id":"ret-1","action":"retire","keyId":"k1"}"#);
+    let mut dep = api.get(&format!("{DEPLOYMENTS}locks-lock-server")).unwrap();
+    dep["status"] = json!({"replicas": 2, "availableReplicas": 2, "updatedReplicas": 1});
+    api.put(&format!("{DEPLOYMENTS}locks-lock-server"), dep);
+    let ls = reconcile_ls(&api, &ctx).await;
+    assert_eq!(secret_ids(&api), ["k1", "k2"]);
+    assert!(
+        ls.status
+            .unwrap()
+            .grants
+            .unwrap()
+            .message
+            .unwrap()
+            .contains("waiting"),
+        "the retire waits for lock-server"
+    );
+    // … and then removes k1 from both.
+    roll_lock_server(&api);
+    let ls = reconcile_ls(&api, &ctx).await;
+    assert_eq!(
+        (secret_ids(&api), published(&api)),
+        (vec!["k2".into()], vec!["k2".into()])
+    );
+    assert_eq!(
+        ls.status.unwrap().grants.unwrap().last_outcome.as_deref(),
+        Some("retired k1")
+    );
+    assert_eq!(signs_with(&api).0, "k2");
+
+    // Retiring the key lock-server signs with is refused, and changes nothing.
+    request(&api, r#"{"id":"ret-2","action":"retire","keyId":"k2"}"#);
+    let ls = reconcile_ls(&api, &ctx).await;
+    assert_eq!(secret_ids(&api), ["k2"]);
+    assert!(
+        ls.status
+            .unwrap()
+            .grants
+            .unwrap()
+            .last_outcome
+            .unwrap()
+            .starts_with("refused"),
+    );
+
+    let log = api.take_log();
+    assert!(
+        !log.iter().any(|l| l == &format!("GET {secret_key}")),
+        "the signing-key Secret was read: {log:?}"
+    );
+    assert!(log.iter().any(|l| l == &format!("GET(metadata) {secret_key}")));
 }

@@ -427,6 +427,7 @@ pub fn build(
         fencing: previous.and_then(|p| p.fencing.clone()),
         etcd: previous.and_then(|p| p.etcd.clone()),
         last_action: previous.and_then(|p| p.last_action.clone()),
+        grants: previous.and_then(|p| p.grants.clone()),
     }
 }
 

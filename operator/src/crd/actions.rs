@@ -27,6 +27,8 @@ use serde::{Deserialize, Serialize};
 pub const ANNOTATION_REVOKE: &str = "dlock.dev/revoke";
 /// Annotation carrying a restore fast-forward request.
 pub const ANNOTATION_RESTORE: &str = "dlock.dev/restore";
+/// Annotation carrying a grant-key request (add a signing key, retire one).
+pub const ANNOTATION_GRANT_KEYS: &str = "dlock.dev/grant-keys";
 /// How many finished actions `status.actions` keeps (the current requests are always kept).
 pub const ACTION_HISTORY: usize = 10;
 /// Default distance the sequence is moved past the highest token any resource has seen.
@@ -62,6 +64,24 @@ impl RestoreRequest {
     pub fn margin(&self) -> i64 {
         self.margin.unwrap_or(DEFAULT_MARGIN)
     }
+}
+
+/// `dlock.dev/grant-keys`: `{"id":"rot-1","action":"add"}` generates the next grant signing key;
+/// `{"id":"ret-1","action":"retire","keyId":"k1"}` removes one that is no longer signed with.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GrantKeysRequest {
+    pub id: String,
+    pub action: GrantKeyAction,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum GrantKeyAction {
+    Add,
+    Retire,
 }
 
 /// Why an annotation is not a usable request. The message says which field and why.
@@ -163,6 +183,25 @@ pub fn parse_restore(raw: &str) -> Result<RestoreRequest, RequestError> {
         return Err(field(A, "margin", "must be between 1 and 10^12"));
     }
     Ok(r)
+}
+
+pub fn parse_grant_keys(raw: &str) -> Result<GrantKeysRequest, RequestError> {
+    const A: &str = ANNOTATION_GRANT_KEYS;
+    let r = parse_request(A, raw, |r: &GrantKeysRequest| &r.id)?;
+    match (r.action, r.key_id.as_deref()) {
+        (GrantKeyAction::Add, Some(_)) => Err(field(
+            A,
+            "keyId",
+            "is not taken by add (the operator names the new key)",
+        )),
+        (GrantKeyAction::Retire, None) => Err(field(A, "keyId", "is required by retire")),
+        (GrantKeyAction::Retire, Some(id)) if dlock_grant::KeyId::new(id).is_none() => Err(field(
+            A,
+            "keyId",
+            "must be 1-32 characters of A-Z, a-z, 0-9, '.', '_' and '-'",
+        )),
+        _ => Ok(r),
+    }
 }
 
 /// Which action an entry of `status.actions` reports.

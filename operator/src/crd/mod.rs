@@ -18,7 +18,7 @@ pub use paymentstack::{
     KillSwitches, LocalObjectRef, PaymentStack, PaymentStackSpec, PayoutExecutorSpec, RailProxySpec,
     RailStubMode, RailStubSpec, WorkloadSpec,
 };
-pub use status::{ActionStatus, DlockStatus, EtcdStatus, MigrationStatus, Phase};
+pub use status::{ActionStatus, DlockStatus, EtcdStatus, GrantStatus, MigrationStatus, Phase};
 
 /// Every CRD the operator serves, with the file name `crdgen` writes it to.
 pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {

@@ -183,7 +183,9 @@ impl RailStubMode {
 }
 
 /// The contracts' kill switches (`payment.fencing.enabled`, `rail.proxy.fencing.enabled`). Turning one
-/// off removes that enforcement point: for demonstrating corruption only.
+/// off removes that enforcement point: for demonstrating corruption only. And signed-grant
+/// verification at payment-resource and rail-proxy (`grantVerificationEnabled`, on by default): off
+/// only for a rolling migration of executors that do not send grants yet (docs/security.md).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct KillSwitches {
@@ -191,6 +193,8 @@ pub struct KillSwitches {
     pub payment_fencing_enabled: bool,
     #[serde(default = "enabled")]
     pub rail_proxy_fencing_enabled: bool,
+    #[serde(default = "enabled")]
+    pub grant_verification_enabled: bool,
 }
 
 impl Default for KillSwitches {
@@ -198,6 +202,7 @@ impl Default for KillSwitches {
         KillSwitches {
             payment_fencing_enabled: true,
             rail_proxy_fencing_enabled: true,
+            grant_verification_enabled: true,
         }
     }
 }

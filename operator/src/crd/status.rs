@@ -101,6 +101,33 @@ pub struct DlockStatus {
     /// LockService: id of the most recent action, and its phase (for `kubectl get`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_action: Option<String>,
+    /// Signed grants: a LockService's published keys and the one lock-server signs with; a
+    /// PaymentStack's keys its payment-resource and rail-proxy are rolled out with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grants: Option<GrantStatus>,
+}
+
+/// The grant keys, as `status.grants` reports them (docs/operations.md, "Rotating the grant signing
+/// key"). Key ids only: no key material is ever in status.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GrantStatus {
+    /// LockService: the published public keys (ConfigMap `<name>-grant-public-keys`), oldest first.
+    /// PaymentStack: the keys its payment-resource and rail-proxy verify with, once both are rolled
+    /// out with them (what lets the LockService switch its signer).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub key_ids: Vec<String>,
+    /// LockService: the key lock-server signs with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signing_key_id: Option<String>,
+    /// LockService: the last `dlock.dev/grant-keys` request handled, and what became of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_request: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_outcome: Option<String>,
+    /// What the grant keys are waiting for, if anything (a rotation under way, a pending request).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 impl DlockStatus {

@@ -4,9 +4,13 @@
 //!   (once the Job has succeeded);
 //! - backend etcd: the etcd members (managed) → lock-server (once a quorum of them is ready, or at
 //!   once for an external cluster). No lockdb, no migration Job: etcd has no schema.
+//!
+//! Either way lock-server also waits for its grant signing key (`Inputs::signing_key`): it starts
+//! signing from its first grant.
 
 use crate::builders::credentials::admin_secret_name;
-use crate::builders::deployments::{self, LockServerStore};
+use crate::builders::deployments::{self, LockServerStore, SigningGrants};
+use crate::builders::grant_keys;
 use crate::builders::postgres::{self, History};
 use crate::builders::{Child, Desired, LOCK_SERVER, Owner, SpecError};
 use crate::builders::{etcd_members, migration_job, network_policies};
@@ -28,6 +32,9 @@ pub struct Inputs<'a> {
     pub db_secret_version: Option<&'a str>,
     /// A restore fast-forward gates lock traffic: lock-server is held at zero replicas.
     pub gated: bool,
+    /// The grant key id lock-server signs with (`crate::builders::grant_keys::signer`); `None`
+    /// until the first key is published, and lock-server is held until then.
+    pub signing_key: Option<&'a str>,
 }
 
 /// lockdb's block (backend postgres only).
@@ -174,7 +181,8 @@ fn desired_etcd(
     Ok(out)
 }
 
-/// lock-server's Deployment and Service (at zero replicas while a restore gates lock traffic).
+/// lock-server's Deployment and Service (at zero replicas while a restore gates lock traffic), once
+/// it has a key to sign grants with.
 fn lock_server(
     ls: &LockService,
     owner: &Owner,
@@ -182,6 +190,15 @@ fn lock_server(
     store: &LockServerStore<'_>,
     out: &mut Desired,
 ) {
+    let Some(key_id) = inputs.signing_key else {
+        out.hold_workload(owner, LOCK_SERVER);
+        return;
+    };
+    let grants = SigningGrants {
+        secret: grant_keys::signing_secret_name(&owner.name),
+        key_id: key_id.to_owned(),
+        lock_service_id: grant_keys::lock_service_id(owner),
+    };
     let replicas = if inputs.gated {
         0
     } else {
@@ -195,6 +212,7 @@ fn lock_server(
         &ls.spec.lease,
         store,
         &admin_secret_name(owner),
+        &grants,
     );
     out.workload(owner, &w);
     out.endpoints

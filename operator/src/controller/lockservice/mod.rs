@@ -1,9 +1,12 @@
 //! The LockService's part of the reconcile pipeline ([`super::pipeline`]): lockdb → migration Job →
-//! lock-server ([`children`], pure), its admin Secret, and the actions (force-revoke, restore
-//! fast-forward, the periodic fencing check, [`crate::actions`]) requested in its annotations. The
-//! kind's outcome is [`ActionsOutcome`]: the action part of status, and what it means for the verdict.
+//! lock-server ([`children`], pure), its admin Secret, its grant signing keys ([`keys`], pure;
+//! [`grants`], their reads and writes), and the actions (force-revoke, restore fast-forward, the
+//! periodic fencing check, [`crate::actions`]) requested in its annotations. The kind's outcome is
+//! [`ActionsOutcome`]: the action and grant-key parts of status, and what they mean for the verdict.
 
 pub mod children;
+pub mod grants;
+pub mod keys;
 
 use std::time::Duration;
 
@@ -22,12 +25,29 @@ use crate::context::{Context, Settings};
 use crate::crd::actions::ActionPhase;
 use crate::crd::{Backend, DlockStatus, LockService, LockStore};
 use crate::error::{Result, at};
-use crate::health::JobState;
+use crate::health::{DeploymentHealth, JobState};
 use crate::reasons::{EventNote, Reason};
 use children::{HISTORY, Inputs};
+use keys::{GrantInputs, GrantPlan};
 
 /// How soon a reconcile with an action in flight runs again (status writes also trigger one).
 const REQUEUE_ACTION: Duration = Duration::from_secs(2);
+/// How soon a reconcile during a grant-key rotation runs again (the stacks' rolls are watched too).
+const REQUEUE_ROTATION: Duration = Duration::from_secs(10);
+
+/// What a LockService reconcile reads besides the store: the actions' inputs and the grant keys'.
+#[derive(Debug, Clone, Default)]
+pub struct Observed {
+    pub actions: ActionInputs,
+    pub grants: GrantInputs,
+}
+
+/// The kind's own next step: the actions' and the grant keys'.
+#[derive(Debug, Clone, Default)]
+pub struct Next {
+    pub actions: ActionPlan,
+    pub grants: GrantPlan,
+}
 
 /// The action part of the status a LockService reconcile computed, and its Events: the planned
 /// step with the pinned revoke's answer recorded.
@@ -36,6 +56,10 @@ pub struct ActionsOutcome {
     pub done: ActionPlan,
     /// Look again at least this often (the fencing check interval).
     pub requeue_within: Option<Duration>,
+    /// `status.grants` as planned (after the key write this reconcile made).
+    pub grants: crate::crd::GrantStatus,
+    /// A grant-key rotation is under way.
+    pub rotating: bool,
 }
 
 impl KindOutcome for ActionsOutcome {
@@ -73,6 +97,7 @@ impl KindOutcome for ActionsOutcome {
     }
 
     fn write_status(&self, status: &mut DlockStatus) {
+        status.grants = Some(self.grants.clone());
         status.actions = self.done.actions.clone();
         status.gate = self.done.gate.clone();
         status.fencing = self.done.fencing.clone().or(status.fencing.take());
@@ -82,6 +107,8 @@ impl KindOutcome for ActionsOutcome {
     fn requeue(&self, after: Duration) -> Duration {
         if self.done.busy {
             REQUEUE_ACTION
+        } else if self.rotating {
+            after.min(REQUEUE_ROTATION)
         } else {
             after.min(self.requeue_within.unwrap_or(after))
         }
@@ -94,8 +121,8 @@ impl KindOutcome for ActionsOutcome {
 
 impl Reconciled for LockService {
     const HISTORY: History = HISTORY;
-    type Observed = ActionInputs;
-    type Next = ActionPlan;
+    type Observed = Observed;
+    type Next = Next;
     type Outcome = ActionsOutcome;
 
     fn status(&self) -> Option<&DlockStatus> {
@@ -114,12 +141,13 @@ impl Reconciled for LockService {
     }
 
     /// The actions' inputs: the requests, lock-server's view of the key to revoke, its pods, the
-    /// restore and check Jobs, the PaymentStacks that use this LockService.
-    async fn observe(&self, ctx: &Context, owner: &Owner, prepared: &Prepared) -> Result<ActionInputs> {
+    /// restore and check Jobs, the PaymentStacks that use this LockService; and the grant keys'.
+    async fn observe(&self, ctx: &Context, owner: &Owner, prepared: &Prepared) -> Result<Observed> {
         let lock_server_url = owner.http_url(&owner.child(LOCK_SERVER));
-        let mut inputs = observe::observe(ctx, self, owner, &lock_server_url).await?;
-        inputs.schema_ready = prepared.job_state == JobState::Succeeded;
-        Ok(inputs)
+        let mut actions = observe::observe(ctx, self, owner, &lock_server_url).await?;
+        actions.schema_ready = prepared.job_state == JobState::Succeeded;
+        let grants = grants::observe(ctx, self, owner).await?;
+        Ok(Observed { actions, grants })
     }
 
     /// The next action step first (it decides the gate), then the children it implies.
@@ -128,8 +156,8 @@ impl Reconciled for LockService {
         settings: &Settings,
         owner: &Owner,
         prepared: &Prepared,
-        observed: &ActionInputs,
-    ) -> std::result::Result<Plan<ActionPlan>, Blocked> {
+        observed: &Observed,
+    ) -> std::result::Result<Plan<Next>, Blocked> {
         let image = self
             .spec
             .migration_image
@@ -145,13 +173,18 @@ impl Reconciled for LockService {
             image: &image,
             lockdb_admin_url: &lockdb_admin_url,
         };
-        let next = actions::plan(observed, &restore_jobs);
+        let next = actions::plan(&observed.actions, &restore_jobs);
+        let grants = keys::plan(&observed.grants);
+        if let Some(broken) = &grants.broken {
+            return Err(Blocked::new(Reason::GrantKeysInvalid, broken.clone()));
+        }
         let inputs = Inputs {
             default_image: &settings.default_image,
             database_ready: prepared.db.ready,
             migration: &prepared.job_state,
             db_secret_version: prepared.db.secret_version.as_deref(),
             gated: next.gated(),
+            signing_key: grants.signer.as_ref().map(|k| k.as_str()),
         };
         let mut desired = children::desired(self, owner, &inputs).map_err(|e| invalid_spec(&e))?;
         desired.apply.extend(next.jobs.iter().cloned().map(Child::Job));
@@ -166,14 +199,25 @@ impl Reconciled for LockService {
                 note: "generated lock-server's admin token into a Secret",
             }],
             expected_deployments: 1,
-            next,
+            next: Next {
+                actions: next,
+                grants,
+            },
         })
     }
 
-    /// Orphaned restore and check Jobs (by label), then the one write outside Kubernetes: the
-    /// revoke of the token recorded in status.
-    async fn apply(&self, ctx: &Context, owner: &Owner, plan: &Plan<ActionPlan>) -> Result<ActionsOutcome> {
-        let next = &plan.next;
+    /// The grant-key write (the first key, an added or retired one, a refused request), orphaned
+    /// restore and check Jobs (by label), then the one write outside Kubernetes: the revoke of the
+    /// token recorded in status.
+    async fn apply(
+        &self,
+        ctx: &Context,
+        owner: &Owner,
+        plan: &Plan<Next>,
+        _deployments: &[DeploymentHealth],
+    ) -> Result<ActionsOutcome> {
+        let key_event = grants::write(ctx, owner, &plan.next.grants).await?;
+        let next = &plan.next.actions;
         let restore = next.jobs.iter().filter_map(|j| j.metadata.name.as_deref());
         let check = next.check_job.iter().filter_map(|j| j.metadata.name.as_deref());
         let families: [(&str, Vec<&str>, &'static str); 2] = [
@@ -212,10 +256,35 @@ impl Reconciled for LockService {
         }
         ctx.metrics
             .fencing_observed(&owner.namespace, &owner.name, done.fencing.as_ref());
+        let planned = &plan.next.grants;
+        done.events.extend(key_event);
+        let before = self
+            .status
+            .as_ref()
+            .and_then(|s| s.grants.as_ref())
+            .and_then(|g| g.signing_key_id.clone());
+        if let Some(now) = planned
+            .status
+            .signing_key_id
+            .clone()
+            .filter(|now| Some(now) != before.as_ref())
+        {
+            tracing::info!(event = "grant_signing_key_switched", namespace = %owner.namespace, name = %owner.name, key_id = %now);
+            done.events.push(crate::reasons::EventNote {
+                reason: Reason::GrantSigningKeySwitched,
+                warning: false,
+                note: format!(
+                    "lock-server signs grants with {now} (was {})",
+                    before.as_deref().unwrap_or("none")
+                ),
+            });
+        }
         Ok(ActionsOutcome {
             done,
             // Look again in time for the next fencing check.
             requeue_within: ctx.settings.fencing_check_interval,
+            grants: planned.status.clone(),
+            rotating: planned.rotating,
         })
     }
 }

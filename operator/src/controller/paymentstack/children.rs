@@ -2,7 +2,8 @@
 //! payment-resource, rail-proxy and payout-executor (once the Job has succeeded and the LockService
 //! is Ready). The optional rail-stub needs neither and follows `spec.railStub.enabled` alone.
 
-use crate::builders::deployments::{self, ExecutorTargets};
+use crate::builders::deployments::{self, ExecutorTargets, VerifyingGrants};
+use crate::builders::grant_keys;
 use crate::builders::postgres::{self, History};
 use crate::builders::{Child, Desired, Owner, SpecError, credentials, migration_job, network_policies};
 use crate::builders::{PAYMENT_RESOURCE, PAYOUT_EXECUTOR, RAIL_PROXY, RAIL_STUB};
@@ -22,6 +23,9 @@ pub struct LockServiceView {
     pub ready: bool,
     pub endpoint: Option<String>,
     pub lease: LeaseSpec,
+    /// The LockService's published grant public key set (its ConfigMap's `keys`); `None` until
+    /// published — the resources wait for it like for the LockService itself.
+    pub grant_keys: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -108,11 +112,16 @@ pub fn desired(ps: &PaymentStack, owner: &Owner, inputs: &Inputs<'_>) -> Result<
     let lock_service = inputs
         .lock_service
         .filter(|ls| ls.ready)
-        .and_then(|ls| ls.endpoint.as_deref().map(|e| (e, &ls.lease)));
+        .and_then(|ls| Some((ls.endpoint.as_deref()?, &ls.lease, ls.grant_keys.as_deref()?)));
     // The schema gate, and the lock-service gate: held back (existing ones left as they are) until
-    // the current Job has succeeded and the LockService is Ready.
-    if let (JobState::Succeeded, Some((lock_server_url, lease))) = (inputs.migration, lock_service) {
+    // the current Job has succeeded and the LockService is Ready with its grant keys published.
+    if let (JobState::Succeeded, Some((lock_server_url, lease, keys))) = (inputs.migration, lock_service) {
         let credentials = credentials::credentials_secret_name(owner);
+        let grants = VerifyingGrants {
+            configmap: grant_keys::public_keys_name(&spec.lock_service_ref.name),
+            checksum: grant_keys::checksum(keys),
+            enabled: spec.kill_switches.grant_verification_enabled,
+        };
         let payment_resource = deployments::payment_resource(
             owner,
             image(&spec.payment_resource.image, inputs.default_image),
@@ -120,6 +129,7 @@ pub fn desired(ps: &PaymentStack, owner: &Owner, inputs: &Inputs<'_>) -> Result<
             spec.payment_resource.resources.clone(),
             &spec.kill_switches,
             inputs.db_secret_version,
+            &grants,
         );
         let rail_proxy = deployments::rail_proxy(
             owner,
@@ -129,6 +139,7 @@ pub fn desired(ps: &PaymentStack, owner: &Owner, inputs: &Inputs<'_>) -> Result<
             &rail_url,
             &spec.kill_switches,
             inputs.db_secret_version,
+            &grants,
         );
         let targets = ExecutorTargets {
             lock_service: spec.lock_service_ref.name.clone(),
