@@ -56,9 +56,28 @@ pub struct VerifyingGrants {
 }
 
 impl Workload {
-    /// The public keys by `configMapKeyRef`, the switch `switch_env`, and the annotation that rolls
-    /// the pods when the key set changes.
-    fn verifying(mut self, grants: &VerifyingGrants, switch_env: &str) -> Self {
+    /// lock-server: the one signing key by `secretKeyRef`, the lock service id, and the annotation
+    /// that rolls it when the key it signs with changes. lock-server is the only workload that
+    /// references the signing-key Secret.
+    pub fn signing(mut self, grants: &SigningGrants) -> Self {
+        self.env
+            .push(secret_env(GRANT_SIGNING_KEY_ENV, &grants.secret, &grants.key_id));
+        self.env
+            .push(env(LOCK_SERVICE_ID_ENV, grants.lock_service_id.clone()));
+        self.annotations
+            .insert(grant_keys::SIGNING_KEY_ANNOTATION.into(), grants.key_id.clone());
+        self
+    }
+
+    /// payment-resource and rail-proxy: the public keys by `configMapKeyRef`, the component's
+    /// switch, and the annotation that rolls the pods when the key set changes. Other workloads
+    /// verify nothing and are returned as they are.
+    pub fn verifying(mut self, grants: &VerifyingGrants) -> Self {
+        let switch_env = match self.component {
+            PAYMENT_RESOURCE => PAYMENT_GRANT_VERIFICATION_ENV,
+            RAIL_PROXY => RAIL_PROXY_GRANT_VERIFICATION_ENV,
+            _ => return self,
+        };
         self.env.push(env(switch_env, grants.enabled.to_string()));
         if grants.enabled {
             self.env.push(configmap_env(
@@ -151,20 +170,12 @@ pub fn lock_server(
     lease: &LeaseSpec,
     store: &LockServerStore<'_>,
     admin_secret: &str,
-    grants: &SigningGrants,
 ) -> Workload {
     let mut env = lease_env(lease);
     // The admin token (force-revoke) from its Secret: never a flag, never a plain value.
     env.push(secret_env(ADMIN_TOKEN_ENV, admin_secret, "token"));
-    // The one signing key it signs with, from the Secret: lock-server is the only workload that
-    // references that Secret. A new key id rolls it (the annotation).
-    env.push(secret_env(GRANT_SIGNING_KEY_ENV, &grants.secret, &grants.key_id));
-    env.push(super::env(LOCK_SERVICE_ID_ENV, grants.lock_service_id.clone()));
     let mut args: Vec<String> = vec!["--listen".into(), LISTEN_ADDR.into()];
-    let mut annotations = BTreeMap::from([(
-        grant_keys::SIGNING_KEY_ANNOTATION.to_owned(),
-        grants.key_id.clone(),
-    )]);
+    let mut annotations = BTreeMap::new();
     let etcd_args = |prefix: &str| {
         vec![
             "--backend".to_owned(),
@@ -218,7 +229,6 @@ pub fn payment_resource(
     resources: Option<ResourceRequirements>,
     kill_switches: &KillSwitches,
     db_secret_version: Option<&str>,
-    grants: &VerifyingGrants,
 ) -> Workload {
     let credentials_secret = &credentials::credentials_secret_name(owner);
     let mut env = vec![env(
@@ -245,7 +255,6 @@ pub fn payment_resource(
         pod_labels: BTreeMap::new(),
     }
     .with_database(owner, History::Paydb, db_secret_version)
-    .verifying(grants, PAYMENT_GRANT_VERIFICATION_ENV)
 }
 
 pub fn rail_proxy(
@@ -256,7 +265,6 @@ pub fn rail_proxy(
     rail_url: &str,
     kill_switches: &KillSwitches,
     db_secret_version: Option<&str>,
-    grants: &VerifyingGrants,
 ) -> Workload {
     let credentials_secret = &credentials::credentials_secret_name(owner);
     let env = vec![
@@ -287,7 +295,6 @@ pub fn rail_proxy(
         pod_labels: BTreeMap::new(),
     }
     .with_database(owner, History::Paydb, db_secret_version)
-    .verifying(grants, RAIL_PROXY_GRANT_VERIFICATION_ENV)
 }
 
 pub fn rail_stub(image: String, mode: Option<RailStubMode>) -> Workload {

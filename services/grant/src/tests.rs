@@ -232,7 +232,7 @@ fn keys_round_trip_through_their_text_and_never_show_in_debug_or_errors() {
     let err = SigningKey::parse(&bad).unwrap_err().to_string();
     assert!(!err.contains(&seed[..20]), "{err}");
 
-    let keys = PublicKeys::parse(&format!("{}", k.public_key().to_text())).unwrap();
+    let keys = PublicKeys::parse(&k.public_key().to_text()).unwrap();
     assert_eq!(PublicKeys::parse(&keys.to_text()).unwrap(), keys);
 }
 

@@ -89,13 +89,15 @@ impl LockHandle {
         let (resigned, signed) = watch::channel(grant.grant.clone());
         tokio::spawn(renew(
             session.clone(),
-            grant.lock_key.clone(),
-            grant.fencing_token,
+            Renewal {
+                key: grant.lock_key.clone(),
+                token: grant.fencing_token,
+                ttl_ms,
+                resigned,
+            },
             live.clone(),
             stop.clone(),
             suspended_rx,
-            resigned,
-            ttl_ms,
         ));
         Self {
             session,
@@ -242,16 +244,27 @@ impl Drop for LockHandle {
     }
 }
 
-async fn renew(
-    session: Arc<SessionShared>,
+/// What the renewal loop renews, and where it puts the grant each renewal re-signs.
+struct Renewal {
     key: String,
     token: FencingToken,
+    ttl_ms: i64,
+    resigned: watch::Sender<Option<String>>,
+}
+
+async fn renew(
+    session: Arc<SessionShared>,
+    renewal: Renewal,
     live: Arc<Liveness>,
     stop: CancellationToken,
     suspended: watch::Receiver<bool>,
-    resigned: watch::Sender<Option<String>>,
-    ttl_ms: i64,
 ) {
+    let Renewal {
+        key,
+        token,
+        ttl_ms,
+        resigned,
+    } = renewal;
     let ended = keepalive::run(live, stop, suspended, || async {
         let renewed = session.api.renew(&key, token, ttl_ms).await?;
         if renewed.fencing_token != token {

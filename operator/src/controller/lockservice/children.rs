@@ -212,8 +212,8 @@ fn lock_server(
         &ls.spec.lease,
         store,
         &admin_secret_name(owner),
-        &grants,
-    );
+    )
+    .signing(&grants);
     out.workload(owner, &w);
     out.endpoints
         .insert("lockServer".into(), owner.http_url(&owner.child(LOCK_SERVER)));

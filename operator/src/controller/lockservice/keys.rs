@@ -137,6 +137,7 @@ pub fn plan(inputs: &GrantInputs) -> GrantPlan {
                 inputs.lock_server_signs_with.as_deref(),
             ) {
                 Decision::Write(w) => {
+                    let w = *w;
                     let outcome = match &w {
                         GrantWrite::Add { key, .. } => {
                             keys = keys.clone().with(key.public_key()).unwrap_or(keys.clone());
@@ -201,7 +202,7 @@ pub fn plan(inputs: &GrantInputs) -> GrantPlan {
 }
 
 enum Decision {
-    Write(GrantWrite),
+    Write(Box<GrantWrite>),
     /// Not yet: the request stays pending and is looked at again.
     Wait(String),
 }
@@ -213,16 +214,16 @@ fn decide(
     lock_server: Option<&str>,
 ) -> Decision {
     let refuse = |message: String| {
-        Decision::Write(GrantWrite::Refuse {
+        Decision::Write(Box::new(GrantWrite::Refuse {
             request: r.id.clone(),
             message,
-        })
+        }))
     };
     match r.action {
-        GrantKeyAction::Add => Decision::Write(GrantWrite::Add {
+        GrantKeyAction::Add => Decision::Write(Box::new(GrantWrite::Add {
             request: r.id.clone(),
             key: SigningKey::generate(next_key_id(keys)),
-        }),
+        })),
         GrantKeyAction::Retire => {
             let Some(id) = r.key_id.as_deref().and_then(KeyId::new) else {
                 return refuse("retire needs keyId".into());
@@ -246,10 +247,10 @@ fn decide(
                     signer.map(ToString::to_string).unwrap_or_default()
                 ));
             }
-            Decision::Write(GrantWrite::Retire {
+            Decision::Write(Box::new(GrantWrite::Retire {
                 request: r.id.clone(),
                 key_id: id,
-            })
+            }))
         }
     }
 }

@@ -129,8 +129,8 @@ pub fn desired(ps: &PaymentStack, owner: &Owner, inputs: &Inputs<'_>) -> Result<
             spec.payment_resource.resources.clone(),
             &spec.kill_switches,
             inputs.db_secret_version,
-            &grants,
-        );
+        )
+        .verifying(&grants);
         let rail_proxy = deployments::rail_proxy(
             owner,
             image(&spec.rail_proxy.image, inputs.default_image),
@@ -139,8 +139,8 @@ pub fn desired(ps: &PaymentStack, owner: &Owner, inputs: &Inputs<'_>) -> Result<
             &rail_url,
             &spec.kill_switches,
             inputs.db_secret_version,
-            &grants,
-        );
+        )
+        .verifying(&grants);
         let targets = ExecutorTargets {
             lock_service: spec.lock_service_ref.name.clone(),
             lock_server_url: lock_server_url.to_owned(),
