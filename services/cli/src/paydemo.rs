@@ -291,7 +291,9 @@ pub async fn run(fencing: bool, run_dir: &Path, backend: LockBackend) -> Result<
     }
     verdict.reconciliation_clean = stack.reconciliation().await?["clean"] == true;
     grant_probes(&stack, &mut verdict).await?;
-    verdict.grant_refusals = stack.metric(&pay, "grant_refused_total", &[]).await?;
+    // Summed over the codes.
+    verdict.grant_refusals =
+        dlock_testkit::metrics::metric_sum(&stack.metrics(&pay).await?, "grant_refused_total", &[]);
     verdict.secs = started.elapsed().as_secs_f64();
     Ok(verdict)
 }
@@ -398,13 +400,13 @@ pub fn print(verdicts: &[Verdict]) {
     println!();
     print!("{:<44}", "");
     for v in verdicts {
-        print!("{:>20}", v.label);
+        print!("{:>26}", v.label);
     }
     println!();
     let row = |name: &str, f: &dyn Fn(&Verdict) -> String| {
         print!("{name:<44}");
         for v in verdicts {
-            print!("{:>20}", f(v));
+            print!("{:>26}", f(v));
         }
         println!();
     };
