@@ -18,7 +18,7 @@ use dlock_wire::doc::BearerAuth;
 pub use dlock_wire::lock::{
     AcquireRequest, CreateSessionRequest, ListLocksQuery, LockEvent, LockGrant, LockList, LockListItem,
     LockOutcome, LockReleased, LockRenewed, LockState, LockView, RevokeOutcome as Outcome, RevokeRequest,
-    SessionClosed, SessionCreated, SessionHeartbeat, TtlRequest,
+    SessionClosed, SessionCreated, SessionHeartbeat, TtlRequest, WatchMessage,
 };
 use dlock_wire::int::JsonInt;
 use dlock_wire::lock::{LockKeyPath, MAX_LIST_PAGE, MAX_WAIT_MS, SessionIdPath};
@@ -50,7 +50,7 @@ pub const OPENAPI_YAML: &str = include_str!("../../../docs/openapi/lock-server.y
         list_locks, revoke,
         dlock_wire::doc::healthz, readyz, metrics, openapi,
     ),
-    components(schemas(ErrorBody, LockEvent)),
+    components(schemas(ErrorBody, LockEvent, LockView)),
     modifiers(&BearerAuth),
     tags(
         (name = "sessions"), (name = "locks"), (name = "admin", description = "Bearer-protected (`LOCK_SERVER_ADMIN_TOKEN`)."),
@@ -235,7 +235,7 @@ async fn acquire_waiting(
 #[utoipa::path(get, path = "/v1/locks/{key}/watch", tag = "locks", operation_id = "watchLock",
     params(LockKeyPath),
     responses(
-        (status = 200, description = "Server-sent events: first `state` (a `LockView`: the key as it is), then one `change` (a `LockEvent`) per change of its holder, in order: `GRANTED`, `RELEASED`, `REVOKED`, `EXPIRED`, `SESSION_ENDED`. The server ends the stream after its watch lifetime (`--watch-max-ms`); reconnect, and the new stream starts from the state again.", body = String, content_type = "text/event-stream"),
+        (status = 200, description = "Server-sent events: first `state` (its data a `LockView`: the key as it is), then one `change` (its data a `LockEvent`) per change of its holder, in order: `GRANTED`, `RELEASED`, `REVOKED`, `EXPIRED`, `SESSION_ENDED`. The server ends the stream after its watch lifetime (`--watch-max-ms`); reconnect, and the new stream starts from the state again.", body = WatchMessage, content_type = "text/event-stream"),
         (status = 400, description = "`INVALID_LOCK_KEY`.", body = ErrorBody),
         (status = 503, description = "`UNAVAILABLE`.", body = ErrorBody),
     ))]
@@ -301,13 +301,16 @@ pub async fn list_locks(
             "prefix must be at most 256 characters without control characters",
         ));
     }
-    let after = q.after.unwrap_or_default();
-    if !after.is_empty() && validate::lock_key(&after).is_err() {
-        return Err(ApiError::bad_request(
-            "INVALID_CURSOR",
-            "after must be the nextCursor of a previous page (a lock key)",
-        ));
-    }
+    let after = match q.after {
+        Some(after) if validate::lock_key(&after).is_ok() => after,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "INVALID_CURSOR",
+                "after must be the nextCursor of a previous page (a lock key)",
+            ));
+        }
+        None => String::new(),
+    };
     let limit = q.limit.unwrap_or(100);
     if !(1..=MAX_LIST_PAGE).contains(&limit) {
         return Err(ApiError::bad_request(

@@ -249,6 +249,24 @@ pub struct LockEvent {
     pub expires_at: Option<DateTime<Utc>>,
 }
 
+/// One server-sent event of a watch, as it is on the wire (its `event:` and `data:` lines).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct WatchMessage {
+    pub event: WatchMessageKind,
+    /// JSON text: a `LockView` for `state`, a `LockEvent` for `change`.
+    pub data: String,
+}
+
+/// The `event:` of a watch's message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum WatchMessageKind {
+    /// The key as it is: the first message of every stream.
+    State,
+    /// A change of its holder.
+    Change,
+}
+
 /// Largest page of `GET /v1/locks`.
 pub const MAX_LIST_PAGE: i64 = 500;
 
