@@ -121,10 +121,7 @@ async fn run(args: LockArgs) -> Result<ExitCode> {
     // Told at once when the grant goes, not at the next renewal.
     handle.watch_grant();
     let token = handle.token();
-    let (program, rest) = args
-        .command
-        .split_first()
-        .context("no command given after --")?;
+    let (program, rest) = args.command.split_first().context("no command given after --")?;
     let mut child = Command::new(program)
         .args(rest)
         .env("DLOCK_LOCK_KEY", &args.key)

@@ -39,7 +39,10 @@ struct Env {
 }
 
 async fn env(backend: LockBackend, name: &str) -> Env {
-    let dir = std::env::temp_dir().join(format!("dlock-lock-command-{}-{name}-{backend}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "dlock-lock-command-{}-{name}-{backend}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let pay = paydb().await;
     let (lock, lockdb, etcd) = match backend {
@@ -123,7 +126,11 @@ async fn runs_the_command_and_exits_with_its_status(backend: LockBackend) {
     let (code, stderr) = finish(child).await;
     assert_eq!(code, Some(7), "the command's status: {stderr}");
     let view = env.stack.lock_status("job:status").await.unwrap();
-    assert_eq!(view.state, dlock_client::LockState::Free, "released after the command");
+    assert_eq!(
+        view.state,
+        dlock_client::LockState::Free,
+        "released after the command"
+    );
     env.lock.shutdown().await.unwrap();
 }
 
@@ -190,7 +197,11 @@ async fn revoked_grant_stops_the_command_and_its_token_is_fenced(backend: LockBa
 
     revoke(&env, &key, t1).await;
     let (code, stderr) = finish(child).await;
-    assert_eq!(code, Some(3), "dlock lock exits 3 when the lock is lost: {stderr}");
+    assert_eq!(
+        code,
+        Some(3),
+        "dlock lock exits 3 when the lock is lost: {stderr}"
+    );
     assert!(
         stderr.contains("lost the lock") && stderr.contains("revoked"),
         "says why: {stderr}"

@@ -163,7 +163,11 @@ impl LockApi {
 
     /// `GET /v1/locks/{key}/watch`: the key's state, then its changes, until the server ends the
     /// stream (after its watch lifetime; `max_stream` bounds how long this client waits for that).
-    pub async fn watch(&self, key: &str, max_stream: Duration) -> Result<crate::watch::LockWatch, ClientError> {
+    pub async fn watch(
+        &self,
+        key: &str,
+        max_stream: Duration,
+    ) -> Result<crate::watch::LockWatch, ClientError> {
         let response = self
             .http
             .get(self.url(&["v1", "locks", key, "watch"]))

@@ -165,11 +165,10 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(matches!(state, WatchItem::State(v) if v.lock_key == "k"));
-        let change = parse(
-            b"event: change\ndata: {\"type\":\"REVOKED\",\"lockKey\":\"k\",\"fencingToken\":7}\n\n",
-        )
-        .unwrap()
-        .unwrap();
+        let change =
+            parse(b"event: change\ndata: {\"type\":\"REVOKED\",\"lockKey\":\"k\",\"fencingToken\":7}\n\n")
+                .unwrap()
+                .unwrap();
         assert!(
             matches!(change, WatchItem::Change(e) if e.kind == dlock_wire::lock::LockEventType::Revoked && e.fencing_token.get() == 7)
         );

@@ -8,19 +8,19 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
+use axum::response::sse::{Event, KeepAlive, Sse};
 use dlock_common::{ApiError, ApiJson, ApiPath, ApiQuery, FencingToken, validate};
 use dlock_wire::ErrorBody;
 use dlock_wire::doc::BearerAuth;
+use dlock_wire::int::JsonInt;
 pub use dlock_wire::lock::{
     AcquireRequest, CreateSessionRequest, ListLocksQuery, LockEvent, LockGrant, LockList, LockListItem,
     LockOutcome, LockReleased, LockRenewed, LockState, LockView, RevokeOutcome as Outcome, RevokeRequest,
     SessionClosed, SessionCreated, SessionHeartbeat, TtlRequest, WatchMessage,
 };
-use dlock_wire::int::JsonInt;
 use dlock_wire::lock::{LockKeyPath, MAX_LIST_PAGE, MAX_WAIT_MS, SessionIdPath};
 use uuid::Uuid;
 

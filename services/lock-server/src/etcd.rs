@@ -714,7 +714,8 @@ impl EtcdRepo {
         let value = encode(&WaiterValue {
             owner_id: owner_id.to_owned(),
             session_id,
-            deadline_ms: Utc::now().timestamp_millis() + i64::try_from(left.as_millis()).unwrap_or(i64::MAX / 2),
+            deadline_ms: Utc::now().timestamp_millis()
+                + i64::try_from(left.as_millis()).unwrap_or(i64::MAX / 2),
         });
         let joined = self
             .client()
@@ -737,7 +738,9 @@ impl EtcdRepo {
             .map(|h| h.revision())
             .ok_or_else(|| Error::Corrupt("a transaction without a header".into()))?;
         let out = self
-            .queued(key, owner_id, session_id, ttl_secs, &me, mine, deadline, faults, cancel, metrics)
+            .queued(
+                key, owner_id, session_id, ttl_secs, &me, mine, deadline, faults, cancel, metrics,
+            )
             .await;
         // Leaving wakes the waiter behind (it watches this key).
         if let Err(e) = self.client().delete(me, None).await {
@@ -927,7 +930,12 @@ impl EtcdRepo {
     /// record exists), released (deleted while its lease lived: the index entry on the same lease was
     /// still there at `rev`), or with its lease: expired, or its session ended (the session key was
     /// gone at `rev`). A history etcd compacted away reads as released.
-    pub async fn why_deleted(&self, key: &str, prev: &KeyValue, rev: i64) -> Result<crate::watch::Cause, Error> {
+    pub async fn why_deleted(
+        &self,
+        key: &str,
+        prev: &KeyValue,
+        rev: i64,
+    ) -> Result<crate::watch::Cause, Error> {
         use crate::watch::Cause;
         let token = self.token_of(prev);
         if self.get_one(self.revocation_key(key, token)).await?.is_some() {

@@ -51,7 +51,11 @@ pub enum Note {
         lease_secs: f64,
     },
     /// The grant went: `cause` is `released`, `revoked` or `session_ended` (V3's trigger).
-    Freed { cause: String, token: i64, owner: String },
+    Freed {
+        cause: String,
+        token: i64,
+        owner: String,
+    },
     /// The listener reconnected: re-read the key.
     Resync,
 }
@@ -196,8 +200,7 @@ impl Hub {
             let mut inner = self.inner();
             inner.watches = open.into_iter().collect();
             inner.watched = count(&inner.watches);
-            self.watched_count
-                .store(inner.watched.len(), Ordering::Relaxed);
+            self.watched_count.store(inner.watched.len(), Ordering::Relaxed);
         }
         self.ready.send_replace(generation);
         if generation > 1 {
@@ -224,7 +227,11 @@ impl Hub {
 
     fn dispatch(&self, payload: &str) {
         let Ok(p) = serde_json::from_str::<Payload>(payload) else {
-            tracing::warn!(event = "listener_bad_payload", payload, "a notification of an unknown shape");
+            tracing::warn!(
+                event = "listener_bad_payload",
+                payload,
+                "a notification of an unknown shape"
+            );
             return;
         };
         let mut inner = self.inner();
@@ -258,19 +265,21 @@ impl Hub {
                 if let Some(v) = p.v {
                     inner.watches.insert(v, p.k);
                     inner.watched = count(&inner.watches);
-                    self.watched_count
-                        .store(inner.watched.len(), Ordering::Relaxed);
+                    self.watched_count.store(inner.watched.len(), Ordering::Relaxed);
                 }
             }
             "unwatch" => {
                 if let Some(v) = p.v {
                     inner.watches.remove(&v);
                     inner.watched = count(&inner.watches);
-                    self.watched_count
-                        .store(inner.watched.len(), Ordering::Relaxed);
+                    self.watched_count.store(inner.watched.len(), Ordering::Relaxed);
                 }
             }
-            other => tracing::warn!(event = "listener_bad_payload", kind = other, "an unknown notification"),
+            other => tracing::warn!(
+                event = "listener_bad_payload",
+                kind = other,
+                "an unknown notification"
+            ),
         }
     }
 

@@ -356,10 +356,7 @@ impl Repo {
     }
 
     pub async fn drop_watch(&self, id: i64) -> Result<(), Error> {
-        sqlx::query(sql::DROP_WATCH)
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(sql::DROP_WATCH).bind(id).execute(&self.pool).await?;
         Ok(())
     }
 

@@ -87,7 +87,10 @@ pub async fn open(state: &AppState, key: String) -> Result<mpsc::Receiver<Item>,
         Backend::Postgres(repo) => state.feeds().subscribe(repo, key, tx, ends).await?,
         Backend::Etcd(repo) => {
             let (row, rev) = repo.read_at(&key).await?;
-            let view = view_of(&key, row.as_ref().map(|r| (r.fencing_token, r.owner_id.clone(), false)));
+            let view = view_of(
+                &key,
+                row.as_ref().map(|r| (r.fencing_token, r.owner_id.clone(), false)),
+            );
             let _ = tx.send(Item::State(view)).await;
             let repo = repo.clone();
             let highest = row.map_or(0, |r| r.fencing_token);
@@ -354,7 +357,13 @@ impl Machine {
         if token > self.highest {
             // Its grant was never told here (told late, or missed): report it first.
             self.highest = token;
-            out.extend(event(&self.key, LockEventType::Granted, token, Some(owner.clone()), None));
+            out.extend(event(
+                &self.key,
+                LockEventType::Granted,
+                token,
+                Some(owner.clone()),
+                None,
+            ));
             self.holder = Some((token, owner, false));
         }
         if let Some((t, o, lapsed)) = self.holder.take() {
@@ -402,7 +411,13 @@ impl Machine {
                     && !*lapsed
                 {
                     *lapsed = true;
-                    out.extend(event(&self.key, LockEventType::Expired, *t, Some(o.clone()), None));
+                    out.extend(event(
+                        &self.key,
+                        LockEventType::Expired,
+                        *t,
+                        Some(o.clone()),
+                        None,
+                    ));
                 }
                 self.arm(r.expired, r.left_secs);
             }

@@ -194,7 +194,9 @@ async fn queue_up(
         let s = api.open_session(&format!("q{i}"), LONG_TTL_MS).await;
         let order = order.clone();
         tasks.push(tokio::spawn(async move {
-            let r = api.acquire_wait(key, s, &format!("q{i}"), LONG_TTL_MS, 30_000).await;
+            let r = api
+                .acquire_wait(key, s, &format!("q{i}"), LONG_TTL_MS, 30_000)
+                .await;
             if r.status == StatusCode::OK {
                 order.lock().unwrap().push((i, r.token()));
             }
@@ -207,7 +209,11 @@ async fn queue_up(
         })
         .await;
     }
-    wait_until("every waiter asleep", || async move { asleep(apis).await == n as f64 }).await;
+    wait_until(
+        "every waiter asleep",
+        || async move { asleep(apis).await == n as f64 },
+    )
+    .await;
     tasks
 }
 
@@ -679,7 +685,9 @@ async fn two_replicas_one_queue(h: &Harness) -> Result<(), String> {
         v.push(format!("granted in the order {order:?} across two replicas"));
     }
     if freed != vec![1.0, 2.0, 3.0, 4.0] {
-        v.push(format!("freed wake-ups after each release across two replicas: {freed:?}"));
+        v.push(format!(
+            "freed wake-ups after each release across two replicas: {freed:?}"
+        ));
     }
     check(v)
 }
@@ -688,11 +696,11 @@ async fn two_replicas_one_queue(h: &Harness) -> Result<(), String> {
 /// its grant is lost with reason Revoked, without waiting for a renewal.
 async fn revoked_holder_watch_and_handle_report_it(h: &Harness) -> Result<(), String> {
     let client = LockClient::new(&h.api.base).unwrap();
-    let session = client.open_session("holder", Duration::from_secs(600)).await.unwrap();
-    let handle = session
-        .try_acquire("w", Duration::from_secs(600))
+    let session = client
+        .open_session("holder", Duration::from_secs(600))
         .await
         .unwrap();
+    let handle = session.try_acquire("w", Duration::from_secs(600)).await.unwrap();
     let token = handle.token();
     handle.watch_grant();
     let mut watch = client.watch("w").await.unwrap();
@@ -707,7 +715,11 @@ async fn revoked_holder_watch_and_handle_report_it(h: &Harness) -> Result<(), St
     .await;
     let r = h
         .api
-        .revoke("w", Some(ADMIN_TOKEN), json!({"operator": "ops", "reason": "stuck", "fencingToken": token.get()}))
+        .revoke(
+            "w",
+            Some(ADMIN_TOKEN),
+            json!({"operator": "ops", "reason": "stuck", "fencingToken": token.get()}),
+        )
         .await;
     if r.body["outcome"] != "REVOKED" {
         return Err(format!("revoke: {r:?}"));
@@ -739,14 +751,22 @@ async fn list_pages_held_keys(h: &Harness) -> Result<(), String> {
     let keys = |r: &Reply| -> Vec<String> {
         r.body["items"]
             .as_array()
-            .map(|a| a.iter().map(|i| i["lockKey"].as_str().unwrap_or("").to_owned()).collect())
+            .map(|a| {
+                a.iter()
+                    .map(|i| i["lockKey"].as_str().unwrap_or("").to_owned())
+                    .collect()
+            })
             .unwrap_or_default()
     };
     if keys(&first) != ["ls:a", "ls:b"] || first.body["nextCursor"] != "ls:b" {
         v.push(format!("first page: {first:?}"));
     }
     let item = &first.body["items"][0];
-    if item["ownerId"] != "w" || item["fencingToken"] != json!(tokens[1]) || item["state"] != "HELD" || item["waiters"] != 0 {
+    if item["ownerId"] != "w"
+        || item["fencingToken"] != json!(tokens[1])
+        || item["state"] != "HELD"
+        || item["waiters"] != 0
+    {
         v.push(format!("an item: {item}"));
     }
     let second = api.list("?prefix=ls:&limit=2&after=ls:b").await;

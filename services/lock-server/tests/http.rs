@@ -554,7 +554,9 @@ async fn a_revoke_token_written_as_an_integral_number_is_that_token() {
             .post(api.url(&format!("/v1/admin/locks/{key}/revoke")))
             .bearer_auth(ADMIN_TOKEN)
             .header("Content-Type", "application/json")
-            .body(format!(r#"{{"operator": "ops", "reason": "stuck", "fencingToken": {text}}}"#))
+            .body(format!(
+                r#"{{"operator": "ops", "reason": "stuck", "fencingToken": {text}}}"#
+            ))
             .send()
             .await
             .unwrap();
@@ -564,7 +566,11 @@ async fn a_revoke_token_written_as_an_integral_number_is_that_token() {
         assert_eq!(r.body["previousToken"], json!(t));
     }
     let r = api
-        .revoke("k1", Some(ADMIN_TOKEN), json!({"operator": "ops", "reason": "r", "fencingToken": 1.5}))
+        .revoke(
+            "k1",
+            Some(ADMIN_TOKEN),
+            json!({"operator": "ops", "reason": "r", "fencingToken": 1.5}),
+        )
         .await;
     assert_eq!((r.status, r.code()), (StatusCode::BAD_REQUEST, "INVALID_TOKEN"));
     let message = r.body["message"].as_str().unwrap();

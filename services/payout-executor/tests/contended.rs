@@ -35,15 +35,14 @@ async fn a_worker_waits_in_the_accounts_queue_instead_of_polling() {
         .open_session("other-holder", Duration::from_secs(60))
         .await
         .unwrap();
-    let lock = session
-        .try_acquire(&key, Duration::from_secs(60))
-        .await
-        .unwrap();
+    let lock = session.try_acquire(&key, Duration::from_secs(60)).await.unwrap();
 
-    let spec = stack
-        .service_executor_spec("waiting-executor")
-        .unwrap()
-        .args(["--poll-interval-ms", "500", "--acquire-wait-ms", "200"]);
+    let spec = stack.service_executor_spec("waiting-executor").unwrap().args([
+        "--poll-interval-ms",
+        "500",
+        "--acquire-wait-ms",
+        "200",
+    ]);
     let executor = stack.start_executor(spec).await.unwrap();
     let stack = &stack;
     let metric = |name: &'static str, labels: &'static [(&'static str, &'static str)]| async move {

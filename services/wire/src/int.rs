@@ -89,9 +89,7 @@ impl JsonInt {
         let text = self.text();
         let shown: String = text.chars().take(40).collect();
         let wrong = || {
-            format!(
-                "{field} must be an integer in 1..=9223372036854775807 or its decimal text, got {shown}"
-            )
+            format!("{field} must be an integer in 1..=9223372036854775807 or its decimal text, got {shown}")
         };
         if text.starts_with('"') {
             let decimal: String = serde_json::from_str(text).map_err(|_| wrong())?;
@@ -156,15 +154,36 @@ mod tests {
 
     fn token(json: &str) -> Result<i64, String> {
         let v: JsonInt = serde_json::from_str(json).expect("json");
-        v.fencing_token("fencingToken").map(dlock_common::FencingToken::get)
+        v.fencing_token("fencingToken")
+            .map(dlock_common::FencingToken::get)
     }
 
     #[test]
     fn a_fencing_token_is_an_exact_integer_or_its_decimal_text() {
-        for (json, want) in [("1", 1), ("1.0", 1), ("1e0", 1), ("7E+1", 70), ("\"42\"", 42), ("\"007\"", 7)] {
+        for (json, want) in [
+            ("1", 1),
+            ("1.0", 1),
+            ("1e0", 1),
+            ("7E+1", 70),
+            ("\"42\"", 42),
+            ("\"007\"", 7),
+        ] {
             assert_eq!(token(json), Ok(want), "{json}");
         }
-        for bad in ["0", "-1", "1.5", "0.0", "1e19", "9223372036854775808", "\"1.0\"", "\"\"", "null", "true", "{}", "[1]"] {
+        for bad in [
+            "0",
+            "-1",
+            "1.5",
+            "0.0",
+            "1e19",
+            "9223372036854775808",
+            "\"1.0\"",
+            "\"\"",
+            "null",
+            "true",
+            "{}",
+            "[1]",
+        ] {
             let e = token(bad).expect_err(bad);
             assert!(e.starts_with("fencingToken"), "{bad}: {e}");
             assert!(!e.contains("untagged"), "{bad}: {e}");

@@ -279,7 +279,11 @@ pub struct ListLocksQuery {
     #[param(max_length = 256, pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$")]
     pub prefix: Option<String>,
     /// The `nextCursor` of the previous page: keys after it, in the store's key order.
-    #[param(min_length = 1, max_length = 256, pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")]
+    #[param(
+        min_length = 1,
+        max_length = 256,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$"
+    )]
     pub after: Option<String>,
     /// Page size, 1..=500 (default 100).
     #[param(minimum = 1, maximum = 500)]

@@ -366,7 +366,14 @@ impl Api {
     }
 
     /// A blocking acquire: waits in the key's queue up to `wait_ms`.
-    pub async fn acquire_wait(&self, key: &str, session: Uuid, owner: &str, ttl_ms: i64, wait_ms: i64) -> Reply {
+    pub async fn acquire_wait(
+        &self,
+        key: &str,
+        session: Uuid,
+        owner: &str,
+        ttl_ms: i64,
+        wait_ms: i64,
+    ) -> Reply {
         self.post_json(
             &format!("/v1/locks/{key}/acquire"),
             json!({"sessionId": session, "ownerId": owner, "ttlMs": ttl_ms, "waitMs": wait_ms}),
