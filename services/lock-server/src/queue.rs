@@ -116,7 +116,10 @@ async fn wait_pg(
 ) -> Result<Option<Grant>, Error> {
     let hub = repo.hub();
     // The listener must hear the queue's notifications before the waiter joins it.
+    // Biased: a listener that is up counts even when the wait is already over (waitMs 0 still
+    // takes its turn once).
     let listening = tokio::select! {
+        biased;
         ok = hub.ready(cancel) => ok,
         () = tokio::time::sleep_until(deadline) => false,
     };
