@@ -39,6 +39,10 @@ use crate::state::AppState;
 /// first); a row a dead replica left behind is skipped after it.
 pub const GRACE: Duration = Duration::from_secs(2);
 
+/// How long a waiter waits at most for the lockdb listener to be connected (right after the
+/// server started, or while it reconnects).
+const LISTENER_WAIT: Duration = Duration::from_secs(5);
+
 /// A holder's lease end is checked this long after lockdb's clock says it comes.
 const LEASE_END_SLACK: Duration = Duration::from_millis(2);
 
@@ -116,12 +120,13 @@ async fn wait_pg(
 ) -> Result<Option<Grant>, Error> {
     let hub = repo.hub();
     // The listener must hear the queue's notifications before the waiter joins it.
-    // Biased: a listener that is up counts even when the wait is already over (waitMs 0 still
-    // takes its turn once).
+    // Bounded by the wait, but never shorter than the moment a listener needs to connect after the
+    // server started (a wait of 0 still takes its turn once).
+    let connect_by = deadline.max(Instant::now() + LISTENER_WAIT);
     let listening = tokio::select! {
         biased;
         ok = hub.ready(cancel) => ok,
-        () = tokio::time::sleep_until(deadline) => false,
+        () = tokio::time::sleep_until(connect_by) => false,
     };
     if !listening {
         return if cancel.is_cancelled() {
