@@ -1,7 +1,9 @@
 //! `dlock bench lock`: acquire/release over HTTP through lock-server on PostgreSQL and on etcd, the
 //! bare C1 acquire statement straight against the same lockdb, and etcd's own lock recipe
 //! (`concurrency.Mutex`, the Go program in bench/etcd-mutex) against the same etcd — side by side in
-//! one run, at each client count asked for.
+//! one run, at each client count asked for. The "one key, blocking" rows are every client waiting in
+//! the key's queue (`waitMs`), the counterpart of the Mutex on one key, which queues the same way:
+//! grants/s and the longest wait.
 
 use std::time::{Duration, Instant};
 
@@ -107,6 +109,20 @@ struct Phase {
     acquire: Histogram<u64>,
 }
 
+/// How the HTTP clients acquire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Each client on its own key.
+    Distinct,
+    /// Every client on one key, no wait: a 409 and try again.
+    OneKey,
+    /// Every client on one key, waiting in its queue (`waitMs`).
+    Blocking,
+}
+
+/// The wait of a blocking client: far longer than any grant takes to come round.
+const BENCH_WAIT_MS: i64 = 30_000;
+
 impl Phase {
     fn per_sec(&self) -> f64 {
         self.cycles as f64 / self.secs
@@ -114,6 +130,10 @@ impl Phase {
 
     fn ms(&self, q: f64) -> f64 {
         self.acquire.value_at_quantile(q) as f64 / 1000.0
+    }
+
+    fn longest_ms(&self) -> f64 {
+        self.acquire.max() as f64 / 1000.0
     }
 }
 
@@ -164,25 +184,30 @@ async fn lock(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
     let mut rows: Vec<(u32, Phase)> = Vec::new();
     for &clients in &args.clients {
         if let (Some(server), Some(db)) = (&pg_server, &db) {
-            for (name, contended) in [
-                ("dlock/postgres, distinct", false),
-                ("dlock/postgres, one key", true),
+            for (name, mode) in [
+                ("dlock/postgres, distinct", Mode::Distinct),
+                ("dlock/postgres, one key", Mode::OneKey),
+                ("dlock/postgres, one key, blocking", Mode::Blocking),
             ] {
                 step(format!("{name}, {clients} clients …"));
                 rows.push((
                     clients,
-                    http_phase(name, &server.url(), clients, contended, measure).await?,
+                    http_phase(name, &server.url(), clients, mode, measure).await?,
                 ));
             }
             step(format!("bare C1 statement, {clients} clients …"));
             rows.push((clients, bare_phase(&db.app_url(), clients, measure).await?));
         }
         if let (Some(server), Some(cluster), Some(bin)) = (&etcd_server, &cluster, &mutex_bin) {
-            for (name, contended) in [("dlock/etcd, distinct", false), ("dlock/etcd, one key", true)] {
+            for (name, mode) in [
+                ("dlock/etcd, distinct", Mode::Distinct),
+                ("dlock/etcd, one key", Mode::OneKey),
+                ("dlock/etcd, one key, blocking", Mode::Blocking),
+            ] {
                 step(format!("{name}, {clients} clients …"));
                 rows.push((
                     clients,
-                    http_phase(name, &server.url(), clients, contended, measure).await?,
+                    http_phase(name, &server.url(), clients, mode, measure).await?,
                 ));
             }
             for (name, contended) in [("etcd Mutex, distinct", false), ("etcd Mutex, one key", true)] {
@@ -197,18 +222,19 @@ async fn lock(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
 
     println!();
     println!(
-        "{:<28} {:>8} {:>10} {:>10} {:>12} {:>12}",
-        "phase", "clients", "cycles/s", "grants/s", "acquire p50", "acquire p99"
+        "{:<34} {:>8} {:>10} {:>10} {:>12} {:>12} {:>12}",
+        "phase", "clients", "cycles/s", "grants/s", "acquire p50", "acquire p99", "longest"
     );
     for (clients, p) in &rows {
         println!(
-            "{:<28} {:>8} {:>10.0} {:>10.0} {:>9.2} ms {:>9.2} ms",
+            "{:<34} {:>8} {:>10.0} {:>10.0} {:>9.2} ms {:>9.2} ms {:>9.2} ms",
             p.name,
             clients,
             p.per_sec(),
             p.grants as f64 / p.secs,
             p.ms(0.50),
-            p.ms(0.99)
+            p.ms(0.99),
+            p.longest_ms()
         );
     }
     println!();
@@ -250,6 +276,9 @@ struct MutexResult {
     cycles: u64,
     p50_us: u64,
     p99_us: u64,
+    /// The longest Lock (a program built before it reported this reads as 0).
+    #[serde(default)]
+    max_us: u64,
 }
 
 /// etcd's Mutex: cycles and the Lock latency quantiles come from the Go program; the histogram is
@@ -287,6 +316,7 @@ fn mutex_phase(
     // Half the samples at p50, the rest up to p99, one at p99: quantiles read back as measured.
     acquire.record_n(r.p50_us.max(1), r.cycles.div_ceil(2).max(1))?;
     acquire.record_n(r.p99_us.max(1), (r.cycles / 2).max(1))?;
+    acquire.record(r.max_us.max(1))?;
     Ok(Phase {
         name,
         cycles: r.cycles,
@@ -300,7 +330,7 @@ async fn http_phase(
     name: &'static str,
     base: &str,
     clients: u32,
-    contended: bool,
+    mode: Mode,
     measure: Duration,
 ) -> Result<Phase> {
     let http = reqwest::Client::builder()
@@ -322,11 +352,15 @@ async fn http_phase(
                 .json()
                 .await?;
             let session = s["sessionId"].as_str().context("session id")?.to_owned();
-            let key = if contended {
-                "bench:hot".to_owned()
-            } else {
-                format!("bench:{i}")
+            let key = match mode {
+                Mode::Distinct => format!("bench:{i}"),
+                Mode::OneKey => "bench:hot".to_owned(),
+                Mode::Blocking => "bench:queue".to_owned(),
             };
+            let mut body = json!({"sessionId": session, "ownerId": owner, "ttlMs": 30_000});
+            if mode == Mode::Blocking {
+                body["waitMs"] = json!(BENCH_WAIT_MS);
+            }
             let mut hist = histogram()?;
             let (mut cycles, mut grants) = (0u64, 0u64);
             loop {
@@ -336,7 +370,7 @@ async fn http_phase(
                 }
                 let resp = http
                     .post(format!("{base}/v1/locks/{key}/acquire"))
-                    .json(&json!({"sessionId": session, "ownerId": owner, "ttlMs": 30_000}))
+                    .json(&body)
                     .send()
                     .await?;
                 let status = resp.status();

@@ -34,6 +34,31 @@ pub struct Config {
     pub pool_max_connections: u32,
     /// How long a request waits for a free connection before answering 503.
     pub pool_acquire_timeout: Duration,
+    /// The longest a blocking acquire waits here, whatever its `waitMs` asks (at most
+    /// [`dlock_wire::lock::MAX_WAIT_MS`]); its answer at that point is `CONTENDED`, as at the end of
+    /// any wait.
+    pub max_wait: Duration,
+    /// How long one watch stream stays open; the client then reconnects (a stream starts with the
+    /// key's state).
+    pub watch_max: Duration,
+    /// For negative controls only: a deliberately broken queue. Production is [`QueueFaults::NONE`].
+    pub queue_faults: QueueFaults,
+}
+
+/// Deliberately broken queues, for the negative controls of the blocking acquire only.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueFaults {
+    /// A release wakes every waiter of the key, not only the head (a thundering herd).
+    pub wake_every_waiter: bool,
+    /// The newest waiter is served first (LIFO), not the oldest.
+    pub lifo: bool,
+}
+
+impl QueueFaults {
+    pub const NONE: QueueFaults = QueueFaults {
+        wake_every_waiter: false,
+        lifo: false,
+    };
 }
 
 impl Config {
@@ -48,6 +73,9 @@ impl Config {
             reaper_interval: Some(Duration::from_secs(1)),
             pool_max_connections: 10,
             pool_acquire_timeout: Duration::from_secs(5),
+            max_wait: Duration::from_millis(dlock_wire::lock::MAX_WAIT_MS.unsigned_abs()),
+            watch_max: Duration::from_secs(300),
+            queue_faults: QueueFaults::NONE,
         }
     }
 
@@ -106,6 +134,12 @@ impl Config {
         {
             return Err(ConfigError::ReaperInterval);
         }
+        if self.max_wait.as_millis() > u128::from(dlock_wire::lock::MAX_WAIT_MS.unsigned_abs()) {
+            return Err(ConfigError::MaxWait);
+        }
+        if self.watch_max < Duration::from_millis(10) {
+            return Err(ConfigError::WatchMax);
+        }
         Ok(())
     }
 }
@@ -121,6 +155,9 @@ impl std::fmt::Debug for Config {
             .field("reaper_interval", &self.reaper_interval)
             .field("pool_max_connections", &self.pool_max_connections)
             .field("pool_acquire_timeout", &self.pool_acquire_timeout)
+            .field("max_wait", &self.max_wait)
+            .field("watch_max", &self.watch_max)
+            .field("queue_faults", &self.queue_faults)
             .finish()
     }
 }
@@ -139,6 +176,10 @@ pub enum ConfigError {
     PoolSize,
     #[error("the reaper interval must be at least 10 ms (0 disables the reaper)")]
     ReaperInterval,
+    #[error("the longest wait of a blocking acquire is 0..=60000 ms")]
+    MaxWait,
+    #[error("a watch stream must stay open at least 10 ms")]
+    WatchMax,
     #[error("cannot read the admin token file {path}: {source}")]
     AdminTokenFile { path: String, source: std::io::Error },
     #[error("give the admin token either in --admin-token-file or in DLOCK_ADMIN_TOKEN, not both")]
@@ -195,6 +236,16 @@ pub struct Cli {
     #[arg(long, env = "DLOCK_REAPER_INTERVAL_MS", default_value_t = 1000)]
     pub reaper_interval_ms: u64,
 
+    /// The longest a blocking acquire waits here, in milliseconds (0..=60000), whatever its `waitMs`
+    /// asks; it then answers CONTENDED, as at the end of any wait.
+    #[arg(long, env = "DLOCK_MAX_WAIT_MS", default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub max_wait_ms: u64,
+
+    /// How long one watch stream stays open, in milliseconds; clients reconnect (each stream starts
+    /// with the key's state).
+    #[arg(long, env = "DLOCK_WATCH_MAX_MS", default_value_t = 300_000, value_parser = clap::value_parser!(u64).range(10..=86_400_000))]
+    pub watch_max_ms: u64,
+
     /// lockdb pool: `--db-max-connections`, `--db-acquire-timeout-ms` (the same flags in every
     /// service with a database).
     #[command(flatten)]
@@ -237,6 +288,9 @@ impl Cli {
                 .then(|| Duration::from_millis(self.reaper_interval_ms)),
             pool_max_connections: self.pool.db_max_connections,
             pool_acquire_timeout: self.pool.acquire_timeout(),
+            max_wait: Duration::from_millis(self.max_wait_ms),
+            watch_max: Duration::from_millis(self.watch_max_ms),
+            queue_faults: QueueFaults::NONE,
         };
         config.validate()?;
         Ok(config)

@@ -6,6 +6,8 @@
 //!   on etcd (`--backend etcd`); [`backend`]: the one the server runs;
 //! - [`api`]: the HTTP handlers; [`routes`]: the router and its route table;
 //! - [`error`]: the one error enum, mapped to HTTP; [`auth`]: the admin bearer token;
+//! - [`queue`]: the blocking acquire, a FIFO queue per key in the store; [`watch`]: a key's changes
+//!   as a stream; [`hub`]: the PostgreSQL backend's one `LISTEN` connection per process feeding both;
 //! - [`metrics`], [`reaper`], [`config`], [`server`] ([`spawn`] in-process, [`start`] for the binary, which
 //!   [`dlock_common::serve::main`] runs until SIGTERM).
 //!
@@ -19,16 +21,19 @@ pub mod batch;
 pub mod config;
 pub mod error;
 pub mod etcd;
+pub mod hub;
 pub mod metrics;
+pub mod queue;
 pub mod reaper;
 pub mod repo;
 pub mod routes;
 pub mod server;
 pub mod sql;
 pub mod state;
+pub mod watch;
 
 pub use backend::Backend;
-pub use config::{BackendConfig, Cli, Config, ConfigError};
+pub use config::{BackendConfig, Cli, Config, ConfigError, QueueFaults};
 pub use error::Error;
 pub use etcd::{EtcdFaults, EtcdRepo};
 pub use repo::Repo;
