@@ -2,7 +2,8 @@
 // reference row of `dlock bench lock`. Each client has one concurrency.Session (one lease, kept
 // alive in the background) and loops Lock → Unlock on its own key (distinct) or on one shared key
 // (contended) for the measured time, after a 1 s warm-up. Prints one JSON line:
-// {"cycles":N,"seconds":S,"p50_us":…,"p99_us":…} with the latency of Lock.
+// {"cycles":N,"seconds":S,"p50_us":…,"p99_us":…,"max_us":…} with the latency of Lock (max_us: the
+// longest wait).
 package main
 
 import (
@@ -25,6 +26,7 @@ type result struct {
 	Seconds float64 `json:"seconds"`
 	P50us   int64   `json:"p50_us"`
 	P99us   int64   `json:"p99_us"`
+	MaxUs   int64   `json:"max_us"`
 }
 
 func main() {
@@ -100,6 +102,6 @@ func main() {
 		}
 		return lat[int(p*float64(len(lat)-1))]
 	}
-	out, _ := json.Marshal(result{Cycles: len(lat), Seconds: *seconds, P50us: q(0.50), P99us: q(0.99)})
+	out, _ := json.Marshal(result{Cycles: len(lat), Seconds: *seconds, P50us: q(0.50), P99us: q(0.99), MaxUs: q(1.0)})
 	fmt.Println(string(out))
 }

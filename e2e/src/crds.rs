@@ -2,10 +2,14 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::{Kubectl, env, eventually};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::runtime::wait::conditions;
+use kube::{Client, ResourceExt};
+use tokio::sync::OnceCell;
+
+use crate::{env, k8s};
 
 /// `crds/` at the repository root, written by `cargo run -p dlock-operator --bin crdgen`
 /// (`DLOCK_E2E_CRDS_DIR` points elsewhere, e.g. at `crdgen --out-dir` output of a work in progress).
@@ -59,57 +63,39 @@ pub fn diff(generated: &BTreeMap<String, Vec<u8>>, chart: &BTreeMap<String, Vec<
     problems
 }
 
-static INSTALLED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+static INSTALLED: OnceCell<Vec<String>> = OnceCell::const_new();
 
-/// Applies every CRD in `crds/` (server-side: the schemas are too large for the last-applied
-/// annotation) and waits until each is Established. Returns the CRD names. Idempotent and safe to
-/// call from parallel tests.
-pub fn install(kubectl: &Kubectl) -> Vec<String> {
-    let mut installed = INSTALLED.lock().unwrap_or_else(|p| p.into_inner());
-    if !installed.is_empty() {
-        return installed.clone();
-    }
-    let files = yaml_files(&generated_dir());
-    assert!(
-        !files.is_empty(),
-        "no CRDs in {}: run cargo run -p dlock-operator --bin crdgen",
-        generated_dir().display()
-    );
-    let mut names = Vec::new();
-    for name in files.keys() {
-        let path = generated_dir().join(name);
-        let out = kubectl
-            .run(&[
-                "apply",
-                "--server-side",
-                "--force-conflicts",
-                "--field-manager",
-                "dlock-e2e",
-                "-o",
-                "name",
-                "-f",
-                &path.to_string_lossy(),
-            ])
-            .ok();
-        for line in out.stdout.lines() {
-            // customresourcedefinition.apiextensions.k8s.io/lockservices.dlock.dev
-            if let Some((_, crd)) = line.trim().split_once('/') {
-                names.push(crd.to_owned());
+/// Applies every CRD in `crds/` (server-side, as `kubectl apply --server-side -f crds/` would: the
+/// schemas are too large for client-side apply's annotation) and waits until each is Established.
+/// Returns the CRD names. Idempotent and safe to call from parallel tests.
+pub async fn install(client: &Client) -> Vec<String> {
+    INSTALLED
+        .get_or_init(|| async {
+            let files = yaml_files(&generated_dir());
+            assert!(
+                !files.is_empty(),
+                "no CRDs in {}: run cargo run -p dlock-operator --bin crdgen",
+                generated_dir().display()
+            );
+            let api = k8s::cluster_api::<CustomResourceDefinition>(client);
+            let mut names = Vec::new();
+            for (file, bytes) in &files {
+                let crd: CustomResourceDefinition = serde_yaml::from_slice(bytes)
+                    .unwrap_or_else(|e| panic!("{file} is not a CustomResourceDefinition: {e}"));
+                names.push(k8s::apply(&api, &crd).await.name_any());
             }
-        }
-    }
-    for crd in &names {
-        eventually(&format!("CRD {crd} Established"), Duration::from_secs(60), || {
-            let obj = kubectl
-                .get(None, "customresourcedefinition", crd)
-                .ok_or_else(|| format!("{crd} not found"))?;
-            if crate::objects::condition_is(&obj, "Established", "True") {
-                Ok(())
-            } else {
-                Err(format!("conditions: {}", obj["status"]["conditions"]))
+            for crd in &names {
+                k8s::wait_until(
+                    &api,
+                    crd,
+                    &format!("CRD {crd} Established"),
+                    Duration::from_secs(60),
+                    conditions::is_crd_established(),
+                )
+                .await;
             }
-        });
-    }
-    *installed = names.clone();
-    names
+            names
+        })
+        .await
+        .clone()
 }

@@ -6,17 +6,20 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use crate::kubectl::Kubectl;
 
 /// The running test cluster (from `scripts/cluster-up.sh`).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Cluster {
     /// Admin kubeconfig (client cert in group system:masters).
     pub kubeconfig: PathBuf,
+    /// The admin's client: every read and write of the tests.
+    pub client: kube::Client,
+    /// The admin's `kubectl`, for the tests whose point is a user's command line.
     pub kubectl: Kubectl,
 }
 
 /// `Some` when `DLOCK_E2E=1` (set by `scripts/test-cluster.sh`); otherwise prints why the test is
 /// skipped and returns `None`. With `DLOCK_E2E=1` but no usable kubeconfig it panics: a tier that
 /// was asked for must not pass by skipping.
-pub fn cluster(test: &str) -> Option<Cluster> {
+pub async fn cluster(test: &str) -> Option<Cluster> {
     if std::env::var("DLOCK_E2E").as_deref() != Ok("1") {
         eprintln!(
             "skipped {test}: the cluster tier is off (DLOCK_E2E is not 1). Run scripts/test-cluster.sh, \
@@ -30,8 +33,13 @@ pub fn cluster(test: &str) -> Option<Cluster> {
             "DLOCK_E2E=1 but KUBECONFIG ({other:?}) is not a file; start the cluster with scripts/cluster-up.sh"
         ),
     };
+    let client = crate::k8s::client(&kubeconfig).await;
     let kubectl = Kubectl::new(&kubeconfig);
-    Some(Cluster { kubeconfig, kubectl })
+    Some(Cluster {
+        kubeconfig,
+        client,
+        kubectl,
+    })
 }
 
 /// The repository root (this crate lives in `e2e/`).

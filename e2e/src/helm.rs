@@ -1,11 +1,12 @@
 //! The chart, rendered with the real `helm` binary.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use serde_json::Value;
+use serde::Deserialize;
 
 use crate::env;
+use crate::k8s::Kind;
 
 pub fn chart_dir() -> PathBuf {
     env::repo_root().join("charts").join("dlock-operator")
@@ -21,7 +22,7 @@ pub fn helm(test: &str) -> Option<PathBuf> {
 }
 
 /// Runs helm; returns (success, stdout, stderr).
-pub fn run(helm: &PathBuf, args: &[&str]) -> (bool, String, String) {
+pub fn run(helm: &Path, args: &[&str]) -> (bool, String, String) {
     let out = Command::new(helm)
         .args(args)
         .output()
@@ -34,7 +35,7 @@ pub fn run(helm: &PathBuf, args: &[&str]) -> (bool, String, String) {
 }
 
 /// `helm template RELEASE charts/dlock-operator -n NS --set k=v ...` as YAML text.
-pub fn template(helm: &PathBuf, release: &str, ns: &str, sets: &[(&str, &str)], extra: &[&str]) -> String {
+pub fn template(helm: &Path, release: &str, ns: &str, sets: &[(&str, &str)], extra: &[&str]) -> String {
     let chart = chart_dir();
     let chart = chart.to_string_lossy();
     let mut args: Vec<String> = vec![
@@ -55,16 +56,36 @@ pub fn template(helm: &PathBuf, release: &str, ns: &str, sets: &[(&str, &str)], 
     stdout
 }
 
-/// The rendered documents of one kind, as JSON (rendered YAML converted by `kubectl create
-/// --dry-run=client -o json`, so no YAML parser is needed here).
-pub fn rendered_of_kind(kubectl: &crate::Kubectl, yaml: &str, kind: &str) -> Vec<Value> {
-    let out = kubectl
-        .run_stdin(&["create", "--dry-run=client", "-o", "json", "-f", "-"], yaml)
-        .ok();
-    // One JSON document per object, concatenated.
-    serde_json::Deserializer::from_str(&out.stdout)
-        .into_iter::<Value>()
-        .map(|v| v.unwrap_or_else(|e| panic!("kubectl printed bad JSON ({e}):\n{}", out.stdout)))
-        .filter(|o| o.get("kind").and_then(Value::as_str) == Some(kind))
+/// The rendered objects, as YAML values (empty documents left out).
+fn documents(yaml: &str) -> Vec<serde_yaml::Value> {
+    serde_yaml::Deserializer::from_str(yaml)
+        .map(|doc| {
+            serde_yaml::Value::deserialize(doc)
+                .unwrap_or_else(|e| panic!("helm rendered bad YAML ({e}):\n{yaml}"))
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// The `kind` of every rendered object, in order.
+pub fn kinds(yaml: &str) -> Vec<String> {
+    documents(yaml)
+        .iter()
+        .map(|d| {
+            d.get("kind")
+                .and_then(serde_yaml::Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect()
+}
+
+/// The rendered objects of kind `K`, typed.
+pub fn rendered<K: Kind>(yaml: &str) -> Vec<K> {
+    let kind = K::kind(&());
+    documents(yaml)
+        .into_iter()
+        .filter(|d| d.get("kind").and_then(serde_yaml::Value::as_str) == Some(kind.as_ref()))
+        .map(|d| serde_yaml::from_value(d).unwrap_or_else(|e| panic!("a rendered {kind}: {e}")))
         .collect()
 }

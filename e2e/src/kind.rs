@@ -3,23 +3,22 @@
 //! `kube::Client`, waits on watches (`await_condition`), the ledger over sqlx and the services' HTTP
 //! APIs over reqwest, all through `kubectl port-forward` to loopback ports.
 
-use std::fmt::Debug;
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Secret;
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::runtime::wait::{Condition, await_condition};
-use kube::{Api, Client, Config, Resource};
-use serde::de::DeserializeOwned;
+use kube::{Api, Client};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+
+// The client and the watch waits are the cluster tier's too (`crate::k8s`).
+pub use crate::k8s::{client, wait_until};
 
 /// Where the stack runs, as `e2e/kind/run.sh` passes it.
 #[derive(Debug, Clone)]
@@ -74,17 +73,6 @@ pub fn kind_env(test: &str) -> Option<KindEnv> {
     })
 }
 
-/// A client of the kind cluster from its kubeconfig file (not `$KUBECONFIG`, which may name another
-/// cluster).
-pub async fn client(kubeconfig: &Path) -> Client {
-    let kc = Kubeconfig::read_from(kubeconfig)
-        .unwrap_or_else(|e| panic!("read kubeconfig {}: {e}", kubeconfig.display()));
-    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("kubeconfig {}: {e}", kubeconfig.display()));
-    Client::try_from(config).unwrap_or_else(|e| panic!("kube client: {e}"))
-}
-
 /// One progress line on stderr, as run.sh's own.
 pub fn log(msg: impl AsRef<str>) {
     eprintln!("[kind] {}", msg.as_ref());
@@ -110,25 +98,6 @@ impl Steps {
         if let Some((name, started)) = self.current.take() {
             log(format!("step {name}: done in {}s", started.elapsed().as_secs()));
         }
-    }
-}
-
-/// Waits on a watch of `name` until `cond` holds, at most `timeout`; panics naming `what`.
-pub async fn wait_until<K>(
-    api: &Api<K>,
-    name: &str,
-    what: &str,
-    timeout: Duration,
-    cond: impl Condition<K>,
-) -> K
-where
-    K: Clone + Debug + Send + DeserializeOwned + Resource + 'static,
-{
-    match tokio::time::timeout(timeout, await_condition(api.clone(), name, cond)).await {
-        Ok(Ok(Some(obj))) => obj,
-        Ok(Ok(None)) => panic!("waiting for {what}: {name} does not exist"),
-        Ok(Err(e)) => panic!("waiting for {what}: watching {name}: {e}"),
-        Err(_) => panic!("timed out after {}s waiting for {what}", timeout.as_secs()),
     }
 }
 

@@ -1,11 +1,13 @@
-//! `kubectl` as a library: every call is one process, JSON in and out. The tests use the same
-//! commands an operator of dlock would type (`kubectl apply`, `kubectl patch`).
+//! `kubectl`, for the checks whose point is that a user's own command line works: the runbook's
+//! `kubectl annotate` requests, `kubectl apply -f config/samples/`, the printer columns and short
+//! names of `kubectl get`, `helm template | kubectl apply --dry-run=server`. Everything else reads
+//! and writes typed objects through [`crate::k8s`].
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
-use serde_json::Value;
+use tokio::io::AsyncWriteExt;
+use tokio::process::Command;
 
 #[derive(Debug, Clone)]
 pub struct Kubectl {
@@ -32,11 +34,6 @@ impl Out {
         );
         self
     }
-
-    pub fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("`{}` printed no JSON ({e}):\n{}", self.command, self.stdout))
-    }
 }
 
 impl Kubectl {
@@ -46,19 +43,15 @@ impl Kubectl {
         }
     }
 
-    pub fn kubeconfig(&self) -> &Path {
-        &self.kubeconfig
+    pub async fn run(&self, args: &[&str]) -> Out {
+        self.exec(args, None).await
     }
 
-    pub fn run(&self, args: &[&str]) -> Out {
-        self.exec(args, None)
+    pub async fn run_stdin(&self, args: &[&str], stdin: &str) -> Out {
+        self.exec(args, Some(stdin)).await
     }
 
-    pub fn run_stdin(&self, args: &[&str], stdin: &str) -> Out {
-        self.exec(args, Some(stdin))
-    }
-
-    fn exec(&self, args: &[&str], stdin: Option<&str>) -> Out {
+    async fn exec(&self, args: &[&str], stdin: Option<&str>) -> Out {
         let command = format!("kubectl {}", args.join(" "));
         let mut cmd = Command::new("kubectl");
         cmd.args(args)
@@ -73,10 +66,12 @@ impl Kubectl {
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn `{command}`: {e}"));
         if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
             pipe.write_all(input.as_bytes())
+                .await
                 .unwrap_or_else(|e| panic!("write stdin of `{command}`: {e}"));
         }
         let out = child
             .wait_with_output()
+            .await
             .unwrap_or_else(|e| panic!("wait `{command}`: {e}"));
         Out {
             success: out.status.success(),
@@ -87,100 +82,18 @@ impl Kubectl {
         }
     }
 
-    /// `kubectl apply -n NS -f -` with one object (client-side apply, as a user would).
-    pub fn apply(&self, ns: &str, obj: &Value) -> Out {
-        self.run_stdin(&["apply", "-n", ns, "-f", "-"], &obj.to_string())
-    }
-
-    /// `kubectl create -n NS -f -` with one object.
-    pub fn create(&self, ns: &str, obj: &Value) -> Out {
-        self.run_stdin(&["create", "-n", ns, "-f", "-"], &obj.to_string())
-    }
-
-    /// One object, or `None` when it does not exist. `ns` is `None` for cluster-scoped kinds.
-    pub fn get(&self, ns: Option<&str>, resource: &str, name: &str) -> Option<Value> {
-        let mut args = vec!["get", resource, name, "-o", "json", "--ignore-not-found"];
-        if let Some(ns) = ns {
-            args.extend(["-n", ns]);
-        }
-        let out = self.run(&args).ok();
-        if out.stdout.trim().is_empty() {
-            None
-        } else {
-            Some(out.json())
-        }
-    }
-
-    /// Every object of a kind in a namespace.
-    pub fn list(&self, ns: &str, resource: &str) -> Vec<Value> {
-        let out = self.run(&["get", resource, "-n", ns, "-o", "json"]).ok();
-        match out.json().get("items") {
-            Some(Value::Array(items)) => items.clone(),
-            _ => Vec::new(),
-        }
-    }
-
-    /// A JSON merge patch on the main resource (`kubectl patch --type merge`).
-    pub fn patch(&self, ns: &str, resource: &str, name: &str, patch: &Value) -> Out {
+    /// `kubectl annotate RESOURCE NAME -n NS --overwrite KEY=VALUE`: the runbook's one line per
+    /// operator action (docs/operations.md).
+    pub async fn annotate(&self, ns: &str, resource: &str, name: &str, key: &str, value: &str) -> Out {
         self.run(&[
-            "patch",
+            "annotate",
             resource,
             name,
             "-n",
             ns,
-            "--type",
-            "merge",
-            "-p",
-            &patch.to_string(),
+            "--overwrite",
+            &format!("{key}={value}"),
         ])
-    }
-
-    /// A JSON merge patch on the status subresource, as a controller (or the kubelet) writes it.
-    pub fn patch_status(&self, ns: &str, resource: &str, name: &str, patch: &Value) -> Out {
-        self.run(&[
-            "patch",
-            resource,
-            name,
-            "-n",
-            ns,
-            "--subresource",
-            "status",
-            "--type",
-            "merge",
-            "-p",
-            &patch.to_string(),
-        ])
-    }
-
-    /// Creates a namespace (idempotent).
-    pub fn namespace(&self, name: &str) {
-        let ns = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
-        self.run_stdin(&["apply", "-f", "-"], &ns.to_string()).ok();
-    }
-
-    /// `kubectl auth can-i VERB RESOURCE [-n NS] --as USER`: `true` for "yes". RESOURCE may be
-    /// `type/name`; a subresource is written `type#sub` (e.g. `lockservices.dlock.dev#status`).
-    pub fn can_i(&self, user: &str, verb: &str, resource: &str, ns: Option<&str>) -> bool {
-        let (resource, sub) = match resource.split_once('#') {
-            Some((r, s)) => (r, Some(s)),
-            None => (resource, None),
-        };
-        let mut args = vec!["auth", "can-i", verb, resource, "--as", user];
-        if let Some(sub) = sub {
-            args.extend(["--subresource", sub]);
-        }
-        if let Some(ns) = ns {
-            args.extend(["-n", ns]);
-        }
-        // Exit code 1 with "no" is the negative answer, not an error.
-        let out = self.run(&args);
-        match out.stdout.trim() {
-            "yes" => true,
-            "no" => false,
-            _ => panic!(
-                "`{}`: unexpected answer {:?} / {:?}",
-                out.command, out.stdout, out.stderr
-            ),
-        }
+        .await
     }
 }

@@ -12,14 +12,24 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
-use std::process::Command;
+use std::time::Duration;
 
-use base64::Engine;
 use dlock_testkit::{History, TestDb};
-use serde_json::{Value, json};
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentCondition, DeploymentStatus, StatefulSet, StatefulSetStatus,
+};
+use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus, UncountedTerminatedPods};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodSpec, PodStatus,
+    Secret, ServiceAccount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
 
+use crate::k8s::{self, Kind};
 use crate::proxy::Proxy;
-use crate::{Kubectl, env, objects};
+use crate::{env, operator};
 
 /// One executed Job.
 #[derive(Debug, Clone)]
@@ -41,7 +51,7 @@ impl JobRun {
 
 /// The stand-in, for one namespace.
 pub struct Kubelet {
-    kubectl: Kubectl,
+    client: Client,
     ns: String,
     /// The local database each history maps to (created empty on first use; the Job migrates it).
     pub databases: HashMap<History, TestDb>,
@@ -56,6 +66,8 @@ pub struct Kubelet {
     served: HashMap<String, Served>,
     pub proxy: Option<Proxy>,
     scratch: std::path::PathBuf,
+    /// Probes the served processes' `/readyz`, as their readiness probes would.
+    http: reqwest::Client,
 }
 
 /// A Deployment whose one pod runs here.
@@ -72,13 +84,13 @@ struct Served {
 impl Kubelet {
     /// A stand-in for namespace `ns`, with a fresh, empty local database for each of `histories`
     /// (the migration Jobs fill them).
-    pub async fn new(kubectl: &Kubectl, ns: &str, histories: &[History]) -> Self {
+    pub async fn new(client: &Client, ns: &str, histories: &[History]) -> Self {
         let mut databases = HashMap::new();
         for h in histories {
             databases.insert(*h, dlock_testkit::blank(*h).await);
         }
         Kubelet {
-            kubectl: kubectl.clone(),
+            client: client.clone(),
             ns: ns.to_owned(),
             databases,
             ran: HashSet::new(),
@@ -91,7 +103,19 @@ impl Kubelet {
                 std::process::id(),
                 crate::env::unique_name("k")
             )),
+            http: reqwest::Client::builder()
+                .no_proxy()
+                .timeout(Duration::from_secs(2))
+                .build()
+                .expect("an HTTP client"),
         }
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+    {
+        Api::namespaced(self.client.clone(), &self.ns)
     }
 
     /// Database URLs whose host is `host` map to `db` (instead of the history's default database).
@@ -132,41 +156,39 @@ impl Kubelet {
     /// Starts or stops the processes of the served Deployments to match their replicas, with a Pod
     /// object for each running one (what the operator counts before it opens a gate) and the proxy
     /// route to it.
-    pub fn sync_served(&mut self) {
+    pub async fn sync_served(&mut self) {
         let names: Vec<String> = self.served.keys().cloned().collect();
         for name in names {
-            let dep = self.kubectl.get(Some(&self.ns), "deployment", &name);
-            let want = dep.as_ref().is_some_and(|d| objects::replicas(d) > 0);
+            let dep = k8s::get(&self.api::<Deployment>(), &name).await;
             let running = self.served.get(&name).is_some_and(|s| s.process.is_some());
-            if want && !running {
-                let dep = dep.unwrap_or_default();
-                self.start_served(&name, &dep);
-            } else if !want && running {
-                self.stop_served(&name);
+            match dep {
+                Some(dep) if k8s::replicas(&dep) > 0 && !running => self.start_served(&name, &dep).await,
+                Some(dep) if k8s::replicas(&dep) == 0 && running => self.stop_served(&name).await,
+                None if running => self.stop_served(&name).await,
+                _ => {}
             }
         }
     }
 
     /// The namespace's `default` ServiceAccount, which the controller-manager would create and pod
     /// admission requires.
-    fn ensure_default_service_account(&self) {
-        if self
-            .kubectl
-            .get(Some(&self.ns), "serviceaccount", "default")
-            .is_none()
-        {
-            let sa = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}});
-            let _ = self
-                .kubectl
-                .run_stdin(&["create", "-n", &self.ns, "-f", "-"], &sa.to_string());
+    async fn ensure_default_service_account(&self) {
+        let api = self.api::<ServiceAccount>();
+        if k8s::get(&api, "default").await.is_none() {
+            let sa = ServiceAccount {
+                metadata: named("default"),
+                ..ServiceAccount::default()
+            };
+            // Another pass may have created it meanwhile: AlreadyExists is as good.
+            let _ = api.create(&PostParams::default(), &sa).await;
         }
     }
 
-    fn start_served(&mut self, name: &str, dep: &Value) {
-        let c = &dep["spec"]["template"]["spec"]["containers"][0];
-        let mut argv: Vec<String> = strings(&c["command"]);
-        argv.extend(strings(&c["args"]));
-        let env = self.container_env(c);
+    async fn start_served(&mut self, name: &str, dep: &Deployment) {
+        let template = &dep.spec.as_ref().expect("a Deployment has a spec").template;
+        let c = k8s::container(template, &format!("Deployment {name}"));
+        let argv = k8s::argv(c);
+        let env = self.container_env(c).await;
         let history = self.served[name].history;
         let default_db = self.databases.get(&history).cloned();
         let port = dlock_testkit::procs::free_port().unwrap_or_else(|e| panic!("free port: {e}"));
@@ -174,7 +196,7 @@ impl Kubelet {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let mut cmd = Command::new(env::workspace_bin(&program));
+        let mut cmd = std::process::Command::new(env::workspace_bin(&program));
         cmd.env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default());
         for (k, v) in &env {
@@ -206,32 +228,43 @@ impl Kubelet {
             .spawn()
             .unwrap_or_else(|e| panic!("start {program} for {name}: {e}"));
         // Ready when /readyz answers 200, as the readiness probe would see it.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!(
-                    "{program} for {name} exited ({status}):\n{}",
-                    crate::operator::tail(&log, 40)
-                );
-            }
-            if http_ready(port) {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{program} for {name} not ready within 60 s:\n{}",
-                crate::operator::tail(&log, 40)
+        let ready =
+            dlock_testkit::wait::poll(Duration::from_secs(60), Duration::from_millis(50), async || {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!(
+                        "{program} for {name} exited ({status}):\n{}",
+                        operator::tail(&log, 40)
+                    );
+                }
+                match self
+                    .http
+                    .get(format!("http://127.0.0.1:{port}/readyz"))
+                    .send()
+                    .await
+                {
+                    Ok(r) if r.status().as_u16() == 200 => Ok(()),
+                    Ok(r) => Err(format!("status {}", r.status())),
+                    Err(e) => Err(e.to_string()),
+                }
+            })
+            .await;
+        if let Err(last) = ready {
+            panic!(
+                "{program} for {name} not ready within 60 s ({last}):\n{}",
+                operator::tail(&log, 40)
             );
-            std::thread::sleep(std::time::Duration::from_millis(50));
         }
-        let labels = dep["spec"]["template"]["metadata"]["labels"].clone();
-        self.ensure_default_service_account();
-        let pod = json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": format!("{name}-local"), "labels": labels},
-            "spec": {"containers": [{"name": c["name"], "image": c["image"]}]},
-        });
-        self.kubectl.apply(&self.ns, &pod).ok();
+        self.ensure_default_service_account().await;
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some(format!("{name}-local")),
+                labels: template.metadata.as_ref().and_then(|m| m.labels.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(pod_spec(c, None)),
+            ..Pod::default()
+        };
+        k8s::apply(&self.api::<Pod>(), &pod).await;
         let served = self
             .served
             .get_mut(name)
@@ -244,7 +277,7 @@ impl Kubelet {
         served.starts += 1;
     }
 
-    fn stop_served(&mut self, name: &str) {
+    async fn stop_served(&mut self, name: &str) {
         let Some(served) = self.served.get_mut(name) else {
             return;
         };
@@ -255,20 +288,18 @@ impl Kubelet {
             let _ = child.kill();
             let _ = child.wait();
         }
-        // The pod is gone only once its process is: delete its object afterwards.
-        self.kubectl
-            .run(&[
-                "delete",
-                "pod",
-                &format!("{name}-local"),
-                "-n",
-                &self.ns,
-                "--grace-period=0",
-                "--force",
-                "--ignore-not-found",
-                "--wait=false",
-            ])
-            .ok();
+        // The pod is gone only once its process is: delete its object afterwards (at once, as
+        // `kubectl delete --grace-period=0 --force` would; not waiting for it to go).
+        let pod = format!("{name}-local");
+        match self
+            .api::<Pod>()
+            .delete(&pod, &DeleteParams::default().grace_period(0))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => panic!("delete Pod {pod}: {e}"),
+        }
     }
 
     /// A database URL mapped to its local database: by host first, else `default`.
@@ -294,46 +325,69 @@ impl Kubelet {
     }
 
     /// Marks every Deployment and StatefulSet in the namespace as fully rolled out.
-    pub fn workloads_ready(&self) {
-        for d in self.kubectl.list(&self.ns, "deployments") {
+    pub async fn workloads_ready(&self) {
+        for d in k8s::list(&self.api::<Deployment>()).await {
             // A served Deployment whose process is not running has no ready pod yet: its status
             // waits for the next pass, after `sync_served` started it, as a readiness probe would.
             let unstarted = self
                 .served
-                .get(objects::name(&d))
-                .is_some_and(|s| s.process.is_none() && objects::replicas(&d) > 0);
-            if !rolled_out(&d) && !unstarted {
-                self.kubectl
-                    .patch_status(&self.ns, "deployment", objects::name(&d), &deployment_status(&d))
-                    .ok();
+                .get(&d.name_any())
+                .is_some_and(|s| s.process.is_none() && k8s::replicas(&d) > 0);
+            let n = k8s::replicas(&d);
+            let st = d.status.as_ref();
+            let rolled_out = observed_current(&d, st.and_then(|s| s.observed_generation))
+                && st.and_then(|s| s.ready_replicas).unwrap_or(0) == n;
+            if !rolled_out && !unstarted {
+                let status = Deployment {
+                    status: Some(deployment_status(&d)),
+                    ..Deployment::default()
+                };
+                write_status(&self.api(), &d.name_any(), &status).await;
             }
         }
-        for s in self.kubectl.list(&self.ns, "statefulsets") {
-            if !rolled_out(&s) {
-                self.kubectl
-                    .patch_status(
-                        &self.ns,
-                        "statefulset",
-                        objects::name(&s),
-                        &statefulset_status(&s),
-                    )
-                    .ok();
+        for s in k8s::list(&self.api::<StatefulSet>()).await {
+            let n = k8s::sts_replicas(&s);
+            let st = s.status.as_ref();
+            let rolled_out = observed_current(&s, st.and_then(|s| s.observed_generation))
+                && st.and_then(|s| s.ready_replicas).unwrap_or(0) == n;
+            if !rolled_out {
+                self.statefulset_ready(&s.name_any(), n).await;
             }
         }
     }
 
+    /// Writes StatefulSet `name`'s status as its controller would with `ready` of its pods ready.
+    pub async fn statefulset_ready(&self, name: &str, ready: i32) {
+        let api = self.api::<StatefulSet>();
+        let s = k8s::must_get(&api, name).await;
+        let n = k8s::sts_replicas(&s);
+        let status = StatefulSet {
+            status: Some(StatefulSetStatus {
+                observed_generation: s.metadata.generation,
+                replicas: n,
+                ready_replicas: Some(ready),
+                current_replicas: Some(n),
+                updated_replicas: Some(n),
+                available_replicas: Some(ready),
+                ..StatefulSetStatus::default()
+            }),
+            ..StatefulSet::default()
+        };
+        write_status(&api, name, &status).await;
+    }
+
     /// Runs every Job in the namespace that has not run yet and has no terminal status; returns
     /// the runs of this call.
-    pub fn run_pending_jobs(&mut self) -> Vec<JobRun> {
+    pub async fn run_pending_jobs(&mut self) -> Vec<JobRun> {
         let mut done = Vec::new();
-        for job in self.kubectl.list(&self.ns, "jobs") {
-            let uid = objects::uid(&job).to_owned();
+        for job in k8s::list(&self.api::<Job>()).await {
+            let uid = job.uid().unwrap_or_default();
             if self.ran.contains(&uid) || job_finished(&job) {
                 continue;
             }
-            let run = self.run_job(&job);
+            let run = self.run_job(&job).await;
             self.ran.insert(uid);
-            self.write_job_status(&job, run.succeeded());
+            self.write_job_status(&job, run.succeeded()).await;
             self.runs.push(run.clone());
             done.push(run);
         }
@@ -341,25 +395,24 @@ impl Kubelet {
     }
 
     /// One pass of everything: jobs, served processes, then workload status.
-    pub fn step(&mut self) -> Vec<JobRun> {
-        let runs = self.run_pending_jobs();
-        self.sync_served();
-        self.workloads_ready();
+    pub async fn step(&mut self) -> Vec<JobRun> {
+        let runs = self.run_pending_jobs().await;
+        self.sync_served().await;
+        self.workloads_ready().await;
         runs
     }
 
     /// Executes the Job's container the way its pod would run it.
-    pub fn run_job(&mut self, job: &Value) -> JobRun {
-        let name = objects::name(job).to_owned();
-        let c = objects::container(job);
-        let mut argv: Vec<String> = strings(&c["command"]);
-        argv.extend(strings(&c["args"]));
+    pub async fn run_job(&mut self, job: &Job) -> JobRun {
+        let name = job.name_any();
+        let template = &job.spec.as_ref().expect("a Job has a spec").template;
+        let c = k8s::container(template, &format!("Job {name}"));
+        let argv = k8s::argv(c);
         assert!(
             !argv.is_empty(),
             "Job {name} has no command: the image's entrypoint is the operator, so a migration Job must name dlock-migrate"
         );
-        let env = self.container_env(c);
-
+        let env = self.container_env(c).await;
         let migrations = dlock_testkit::migrations_root();
         let argv: Vec<String> = argv.iter().map(|a| map_migrations_path(a, &migrations)).collect();
         let program_name = Path::new(&argv[0])
@@ -384,7 +437,7 @@ impl Kubelet {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let binary = env::workspace_bin(&program);
-        let mut cmd = Command::new(&binary);
+        let mut cmd = tokio::process::Command::new(&binary);
         cmd.env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default());
         let mut mapped_url = false;
@@ -423,9 +476,9 @@ impl Kubelet {
         // The termination-message file the kubelet would provide, if the container writes one.
         // (The API server defaults terminationMessagePath for every container; only a container
         // that names it in its args writes a report there.)
-        let termination_path = c["terminationMessagePath"]
-            .as_str()
-            .map(str::to_owned)
+        let termination_path = c
+            .termination_message_path
+            .clone()
             .filter(|p| args.iter().any(|a| a == p));
         let report_file = self.scratch.join(format!("{name}.termination-log"));
         let args: Vec<String> = args
@@ -441,10 +494,11 @@ impl Kubelet {
         cmd.args(&args);
         let out = cmd
             .output()
+            .await
             .unwrap_or_else(|e| panic!("run {} for Job {name}: {e}", binary.display()));
         if termination_path.is_some() {
             let message = std::fs::read_to_string(&report_file).unwrap_or_default();
-            self.write_job_pod(job, out.status.code(), &message);
+            self.write_job_pod(job, c, out.status.code(), &message).await;
         }
         JobRun {
             job: name,
@@ -459,124 +513,129 @@ impl Kubelet {
 
     /// The container's environment as the kubelet would build it: `env` values, Secret and
     /// ConfigMap key references, and `envFrom`.
-    fn container_env(&self, c: &Value) -> BTreeMap<String, String> {
+    async fn container_env(&self, c: &Container) -> BTreeMap<String, String> {
         let mut env = BTreeMap::new();
-        for from in c["envFrom"].as_array().into_iter().flatten() {
-            let prefix = from["prefix"].as_str().unwrap_or_default();
-            if let Some(name) = from["secretRef"]["name"].as_str() {
-                for (k, v) in self.secret_data(name) {
+        for from in c.env_from.iter().flatten() {
+            let prefix = from.prefix.as_deref().unwrap_or_default();
+            if let Some(r) = &from.secret_ref {
+                for (k, v) in self.secret_data(&r.name).await {
                     env.insert(format!("{prefix}{k}"), v);
                 }
             }
-            if let Some(name) = from["configMapRef"]["name"].as_str() {
-                for (k, v) in self.configmap_data(name) {
+            if let Some(r) = &from.config_map_ref {
+                for (k, v) in self.configmap_data(&r.name).await {
                     env.insert(format!("{prefix}{k}"), v);
                 }
             }
         }
-        for e in c["env"].as_array().into_iter().flatten() {
-            let key = e["name"].as_str().unwrap_or_default().to_owned();
-            if let Some(v) = e["value"].as_str() {
-                env.insert(key, v.to_owned());
-            } else if let Some(r) = e["valueFrom"]["secretKeyRef"].as_object() {
-                let (name, k) = (
-                    r["name"].as_str().unwrap_or_default(),
-                    r["key"].as_str().unwrap_or_default(),
-                );
-                let data = self.secret_data(name);
-                match data.get(k) {
+        for e in c.env.iter().flatten() {
+            let key = e.name.clone();
+            let from = e.value_from.as_ref();
+            if let Some(v) = &e.value {
+                env.insert(key, v.clone());
+            } else if let Some(r) = from.and_then(|f| f.secret_key_ref.as_ref()) {
+                match self.secret_data(&r.name).await.remove(&r.key) {
                     Some(v) => {
-                        env.insert(key, v.clone());
+                        env.insert(key, v);
                     }
-                    None if r.get("optional").and_then(Value::as_bool) == Some(true) => {}
-                    None => panic!("env {key}: Secret {name} has no key {k} (the pod would not start)"),
+                    None if r.optional == Some(true) => {}
+                    None => panic!(
+                        "env {key}: Secret {} has no key {} (the pod would not start)",
+                        r.name, r.key
+                    ),
                 }
-            } else if let Some(r) = e["valueFrom"]["configMapKeyRef"].as_object() {
-                let (name, k) = (
-                    r["name"].as_str().unwrap_or_default(),
-                    r["key"].as_str().unwrap_or_default(),
-                );
-                if let Some(v) = self.configmap_data(name).get(k) {
-                    env.insert(key, v.clone());
-                }
+            } else if let Some(r) = from.and_then(|f| f.config_map_key_ref.as_ref())
+                && let Some(v) = self.configmap_data(&r.name).await.remove(&r.key)
+            {
+                env.insert(key, v);
             }
         }
         env
     }
 
-    fn secret_data(&self, name: &str) -> BTreeMap<String, String> {
-        let secret = self
-            .kubectl
-            .get(Some(&self.ns), "secret", name)
-            .unwrap_or_else(|| {
-                panic!(
-                    "Secret {}/{name} does not exist (the pod would not start)",
-                    self.ns
-                )
-            });
-        let mut out = BTreeMap::new();
-        for (k, v) in secret["data"].as_object().into_iter().flatten() {
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(v.as_str().unwrap_or_default())
-                .unwrap_or_else(|e| panic!("Secret {name} key {k} is not base64: {e}"));
-            out.insert(k.clone(), String::from_utf8_lossy(&bytes).into_owned());
-        }
-        out
+    async fn secret_data(&self, name: &str) -> BTreeMap<String, String> {
+        let secret = k8s::get(&self.api::<Secret>(), name).await.unwrap_or_else(|| {
+            panic!(
+                "Secret {}/{name} does not exist (the pod would not start)",
+                self.ns
+            )
+        });
+        secret
+            .data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+            .collect()
     }
 
-    fn configmap_data(&self, name: &str) -> BTreeMap<String, String> {
-        let cm = self
-            .kubectl
-            .get(Some(&self.ns), "configmap", name)
-            .unwrap_or_else(|| {
-                panic!(
-                    "ConfigMap {}/{name} does not exist (the pod would not start)",
-                    self.ns
-                )
-            });
-        cm["data"]
-            .as_object()
-            .into_iter()
-            .flatten()
-            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
-            .collect()
+    async fn configmap_data(&self, name: &str) -> BTreeMap<String, String> {
+        let cm = k8s::get(&self.api::<ConfigMap>(), name).await.unwrap_or_else(|| {
+            panic!(
+                "ConfigMap {}/{name} does not exist (the pod would not start)",
+                self.ns
+            )
+        });
+        cm.data.unwrap_or_default()
     }
 
     /// The Job's ended pod, as the Job controller and kubelet leave it: labelled with the Job's name,
     /// its container terminated with the exit code and the termination message.
-    fn write_job_pod(&self, job: &Value, exit_code: Option<i32>, message: &str) {
-        self.ensure_default_service_account();
-        let name = objects::name(job);
-        let c = objects::container(job);
+    async fn write_job_pod(&self, job: &Job, c: &Container, exit_code: Option<i32>, message: &str) {
+        self.ensure_default_service_account().await;
+        let name = job.name_any();
         let pod_name = format!("{name}-run");
-        let pod = json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod_name, "labels": {
-                "batch.kubernetes.io/job-name": name, "job-name": name}},
-            "spec": {"restartPolicy": "Never", "containers": [{"name": c["name"], "image": c["image"]}]},
-        });
-        self.kubectl.apply(&self.ns, &pod).ok();
-        let now = now_rfc3339();
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some(pod_name.clone()),
+                labels: Some(BTreeMap::from([
+                    ("batch.kubernetes.io/job-name".to_owned(), name.clone()),
+                    ("job-name".to_owned(), name.clone()),
+                ])),
+                ..ObjectMeta::default()
+            },
+            spec: Some(pod_spec(c, Some("Never"))),
+            ..Pod::default()
+        };
+        let api = self.api::<Pod>();
+        k8s::apply(&api, &pod).await;
+        let now = now();
         let code = exit_code.unwrap_or(137);
-        let status = json!({"status": {
-            "phase": if code == 0 { "Succeeded" } else { "Failed" },
-            "containerStatuses": [{
-                "name": c["name"], "image": c["image"], "imageID": "", "ready": false, "restartCount": 0,
-                "state": {"terminated": {
-                    "exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" },
-                    "message": message, "startedAt": now, "finishedAt": now}},
-            }],
-        }});
-        self.kubectl
-            .patch_status(&self.ns, "pod", &pod_name, &status)
-            .ok();
+        let status = Pod {
+            status: Some(PodStatus {
+                phase: Some(if code == 0 { "Succeeded" } else { "Failed" }.to_owned()),
+                container_statuses: Some(vec![ContainerStatus {
+                    name: c.name.clone(),
+                    image: c.image.clone().unwrap_or_default(),
+                    image_id: String::new(),
+                    ready: false,
+                    restart_count: 0,
+                    state: Some(ContainerState {
+                        terminated: Some(ContainerStateTerminated {
+                            exit_code: code,
+                            reason: Some(if code == 0 { "Completed" } else { "Error" }.to_owned()),
+                            message: Some(message.to_owned()),
+                            started_at: Some(now.clone()),
+                            finished_at: Some(now),
+                            ..ContainerStateTerminated::default()
+                        }),
+                        ..ContainerState::default()
+                    }),
+                    ..ContainerStatus::default()
+                }]),
+                ..PodStatus::default()
+            }),
+            ..Pod::default()
+        };
+        write_status(&api, &pod_name, &status).await;
     }
 
     /// Writes the terminal status the Job controller writes after one pod exited with `succeeded`.
-    pub fn write_job_status(&self, job: &Value, succeeded: bool) {
-        self.kubectl
-            .patch_status(&self.ns, "job", objects::name(job), &job_status(succeeded))
-            .ok();
+    pub async fn write_job_status(&self, job: &Job, succeeded: bool) {
+        let status = Job {
+            status: Some(job_status(succeeded)),
+            ..Job::default()
+        };
+        write_status(&self.api(), &job.name_any(), &status).await;
     }
 }
 
@@ -591,27 +650,39 @@ impl Drop for Kubelet {
     }
 }
 
-/// `GET /readyz` answers 200.
-fn http_ready(port: u16) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(2)));
-    if write!(s, "GET /readyz HTTP/1.0\r\nHost: x\r\n\r\n").is_err() {
-        return false;
+/// Metadata with only a name.
+fn named(name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        ..ObjectMeta::default()
     }
-    let mut buf = String::new();
-    let _ = s.read_to_string(&mut buf);
-    buf.split_whitespace().nth(1) == Some("200")
 }
 
-fn strings(v: &Value) -> Vec<String> {
-    v.as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|s| s.as_str().map(str::to_owned))
-        .collect()
+/// The pod spec of a stand-in pod: the container's name and image (what the operator looks at).
+fn pod_spec(c: &Container, restart_policy: Option<&str>) -> PodSpec {
+    PodSpec {
+        containers: vec![Container {
+            name: c.name.clone(),
+            image: c.image.clone(),
+            ..Container::default()
+        }],
+        restart_policy: restart_policy.map(str::to_owned),
+        ..PodSpec::default()
+    }
+}
+
+/// A merge patch of `obj`'s status through the status subresource, as a controller (or the kubelet)
+/// writes it.
+async fn write_status<K: Kind>(api: &Api<K>, name: &str, obj: &K) {
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(obj))
+        .await
+        .unwrap_or_else(|e| panic!("write the status of {}/{name}: {e}", K::kind(&())));
+}
+
+/// `metadata.generation` and `status.observedGeneration` agree (the controller has seen the latest
+/// spec).
+fn observed_current<K: Kind>(obj: &K, observed: Option<i64>) -> bool {
+    obj.meta().generation.is_some() && observed == obj.meta().generation
 }
 
 /// `/migrations/lockdb` (the image's path) → `<repo>/migrations/lockdb`, also inside `--dir=...`.
@@ -659,80 +730,99 @@ pub fn map_database_url(value: &str, db: &TestDb) -> Option<String> {
     Some(local.to_string())
 }
 
-fn job_finished(job: &Value) -> bool {
-    objects::condition_is(job, "Complete", "True") || objects::condition_is(job, "Failed", "True")
+fn job_finished(job: &Job) -> bool {
+    job.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
 }
 
 /// The status the Job controller writes when its one pod ended. The API server (1.34) validates
 /// the terminal transition: startTime, completionTime on success, and the SuccessCriteriaMet /
 /// FailureTarget interim condition before Complete / Failed.
-pub fn job_status(succeeded: bool) -> Value {
-    let now = now_rfc3339();
+pub fn job_status(succeeded: bool) -> JobStatus {
+    let now = now();
+    let condition = |type_: &str, reason: &str, message: &str| JobCondition {
+        type_: type_.to_owned(),
+        status: "True".to_owned(),
+        reason: Some(reason.to_owned()),
+        message: Some(message.to_owned()),
+        last_probe_time: Some(now.clone()),
+        last_transition_time: Some(now.clone()),
+    };
+    let counts = JobStatus {
+        start_time: Some(now.clone()),
+        active: Some(0),
+        ready: Some(0),
+        terminating: Some(0),
+        uncounted_terminated_pods: Some(UncountedTerminatedPods::default()),
+        ..JobStatus::default()
+    };
     if succeeded {
-        json!({"status": {
-            "startTime": now, "completionTime": now,
-            "active": 0, "succeeded": 1, "failed": 0, "ready": 0, "terminating": 0,
-            "uncountedTerminatedPods": {},
-            "conditions": [
-                {"type": "SuccessCriteriaMet", "status": "True", "reason": "CompletionsReached",
-                 "message": "Reached expected number of succeeded pods",
-                 "lastProbeTime": now, "lastTransitionTime": now},
-                {"type": "Complete", "status": "True", "reason": "CompletionsReached",
-                 "message": "Reached expected number of succeeded pods",
-                 "lastProbeTime": now, "lastTransitionTime": now},
-            ],
-        }})
+        const DONE: &str = "Reached expected number of succeeded pods";
+        JobStatus {
+            completion_time: Some(now.clone()),
+            succeeded: Some(1),
+            failed: Some(0),
+            conditions: Some(vec![
+                condition("SuccessCriteriaMet", "CompletionsReached", DONE),
+                condition("Complete", "CompletionsReached", DONE),
+            ]),
+            ..counts
+        }
     } else {
-        json!({"status": {
-            "startTime": now,
-            "active": 0, "succeeded": 0, "failed": 1, "ready": 0, "terminating": 0,
-            "uncountedTerminatedPods": {},
-            "conditions": [
-                {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded",
-                 "message": "Job has reached the specified backoff limit",
-                 "lastProbeTime": now, "lastTransitionTime": now},
-                {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
-                 "message": "Job has reached the specified backoff limit",
-                 "lastProbeTime": now, "lastTransitionTime": now},
-            ],
-        }})
+        const FAILED: &str = "Job has reached the specified backoff limit";
+        JobStatus {
+            succeeded: Some(0),
+            failed: Some(1),
+            conditions: Some(vec![
+                condition("FailureTarget", "BackoffLimitExceeded", FAILED),
+                condition("Failed", "BackoffLimitExceeded", FAILED),
+            ]),
+            ..counts
+        }
     }
 }
 
-fn rolled_out(obj: &Value) -> bool {
-    let s = &obj["status"];
-    objects::observed_current(obj) && s["readyReplicas"].as_i64().unwrap_or(0) == objects::replicas(obj)
+/// The status the Deployment controller writes once every replica is available.
+fn deployment_status(d: &Deployment) -> DeploymentStatus {
+    let n = k8s::replicas(d);
+    let now = now();
+    let condition = |type_: &str, reason: &str, message: &str| DeploymentCondition {
+        type_: type_.to_owned(),
+        status: "True".to_owned(),
+        reason: Some(reason.to_owned()),
+        message: Some(message.to_owned()),
+        last_update_time: Some(now.clone()),
+        last_transition_time: Some(now.clone()),
+    };
+    DeploymentStatus {
+        observed_generation: d.metadata.generation,
+        replicas: Some(n),
+        updated_replicas: Some(n),
+        ready_replicas: Some(n),
+        available_replicas: Some(n),
+        conditions: Some(vec![
+            condition(
+                "Available",
+                "MinimumReplicasAvailable",
+                "Deployment has minimum availability.",
+            ),
+            condition(
+                "Progressing",
+                "NewReplicaSetAvailable",
+                "ReplicaSet has successfully progressed.",
+            ),
+        ]),
+        ..DeploymentStatus::default()
+    }
 }
 
-fn deployment_status(d: &Value) -> Value {
-    let n = objects::replicas(d);
-    let now = now_rfc3339();
-    json!({"status": {
-        "observedGeneration": d["metadata"]["generation"],
-        "replicas": n, "updatedReplicas": n, "readyReplicas": n, "availableReplicas": n,
-        "conditions": [
-            {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable",
-             "message": "Deployment has minimum availability.",
-             "lastUpdateTime": now, "lastTransitionTime": now},
-            {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable",
-             "message": "ReplicaSet has successfully progressed.",
-             "lastUpdateTime": now, "lastTransitionTime": now},
-        ],
-    }})
-}
-
-fn statefulset_status(s: &Value) -> Value {
-    let n = objects::replicas(s);
-    json!({"status": {
-        "observedGeneration": s["metadata"]["generation"],
-        "replicas": n, "readyReplicas": n, "currentReplicas": n, "updatedReplicas": n,
-        "availableReplicas": n,
-    }})
-}
-
-/// Seconds-precision UTC time, as the API server stores it (`2024-01-01T00:00:00Z`).
-fn now_rfc3339() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+/// Now, as the API server stores times (seconds precision, UTC: `2024-01-01T00:00:00Z`).
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
 }
 
 #[cfg(test)]
@@ -741,10 +831,11 @@ mod tests {
 
     #[test]
     fn timestamps_are_rfc3339_in_seconds_and_utc() {
-        let now = now_rfc3339();
+        let now = serde_json::to_value(now()).expect("a Time serializes");
+        let now = now.as_str().expect("as a string");
         assert_eq!(now.len(), "2024-01-01T00:00:00Z".len(), "{now}");
         assert!(now.ends_with('Z'), "{now}");
-        assert!(chrono::DateTime::parse_from_rfc3339(&now).is_ok(), "{now}");
+        assert!(chrono::DateTime::parse_from_rfc3339(now).is_ok(), "{now}");
     }
 
     #[test]

@@ -2,19 +2,19 @@
 //! args and env of the chart's own Deployment (so chart and binary cannot drift apart unnoticed),
 //! authenticated as the chart's ServiceAccount.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use serde_json::Value;
+use k8s_openapi::api::apps::v1::Deployment;
 
 use crate::rbac::Identity;
-use crate::{Cluster, env, helm, wait};
+use crate::{env, helm, k8s};
 
 pub struct Operator {
     child: Child,
+    http: reqwest::Client,
     pub log: PathBuf,
     pub metrics: SocketAddr,
     /// The argv it was started with (for messages).
@@ -25,21 +25,20 @@ impl Operator {
     /// Renders the chart's Deployment for `identity` (watchNamespace = its namespace, metrics on a
     /// free loopback port), starts the binary with that container's command/args/env and the
     /// identity's kubeconfig, and waits for `/readyz`.
-    pub fn start(cluster: &Cluster, helm_bin: &PathBuf, identity: &Identity, dir: &Path) -> Operator {
-        Operator::start_with_env(cluster, helm_bin, identity, dir, &[])
+    pub async fn start(helm_bin: &Path, identity: &Identity, dir: &Path) -> Operator {
+        Operator::start_with_env(helm_bin, identity, dir, &[]).await
     }
 
     /// As [`Operator::start`], plus `extra` environment variables (e.g. `HTTP_PROXY` for the
     /// stand-in of Service DNS, see [`crate::proxy`]). The log is appended to, so a restarted
     /// operator keeps the earlier lines.
-    pub fn start_with_env(
-        cluster: &Cluster,
-        helm_bin: &PathBuf,
+    pub async fn start_with_env(
+        helm_bin: &Path,
         identity: &Identity,
         dir: &Path,
         extra: &[(&str, &str)],
     ) -> Operator {
-        let port = free_port();
+        let port = dlock_testkit::procs::free_port().unwrap_or_else(|e| panic!("a free port: {e}"));
         let port_s = port.to_string();
         let yaml = helm::template(
             helm_bin,
@@ -48,12 +47,16 @@ impl Operator {
             &[("watchNamespace", &identity.namespace), ("metrics.port", &port_s)],
             &["--show-only", "templates/deployment.yaml"],
         );
-        let deps = helm::rendered_of_kind(&cluster.kubectl, &yaml, "Deployment");
+        let deps = helm::rendered::<Deployment>(&yaml);
         assert_eq!(deps.len(), 1, "the chart renders one Deployment");
-        let c = &deps[0]["spec"]["template"]["spec"]["containers"][0];
+        let template = deps[0]
+            .spec
+            .as_ref()
+            .map(|s| &s.template)
+            .expect("a Deployment has a spec");
+        let c = k8s::container(template, "the chart's Deployment");
 
-        let mut argv: Vec<String> = strings(&c["command"]);
-        argv.extend(strings(&c["args"]));
+        let argv = k8s::argv(c);
         assert!(!argv.is_empty(), "the chart's container has no command");
         // The pod binds all interfaces; on a shared test machine, loopback only.
         let argv: Vec<String> = argv.iter().map(|a| a.replace("0.0.0.0:", "127.0.0.1:")).collect();
@@ -80,11 +83,16 @@ impl Operator {
                 log_file.try_clone().unwrap_or_else(|e| panic!("dup log: {e}")),
             ))
             .stderr(Stdio::from(log_file));
-        for e in c["env"].as_array().into_iter().flatten() {
-            let name = e["name"].as_str().unwrap_or_default();
-            if let Some(v) = e["value"].as_str() {
+        for e in c.env.iter().flatten() {
+            let name = e.name.as_str();
+            if let Some(v) = &e.value {
                 cmd.env(name, v);
-            } else if let Some(path) = e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+            } else if let Some(path) = e
+                .value_from
+                .as_ref()
+                .and_then(|f| f.field_ref.as_ref())
+                .map(|f| f.field_path.as_str())
+            {
                 // The downward API, as the kubelet would fill it in.
                 match path {
                     "metadata.name" => cmd.env(name, &pod_name),
@@ -103,36 +111,43 @@ impl Operator {
             .unwrap_or_else(|e| panic!("start {}: {e}", binary.display()));
         let mut op = Operator {
             child,
+            http: reqwest::Client::builder()
+                .no_proxy()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .expect("an HTTP client"),
             log,
             metrics: SocketAddr::from(([127, 0, 0, 1], port)),
             argv,
         };
-        op.wait_ready();
+        op.wait_ready().await;
         op
     }
 
-    fn wait_ready(&mut self) {
-        let addr = self.metrics;
-        let log = self.log.clone();
-        let argv = self.argv.join(" ");
-        wait::eventually_or(
-            "the operator's /readyz to answer 200",
-            Duration::from_secs(60),
-            || {
+    async fn wait_ready(&mut self) {
+        let ready =
+            dlock_testkit::wait::poll(Duration::from_secs(60), Duration::from_millis(250), async || {
                 if let Ok(Some(status)) = self.child.try_wait() {
                     panic!(
                         "the operator exited ({status}) before becoming ready:\n{}",
-                        tail(&log, 60)
+                        tail(&self.log, 60)
                     );
                 }
-                match http_status(addr, "/readyz") {
-                    Ok(200) => Ok(()),
-                    Ok(s) => Err(format!("status {s}")),
+                match self.http_get("/readyz").await {
+                    Ok((200, _)) => Ok(()),
+                    Ok((s, _)) => Err(format!("status {s}")),
                     Err(e) => Err(e),
                 }
-            },
-            || format!("argv: {argv}\noperator log:\n{}", tail(&log, 60)),
-        );
+            })
+            .await;
+        if let Err(last) = ready {
+            panic!(
+                "timed out after 60s waiting for the operator's /readyz to answer 200; last: {last}\n\
+                 argv: {}\noperator log:\n{}",
+                self.argv.join(" "),
+                tail(&self.log, 60)
+            );
+        }
     }
 
     /// The last lines of the operator's log, for failure messages.
@@ -170,10 +185,24 @@ impl Operator {
     }
 
     /// GET `path` on the metrics port; the body.
-    pub fn get(&self, path: &str) -> String {
-        http_get(self.metrics, path)
+    pub async fn get(&self, path: &str) -> String {
+        self.http_get(path)
+            .await
             .unwrap_or_else(|e| panic!("GET {path}: {e}"))
             .1
+    }
+
+    /// `(status, body)` of a GET on the metrics port.
+    async fn http_get(&self, path: &str) -> Result<(u16, String), String> {
+        let resp = self
+            .http
+            .get(format!("http://{}{path}", self.metrics))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = resp.status().as_u16();
+        let body = resp.text().await.map_err(|e| e.to_string())?;
+        Ok((status, body))
     }
 }
 
@@ -184,47 +213,8 @@ impl Drop for Operator {
     }
 }
 
-fn strings(v: &Value) -> Vec<String> {
-    v.as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|s| s.as_str().map(str::to_owned))
-        .collect()
-}
-
 pub fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind a probe port: {e}"));
-    l.local_addr()
-        .unwrap_or_else(|e| panic!("probe port: {e}"))
-        .port()
-}
-
-fn http_status(addr: SocketAddr, path: &str) -> Result<u16, String> {
-    http_get(addr, path).map(|(s, _)| s)
-}
-
-/// A minimal HTTP/1.0 GET (no client library needed for two probe endpoints).
-fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .map_err(|e| e.to_string())?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| e.to_string())?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).map_err(|e| e.to_string())?;
-    let status = buf
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("not HTTP: {buf:?}"))?;
-    let body = buf
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Ok((status, body))
 }

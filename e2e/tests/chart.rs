@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use dlock_e2e::{crds, env, helm, rbac, require_cluster};
+use dlock_e2e::{crds, env, helm, k8s, rbac, require_cluster};
+use k8s_openapi::api::apps::v1::Deployment;
 
 /// Runs without a cluster: the chart's copy of the CRDs must be byte-identical to `crds/`.
 #[test]
@@ -110,15 +111,16 @@ fn chart_refuses_two_active_replicas() {
 
 /// The rendered chart (CRDs included) passes the API server's own validation and admission with
 /// `kubectl apply --dry-run=server`, for the default values and for the all-options variant.
-#[test]
-fn rendered_chart_applies_with_server_dry_run() {
+/// (kubectl: `helm template | kubectl apply` is how the chart reaches a cluster without helm.)
+#[tokio::test]
+async fn rendered_chart_applies_with_server_dry_run() {
     let c = require_cluster!("rendered_chart_applies_with_server_dry_run");
     let Some(helm_bin) = helm::helm("rendered_chart_applies_with_server_dry_run") else {
         panic!("DLOCK_E2E=1 but helm is missing: run scripts/cluster-tools.sh");
     };
     let k = &c.kubectl;
     let ns = env::unique_name("chart");
-    k.namespace(&ns);
+    k8s::namespace(&c.client, &ns).await;
     for sets in [
         vec![],
         vec![("watchNamespace", ns.as_str()), ("networkPolicy.enabled", "true")],
@@ -126,6 +128,7 @@ fn rendered_chart_applies_with_server_dry_run() {
         let yaml = helm::template(&helm_bin, "dlock-operator", &ns, &sets, &["--include-crds"]);
         let out = k
             .run_stdin(&["apply", "--dry-run=server", "-n", &ns, "-f", "-"], &yaml)
+            .await
             .ok();
         for kind in [
             "customresourcedefinition",
@@ -151,24 +154,35 @@ fn rendered_chart_applies_with_server_dry_run() {
         &[],
         &["--show-only", "templates/deployment.yaml"],
     );
-    let deps = helm::rendered_of_kind(k, &yaml, "Deployment");
-    let d = &deps[0];
-    assert_eq!(d["spec"]["replicas"], 2);
-    let pod = &d["spec"]["template"]["spec"];
-    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
-    assert_eq!(pod["securityContext"]["runAsUser"], 65532);
-    let c = &pod["containers"][0];
-    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
-    assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
-    assert_eq!(c["securityContext"]["capabilities"]["drop"][0], "ALL");
-    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
-    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
-    assert_eq!(c["ports"][0]["containerPort"], 8080);
-    let args = c["args"].to_string();
-    assert!(args.contains("--leader-election=true"), "{args}");
+    let deps = helm::rendered::<Deployment>(&yaml);
+    assert_eq!(deps.len(), 1, "the chart renders one Deployment");
+    let spec = deps[0].spec.as_ref().expect("the Deployment has a spec");
+    assert_eq!(spec.replicas, Some(2));
+    let pod = spec.template.spec.as_ref().expect("the pod template has a spec");
+    let pod_security = pod.security_context.as_ref().expect("a pod securityContext");
+    assert_eq!(pod_security.run_as_non_root, Some(true));
+    assert_eq!(pod_security.run_as_user, Some(65532));
+    let c = k8s::container(&spec.template, "the chart's Deployment");
+    let security = c.security_context.as_ref().expect("a container securityContext");
+    assert_eq!(security.read_only_root_filesystem, Some(true));
+    assert_eq!(security.allow_privilege_escalation, Some(false));
+    let dropped = security.capabilities.as_ref().and_then(|c| c.drop.as_ref());
+    assert_eq!(dropped.and_then(|d| d.first()).map(String::as_str), Some("ALL"));
+    let path = |p: Option<&k8s_openapi::api::core::v1::Probe>| {
+        p.and_then(|p| p.http_get.as_ref()).and_then(|h| h.path.clone())
+    };
+    assert_eq!(path(c.liveness_probe.as_ref()).as_deref(), Some("/healthz"));
+    assert_eq!(path(c.readiness_probe.as_ref()).as_deref(), Some("/readyz"));
+    let ports = c.ports.as_deref().unwrap_or_default();
+    assert_eq!(ports.first().map(|p| p.container_port), Some(8080));
+    let args = c.args.clone().unwrap_or_default();
     assert!(
-        !args.contains("--namespace="),
-        "all namespaces by default: {args}"
+        args.iter().any(|a| a.contains("--leader-election=true")),
+        "{args:?}"
+    );
+    assert!(
+        !args.iter().any(|a| a.contains("--namespace=")),
+        "all namespaces by default: {args:?}"
     );
 
     // Negative control: the same check rejects a broken object, so a pass above means something.
@@ -180,7 +194,9 @@ fn rendered_chart_applies_with_server_dry_run() {
         &["--show-only", "templates/deployment.yaml"],
     )
     .replace("containerPort:", "containerPort: -1 #");
-    let out = k.run_stdin(&["apply", "--dry-run=server", "-n", &ns, "-f", "-"], &broken);
+    let out = k
+        .run_stdin(&["apply", "--dry-run=server", "-n", &ns, "-f", "-"], &broken)
+        .await;
     assert!(
         !out.success,
         "a Deployment with containerPort -1 must be rejected: {}",
@@ -188,25 +204,26 @@ fn rendered_chart_applies_with_server_dry_run() {
     );
 }
 
-/// The chart's RBAC, applied for real and probed with `kubectl auth can-i` as the operator's
-/// ServiceAccount: everything the operator needs in its namespace, nothing outside it, and nothing
-/// it has no business doing anywhere.
-#[test]
-fn chart_rbac_is_least_privilege() {
+/// The chart's RBAC, applied for real and probed with access reviews (what `kubectl auth can-i`
+/// asks) as the operator's ServiceAccount: everything the operator needs in its namespace, nothing
+/// outside it, and nothing it has no business doing anywhere.
+#[tokio::test]
+async fn chart_rbac_is_least_privilege() {
     let c = require_cluster!("chart_rbac_is_least_privilege");
     let Some(helm_bin) = helm::helm("chart_rbac_is_least_privilege") else {
         panic!("DLOCK_E2E=1 but helm is missing: run scripts/cluster-tools.sh");
     };
-    let k = &c.kubectl;
-    // `kubectl auth can-i` resolves resource names through discovery: the CRDs must exist.
-    crds::install(k);
+    // The operator's own resources exist, as they would where the chart is installed.
+    crds::install(&c.client).await;
     let ns = env::unique_name("rbac");
     let other = env::unique_name("rbac-other");
-    k.namespace(&other);
+    k8s::namespace(&c.client, &other).await;
     let scratch = env::Scratch::new("rbac");
-    let id = rbac::install(&c, &helm_bin, &ns, &ns, scratch.path());
+    let id = rbac::install(&c, &helm_bin, &ns, &ns, scratch.path()).await;
     let user = id.user.as_str();
-    let can = |verb: &str, res: &str, ns: Option<&str>| k.can_i(user, verb, res, ns);
+    let subject = id.subject();
+    let can =
+        async |verb: &str, res: &str, ns: Option<&str>| rbac::can_i(&c.client, &subject, verb, res, ns).await;
 
     // What reconciling needs, in the watched namespace.
     for (verb, res) in [
@@ -235,28 +252,19 @@ fn chart_rbac_is_least_privilege() {
         ("create", "events.events.k8s.io"),
         ("create", "leases.coordination.k8s.io"),
     ] {
-        assert!(can(verb, res, Some(&ns)), "{user} cannot {verb} {res} in {ns}");
+        assert!(
+            can(verb, res, Some(&ns)).await,
+            "{user} cannot {verb} {res} in {ns}"
+        );
     }
     // Only its own Lease can be read or renewed.
     let lease = format!("leases.coordination.k8s.io/{}-dlock-operator", ns);
-    assert!(can("update", &lease, Some(&ns)), "cannot renew {lease}");
-    assert!(!can(
-        "update",
-        "leases.coordination.k8s.io/kube-scheduler",
-        Some(&ns)
-    ));
+    assert!(can("update", &lease, Some(&ns)).await, "cannot renew {lease}");
+    assert!(!can("update", "leases.coordination.k8s.io/kube-scheduler", Some(&ns)).await);
     // CRDs: read-only, cluster-wide.
-    assert!(can("get", "customresourcedefinitions.apiextensions.k8s.io", None));
-    assert!(!can(
-        "delete",
-        "customresourcedefinitions.apiextensions.k8s.io",
-        None
-    ));
-    assert!(!can(
-        "create",
-        "customresourcedefinitions.apiextensions.k8s.io",
-        None
-    ));
+    assert!(can("get", "customresourcedefinitions.apiextensions.k8s.io", None).await);
+    assert!(!can("delete", "customresourcedefinitions.apiextensions.k8s.io", None).await);
+    assert!(!can("create", "customresourcedefinitions.apiextensions.k8s.io", None).await);
 
     // Never: outside the watched namespace, pods (nothing runs them but controllers), cluster objects,
     // creating or deleting its own custom resources, RBAC escalation.
@@ -283,13 +291,17 @@ fn chart_rbac_is_least_privilege() {
         ("delete", "namespaces", None),
     ] {
         assert!(
-            !can(verb, res, where_),
+            !can(verb, res, where_).await,
             "{user} must not {verb} {res} in {where_:?}"
         );
     }
 
-    // Negative control: the probe does answer yes outside the grant, for the admin.
-    assert_eq!(k.run(&["auth", "can-i", "get", "nodes"]).stdout.trim(), "yes");
+    // Negative control: the probe does answer yes outside the grant, for an admin.
+    let admin = rbac::Subject {
+        user: "dlock-e2e-admin".to_owned(),
+        groups: vec!["system:masters".to_owned()],
+    };
+    assert!(rbac::can_i(&c.client, &admin, "get", "nodes", None).await);
 
     // Every rule in the rendered ClusterRole carries a comment (the chart documents each grant).
     let text = std::fs::read_to_string(helm::chart_dir().join("templates/clusterrole.yaml"))

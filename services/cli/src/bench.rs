@@ -3,6 +3,8 @@
 //! (`concurrency.Mutex`, the Go program in bench/etcd-mutex) against the same etcd — side by side in
 //! one run, at each client count asked for; lock-server signing grants or not (`--grant-signing`),
 //! and the cost of one signature and one verification measured in this process ([`grant_cost`]).
+//! The "one key, blocking" rows are every client waiting in the key's queue (`waitMs`), the
+//! counterpart of the Mutex on one key, which queues the same way: grants/s and the longest wait.
 
 use std::time::{Duration, Instant};
 
@@ -194,6 +196,20 @@ struct Phase {
     acquire: Histogram<u64>,
 }
 
+/// How the HTTP clients acquire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Each client on its own key.
+    Distinct,
+    /// Every client on one key, no wait: a 409 and try again.
+    OneKey,
+    /// Every client on one key, waiting in its queue (`waitMs`).
+    Blocking,
+}
+
+/// The wait of a blocking client: far longer than any grant takes to come round.
+const BENCH_WAIT_MS: i64 = 30_000;
+
 impl Phase {
     fn per_sec(&self) -> f64 {
         self.cycles as f64 / self.secs
@@ -201,6 +217,10 @@ impl Phase {
 
     fn ms(&self, q: f64) -> f64 {
         self.acquire.value_at_quantile(q) as f64 / 1000.0
+    }
+
+    fn longest_ms(&self) -> f64 {
+        self.acquire.max() as f64 / 1000.0
     }
 }
 
@@ -260,18 +280,24 @@ async fn lock(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
     let name = |store: &str, signed: bool, shape: &str| {
         format!("dlock/{store}{}, {shape}", if signed { "" } else { " unsigned" })
     };
+    // Every lock-server row in both stores: distinct keys, one key without waiting, one key queued.
+    const SHAPES: [(&str, Mode); 3] = [
+        ("distinct", Mode::Distinct),
+        ("one key", Mode::OneKey),
+        ("one key, blocking", Mode::Blocking),
+    ];
     let mutex_bin = if etcd { Some(mutex_bench_bin()?) } else { None };
 
     let mut rows: Vec<(u32, Phase)> = Vec::new();
     for &clients in &args.clients {
         if let Some(db) = &db {
             for (signed, server) in &pg_servers {
-                for (shape, contended) in [("distinct", false), ("one key", true)] {
+                for (shape, mode) in SHAPES {
                     let name = name("postgres", *signed, shape);
                     step(format!("{name}, {clients} clients …"));
                     rows.push((
                         clients,
-                        http_phase(name, &server.url(), clients, contended, measure).await?,
+                        http_phase(name, &server.url(), clients, mode, measure).await?,
                     ));
                 }
             }
@@ -280,12 +306,12 @@ async fn lock(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
         }
         if let (Some(cluster), Some(bin)) = (&cluster, &mutex_bin) {
             for (signed, server) in &etcd_servers {
-                for (shape, contended) in [("distinct", false), ("one key", true)] {
+                for (shape, mode) in SHAPES {
                     let name = name("etcd", *signed, shape);
                     step(format!("{name}, {clients} clients …"));
                     rows.push((
                         clients,
-                        http_phase(name, &server.url(), clients, contended, measure).await?,
+                        http_phase(name, &server.url(), clients, mode, measure).await?,
                     ));
                 }
             }
@@ -301,18 +327,19 @@ async fn lock(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
 
     println!();
     println!(
-        "{:<36} {:>8} {:>10} {:>10} {:>12} {:>12}",
-        "phase", "clients", "cycles/s", "grants/s", "acquire p50", "acquire p99"
+        "{:<44} {:>8} {:>10} {:>10} {:>12} {:>12} {:>12}",
+        "phase", "clients", "cycles/s", "grants/s", "acquire p50", "acquire p99", "longest"
     );
     for (clients, p) in &rows {
         println!(
-            "{:<36} {:>8} {:>10.0} {:>10.0} {:>9.2} ms {:>9.2} ms",
+            "{:<44} {:>8} {:>10.0} {:>10.0} {:>9.2} ms {:>9.2} ms {:>9.2} ms",
             p.name,
             clients,
             p.per_sec(),
             p.grants as f64 / p.secs,
             p.ms(0.50),
-            p.ms(0.99)
+            p.ms(0.99),
+            p.longest_ms()
         );
     }
     println!();
@@ -359,6 +386,9 @@ struct MutexResult {
     cycles: u64,
     p50_us: u64,
     p99_us: u64,
+    /// The longest Lock (a program built before it reported this reads as 0).
+    #[serde(default)]
+    max_us: u64,
 }
 
 /// etcd's Mutex: cycles and the Lock latency quantiles come from the Go program; the histogram is
@@ -396,6 +426,7 @@ fn mutex_phase(
     // Half the samples at p50, the rest up to p99, one at p99: quantiles read back as measured.
     acquire.record_n(r.p50_us.max(1), r.cycles.div_ceil(2).max(1))?;
     acquire.record_n(r.p99_us.max(1), (r.cycles / 2).max(1))?;
+    acquire.record(r.max_us.max(1))?;
     Ok(Phase {
         name: name.into(),
         cycles: r.cycles,
@@ -409,7 +440,7 @@ async fn http_phase(
     name: impl Into<String>,
     base: &str,
     clients: u32,
-    contended: bool,
+    mode: Mode,
     measure: Duration,
 ) -> Result<Phase> {
     let http = reqwest::Client::builder()
@@ -431,11 +462,15 @@ async fn http_phase(
                 .json()
                 .await?;
             let session = s["sessionId"].as_str().context("session id")?.to_owned();
-            let key = if contended {
-                "bench:hot".to_owned()
-            } else {
-                format!("bench:{i}")
+            let key = match mode {
+                Mode::Distinct => format!("bench:{i}"),
+                Mode::OneKey => "bench:hot".to_owned(),
+                Mode::Blocking => "bench:queue".to_owned(),
             };
+            let mut body = json!({"sessionId": session, "ownerId": owner, "ttlMs": 30_000});
+            if mode == Mode::Blocking {
+                body["waitMs"] = json!(BENCH_WAIT_MS);
+            }
             let mut hist = histogram()?;
             let (mut cycles, mut grants) = (0u64, 0u64);
             loop {
@@ -445,7 +480,7 @@ async fn http_phase(
                 }
                 let resp = http
                     .post(format!("{base}/v1/locks/{key}/acquire"))
-                    .json(&json!({"sessionId": session, "ownerId": owner, "ttlMs": 30_000}))
+                    .json(&body)
                     .send()
                     .await?;
                 let status = resp.status();

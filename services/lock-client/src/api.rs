@@ -11,8 +11,8 @@ use std::time::Duration;
 use dlock_common::{FENCING_TOKEN_HEADER, FencingToken};
 use dlock_wire::lock::{AcquireRequest, CreateSessionRequest, TtlRequest};
 pub use dlock_wire::lock::{
-    LockGrant, LockReleased, LockRenewed, LockState, LockView, SessionClosed, SessionCreated,
-    SessionHeartbeat,
+    LockEvent, LockEventType, LockGrant, LockList, LockListItem, LockReleased, LockRenewed, LockState,
+    LockView, SessionClosed, SessionCreated, SessionHeartbeat,
 };
 use reqwest::{StatusCode, Url};
 use serde::de::DeserializeOwned;
@@ -44,6 +44,7 @@ impl Default for ClientConfig {
 pub struct LockApi {
     http: reqwest::Client,
     base: Url,
+    request_timeout: Duration,
 }
 
 impl LockApi {
@@ -62,7 +63,11 @@ impl LockApi {
             .connect_timeout(config.connect_timeout)
             .timeout(config.request_timeout)
             .build()?;
-        Ok(Self { http, base })
+        Ok(Self {
+            http,
+            base,
+            request_timeout: config.request_timeout,
+        })
     }
 
     /// `base` + the given path segments, each percent-encoded (a `/` in a key becomes `%2F`).
@@ -123,17 +128,82 @@ impl LockApi {
                 session_id,
                 owner_id: owner_id.to_owned(),
                 ttl_ms,
+                wait_ms: None,
             })
             .send()
             .await?;
-        read(response).await.map_err(|e| match e {
-            ClientError::Api { status, code, .. }
-                if status == StatusCode::CONFLICT && code == "CONTENDED" =>
-            {
-                ClientError::Contended { key: key.to_owned() }
+        read(response).await.map_err(|e| acquire_error(key, e))
+    }
+
+    /// The blocking acquire: waits in the key's queue (granted in arrival order) for up to
+    /// `wait_ms` (0..=60000). When the wait ends ungranted: [`ClientError::Contended`]. This one
+    /// request may take the whole wait, so its timeout is the wait plus the configured one.
+    pub async fn acquire_waiting(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        owner_id: &str,
+        ttl_ms: i64,
+        wait_ms: i64,
+    ) -> Result<LockGrant, ClientError> {
+        let response = self
+            .http
+            .post(self.url(&["v1", "locks", key, "acquire"]))
+            .timeout(Duration::from_millis(wait_ms.unsigned_abs()) + self.request_timeout)
+            .json(&AcquireRequest {
+                session_id,
+                owner_id: owner_id.to_owned(),
+                ttl_ms,
+                wait_ms: Some(wait_ms),
+            })
+            .send()
+            .await?;
+        read(response).await.map_err(|e| acquire_error(key, e))
+    }
+
+    /// `GET /v1/locks/{key}/watch`: the key's state, then its changes, until the server ends the
+    /// stream (after its watch lifetime; `max_stream` bounds how long this client waits for that).
+    pub async fn watch(
+        &self,
+        key: &str,
+        max_stream: Duration,
+    ) -> Result<crate::watch::LockWatch, ClientError> {
+        let response = self
+            .http
+            .get(self.url(&["v1", "locks", key, "watch"]))
+            .timeout(max_stream)
+            .send()
+            .await?;
+        let status = response.status();
+        if !status.is_success() {
+            let body = response.bytes().await?;
+            return Err(error_from_body(status, &body));
+        }
+        Ok(crate::watch::LockWatch::new(response))
+    }
+
+    /// `GET /v1/locks` (admin): one page of held keys starting with `prefix`, after the cursor
+    /// `after`, with the admin bearer token `admin_token`.
+    pub async fn list_locks(
+        &self,
+        admin_token: &str,
+        prefix: &str,
+        after: Option<&str>,
+        limit: i64,
+    ) -> Result<LockList, ClientError> {
+        let mut url = self.url(&["v1", "locks"]);
+        {
+            let mut q = url.query_pairs_mut();
+            if !prefix.is_empty() {
+                q.append_pair("prefix", prefix);
             }
-            other => session_gone(other),
-        })
+            if let Some(a) = after {
+                q.append_pair("after", a);
+            }
+            q.append_pair("limit", &limit.to_string());
+        }
+        let response = self.http.get(url).bearer_auth(admin_token).send().await?;
+        read(response).await
     }
 
     /// 410 `LEASE_EXPIRED` → [`ClientError::LockLost`] with [`LossReason::LeaseExpired`].
@@ -177,6 +247,16 @@ impl LockApi {
     pub async fn lock_status(&self, key: &str) -> Result<LockView, ClientError> {
         let response = self.http.get(self.url(&["v1", "locks", key])).send().await?;
         read(response).await
+    }
+}
+
+/// 409 `CONTENDED` → [`ClientError::Contended`]; 410 `SESSION_GONE` → [`ClientError::SessionGone`].
+fn acquire_error(key: &str, e: ClientError) -> ClientError {
+    match e {
+        ClientError::Api { status, code, .. } if status == StatusCode::CONFLICT && code == "CONTENDED" => {
+            ClientError::Contended { key: key.to_owned() }
+        }
+        other => session_gone(other),
     }
 }
 

@@ -28,6 +28,8 @@ pub enum LossReason {
     SessionEnded,
     /// This process released or dropped the handle.
     Released,
+    /// An operator force-revoked the grant (a watch of the key said so).
+    Revoked,
 }
 
 impl fmt::Display for LossReason {
@@ -39,6 +41,7 @@ impl fmt::Display for LossReason {
             LossReason::HeartbeatUnconfirmed => "no heartbeat could be confirmed before the session deadline",
             LossReason::SessionEnded => "the session was closed or dropped by this process",
             LossReason::Released => "the lock was released or its handle dropped by this process",
+            LossReason::Revoked => "an operator revoked the grant (REVOKED)",
         })
     }
 }

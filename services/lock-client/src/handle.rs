@@ -193,6 +193,19 @@ impl LockHandle {
         }
     }
 
+    /// From now on, also watch the key (`GET /v1/locks/{key}/watch`): the handle is lost the moment
+    /// the server says its grant went — revoked, lapsed, its session ended, taken over — rather than
+    /// at the next renewal. Costs one open stream to lock-server while the handle lives.
+    pub fn watch_grant(&self) {
+        tokio::spawn(crate::watch::guard(
+            self.session.api.clone(),
+            self.grant.lock_key.clone(),
+            self.grant.fencing_token,
+            self.live.clone(),
+            self.stop.clone(),
+        ));
+    }
+
     /// Stops renewing, voids the handle, and deletes the grant if it is still ours. A stale release
     /// (the grant was no longer ours) is `Ok(Stale)`, logged, and never retried.
     pub async fn release(self) -> Result<ReleaseOutcome, ClientError> {

@@ -25,22 +25,25 @@
 //! - [`error`]: [`ClientError`], and reading a 409 `FENCED_OUT` from any protected resource;
 //! - `session` / `handle`: [`Session`] (heartbeats) and [`LockHandle`] (renewal, loss, release);
 //! - `liveness` / `keepalive`: the local deadline arithmetic and the background loop both share;
-//! - `backoff`: the jittered wait of a bounded acquire.
+//! - [`watch`]: a key's changes as a stream, and a handle's watch of its own grant
+//!   ([`LockHandle::watch_grant`]).
 //!
 //! [`ClientError::LockLost`] and [`ClientError::FencedOut`] are terminal: nothing here retries
 //! them, and a caller must abandon the critical section that got one.
 
 pub mod api;
-mod backoff;
 pub mod error;
 mod handle;
 mod keepalive;
 mod liveness;
 mod session;
+pub mod watch;
 
 use std::time::Duration;
 
-pub use api::{ClientConfig, LockApi, LockGrant, LockState, LockView};
+pub use api::{
+    ClientConfig, LockApi, LockEvent, LockEventType, LockGrant, LockList, LockListItem, LockState, LockView,
+};
 pub use dlock_common::FencingToken;
 pub use dlock_common::fencing::FencedOutDetails;
 pub use error::{
@@ -48,6 +51,7 @@ pub use error::{
 };
 pub use handle::{Fence, LockHandle, ReleaseOutcome};
 pub use session::Session;
+pub use watch::{LockWatch, WatchItem};
 
 /// The entry point: one per process, cheap to clone.
 #[derive(Debug, Clone)]
@@ -78,6 +82,13 @@ impl LockClient {
     pub async fn lock_status(&self, key: &str) -> Result<LockView, ClientError> {
         dlock_common::validate::lock_key(key).map_err(ClientError::invalid)?;
         self.api.lock_status(key).await
+    }
+
+    /// Watches `key`: its state, then each change of its holder, until the server ends the stream
+    /// (then watch again: a new stream starts from the state).
+    pub async fn watch(&self, key: &str) -> Result<LockWatch, ClientError> {
+        dlock_common::validate::lock_key(key).map_err(ClientError::invalid)?;
+        self.api.watch(key, watch::MAX_STREAM).await
     }
 
     /// The raw single-attempt calls.

@@ -12,8 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::api::LockApi;
-use crate::backoff::Backoff;
+use crate::api::{LockApi, LockGrant};
 use crate::error::{ClientError, LossReason};
 use crate::handle::LockHandle;
 use crate::keepalive::{self, Ended};
@@ -128,6 +127,74 @@ impl Session {
             .api
             .acquire(key, self.shared.id, &self.shared.owner_id, ms)
             .await;
+        self.handle(key, answer, ttl, ms, sent)
+    }
+
+    /// Acquires `key`, waiting up to `max_wait` in the key's queue on the server: granted in
+    /// arrival order, woken by the release before it (no polling). When `max_wait` has elapsed the
+    /// answer is [`ClientError::Contended`]. Other errors return at once. A wait longer than the
+    /// server's longest (60 s) is asked again each time (at the back of the queue).
+    pub async fn acquire(
+        &self,
+        key: &str,
+        lease_ttl: Duration,
+        max_wait: Duration,
+    ) -> Result<LockHandle, ClientError> {
+        validate::lock_key(key).map_err(ClientError::invalid)?;
+        let (ms, ttl) = ttl_ms("lease ttl", lease_ttl)?;
+        let give_up = Instant::now() + max_wait;
+        loop {
+            self.check()?;
+            let left = give_up.saturating_duration_since(Instant::now());
+            let wait_ms = i64::try_from(left.as_millis())
+                .unwrap_or(i64::MAX)
+                .min(dlock_wire::lock::MAX_WAIT_MS);
+            let sent = Instant::now();
+            let answer = self
+                .shared
+                .api
+                .acquire_waiting(key, self.shared.id, &self.shared.owner_id, ms, wait_ms)
+                .await;
+            match answer {
+                Err(ClientError::Contended { key }) if Instant::now() < give_up => {
+                    tracing::debug!(event = "lock_contended", lock_key = %key, "waiting again");
+                }
+                Ok(grant) if sent.elapsed() >= crate::liveness::margin(ttl) => {
+                    // The lease began when the grant was made, somewhere in a long wait: confirm it
+                    // with a renewal, whose sending starts a lease we can count from.
+                    let renewed_at = Instant::now();
+                    let renewed = self.shared.api.renew(key, grant.fencing_token, ms).await;
+                    match renewed {
+                        Ok(r) if r.fencing_token == grant.fencing_token => {
+                            let grant = LockGrant {
+                                expires_at: r.expires_at,
+                                ..grant
+                            };
+                            return self.handle(key, Ok(grant), ttl, ms, renewed_at);
+                        }
+                        Ok(r) => {
+                            return Err(ClientError::Protocol(format!(
+                                "renewed {key:?} with token {} and got token {}",
+                                grant.fencing_token, r.fencing_token
+                            )));
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                other => return self.handle(key, other, ttl, ms, sent),
+            }
+        }
+    }
+
+    /// A grant answered to a request sent at `sent` as a handle; a lost session voids this one.
+    fn handle(
+        &self,
+        key: &str,
+        answer: Result<LockGrant, ClientError>,
+        ttl: Duration,
+        ms: i64,
+        sent: Instant,
+    ) -> Result<LockHandle, ClientError> {
         match answer {
             Ok(grant) => {
                 if grant.session_id != self.shared.id || grant.lock_key != key {
@@ -144,39 +211,6 @@ impl Session {
                 Err(ClientError::SessionGone { reason })
             }
             Err(e) => Err(e),
-        }
-    }
-
-    /// Acquires `key`, waiting up to `max_wait` while another holder has it: a 409 `CONTENDED` is
-    /// retried with a small jittered backoff; when `max_wait` has elapsed (with one last attempt at
-    /// the end) the answer is [`ClientError::Contended`]. Other errors return at once. `max_wait`
-    /// bounds the waiting between attempts; one attempt in flight is bounded by the request timeout
-    /// (it is not cut short, since the server may already have granted it).
-    pub async fn acquire(
-        &self,
-        key: &str,
-        lease_ttl: Duration,
-        max_wait: Duration,
-    ) -> Result<LockHandle, ClientError> {
-        let give_up = Instant::now() + max_wait;
-        let mut backoff = Backoff::new();
-        let lost = self.shared.live.lost_token();
-        loop {
-            match self.try_acquire(key, lease_ttl).await {
-                Err(ClientError::Contended { key }) => {
-                    let now = Instant::now();
-                    if now >= give_up {
-                        tracing::debug!(event = "lock_contended", lock_key = %key, "gave up waiting");
-                        return Err(ClientError::Contended { key });
-                    }
-                    let delay = backoff.next_delay().min(give_up - now);
-                    tokio::select! {
-                        _ = tokio::time::sleep(delay) => {}
-                        _ = lost.cancelled() => self.check()?,
-                    }
-                }
-                other => return other,
-            }
         }
     }
 

@@ -3,28 +3,34 @@
 //!
 //! Every input is validated before any SQL runs, so a rejected request writes nothing.
 
+use std::convert::Infallible;
+use std::time::Duration;
+
 use axum::Json;
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
-use dlock_common::{ApiError, ApiJson, ApiPath, FencingToken, validate};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use dlock_common::{ApiError, ApiJson, ApiPath, ApiQuery, FencingToken, validate};
 use dlock_wire::ErrorBody;
 use dlock_wire::doc::BearerAuth;
+use dlock_wire::int::JsonInt;
 pub use dlock_wire::lock::{
-    AcquireRequest, CreateSessionRequest, LockGrant, LockOutcome, LockReleased, LockRenewed, LockState,
-    LockView, RevokeOutcome as Outcome, RevokeRequest, SessionClosed, SessionCreated, SessionHeartbeat,
-    TtlRequest,
+    AcquireRequest, CreateSessionRequest, ListLocksQuery, LockEvent, LockGrant, LockList, LockListItem,
+    LockOutcome, LockReleased, LockRenewed, LockState, LockView, RevokeOutcome as Outcome, RevokeRequest,
+    SessionClosed, SessionCreated, SessionHeartbeat, TtlRequest, WatchMessage,
 };
-use dlock_wire::lock::{LockKeyPath, SessionIdPath};
-use serde::Deserialize;
+use dlock_wire::lock::{LockKeyPath, MAX_LIST_PAGE, MAX_WAIT_MS, SessionIdPath};
 use uuid::Uuid;
 
 use crate::auth::Admin;
 use crate::error::Error;
 use crate::metrics::{AcquireResult, RevokeOutcome};
-use crate::repo::Revocation;
+use crate::queue::{self, Waiter};
+use crate::repo::{Grant, Revocation};
 use crate::state::AppState;
+use crate::watch::{self, Item};
 
 /// The OpenAPI 3.1 document of this API as kept in docs/openapi/, generated from [`ApiDoc`] (a test
 /// fails when the file is stale and rewrites it with `DLOCK_UPDATE_OPENAPI=1`).
@@ -40,10 +46,11 @@ pub const OPENAPI_YAML: &str = include_str!("../../../docs/openapi/lock-server.y
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
     ),
     paths(
-        create_session, heartbeat, close_session, acquire, renew, release, read_lock, revoke,
+        create_session, heartbeat, close_session, acquire, renew, release, read_lock, watch_lock,
+        list_locks, revoke,
         dlock_wire::doc::healthz, readyz, metrics, openapi,
     ),
-    components(schemas(ErrorBody)),
+    components(schemas(ErrorBody, LockEvent, LockView)),
     modifiers(&BearerAuth),
     tags(
         (name = "sessions"), (name = "locks"), (name = "admin", description = "Bearer-protected (`LOCK_SERVER_ADMIN_TOKEN`)."),
@@ -156,9 +163,9 @@ pub async fn close_session(
 #[utoipa::path(post, path = "/v1/locks/{key}/acquire", tag = "locks", operation_id = "acquireLock",
     params(LockKeyPath), request_body = AcquireRequest,
     responses(
-        (status = 200, description = "GRANTED: a free key, a genuinely expired lease taken over, or the same session re-entering; always a new, higher token, and (with a signing key) its signed grant.", body = LockGrant),
-        (status = 400, description = "Bad key or body (`INVALID_LOCK_KEY`, `INVALID_OWNER_ID`, `INVALID_TTL`, `INVALID_FIELD`, `MALFORMED_JSON`).", body = ErrorBody),
-        (status = 409, description = "`CONTENDED`: held by a live, different holder.", body = ErrorBody),
+        (status = 200, description = "GRANTED: a free key, a genuinely expired lease taken over, or the same session re-entering; always a new, higher token, and (with a signing key) its signed grant. With `waitMs`: granted in the key's queue, in arrival order.", body = LockGrant),
+        (status = 400, description = "Bad key or body (`INVALID_LOCK_KEY`, `INVALID_OWNER_ID`, `INVALID_TTL`, `INVALID_WAIT`, `INVALID_FIELD`, `MALFORMED_JSON`).", body = ErrorBody),
+        (status = 409, description = "`CONTENDED`: held by a live, different holder (with `waitMs`: still so when the wait ended).", body = ErrorBody),
         (status = 410, description = "`SESSION_GONE`: the session does not exist.", body = ErrorBody),
         (status = 415, description = "`UNSUPPORTED_MEDIA_TYPE`.", body = ErrorBody),
         (status = 503, description = "`UNAVAILABLE`.", body = ErrorBody),
@@ -171,6 +178,9 @@ pub async fn acquire(
     validate::lock_key(&key)?;
     validate::owner_id(&req.owner_id)?;
     let ttl = validate::ttl_ms("ttlMs", req.ttl_ms)?;
+    if let Some(wait_ms) = req.wait_ms {
+        return acquire_waiting(&state, key, req, ttl, wait_ms).await;
+    }
     match state
         .repo()
         .acquire(&key, &req.owner_id, req.session_id, ttl)
@@ -178,25 +188,7 @@ pub async fn acquire(
     {
         Some(g) => {
             state.metrics().acquired(AcquireResult::granted);
-            // Per-request events are debug: at info they would cost the hot path a JSON line each.
-            tracing::debug!(
-                event = "lock_granted",
-                lock_key = %key,
-                fencing_token = g.fencing_token,
-                owner_id = %g.owner_id,
-                session_id = %g.session_id,
-            );
-            let fencing_token = stored(g.fencing_token)?;
-            let grant = signed(&state, &key, fencing_token, &g.owner_id, g.session_id)?;
-            Ok(Json(LockGrant {
-                lock_key: key,
-                fencing_token,
-                owner_id: g.owner_id,
-                session_id: g.session_id,
-                acquired_at: g.acquired_at,
-                expires_at: g.expires_at,
-                grant,
-            }))
+            granted(&state, key, g)
         }
         None => {
             state.metrics().acquired(AcquireResult::contended);
@@ -204,6 +196,170 @@ pub async fn acquire(
             Err(Error::Contended.into())
         }
     }
+}
+
+/// The answer to a grant, however it was obtained (at once or after waiting in the queue).
+fn granted(state: &AppState, key: String, g: Grant) -> Result<Json<LockGrant>, ApiError> {
+    // Per-request events are debug: at info they would cost the hot path a JSON line each.
+    tracing::debug!(
+        event = "lock_granted",
+        lock_key = %key,
+        fencing_token = g.fencing_token,
+        owner_id = %g.owner_id,
+        session_id = %g.session_id,
+    );
+    let fencing_token = stored(g.fencing_token)?;
+    let grant = signed(state, &key, fencing_token, &g.owner_id, g.session_id)?;
+    Ok(Json(LockGrant {
+        lock_key: key,
+        fencing_token,
+        owner_id: g.owner_id,
+        session_id: g.session_id,
+        acquired_at: g.acquired_at,
+        expires_at: g.expires_at,
+        grant,
+    }))
+}
+
+/// `waitMs` given: wait in the key's queue ([`crate::queue`]).
+async fn acquire_waiting(
+    state: &AppState,
+    key: String,
+    req: AcquireRequest,
+    ttl_secs: f64,
+    wait_ms: i64,
+) -> Result<Json<LockGrant>, ApiError> {
+    if !(0..=MAX_WAIT_MS).contains(&wait_ms) {
+        return Err(ApiError::bad_request(
+            "INVALID_WAIT",
+            format!("waitMs must be between 0 and {MAX_WAIT_MS} milliseconds, got {wait_ms}"),
+        ));
+    }
+    let waiter = Waiter {
+        key: key.clone(),
+        owner_id: req.owner_id,
+        session_id: req.session_id,
+        ttl_secs,
+        wait: Duration::from_millis(wait_ms.unsigned_abs()),
+    };
+    match queue::acquire(state, waiter).await? {
+        Some(g) => granted(state, key, g),
+        None => {
+            tracing::debug!(event = "lock_contended", lock_key = %key, waited_ms = wait_ms);
+            Err(Error::Contended.into())
+        }
+    }
+}
+
+#[utoipa::path(get, path = "/v1/locks/{key}/watch", tag = "locks", operation_id = "watchLock",
+    params(LockKeyPath),
+    responses(
+        (status = 200, description = "Server-sent events: first `state` (its data a `LockView`: the key as it is), then one `change` (its data a `LockEvent`) per change of its holder, in order: `GRANTED`, `RELEASED`, `REVOKED`, `EXPIRED`, `SESSION_ENDED`. The server ends the stream after its watch lifetime (`--watch-max-ms`); reconnect, and the new stream starts from the state again.", body = WatchMessage, content_type = "text/event-stream"),
+        (status = 400, description = "`INVALID_LOCK_KEY`.", body = ErrorBody),
+        (status = 503, description = "`UNAVAILABLE`.", body = ErrorBody),
+    ))]
+pub async fn watch_lock(
+    State(state): State<AppState>,
+    ApiPath(key): ApiPath<String>,
+) -> Result<Sse<impl futures::Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    validate::lock_key(&key)?;
+    let rx = watch::open(&state, key).await?;
+    let closing = state.closing().clone();
+    let open = Watcher::new(state.clone());
+    let stream = futures::stream::unfold((rx, closing, open), |(mut rx, closing, open)| async move {
+        let item = tokio::select! {
+            item = rx.recv() => item?,
+            () = closing.cancelled() => return None,
+        };
+        let event = match &item {
+            Item::State(view) => Event::default().event("state").json_data(view),
+            Item::Change(change) => Event::default().event("change").json_data(change),
+        };
+        // Serialising these plain structs cannot fail; if it did, the stream ends and the client
+        // reconnects.
+        event.ok().map(|e| (Ok(e), (rx, closing, open)))
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+/// One open watch stream, counted in `lock_watchers` while it lives.
+struct Watcher(AppState);
+
+impl Watcher {
+    fn new(state: AppState) -> Self {
+        state.metrics().watchers.inc();
+        Self(state)
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.0.metrics().watchers.dec();
+    }
+}
+
+#[utoipa::path(get, path = "/v1/locks", tag = "admin", operation_id = "listLocks",
+    params(ListLocksQuery),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "One page of held keys in key order (keyset paging), each with its holder, token, lease and queue length.", body = LockList),
+        (status = 400, description = "`INVALID_PREFIX`, `INVALID_CURSOR`, `INVALID_LIMIT` or `INVALID_QUERY`.", body = ErrorBody),
+        (status = 401, description = "`UNAUTHORIZED`: no valid admin bearer token.", body = ErrorBody),
+        (status = 403, description = "`ADMIN_DISABLED`: no admin token is configured.", body = ErrorBody),
+        (status = 503, description = "`UNAVAILABLE`.", body = ErrorBody),
+    ))]
+pub async fn list_locks(
+    _admin: Admin,
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<ListLocksQuery>,
+) -> Result<Json<LockList>, ApiError> {
+    let prefix = q.prefix.unwrap_or_default();
+    if prefix.chars().count() > validate::MAX_KEY_LEN || prefix.chars().any(char::is_control) {
+        return Err(ApiError::bad_request(
+            "INVALID_PREFIX",
+            "prefix must be at most 256 characters without control characters",
+        ));
+    }
+    let after = match q.after {
+        Some(after) if validate::lock_key(&after).is_ok() => after,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "INVALID_CURSOR",
+                "after must be the nextCursor of a previous page (a lock key)",
+            ));
+        }
+        None => String::new(),
+    };
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=MAX_LIST_PAGE).contains(&limit) {
+        return Err(ApiError::bad_request(
+            "INVALID_LIMIT",
+            format!("limit must be between 1 and {MAX_LIST_PAGE}, got {limit}"),
+        ));
+    }
+    let rows = state.repo().list(&prefix, &after, limit).await?;
+    let full = i64::try_from(rows.len()).is_ok_and(|n| n == limit);
+    let next_cursor = full.then(|| rows.last().map(|r| r.lock_key.clone())).flatten();
+    let items = rows
+        .into_iter()
+        .map(|r| {
+            Ok(LockListItem {
+                state: if r.expired {
+                    LockState::Expired
+                } else {
+                    LockState::Held
+                },
+                fencing_token: stored(r.fencing_token)?,
+                lock_key: r.lock_key,
+                owner_id: r.owner_id,
+                session_id: r.session_id,
+                acquired_at: r.acquired_at,
+                expires_at: r.expires_at,
+                waiters: r.waiters,
+            })
+        })
+        .collect::<Result<_, ApiError>>()?;
+    Ok(Json(LockList { items, next_cursor }))
 }
 
 #[utoipa::path(post, path = "/v1/locks/{key}/renew", tag = "locks", operation_id = "renewLock",
@@ -348,13 +504,15 @@ fn validate_revoke(req: &RevokeRequest) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// `fencingToken` of a revoke body, judged as strictly as the `X-Fencing-Token` header: a JSON
-/// integer > 0 (or its decimal string). `null` is refused too — absent is the only "unpinned".
-fn pinned_token(raw: Option<&serde_json::Value>) -> Result<Option<FencingToken>, ApiError> {
+/// `fencingToken` of a revoke body, read as every integer field is (`7`, `7.0` and `7e0` are 7,
+/// exactly), or its decimal text as the `X-Fencing-Token` header is; > 0. `null` is refused too —
+/// absent is the only "unpinned".
+fn pinned_token(raw: Option<&JsonInt>) -> Result<Option<FencingToken>, ApiError> {
     let Some(value) = raw else { return Ok(None) };
-    FencingToken::deserialize(value)
+    value
+        .fencing_token("fencingToken")
         .map(Some)
-        .map_err(|e| ApiError::bad_request("INVALID_TOKEN", format!("fencingToken: {e}")))
+        .map_err(|m| ApiError::bad_request("INVALID_TOKEN", m))
 }
 
 #[utoipa::path(post, path = "/v1/admin/locks/{key}/revoke", tag = "admin", operation_id = "revokeLock",

@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use crate::error::Error;
 use crate::etcd::EtcdRepo;
-use crate::repo::{Grant, LockRow, Renewed, Repo, Revocation, Revoked, Session};
+use crate::repo::{Grant, ListedRow, LockRow, Renewed, Repo, Revocation, Revoked, Session};
 
 #[derive(Debug, Clone)]
 pub enum Backend {
@@ -93,6 +93,11 @@ impl Backend {
         reason: &str,
     ) -> Result<Revocation, Error> {
         delegate!(self, revoke_pinned(key, token, operator, reason))
+    }
+
+    /// One page of held keys starting with `prefix`, after `after` (`""`: the first page).
+    pub async fn list(&self, prefix: &str, after: &str, limit: i64) -> Result<Vec<ListedRow>, Error> {
+        delegate!(self, list(prefix, after, limit))
     }
 
     pub async fn reap(&self) -> Result<u64, Error> {

@@ -48,6 +48,31 @@ pub struct Config {
     /// The key grants are signed with. `None`: answers carry no `grant` (a WARN at start-up), and
     /// resources that verify grants refuse their tokens.
     pub signing_key: Option<SigningKey>,
+    /// The longest a blocking acquire waits here, whatever its `waitMs` asks (at most
+    /// [`dlock_wire::lock::MAX_WAIT_MS`]); its answer at that point is `CONTENDED`, as at the end of
+    /// any wait.
+    pub max_wait: Duration,
+    /// How long one watch stream stays open; the client then reconnects (a stream starts with the
+    /// key's state).
+    pub watch_max: Duration,
+    /// For negative controls only: a deliberately broken queue. Production is [`QueueFaults::NONE`].
+    pub queue_faults: QueueFaults,
+}
+
+/// Deliberately broken queues, for the negative controls of the blocking acquire only.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueFaults {
+    /// A release wakes every waiter of the key, not only the head (a thundering herd).
+    pub wake_every_waiter: bool,
+    /// The newest waiter is served first (LIFO), not the oldest.
+    pub lifo: bool,
+}
+
+impl QueueFaults {
+    pub const NONE: QueueFaults = QueueFaults {
+        wake_every_waiter: false,
+        lifo: false,
+    };
 }
 
 impl Config {
@@ -64,6 +89,9 @@ impl Config {
             pool_acquire_timeout: Duration::from_secs(5),
             lock_service_id: DEFAULT_LOCK_SERVICE_ID.to_owned(),
             signing_key: None,
+            max_wait: Duration::from_millis(dlock_wire::lock::MAX_WAIT_MS.unsigned_abs()),
+            watch_max: Duration::from_secs(300),
+            queue_faults: QueueFaults::NONE,
         }
     }
 
@@ -144,6 +172,12 @@ impl Config {
         {
             return Err(ConfigError::ReaperInterval);
         }
+        if self.max_wait.as_millis() > u128::from(dlock_wire::lock::MAX_WAIT_MS.unsigned_abs()) {
+            return Err(ConfigError::MaxWait);
+        }
+        if self.watch_max < Duration::from_millis(10) {
+            return Err(ConfigError::WatchMax);
+        }
         Ok(())
     }
 }
@@ -161,6 +195,9 @@ impl std::fmt::Debug for Config {
             .field("pool_acquire_timeout", &self.pool_acquire_timeout)
             .field("lock_service_id", &self.lock_service_id)
             .field("signing_key", &self.signing_key)
+            .field("max_wait", &self.max_wait)
+            .field("watch_max", &self.watch_max)
+            .field("queue_faults", &self.queue_faults)
             .finish()
     }
 }
@@ -179,6 +216,10 @@ pub enum ConfigError {
     PoolSize,
     #[error("the reaper interval must be at least 10 ms (0 disables the reaper)")]
     ReaperInterval,
+    #[error("the longest wait of a blocking acquire is 0..=60000 ms")]
+    MaxWait,
+    #[error("a watch stream must stay open at least 10 ms")]
+    WatchMax,
     #[error("cannot read the admin token file {path}: {source}")]
     AdminTokenFile { path: String, source: std::io::Error },
     #[error("give the admin token either in --admin-token-file or in DLOCK_ADMIN_TOKEN, not both")]
@@ -260,6 +301,16 @@ pub struct Cli {
     #[arg(long, env = "DLOCK_REAPER_INTERVAL_MS", default_value_t = 1000)]
     pub reaper_interval_ms: u64,
 
+    /// The longest a blocking acquire waits here, in milliseconds (0..=60000), whatever its `waitMs`
+    /// asks; it then answers CONTENDED, as at the end of any wait.
+    #[arg(long, env = "DLOCK_MAX_WAIT_MS", default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub max_wait_ms: u64,
+
+    /// How long one watch stream stays open, in milliseconds; clients reconnect (each stream starts
+    /// with the key's state).
+    #[arg(long, env = "DLOCK_WATCH_MAX_MS", default_value_t = 300_000, value_parser = clap::value_parser!(u64).range(10..=86_400_000))]
+    pub watch_max_ms: u64,
+
     /// lockdb pool: `--db-max-connections`, `--db-acquire-timeout-ms` (the same flags in every
     /// service with a database).
     #[command(flatten)]
@@ -304,6 +355,9 @@ impl Cli {
             pool_acquire_timeout: self.pool.acquire_timeout(),
             lock_service_id: self.lock_service_id,
             signing_key: None,
+            max_wait: Duration::from_millis(self.max_wait_ms),
+            watch_max: Duration::from_millis(self.watch_max_ms),
+            queue_faults: QueueFaults::NONE,
         };
         config.validate()?;
         Ok(config)

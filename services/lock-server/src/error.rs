@@ -32,6 +32,12 @@ pub enum Error {
     /// A value in etcd that this server did not write in that shape.
     #[error("unexpected data in the store: {0}")]
     Corrupt(String),
+    /// Something the request needs is not up (e.g. the lockdb listener reconnecting).
+    #[error("unavailable: {0}")]
+    Unavailable(&'static str),
+    /// The request went away before it was answered (never reaches a client).
+    #[error("the request was cancelled")]
+    Cancelled,
 }
 
 impl From<sqlx::Error> for Error {
@@ -69,6 +75,8 @@ impl From<Error> for ApiError {
             Error::Etcd(e) if etcd_unavailable(&e) => ApiError::unavailable(e),
             Error::Etcd(e) => ApiError::internal(e),
             Error::Corrupt(m) => ApiError::internal(m),
+            Error::Unavailable(m) => ApiError::unavailable(m),
+            Error::Cancelled => ApiError::unavailable("the request was cancelled"),
         }
     }
 }

@@ -16,14 +16,18 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
-    TxnOpResponse,
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, KeyValue, PutOptions,
+    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchOptions, WatchStream,
 };
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::config::QueueFaults;
 use crate::error::Error;
-use crate::repo::{Grant, LockRow, Renewed, Revocation, Revoked, Session};
+use crate::metrics::{Metrics, WakeReason};
+use crate::repo::{Grant, ListedRow, LockRow, Renewed, Revocation, Revoked, Session};
 
 /// Deliberately broken variants, for the negative controls only. Production is [`EtcdFaults::NONE`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -56,6 +60,17 @@ struct GrantValue {
     owner_id: String,
     session_id: Uuid,
     acquired_at_ms: i64,
+}
+
+/// A waiter of a key's queue (`P q/<key>\0<id>`, on the session's lease).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WaiterValue {
+    owner_id: String,
+    session_id: Uuid,
+    /// When the waiter's own wait ends (its replica's clock): past it (and a grace) the key is one
+    /// a dead replica left behind, and the waiter behind it removes it.
+    deadline_ms: i64,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -219,6 +234,11 @@ impl EtcdRepo {
     }
     fn revocation_key(&self, key: &str, token: i64) -> String {
         format!("{}r/{token:020}/{key}", self.prefix)
+    }
+    /// The prefix of `key`'s queue. A NUL ends the key (lock keys never hold control characters), so
+    /// that the queue of `a` is not a prefix of the queue of `a/b`.
+    pub fn queue_prefix(&self, key: &str) -> String {
+        format!("{}q/{key}\u{0}", self.prefix)
     }
 
     fn token_of(&self, kv: &KeyValue) -> i64 {
@@ -623,6 +643,341 @@ impl EtcdRepo {
         self.client().status().await.map_err(Error::etcd)?;
         Ok(())
     }
+
+    /// One page of held keys after `after`, in key order, with their queue lengths.
+    pub async fn list(&self, prefix: &str, after: &str, limit: i64) -> Result<Vec<ListedRow>, Error> {
+        let from = if after.is_empty() {
+            self.lock_key(prefix)
+        } else {
+            // The smallest key after `after`.
+            format!("{}\u{0}", self.lock_key(after))
+        };
+        let end = prefix_end(self.lock_key(prefix).into_bytes());
+        let page = self
+            .client()
+            .get(from, Some(GetOptions::new().with_range(end).with_limit(limit)))
+            .await
+            .map_err(Error::etcd)?;
+        let root = self.lock_key("");
+        let mut out = Vec::with_capacity(page.kvs().len());
+        for kv in page.kvs() {
+            let Some(key) = kv.key_str().ok().and_then(|k| k.strip_prefix(root.as_str())) else {
+                continue;
+            };
+            let g: GrantValue = decode(kv)?;
+            let ttl = self
+                .client()
+                .lease_time_to_live(kv.lease(), None)
+                .await
+                .map_err(Error::etcd)?
+                .ttl();
+            let waiters = self
+                .client()
+                .get(
+                    self.queue_prefix(key),
+                    Some(GetOptions::new().with_prefix().with_count_only()),
+                )
+                .await
+                .map_err(Error::etcd)?
+                .count();
+            out.push(ListedRow {
+                lock_key: key.to_owned(),
+                fencing_token: self.token_of(kv),
+                owner_id: g.owner_id,
+                session_id: g.session_id,
+                acquired_at: ms_to_time(g.acquired_at_ms),
+                expires_at: Utc::now() + ChronoDuration::seconds(ttl.max(0)),
+                expired: false,
+                waiters,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The blocking acquire on etcd ([`crate::queue`]): a waiter key on the session's lease, in
+    /// create-revision order; the head tries [`EtcdRepo::acquire`] and, contended, watches the grant
+    /// key (its release, revocation, lapse or session end deletes it); every other waiter watches
+    /// only its predecessor's key. `Some` granted, `None` the deadline passed.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn wait_for(
+        &self,
+        key: &str,
+        owner_id: &str,
+        session_id: Uuid,
+        ttl_secs: f64,
+        deadline: Instant,
+        faults: QueueFaults,
+        cancel: &CancellationToken,
+        metrics: &Metrics,
+    ) -> Result<Option<Grant>, Error> {
+        let skey = self.session_key(session_id);
+        let Some(session) = self.get_one(skey.clone()).await? else {
+            return Err(Error::SessionGone);
+        };
+        let me = format!("{}{}", self.queue_prefix(key), Uuid::new_v4());
+        let left = deadline.saturating_duration_since(Instant::now());
+        let value = encode(&WaiterValue {
+            owner_id: owner_id.to_owned(),
+            session_id,
+            deadline_ms: Utc::now().timestamp_millis()
+                + i64::try_from(left.as_millis()).unwrap_or(i64::MAX / 2),
+        });
+        let joined = self
+            .client()
+            .txn(
+                Txn::new()
+                    .when([Compare::create_revision(skey, CompareOp::Greater, 0)])
+                    .and_then([TxnOp::put(
+                        me.clone(),
+                        value,
+                        Some(PutOptions::new().with_lease(session.lease())),
+                    )]),
+            )
+            .await
+            .map_err(Error::etcd)?;
+        if !joined.succeeded() {
+            return Err(Error::SessionGone);
+        }
+        let mine = joined
+            .header()
+            .map(|h| h.revision())
+            .ok_or_else(|| Error::Corrupt("a transaction without a header".into()))?;
+        let out = self
+            .queued(
+                key, owner_id, session_id, ttl_secs, &me, mine, deadline, faults, cancel, metrics,
+            )
+            .await;
+        // Leaving wakes the waiter behind (it watches this key).
+        if let Err(e) = self.client().delete(me, None).await {
+            tracing::warn!(event = "waiter_dequeue_failed", lock_key = %key, error = %e);
+        }
+        out
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn queued(
+        &self,
+        key: &str,
+        owner_id: &str,
+        session_id: Uuid,
+        ttl_secs: f64,
+        me: &str,
+        mine: i64,
+        deadline: Instant,
+        faults: QueueFaults,
+        cancel: &CancellationToken,
+        metrics: &Metrics,
+    ) -> Result<Option<Grant>, Error> {
+        let lkey = self.lock_key(key);
+        loop {
+            let ahead = if faults.lifo {
+                GetOptions::new()
+                    .with_prefix()
+                    .with_min_create_revision(mine + 1)
+                    .with_sort(SortTarget::Create, SortOrder::Ascend)
+                    .with_limit(1)
+            } else {
+                GetOptions::new()
+                    .with_prefix()
+                    .with_max_create_revision(mine - 1)
+                    .with_sort(SortTarget::Create, SortOrder::Descend)
+                    .with_limit(1)
+            };
+            let seen = self
+                .client()
+                .txn(Txn::new().and_then([
+                    TxnOp::get(me, None),
+                    TxnOp::get(self.queue_prefix(key), Some(ahead)),
+                ]))
+                .await
+                .map_err(Error::etcd)?;
+            let rev = seen.header().map(|h| h.revision()).unwrap_or(0);
+            let ops = seen.op_responses();
+            if first_get(&ops, 0).is_none() {
+                // The waiter key went with its session's lease.
+                return Err(Error::SessionGone);
+            }
+            let mut watched = vec![(me.to_owned(), WakeReason::gone)];
+            let mut timer = None;
+            match first_get(&ops, 1) {
+                Some(ahead) => {
+                    let w: WaiterValue = decode(&ahead)?;
+                    let lapses_in = w.deadline_ms - Utc::now().timestamp_millis()
+                        + i64::try_from(crate::queue::GRACE.as_millis()).unwrap_or(0);
+                    if lapses_in <= 0 {
+                        // Left behind by a replica that died: remove it (only as it was seen).
+                        self.client()
+                            .txn(
+                                Txn::new()
+                                    .when([Compare::mod_revision(
+                                        ahead.key().to_vec(),
+                                        CompareOp::Equal,
+                                        ahead.mod_revision(),
+                                    )])
+                                    .and_then([TxnOp::delete(ahead.key().to_vec(), None)]),
+                            )
+                            .await
+                            .map_err(Error::etcd)?;
+                        continue;
+                    }
+                    timer = Some(std::time::Duration::from_millis(lapses_in.unsigned_abs()));
+                    watched.push((
+                        String::from_utf8_lossy(ahead.key()).into_owned(),
+                        WakeReason::head,
+                    ));
+                    if faults.wake_every_waiter {
+                        watched.push((lkey.clone(), WakeReason::freed));
+                    }
+                }
+                None => {
+                    if let Some(g) = self.acquire(key, owner_id, session_id, ttl_secs).await? {
+                        return Ok(Some(g));
+                    }
+                    watched.push((lkey.clone(), WakeReason::freed));
+                }
+            }
+            let asleep = metrics.asleep();
+            let why = tokio::select! {
+                biased;
+                () = cancel.cancelled() => return Err(Error::Cancelled),
+                () = tokio::time::sleep_until(deadline) => return Ok(None),
+                () = async {
+                    match timer {
+                        Some(t) => tokio::time::sleep(t).await,
+                        None => std::future::pending().await,
+                    }
+                } => WakeReason::ahead_lapsed,
+                r = self.first_delete(&watched, rev) => r?,
+            };
+            drop(asleep);
+            metrics.woken(why);
+        }
+    }
+
+    /// The reason of the first of `keys` deleted after `rev`.
+    async fn first_delete(&self, keys: &[(String, WakeReason)], rev: i64) -> Result<WakeReason, Error> {
+        let mut streams: Vec<(WatchStream, WakeReason, etcd_client::Watcher)> = Vec::new();
+        for (k, why) in keys {
+            let (watcher, stream) = self
+                .client()
+                .watch(k.clone(), Some(WatchOptions::new().with_start_revision(rev + 1)))
+                .await
+                .map_err(Error::etcd)?;
+            streams.push((stream, *why, watcher));
+        }
+        loop {
+            let pending = streams
+                .iter_mut()
+                .map(|(s, why, _)| Box::pin(async move { (s.message().await, *why) }));
+            let ((msg, why), _, _) = futures::future::select_all(pending).await;
+            match msg.map_err(Error::etcd)? {
+                Some(resp) if resp.events().iter().any(|e| e.event_type() == EventType::Delete) => {
+                    return Ok(why);
+                }
+                Some(resp) if resp.canceled() => {
+                    return Err(Error::Corrupt(format!(
+                        "etcd cancelled a watch: {}",
+                        resp.cancel_reason()
+                    )));
+                }
+                Some(_) => {}
+                None => {
+                    return Err(Error::etcd(etcd_client::Error::WatchError(
+                        "the watch stream ended".into(),
+                    )));
+                }
+            }
+        }
+    }
+
+    /// A watch of `key` from `rev` on ([`crate::watch`]).
+    pub async fn watch_key(&self, key: &str, rev: i64) -> Result<(etcd_client::Watcher, WatchStream), Error> {
+        self.client()
+            .watch(
+                self.lock_key(key),
+                Some(WatchOptions::new().with_start_revision(rev).with_prev_key()),
+            )
+            .await
+            .map_err(Error::etcd)
+    }
+
+    /// The key's grant as [`EtcdRepo::read`] sees it, and the revision of that read.
+    pub async fn read_at(&self, key: &str) -> Result<(Option<LockRow>, i64), Error> {
+        let r = self
+            .client()
+            .get(self.lock_key(key), None)
+            .await
+            .map_err(Error::etcd)?;
+        let rev = r.header().map(|h| h.revision()).unwrap_or(0);
+        let Some(kv) = r.kvs().first() else {
+            return Ok((None, rev));
+        };
+        let g: GrantValue = decode(kv)?;
+        Ok((
+            Some(LockRow {
+                fencing_token: self.token_of(kv),
+                owner_id: g.owner_id,
+                acquired_at: ms_to_time(g.acquired_at_ms),
+                expires_at: Utc::now(),
+                expired: false,
+            }),
+            rev,
+        ))
+    }
+
+    /// A grant written at a watch's PUT: its token and owner.
+    pub fn granted_by(&self, kv: &KeyValue) -> Result<(i64, String), Error> {
+        let g: GrantValue = decode(kv)?;
+        Ok((self.token_of(kv), g.owner_id))
+    }
+
+    /// Why the grant `prev` (as it was before a watch's DELETE at `rev`) went: revoked (its audit
+    /// record exists), released (deleted while its lease lived: the index entry on the same lease was
+    /// still there at `rev`), or with its lease: expired, or its session ended (the session key was
+    /// gone at `rev`). A history etcd compacted away reads as released.
+    pub async fn why_deleted(
+        &self,
+        key: &str,
+        prev: &KeyValue,
+        rev: i64,
+    ) -> Result<crate::watch::Cause, Error> {
+        use crate::watch::Cause;
+        let token = self.token_of(prev);
+        if self.get_one(self.revocation_key(key, token)).await?.is_some() {
+            return Ok(Cause::Revoked);
+        }
+        let g: GrantValue = decode(prev)?;
+        let at = |k: String| {
+            let mut c = self.client();
+            async move { c.get(k, Some(GetOptions::new().with_revision(rev))).await }
+        };
+        let Ok(index) = at(format!("{}{key}", self.held_prefix(g.session_id))).await else {
+            return Ok(Cause::Released);
+        };
+        if !index.kvs().is_empty() {
+            return Ok(Cause::Released);
+        }
+        let Ok(session) = at(self.session_key(g.session_id)).await else {
+            return Ok(Cause::Expired);
+        };
+        Ok(if session.kvs().is_empty() {
+            Cause::SessionEnded
+        } else {
+            Cause::Expired
+        })
+    }
+}
+
+/// The end of the range of every key starting with `prefix` (etcd's `prefix_end`).
+fn prefix_end(mut key: Vec<u8>) -> Vec<u8> {
+    while let Some(last) = key.pop() {
+        if last < 0xff {
+            key.push(last + 1);
+            return key;
+        }
+    }
+    // Every byte was 0xff: to the end of the keyspace.
+    vec![0]
 }
 
 #[cfg(test)]

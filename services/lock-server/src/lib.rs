@@ -7,6 +7,8 @@
 //! - [`api`]: the HTTP handlers; [`routes`]: the router and its route table;
 //! - [`error`]: the one error enum, mapped to HTTP; [`auth`]: the admin bearer token;
 //! - [`signing`]: the signed grant of every acquire and renew (`LockGrant.grant`);
+//! - [`queue`]: the blocking acquire, a FIFO queue per key in the store; [`watch`]: a key's changes
+//!   as a stream; [`hub`]: the PostgreSQL backend's one `LISTEN` connection per process feeding both;
 //! - [`metrics`], [`reaper`], [`config`], [`server`] ([`spawn`] in-process, [`start`] for the binary, which
 //!   [`dlock_common::serve::main`] runs until SIGTERM).
 //!
@@ -20,7 +22,9 @@ pub mod batch;
 pub mod config;
 pub mod error;
 pub mod etcd;
+pub mod hub;
 pub mod metrics;
+pub mod queue;
 pub mod reaper;
 pub mod repo;
 pub mod routes;
@@ -28,9 +32,10 @@ pub mod server;
 pub mod signing;
 pub mod sql;
 pub mod state;
+pub mod watch;
 
 pub use backend::Backend;
-pub use config::{BackendConfig, Cli, Config, ConfigError};
+pub use config::{BackendConfig, Cli, Config, ConfigError, QueueFaults};
 pub use error::Error;
 pub use etcd::{EtcdFaults, EtcdRepo};
 pub use repo::Repo;

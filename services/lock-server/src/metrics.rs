@@ -7,6 +7,7 @@ use std::time::Duration;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -24,6 +25,45 @@ pub enum RevokeOutcome {
     already_revoked,
     held_by_other_token,
     not_held,
+}
+
+/// Why a queued waiter was woken to look again (`lock_wait_wakeups_total{reason}`).
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum WakeReason {
+    /// A release, revocation or session end freed the key (or, on etcd, a lapse): the head is woken.
+    freed,
+    /// The waiter ahead left: this one may be the head.
+    head,
+    /// The holder's lease was due to end (PostgreSQL: a lapse has no event).
+    lease_end,
+    /// The waiter ahead was due to lapse (its replica died).
+    ahead_lapsed,
+    /// Its own place went with its session.
+    gone,
+    /// The listener reconnected and notifications may have been missed.
+    resync,
+}
+
+/// How a blocking acquire ended (`lock_wait_total{result}`).
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum WaitResult {
+    granted,
+    contended,
+    session_gone,
+    cancelled,
+    error,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WakeLabels {
+    pub reason: WakeReason,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WaitLabels {
+    pub result: WaitResult,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -61,6 +101,12 @@ pub struct Metrics {
     pub revoke: Family<RevokeLabels, Counter>,
     pub reaper_sessions_deleted: Counter,
     pub http_duration: HistogramFamily,
+    /// Blocking acquires asleep in a queue in this process now (waiting for a wake-up or a timer).
+    pub waiting: Gauge,
+    /// Watch streams open in this process now.
+    pub watchers: Gauge,
+    pub waits: Family<WaitLabels, Counter>,
+    pub wakeups: Family<WakeLabels, Counter>,
 }
 
 fn http_histogram() -> Histogram {
@@ -99,6 +145,45 @@ impl Metrics {
             "HTTP request duration by matched route",
             http_duration.clone(),
         );
+        let waiting = Gauge::default();
+        registry.register(
+            "lock_waiting",
+            "Blocking acquires asleep in a queue in this process (until a wake-up or a timer)",
+            waiting.clone(),
+        );
+        let watchers = Gauge::default();
+        registry.register(
+            "lock_watchers",
+            "Watch streams open in this process",
+            watchers.clone(),
+        );
+        let waits = Family::<WaitLabels, Counter>::default();
+        registry.register("lock_wait", "Blocking acquires by how they ended", waits.clone());
+        let wakeups = Family::<WakeLabels, Counter>::default();
+        registry.register(
+            "lock_wait_wakeups",
+            "Times a queued waiter was woken to look again, by reason (a release wakes one waiter)",
+            wakeups.clone(),
+        );
+        for result in [
+            WaitResult::granted,
+            WaitResult::contended,
+            WaitResult::session_gone,
+            WaitResult::cancelled,
+            WaitResult::error,
+        ] {
+            let _ = waits.get_or_create(&WaitLabels { result });
+        }
+        for reason in [
+            WakeReason::freed,
+            WakeReason::head,
+            WakeReason::lease_end,
+            WakeReason::ahead_lapsed,
+            WakeReason::gone,
+            WakeReason::resync,
+        ] {
+            let _ = wakeups.get_or_create(&WakeLabels { reason });
+        }
         // Every label value is exported from the start (as 0), so rates and alerts need no special case.
         for result in [AcquireResult::granted, AcquireResult::contended] {
             let _ = acquire.get_or_create(&AcquireLabels { result });
@@ -122,7 +207,25 @@ impl Metrics {
             revoke,
             reaper_sessions_deleted,
             http_duration,
+            waiting,
+            watchers,
+            waits,
+            wakeups,
         }
+    }
+
+    /// Counts a waiter as asleep while the guard lives.
+    pub fn asleep(&self) -> Asleep<'_> {
+        self.waiting.inc();
+        Asleep(self)
+    }
+
+    pub fn woken(&self, reason: WakeReason) {
+        self.wakeups.get_or_create(&WakeLabels { reason }).inc();
+    }
+
+    pub fn waited(&self, result: WaitResult) {
+        self.waits.get_or_create(&WaitLabels { result }).inc();
     }
 
     pub fn registry(&self) -> Arc<Registry> {
@@ -149,6 +252,16 @@ impl Metrics {
                 status,
             })
             .observe(elapsed.as_secs_f64());
+    }
+}
+
+/// A waiter asleep in a queue ([`Metrics::asleep`]).
+#[derive(Debug)]
+pub struct Asleep<'a>(&'a Metrics);
+
+impl Drop for Asleep<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.dec();
     }
 }
 

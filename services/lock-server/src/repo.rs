@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use crate::batch::{BatchStats, Batcher, Call};
 use crate::error::Error;
+use crate::hub::Hub;
 use crate::sql::{self, Statements};
 
 /// A granted lock: the row C1's acquire returns.
@@ -50,6 +51,39 @@ pub struct LockRow {
     pub expired: bool,
 }
 
+/// One held key of the listing (`GET /v1/locks`), with its queue length.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct ListedRow {
+    pub lock_key: String,
+    pub fencing_token: i64,
+    pub owner_id: String,
+    pub session_id: Uuid,
+    pub acquired_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    pub expired: bool,
+    pub waiters: i64,
+}
+
+/// A watch feed's read of a key ([`sql::WATCH_READ`]).
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct Watched {
+    pub fencing_token: i64,
+    pub owner_id: String,
+    pub acquired_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    pub expired: bool,
+    pub left_secs: f64,
+}
+
+/// Where a queued waiter stands ([`sql::WAITER_POSITION`]).
+#[derive(Debug, Clone, Copy, PartialEq, sqlx::FromRow)]
+pub struct Position {
+    /// `false`: the row went with its session.
+    pub present: bool,
+    /// Seconds left of the live waiter just ahead; `None`: this waiter is the head.
+    pub ahead_secs: Option<f64>,
+}
+
 /// The grant a force-revoke removed.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Revoked {
@@ -80,6 +114,9 @@ pub struct Repo {
     /// from `stmts`, so a negative control's broken statement is what its batches run too.
     acquires: Arc<Batcher<AcquireCall>>,
     releases: Arc<Batcher<ReleaseCall>>,
+    /// The process's listener (started by the server; a repository used alone never starts it, and
+    /// then no key counts as watched).
+    hub: Arc<Hub>,
 }
 
 /// One acquire, bound as C1 §1.3 documents: key, owner, session, TTL.
@@ -162,6 +199,7 @@ impl Repo {
             acquires: Arc::new(Batcher::new(pool.clone(), stmts.acquire)),
             releases: Arc::new(Batcher::new(pool.clone(), stmts.release)),
             renew: sql::with_holder(stmts.renew).into(),
+            hub: Arc::new(Hub::new(pool.clone())),
             pool,
             stmts,
         }
@@ -179,6 +217,11 @@ impl Repo {
 
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// The process's listener of lockdb's notifications.
+    pub fn hub(&self) -> &Arc<Hub> {
+        &self.hub
     }
 
     pub fn statements(&self) -> Statements {
@@ -220,14 +263,117 @@ impl Repo {
         session_id: Uuid,
         ttl_secs: f64,
     ) -> Result<Option<Grant>, Error> {
-        self.acquires
+        let grant = self
+            .acquires
             .call(AcquireCall {
                 key: key.to_owned(),
                 owner_id: owner_id.to_owned(),
                 session_id,
                 ttl_secs,
             })
+            .await?;
+        // Only a grant of a watched key is told (one atomic load when nothing is watched): the
+        // other replicas' watchers learn of it from lockdb, not by polling.
+        if let Some(g) = &grant
+            && self.hub.is_watched(key)
+        {
+            self.notify_granted(key, g, ttl_secs).await;
+        }
+        Ok(grant)
+    }
+
+    async fn notify_granted(&self, key: &str, g: &Grant, ttl_secs: f64) {
+        let payload = serde_json::json!({
+            "e": "granted", "k": key, "t": g.fencing_token, "o": g.owner_id, "l": ttl_secs,
+        });
+        if let Err(e) = sqlx::query(sql::NOTIFY_GRANTED)
+            .bind(payload.to_string())
+            .execute(&self.pool)
             .await
+        {
+            // The grant stands; watchers learn of it with its end instead (the freed notification
+            // carries the token and owner).
+            tracing::warn!(event = "watch_notify_failed", lock_key = %key, error = %e);
+        }
+    }
+
+    /// Joins the key's queue; returns the waiter's id (its place). An unknown session is
+    /// [`Error::SessionGone`].
+    pub async fn enqueue_waiter(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        owner_id: &str,
+        lasts_secs: f64,
+    ) -> Result<i64, Error> {
+        Ok(sqlx::query_scalar(sql::ENQUEUE_WAITER)
+            .bind(key)
+            .bind(session_id)
+            .bind(owner_id)
+            .bind(lasts_secs)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Where waiter `id` of `key` stands; `lifo` is a negative control's broken order.
+    pub async fn waiter_position(&self, key: &str, id: i64, lifo: bool) -> Result<Position, Error> {
+        let stmt = if lifo {
+            sql::WAITER_POSITION_LIFO
+        } else {
+            sql::WAITER_POSITION
+        };
+        Ok(sqlx::query_as(stmt)
+            .bind(key)
+            .bind(id)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Seconds left of the key's grant by the database clock; `None`: the key is free.
+    pub async fn holder_left(&self, key: &str) -> Result<Option<f64>, Error> {
+        Ok(sqlx::query_scalar(sql::HOLDER_LEFT)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    pub async fn dequeue_waiter(&self, id: i64) -> Result<(), Error> {
+        sqlx::query(sql::DEQUEUE_WAITER)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Registers a watch of `key` for `lasts_secs`; returns its id.
+    pub async fn add_watch(&self, key: &str, lasts_secs: f64) -> Result<i64, Error> {
+        Ok(sqlx::query_scalar(sql::ADD_WATCH)
+            .bind(key)
+            .bind(lasts_secs)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    pub async fn watch_read(&self, key: &str) -> Result<Option<Watched>, Error> {
+        Ok(sqlx::query_as(sql::WATCH_READ)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    pub async fn drop_watch(&self, id: i64) -> Result<(), Error> {
+        sqlx::query(sql::DROP_WATCH).bind(id).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// One page of held keys after `after`, with their queue lengths.
+    pub async fn list(&self, prefix: &str, after: &str, limit: i64) -> Result<Vec<ListedRow>, Error> {
+        Ok(sqlx::query_as(sql::LIST_LOCKS)
+            .bind(prefix)
+            .bind(after)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?)
     }
 
     /// `None`: the lease lapsed or the row belongs to a newer token (LEASE_EXPIRED).
@@ -261,6 +407,7 @@ impl Repo {
     /// was held, and nothing is written.
     pub async fn revoke(&self, key: &str, operator: &str, reason: &str) -> Result<Option<Revoked>, Error> {
         let mut tx = self.pool.begin().await?;
+        sqlx::query(sql::MARK_REVOKE).execute(&mut *tx).await?;
         let revoked: Option<Revoked> = sqlx::query_as(sql::REVOKE_GRANT)
             .bind(key)
             .fetch_optional(&mut *tx)
@@ -289,6 +436,7 @@ impl Repo {
         reason: &str,
     ) -> Result<Revocation, Error> {
         let mut tx = self.pool.begin().await?;
+        sqlx::query(sql::MARK_REVOKE).execute(&mut *tx).await?;
         let revoked: Option<Revoked> = sqlx::query_as(sql::REVOKE_PINNED_GRANT)
             .bind(key)
             .bind(token)
@@ -334,6 +482,9 @@ impl Repo {
     /// Deletes expired sessions (their locks go by the cascade); returns how many.
     pub async fn reap(&self) -> Result<u64, Error> {
         let done = sqlx::query(sql::REAP_SESSIONS).execute(&self.pool).await?;
+        // Queue rows and watches a dead replica left behind, once they lapsed.
+        sqlx::query(sql::REAP_WAITERS).execute(&self.pool).await?;
+        sqlx::query(sql::REAP_WATCHES).execute(&self.pool).await?;
         Ok(done.rows_affected())
     }
 

@@ -75,6 +75,8 @@ fn table() -> Table {
         .post("/v1/locks/{key}/renew", api::renew)
         .post("/v1/locks/{key}/release", api::release)
         .get("/v1/locks/{key}", api::read_lock)
+        .get("/v1/locks/{key}/watch", api::watch_lock)
+        .get("/v1/locks", api::list_locks)
         .post("/v1/admin/locks/{key}/revoke", api::revoke)
         .get("/healthz", dlock_common::serve::healthz)
         .get("/readyz", api::readyz)

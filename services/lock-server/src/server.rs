@@ -52,6 +52,8 @@ pub struct RunningServer {
     state: AppState,
     // A child of the server's shutdown token, so dropping the server stops it too.
     reaper: Option<JoinHandle<()>>,
+    /// The lockdb listener (PostgreSQL backend), likewise.
+    hub: Option<JoinHandle<()>>,
 }
 
 impl RunningServer {
@@ -76,10 +78,14 @@ impl RunningServer {
             server,
             state,
             reaper,
+            hub,
         } = self;
         let served = server.shutdown().await;
         if let Some(reaper) = reaper {
             reaper.await?;
+        }
+        if let Some(hub) = hub {
+            hub.await?;
         }
         state.repo().close().await;
         Ok(served?)
@@ -111,9 +117,17 @@ pub async fn spawn_with_statements(config: Config, stmts: Statements) -> Result<
 /// [`spawn`] over a given backend (the etcd negative controls pass a deliberately broken one).
 pub async fn spawn_with_backend(config: Config, backend: Backend) -> Result<RunningServer, StartError> {
     config.validate()?;
-    let state = AppState::with_backend(backend, config.admin_token.clone()).with_signer(config.signer());
-    let listener = serve::bind(config.listen).await?;
     let shutdown = CancellationToken::new();
+    let state = AppState::with_backend(backend, config.admin_token.clone())
+        .with_config(&config)
+        .with_signer(config.signer())
+        .with_closing(shutdown.child_token());
+    let listener = serve::bind(config.listen).await?;
+    // The PostgreSQL backend's one listener (blocking acquires and watches); etcd pushes by itself.
+    let hub = state
+        .repo()
+        .postgres()
+        .map(|r| r.hub().start(config.queue_faults, shutdown.child_token()));
     let reaper = config
         .reaper_interval
         .map(|every| reaper::spawn(state.clone(), every, shutdown.child_token()));
@@ -122,6 +136,7 @@ pub async fn spawn_with_backend(config: Config, backend: Backend) -> Result<Runn
         server,
         state,
         reaper,
+        hub,
     })
 }
 

@@ -123,6 +123,90 @@ SELECT fencing_token, owner_id, acquired_at, expires_at, expires_at <= now() AS 
 /// Readiness probe.
 pub const PING: &str = "SELECT 1";
 
+// ---- the queue of blocking acquires and the watches (migration V3; docs/lock-api.md) -----------
+// None of these writes lock_entry: a waiter is granted by C1's acquire statement like anyone else.
+
+/// The channel every notification of V3's triggers (and [`NOTIFY_GRANTED`]) goes to.
+pub const CHANNEL: &str = "dlock_lock";
+
+/// Joins the key's queue; the id is the arrival order. Binds: `$1` key, `$2` session_id,
+/// `$3` owner_id, `$4` seconds until the row no longer counts (the wait plus a grace). An unknown
+/// session is refused by the foreign key (SESSION_GONE).
+pub const ENQUEUE_WAITER: &str = "\
+INSERT INTO lock_waiter (lock_key, session_id, owner_id, queued_at, expires_at)
+VALUES ($1, $2, $3, now(), now() + make_interval(secs => $4))
+RETURNING waiter_id";
+
+/// Where a waiter stands: whether its row is still there (`false`: its session ended and the
+/// cascade took it), and the seconds left of the live waiter just ahead of it (`NULL`: none, it is
+/// the head). Binds: `$1` key, `$2` waiter_id.
+pub const WAITER_POSITION: &str = "\
+SELECT EXISTS (SELECT 1 FROM lock_waiter WHERE waiter_id = $2) AS present,
+       (SELECT extract(epoch FROM w.expires_at - now())::float8
+          FROM lock_waiter w
+         WHERE w.lock_key = $1 AND w.waiter_id < $2 AND w.expires_at > now()
+         ORDER BY w.waiter_id DESC LIMIT 1) AS ahead_secs";
+
+/// [`WAITER_POSITION`] of a deliberately broken queue (negative control only): the newest waiter is
+/// the head (LIFO).
+pub const WAITER_POSITION_LIFO: &str = "\
+SELECT EXISTS (SELECT 1 FROM lock_waiter WHERE waiter_id = $2) AS present,
+       (SELECT extract(epoch FROM w.expires_at - now())::float8
+          FROM lock_waiter w
+         WHERE w.lock_key = $1 AND w.waiter_id > $2 AND w.expires_at > now()
+         ORDER BY w.waiter_id ASC LIMIT 1) AS ahead_secs";
+
+/// Seconds left of the key's grant by the database clock (`NULL` row: no grant). Binds: `$1` key.
+pub const HOLDER_LEFT: &str = "\
+SELECT extract(epoch FROM expires_at - now())::float8 FROM lock_entry WHERE lock_key = $1";
+
+/// A watch feed's read of its key: the grant, whether it lapsed, and the seconds left of it, by the
+/// database clock. Binds: `$1` key.
+pub const WATCH_READ: &str = "\
+SELECT fencing_token, owner_id, acquired_at, expires_at, expires_at <= now() AS expired,
+       extract(epoch FROM expires_at - now())::float8 AS left_secs
+  FROM lock_entry
+ WHERE lock_key = $1";
+
+/// Leaves the queue (granted, timed out, cancelled). Binds: `$1` waiter_id.
+pub const DEQUEUE_WAITER: &str = "DELETE FROM lock_waiter WHERE waiter_id = $1";
+
+/// Opens a watch of a key: from now on its releases are told. Binds: `$1` key, `$2` seconds until
+/// the row no longer counts (a replica renews its rows while it watches).
+pub const ADD_WATCH: &str = "\
+INSERT INTO lock_watch (lock_key, expires_at)
+VALUES ($1, now() + make_interval(secs => $2))
+RETURNING watch_id";
+
+/// Closes a watch. Binds: `$1` watch_id.
+pub const DROP_WATCH: &str = "DELETE FROM lock_watch WHERE watch_id = $1";
+
+/// The open watches, read when a replica's listener (re)connects.
+pub const WATCHES: &str = "SELECT watch_id, lock_key FROM lock_watch WHERE expires_at > now()";
+
+/// Tells every replica of a grant of a watched key (a grant of any other key sends nothing).
+/// Binds: `$1` the JSON payload.
+pub const NOTIFY_GRANTED: &str = "SELECT pg_notify('dlock_lock', $1)";
+
+/// Marks the revoke's transaction, so that V3's trigger reports its delete as a revocation.
+pub const MARK_REVOKE: &str = "SELECT set_config('dlock.cause', 'revoked', true)";
+
+/// The reaper: queue rows and watches whose replica did not remove them (it died) once they lapsed.
+pub const REAP_WAITERS: &str = "DELETE FROM lock_waiter WHERE expires_at <= now()";
+pub const REAP_WATCHES: &str = "DELETE FROM lock_watch WHERE expires_at <= now()";
+
+/// One page of held keys (`GET /v1/locks`), in key order after `$2` (`''` for the first page), with
+/// each key's queue length. Binds: `$1` prefix (`''` for every key), `$2` after, `$3` limit.
+pub const LIST_LOCKS: &str = "\
+SELECT e.lock_key, e.fencing_token, e.owner_id, e.session_id, e.acquired_at, e.expires_at,
+       e.expires_at <= now() AS expired,
+       (SELECT count(*) FROM lock_waiter w
+         WHERE w.lock_key = e.lock_key AND w.expires_at > now()) AS waiters
+  FROM lock_entry e
+ WHERE starts_with(e.lock_key, $1) AND e.lock_key > $2
+ ORDER BY e.lock_key
+ LIMIT $3";
+
 /// One round trip for `n` concurrent calls of the same statement: `n` copies of `stmt`, each its own
 /// data-modifying `WITH` item, and their `RETURNING` rows tagged with the copy's index.
 ///

@@ -2,14 +2,18 @@
 //! Passed explicitly through axum's `State`; there are no globals.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backend;
+use crate::config::{Config, QueueFaults};
 use crate::metrics::Metrics;
 use crate::repo::Repo;
 use crate::signing::Signer;
 use crate::sql::Statements;
+use crate::watch::Feeds;
 
 #[derive(Debug, Clone)]
 pub struct AppState {
@@ -17,6 +21,13 @@ pub struct AppState {
     metrics: Arc<Metrics>,
     admin_token: Option<Arc<str>>,
     signer: Option<Arc<Signer>>,
+    max_wait: Duration,
+    watch_max: Duration,
+    queue_faults: QueueFaults,
+    feeds: Arc<Feeds>,
+    /// Fired when the server shuts down: waits answer and watch streams end, so that the graceful
+    /// drain is not held up by them.
+    closing: CancellationToken,
 }
 
 impl AppState {
@@ -38,7 +49,49 @@ impl AppState {
             // An empty token is never a valid credential; treat it as "not configured".
             admin_token: admin_token.filter(|t| !t.is_empty()).map(Arc::from),
             signer: None,
+            max_wait: Duration::from_millis(dlock_wire::lock::MAX_WAIT_MS.unsigned_abs()),
+            watch_max: Duration::from_secs(300),
+            queue_faults: QueueFaults::NONE,
+            feeds: Arc::new(Feeds::default()),
+            closing: CancellationToken::new(),
         }
+    }
+
+    /// Waits and watches end when `closing` fires (the server's shutdown).
+    pub fn with_closing(mut self, closing: CancellationToken) -> Self {
+        self.closing = closing;
+        self
+    }
+
+    pub fn closing(&self) -> &CancellationToken {
+        &self.closing
+    }
+
+    /// The configured limits of waits and watches (and a negative control's broken queue).
+    pub fn with_config(mut self, config: &Config) -> Self {
+        self.max_wait = config.max_wait;
+        self.watch_max = config.watch_max;
+        self.queue_faults = config.queue_faults;
+        self
+    }
+
+    /// The longest a blocking acquire waits here.
+    pub fn max_wait(&self) -> Duration {
+        self.max_wait
+    }
+
+    /// How long one watch stream stays open.
+    pub fn watch_max(&self) -> Duration {
+        self.watch_max
+    }
+
+    pub fn queue_faults(&self) -> QueueFaults {
+        self.queue_faults
+    }
+
+    /// The watch feeds of this process (PostgreSQL backend).
+    pub fn feeds(&self) -> &Arc<Feeds> {
+        &self.feeds
     }
 
     /// Signs every grant with `signer` (`None`: grants go out unsigned).

@@ -667,6 +667,94 @@ async fn every_bad_input_is_a_4xx_with_a_code_and_writes_nothing() {
         .header("Authorization", format!("Bearer {ADMIN_TOKEN}"))
         .json(json!({"operator": "a", "reason": "r", "fencingToken": {"t": 1}})),
         case(
+            "acquire: waitMs negative",
+            Method::POST,
+            "/v1/locks/k2/acquire",
+            400,
+            "INVALID_WAIT",
+        )
+        .json(json!({"sessionId": s, "ownerId": "w", "ttlMs": 1000, "waitMs": -1})),
+        case(
+            "acquire: waitMs past the longest wait",
+            Method::POST,
+            "/v1/locks/k2/acquire",
+            400,
+            "INVALID_WAIT",
+        )
+        .json(json!({"sessionId": s, "ownerId": "w", "ttlMs": 1000, "waitMs": 60_001})),
+        case(
+            "acquire: waitMs fractional",
+            Method::POST,
+            "/v1/locks/k2/acquire",
+            400,
+            "INVALID_FIELD",
+        )
+        .json(json!({"sessionId": s, "ownerId": "w", "ttlMs": 1000, "waitMs": 1.5})),
+        case(
+            "acquire: waitMs null",
+            Method::POST,
+            "/v1/locks/k2/acquire",
+            400,
+            "INVALID_FIELD",
+        )
+        .json(json!({"sessionId": s, "ownerId": "w", "ttlMs": 1000, "waitMs": null})),
+        case("list: no bearer", Method::GET, "/v1/locks", 401, "UNAUTHORIZED"),
+        case(
+            "list: limit 0",
+            Method::GET,
+            "/v1/locks?limit=0",
+            400,
+            "INVALID_LIMIT",
+        )
+        .header("Authorization", format!("Bearer {ADMIN_TOKEN}")),
+        case(
+            "list: limit 501",
+            Method::GET,
+            "/v1/locks?limit=501",
+            400,
+            "INVALID_LIMIT",
+        )
+        .header("Authorization", format!("Bearer {ADMIN_TOKEN}")),
+        case(
+            "list: limit text",
+            Method::GET,
+            "/v1/locks?limit=x",
+            400,
+            "INVALID_QUERY",
+        )
+        .header("Authorization", format!("Bearer {ADMIN_TOKEN}")),
+        case(
+            "list: unknown parameter",
+            Method::GET,
+            "/v1/locks?pfx=a",
+            400,
+            "INVALID_QUERY",
+        )
+        .header("Authorization", format!("Bearer {ADMIN_TOKEN}")),
+        case(
+            "list: prefix with a control character",
+            Method::GET,
+            "/v1/locks?prefix=a%0A",
+            400,
+            "INVALID_PREFIX",
+        )
+        .header("Authorization", format!("Bearer {ADMIN_TOKEN}")),
+        case(
+            "list: cursor not a key",
+            Method::GET,
+            "/v1/locks?after=%20a",
+            400,
+            "INVALID_CURSOR",
+        )
+        .header("Authorization", format!("Bearer {ADMIN_TOKEN}")),
+        case(
+            "watch: key with a control character",
+            Method::GET,
+            "/v1/locks/a%0A/watch",
+            400,
+            "INVALID_LOCK_KEY",
+        ),
+        case(
             "revoke: bad key",
             Method::POST,
             "/v1/admin/locks/%0A/revoke",

@@ -10,9 +10,13 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use std::sync::{Arc, Mutex};
+
 use common::*;
+use dlock_client::{LockClient, LossReason, WatchItem};
 use dlock_testkit::etcd::EtcdCluster;
-use lock_server::{Backend, Config, EtcdFaults, EtcdRepo, RunningServer, Statements};
+use dlock_testkit::wait::{eventually, wait_until, within};
+use lock_server::{Backend, Config, EtcdFaults, EtcdRepo, QueueFaults, RunningServer, Statements};
 use reqwest::StatusCode;
 use serde_json::json;
 use uuid::Uuid;
@@ -33,10 +37,15 @@ const WAIT: Duration = Duration::from_secs(30);
 
 impl Harness {
     async fn pg(stmts: Statements) -> Self {
+        Self::pg_with(stmts, QueueFaults::NONE).await
+    }
+
+    async fn pg_with(stmts: Statements, queue: QueueFaults) -> Self {
         let db = lockdb().await;
-        let cfg = config(&db.db)
+        let mut cfg = config(&db.db)
             .with_admin_token(ADMIN_TOKEN)
             .with_reaper_interval(None);
+        cfg.queue_faults = queue;
         let srv = lock_server::spawn_with_statements(cfg, stmts).await.unwrap();
         let api = Api::new(&srv);
         Self {
@@ -47,12 +56,17 @@ impl Harness {
     }
 
     async fn etcd(faults: EtcdFaults) -> Self {
+        Self::etcd_with(faults, QueueFaults::NONE).await
+    }
+
+    async fn etcd_with(faults: EtcdFaults, queue: QueueFaults) -> Self {
         let cluster = EtcdCluster::single().expect("etcd starts (scripts/cluster-tools.sh etcd installs it)");
         let good = EtcdRepo::connect(&cluster.endpoints(), "/dlock/").await.unwrap();
         let repo = EtcdRepo::with_client(good.client(), "/dlock/", faults);
-        let cfg = Config::etcd(cluster.endpoints(), "/dlock/")
+        let mut cfg = Config::etcd(cluster.endpoints(), "/dlock/")
             .with_admin_token(ADMIN_TOKEN)
             .with_reaper_interval(None);
+        cfg.queue_faults = queue;
         let srv = lock_server::spawn_with_backend(cfg, Backend::Etcd(repo))
             .await
             .unwrap();
@@ -115,6 +129,131 @@ impl Harness {
     async fn reap(&self) -> u64 {
         lock_server::reaper::reap_once(self.srv.state()).await.unwrap()
     }
+
+    /// A second lock-server on the same store (lockdb or etcd): another replica.
+    async fn replica(&self) -> RunningServer {
+        let cfg = match &self.store {
+            Store::Pg(db) => config(&db.db),
+            Store::Etcd(cluster, _) => Config::etcd(cluster.endpoints(), "/dlock/")
+                .with_admin_token(ADMIN_TOKEN)
+                .with_reaper_interval(None),
+        };
+        lock_server::spawn(cfg).await.unwrap()
+    }
+
+    /// Everything of every queue the store holds: rows of lock_waiter, or waiter keys in etcd.
+    async fn queue_entries(&self) -> i64 {
+        match &self.store {
+            Store::Pg(db) => count(&db.app, "SELECT count(*) FROM lock_waiter").await,
+            Store::Etcd(_, repo) => repo
+                .client()
+                .get(
+                    format!("{}q/", repo.prefix()),
+                    Some(etcd_client::GetOptions::new().with_prefix().with_count_only()),
+                )
+                .await
+                .unwrap()
+                .count(),
+        }
+    }
+}
+
+/// `lock_wait_wakeups_total` of one reason, summed over servers.
+async fn wakeups(apis: &[&Api], reason: &str) -> f64 {
+    let mut n = 0.0;
+    for api in apis {
+        n += metric(
+            &api.metrics().await,
+            &format!("lock_wait_wakeups_total{{reason=\"{reason}\"}}"),
+        );
+    }
+    n
+}
+
+/// Blocking acquires asleep in a queue, summed over servers.
+async fn asleep(apis: &[&Api]) -> f64 {
+    let mut n = 0.0;
+    for api in apis {
+        n += metric(&api.metrics().await, "lock_waiting");
+    }
+    n
+}
+
+/// Queues `n` blocking acquires of `key` one after the other (each seen in the queue before the
+/// next is sent), alternating over `apis`; each, when granted, records its index and token and
+/// keeps the lock. Returns the tasks once every waiter is asleep.
+async fn queue_up(
+    key: &'static str,
+    apis: &[&Api],
+    n: usize,
+    order: &Arc<Mutex<Vec<(usize, i64)>>>,
+) -> Vec<tokio::task::JoinHandle<Reply>> {
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let api = apis[i % apis.len()].clone();
+        let s = api.open_session(&format!("q{i}"), LONG_TTL_MS).await;
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = api
+                .acquire_wait(key, s, &format!("q{i}"), LONG_TTL_MS, 30_000)
+                .await;
+            if r.status == StatusCode::OK {
+                order.lock().unwrap().push((i, r.token()));
+            }
+            r
+        }));
+        let first = apis[0].clone();
+        wait_until(&format!("waiter {i} of {key} queued"), || {
+            let first = first.clone();
+            async move { first.queued(key).await == i as i64 + 1 }
+        })
+        .await;
+    }
+    wait_until(
+        "every waiter asleep",
+        || async move { asleep(apis).await == n as f64 },
+    )
+    .await;
+    tasks
+}
+
+/// Releases the holder's `token`, then each waiter's grant as it comes. With `settle`, each release
+/// waits until the queue is at rest: the next waiter has been told it is the head (a `head`
+/// wake-up) and every waiter still queued is asleep — so that each release finds the next waiter
+/// asleep, and the `freed` wake-ups it causes can be counted. (A broken queue may never come to
+/// rest: the wait is bounded and then the release goes ahead.) Returns the order of the grants and
+/// the `freed` wake-ups counted after each release, cumulated.
+async fn drain(
+    key: &'static str,
+    apis: &[&Api],
+    token: i64,
+    n: usize,
+    order: &Arc<Mutex<Vec<(usize, i64)>>>,
+    settle: bool,
+) -> (Vec<usize>, Vec<f64>) {
+    let base = wakeups(apis, "freed").await;
+    let heads = wakeups(apis, "head").await;
+    let mut freed = Vec::new();
+    apis[0].release(key, token).await;
+    for i in 0..n {
+        wait_until(&format!("grant {i} of {key}"), || async move {
+            order.lock().unwrap().len() > i
+        })
+        .await;
+        if settle {
+            let promoted = i + 1 == n || wakeups(apis, "head").await >= heads + (i + 1) as f64;
+            let _ = eventually("the queue at rest", Duration::from_secs(5), || async move {
+                let promoted = promoted || wakeups(apis, "head").await >= heads + (i + 1) as f64;
+                (promoted && asleep(apis).await == (n - 1 - i) as f64).then_some(())
+            })
+            .await;
+        }
+        freed.push(wakeups(apis, "freed").await - base);
+        let t = order.lock().unwrap()[i].1;
+        apis[i % apis.len()].release(key, t).await;
+    }
+    let order = order.lock().unwrap().iter().map(|(i, _)| *i).collect();
+    (order, freed)
 }
 
 fn check(violations: Vec<String>) -> Result<(), String> {
@@ -392,6 +531,259 @@ async fn pinned_revoke_outcomes(h: &Harness) -> Result<(), String> {
     check(v)
 }
 
+// ---- the blocking acquire, the watch and the listing --------------------------------------------
+
+/// N blocking waiters queued one after the other behind a holder are granted in arrival order.
+async fn fifo_order_under_n_waiters(h: &Harness) -> Result<(), String> {
+    let api = &h.api;
+    let s = api.open_session("holder", LONG_TTL_MS).await;
+    let t = api.acquire("q", s, "holder", LONG_TTL_MS).await.token();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let tasks = queue_up("q", &[api], 5, &order).await;
+    let (order, _) = drain("q", &[api], t, 5, &order, false).await;
+    for task in tasks {
+        within("a waiter's answer", task).await.unwrap();
+    }
+    if order == vec![0, 1, 2, 3, 4] {
+        Ok(())
+    } else {
+        Err(format!("granted in the order {order:?}, not in arrival order"))
+    }
+}
+
+/// Every release wakes exactly one waiter: N waiters asleep behind a holder; each release (the
+/// holder's, then each waiter's in turn, while the rest are asleep) adds exactly one `freed`
+/// wake-up. A herd would wake every waiter still queued.
+async fn one_wakeup_per_release(h: &Harness) -> Result<(), String> {
+    let api = &h.api;
+    let s = api.open_session("holder", LONG_TTL_MS).await;
+    let t = api.acquire("q", s, "holder", LONG_TTL_MS).await.token();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let tasks = queue_up("q", &[api], 5, &order).await;
+    let (_, freed) = drain("q", &[api], t, 5, &order, true).await;
+    for task in tasks {
+        within("a waiter's answer", task).await.unwrap();
+    }
+    let mut v = Vec::new();
+    if freed != vec![1.0, 2.0, 3.0, 4.0, 5.0] {
+        v.push(format!(
+            "the freed wake-ups after each of 5 releases, cumulated: {freed:?} (one per release is 1, 2, 3, 4, 5)"
+        ));
+    }
+    if h.queue_entries().await != 0 {
+        v.push("queue entries left behind".into());
+    }
+    check(v)
+}
+
+/// A waiter whose request goes away (the client disconnects) leaves the queue, and nothing of it
+/// remains: no queue entry, no grant when the key is freed.
+async fn cancelled_waiter_leaves_no_trace(h: &Harness) -> Result<(), String> {
+    let api = &h.api;
+    let s = api.open_session("holder", LONG_TTL_MS).await;
+    let t = api.acquire("q", s, "holder", LONG_TTL_MS).await.token();
+    let w = api.open_session("gone", LONG_TTL_MS).await;
+    let waiting = {
+        let api = api.clone();
+        tokio::spawn(async move { api.acquire_wait("q", w, "gone", LONG_TTL_MS, 30_000).await })
+    };
+    wait_until("the waiter queued", || async move { api.queued("q").await == 1 }).await;
+    waiting.abort();
+    let mut v = Vec::new();
+    wait_until("the cancelled waiter left the queue", || async move {
+        h.queue_entries().await == 0
+    })
+    .await;
+    wait_until("the cancelled wait counted", || async move {
+        metric(&api.metrics().await, "lock_wait_total{result=\"cancelled\"}") == 1.0
+    })
+    .await;
+    api.release("q", t).await;
+    let view = api.get("/v1/locks/q").await;
+    if view.body["state"] != "FREE" {
+        v.push(format!("the cancelled waiter got the key: {view:?}"));
+    }
+    check(v)
+}
+
+/// A waiter whose session ends is answered SESSION_GONE and skipped: the one behind it is granted.
+async fn dead_session_waiter_is_skipped(h: &Harness) -> Result<(), String> {
+    let api = &h.api;
+    let s = api.open_session("holder", LONG_TTL_MS).await;
+    let t = api.acquire("q", s, "holder", LONG_TTL_MS).await.token();
+    let s1 = api.open_session("w1", LONG_TTL_MS).await;
+    let s2 = api.open_session("w2", LONG_TTL_MS).await;
+    let w1 = {
+        let api = api.clone();
+        tokio::spawn(async move { api.acquire_wait("q", s1, "w1", LONG_TTL_MS, 30_000).await })
+    };
+    wait_until("w1 queued", || async move { api.queued("q").await == 1 }).await;
+    let w2 = {
+        let api = api.clone();
+        tokio::spawn(async move { api.acquire_wait("q", s2, "w2", LONG_TTL_MS, 30_000).await })
+    };
+    wait_until("w2 queued", || async move { api.queued("q").await == 2 }).await;
+    api.close_session(s1).await;
+    let mut v = Vec::new();
+    let r1 = within("w1's answer", w1).await.unwrap();
+    if r1.status != StatusCode::GONE || r1.code() != "SESSION_GONE" {
+        v.push(format!("the waiter whose session ended: {r1:?}"));
+    }
+    api.release("q", t).await;
+    let r2 = within("w2's answer", w2).await.unwrap();
+    if r2.status != StatusCode::OK || r2.body["ownerId"] != "w2" {
+        v.push(format!("the waiter behind it: {r2:?}"));
+    }
+    if h.queue_entries().await != 0 {
+        v.push("queue entries left behind".into());
+    }
+    check(v)
+}
+
+/// A blocking acquire of a free key is granted at once; one that waits out its `waitMs` behind a
+/// live holder is CONTENDED and leaves nothing queued.
+async fn wait_ends_contended(h: &Harness) -> Result<(), String> {
+    let api = &h.api;
+    let s = api.open_session("holder", LONG_TTL_MS).await;
+    let w = api.open_session("w", LONG_TTL_MS).await;
+    let mut v = Vec::new();
+    let g = api.acquire_wait("q", s, "holder", LONG_TTL_MS, 1000).await;
+    if g.status != StatusCode::OK {
+        v.push(format!("a free key with waitMs: {g:?}"));
+    }
+    let c = api.acquire_wait("q", w, "w", LONG_TTL_MS, 200).await;
+    if c.status != StatusCode::CONFLICT || c.code() != "CONTENDED" {
+        v.push(format!("a wait that ended: {c:?}"));
+    }
+    let gone = api.acquire_wait("q", Uuid::new_v4(), "w", LONG_TTL_MS, 200).await;
+    if gone.status != StatusCode::GONE || gone.code() != "SESSION_GONE" {
+        v.push(format!("a wait with an unknown session: {gone:?}"));
+    }
+    if h.queue_entries().await != 0 {
+        v.push("queue entries left behind".into());
+    }
+    check(v)
+}
+
+/// Two lock-server replicas on one store serve one queue: waiters alternate between them and are
+/// granted in arrival order, one wake-up per release across both.
+async fn two_replicas_one_queue(h: &Harness) -> Result<(), String> {
+    let second = h.replica().await;
+    let api2 = Api::new(&second);
+    let api = &h.api;
+    let s = api.open_session("holder", LONG_TTL_MS).await;
+    let t = api.acquire("q", s, "holder", LONG_TTL_MS).await.token();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let tasks = queue_up("q", &[api, &api2], 4, &order).await;
+    let (order, freed) = drain("q", &[api, &api2], t, 4, &order, true).await;
+    for task in tasks {
+        within("a waiter's answer", task).await.unwrap();
+    }
+    second.shutdown().await.unwrap();
+    let mut v = Vec::new();
+    if order != vec![0, 1, 2, 3] {
+        v.push(format!("granted in the order {order:?} across two replicas"));
+    }
+    if freed != vec![1.0, 2.0, 3.0, 4.0] {
+        v.push(format!(
+            "freed wake-ups after each release across two replicas: {freed:?}"
+        ));
+    }
+    check(v)
+}
+
+/// A revoked holder learns it at once: its key's watch reports REVOKED, and a handle that watches
+/// its grant is lost with reason Revoked, without waiting for a renewal.
+async fn revoked_holder_watch_and_handle_report_it(h: &Harness) -> Result<(), String> {
+    let client = LockClient::new(&h.api.base).unwrap();
+    let session = client
+        .open_session("holder", Duration::from_secs(600))
+        .await
+        .unwrap();
+    let handle = session.try_acquire("w", Duration::from_secs(600)).await.unwrap();
+    let token = handle.token();
+    handle.watch_grant();
+    let mut watch = client.watch("w").await.unwrap();
+    let mut v = Vec::new();
+    match within("the watch's state", watch.next()).await {
+        Ok(Some(WatchItem::State(view))) if view.fencing_token == Some(token) => {}
+        other => v.push(format!("the watch did not start with the holder: {other:?}")),
+    }
+    wait_until("both watches open", || async move {
+        metric(&h.api.metrics().await, "lock_watchers") == 2.0
+    })
+    .await;
+    let r = h
+        .api
+        .revoke(
+            "w",
+            Some(ADMIN_TOKEN),
+            json!({"operator": "ops", "reason": "stuck", "fencingToken": token.get()}),
+        )
+        .await;
+    if r.body["outcome"] != "REVOKED" {
+        return Err(format!("revoke: {r:?}"));
+    }
+    match within("the watch's next event", watch.next()).await {
+        Ok(Some(WatchItem::Change(e)))
+            if e.kind == dlock_client::LockEventType::Revoked && e.fencing_token == token => {}
+        other => v.push(format!("the watch did not report the revocation: {other:?}")),
+    }
+    // Renewals are 200 s apart here: only the watch can tell the handle this soon.
+    let reason = within("the handle to learn of the revocation", handle.lost()).await;
+    if reason != LossReason::Revoked {
+        v.push(format!("the handle was lost for {reason:?}, not Revoked"));
+    }
+    check(v)
+}
+
+/// The listing: held keys under a prefix in key order, keyset-paged, with holder, token and queue
+/// length; admin only.
+async fn list_pages_held_keys(h: &Harness) -> Result<(), String> {
+    let api = &h.api;
+    let s = api.open_session("w", LONG_TTL_MS).await;
+    let mut tokens = Vec::new();
+    for k in ["ls:b", "ls:a", "ls:c", "other"] {
+        tokens.push(api.acquire(k, s, "w", LONG_TTL_MS).await.token());
+    }
+    let mut v = Vec::new();
+    let first = api.list("?prefix=ls:&limit=2").await;
+    let keys = |r: &Reply| -> Vec<String> {
+        r.body["items"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|i| i["lockKey"].as_str().unwrap_or("").to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    if keys(&first) != ["ls:a", "ls:b"] || first.body["nextCursor"] != "ls:b" {
+        v.push(format!("first page: {first:?}"));
+    }
+    let item = &first.body["items"][0];
+    if item["ownerId"] != "w"
+        || item["fencingToken"] != json!(tokens[1])
+        || item["state"] != "HELD"
+        || item["waiters"] != 0
+    {
+        v.push(format!("an item: {item}"));
+    }
+    let second = api.list("?prefix=ls:&limit=2&after=ls:b").await;
+    if keys(&second) != ["ls:c"] || second.body.get("nextCursor").is_some() {
+        v.push(format!("second page: {second:?}"));
+    }
+    let anon = api.get("/v1/locks").await;
+    if anon.status != StatusCode::UNAUTHORIZED {
+        v.push(format!("the listing without the admin token: {anon:?}"));
+    }
+    let bad = api.list("?limit=0").await;
+    if bad.status != StatusCode::BAD_REQUEST || bad.code() != "INVALID_LIMIT" {
+        v.push(format!("limit 0: {bad:?}"));
+    }
+    check(v)
+}
+
 macro_rules! contract_tests {
     ($($scenario:ident),* $(,)?) => {
         mod postgres {
@@ -429,6 +821,14 @@ contract_tests!(
     pause_and_return,
     lapsed_renew_is_lease_expired,
     pinned_revoke_outcomes,
+    fifo_order_under_n_waiters,
+    one_wakeup_per_release,
+    cancelled_waiter_leaves_no_trace,
+    dead_session_waiter_is_skipped,
+    wait_ends_contended,
+    two_replicas_one_queue,
+    revoked_holder_watch_and_handle_report_it,
+    list_pages_held_keys,
 );
 
 // ---- negative controls: the same scenarios against a broken backend must report a violation ------
@@ -521,5 +921,57 @@ async fn control_postgres_renew_without_expiry_check_resurrects_a_lapsed_lease()
         Harness::pg(renew_without_expiry_check()).await,
         lapsed_renew_is_lease_expired,
         "renew without the expiry check"
+    );
+}
+
+#[tokio::test]
+async fn control_postgres_queue_waking_every_waiter_is_a_herd() {
+    let faults = QueueFaults {
+        wake_every_waiter: true,
+        ..QueueFaults::NONE
+    };
+    must_fail!(
+        Harness::pg_with(Statements::C1, faults).await,
+        one_wakeup_per_release,
+        "a queue that wakes every waiter"
+    );
+}
+
+#[tokio::test]
+async fn control_etcd_queue_waking_every_waiter_is_a_herd() {
+    let faults = QueueFaults {
+        wake_every_waiter: true,
+        ..QueueFaults::NONE
+    };
+    must_fail!(
+        Harness::etcd_with(EtcdFaults::NONE, faults).await,
+        one_wakeup_per_release,
+        "a queue that wakes every waiter"
+    );
+}
+
+#[tokio::test]
+async fn control_postgres_lifo_queue_is_unfair() {
+    let faults = QueueFaults {
+        lifo: true,
+        ..QueueFaults::NONE
+    };
+    must_fail!(
+        Harness::pg_with(Statements::C1, faults).await,
+        fifo_order_under_n_waiters,
+        "a LIFO queue"
+    );
+}
+
+#[tokio::test]
+async fn control_etcd_lifo_queue_is_unfair() {
+    let faults = QueueFaults {
+        lifo: true,
+        ..QueueFaults::NONE
+    };
+    must_fail!(
+        Harness::etcd_with(EtcdFaults::NONE, faults).await,
+        fifo_order_under_n_waiters,
+        "a LIFO queue"
     );
 }

@@ -535,3 +535,49 @@ async fn readyz_is_503_when_lockdb_does_not_answer() {
     );
     srv.shutdown().await.unwrap();
 }
+
+/// A pinned revoke's `fencingToken` is read as every integer field is: `T.0` and `Te0` are T (JSON
+/// Schema integers); a bad value says what is wrong, not a parser's internals.
+#[tokio::test]
+async fn a_revoke_token_written_as_an_integral_number_is_that_token() {
+    let (_db, srv, api) = setup().await;
+    let s = api.open_session("w", LONG_TTL_MS).await;
+    for (key, spelling) in [("k1", ".0"), ("k2", "e0"), ("k3", "0e-1")] {
+        let t = api.acquire(key, s, "w", LONG_TTL_MS).await.token();
+        let text = if spelling == "0e-1" {
+            format!("{t}0e-1")
+        } else {
+            format!("{t}{spelling}")
+        };
+        let resp = api
+            .http
+            .post(api.url(&format!("/v1/admin/locks/{key}/revoke")))
+            .bearer_auth(ADMIN_TOKEN)
+            .header("Content-Type", "application/json")
+            .body(format!(
+                r#"{{"operator": "ops", "reason": "stuck", "fencingToken": {text}}}"#
+            ))
+            .send()
+            .await
+            .unwrap();
+        let r = reply(resp).await;
+        assert_eq!(r.status, StatusCode::OK, "{text}: {r:?}");
+        assert_eq!(r.body["outcome"], "REVOKED", "{text}: {r:?}");
+        assert_eq!(r.body["previousToken"], json!(t));
+    }
+    let r = api
+        .revoke(
+            "k1",
+            Some(ADMIN_TOKEN),
+            json!({"operator": "ops", "reason": "r", "fencingToken": 1.5}),
+        )
+        .await;
+    assert_eq!((r.status, r.code()), (StatusCode::BAD_REQUEST, "INVALID_TOKEN"));
+    let message = r.body["message"].as_str().unwrap();
+    assert!(
+        message.contains("fencingToken must be an integer") && message.contains("1.5"),
+        "{message}"
+    );
+    assert!(!message.contains("untagged"), "{message}");
+    srv.shutdown().await.unwrap();
+}

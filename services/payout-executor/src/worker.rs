@@ -1,8 +1,10 @@
 //! One worker: its own lock session, a loop of passes, one payout attempt at a time.
 //!
 //! A pass finds the work ([`Discovery`]), shuffles it (so that workers spread over accounts), and
-//! for each payout acquires `account:<account_id>` with a short bounded wait — contended means
-//! another live holder has it, so the worker moves on. Every attempt acquires its own grant, so
+//! for each payout acquires `account:<account_id>` with a short bounded wait in the account's queue
+//! on lock-server — contended means another live holder has it, so the worker moves on. A pass that
+//! met only held accounts waits in the queue of one of them for the poll interval instead of
+//! sleeping and asking again: the holder's release wakes it. Every attempt acquires its own grant, so
 //! every payout attempt on an account carries a newer token than the one before it (strict `<` at
 //! (a) and (d)). The lock is released after each attempt, whatever happened.
 
@@ -450,6 +452,9 @@ impl Worker {
 
             let mut progressed = false;
             let mut busy_accounts: HashSet<Uuid> = HashSet::new();
+            // The first payout of the pass whose account was held: waited for below, if nothing else
+            // could be done.
+            let mut contended: Option<Payout> = None;
             for p in work {
                 if shared.shutdown.is_cancelled() {
                     break;
@@ -466,7 +471,7 @@ impl Worker {
                     }
                 };
                 failures = 0;
-                let attempt = self.attempt(current, &p).await;
+                let attempt = self.attempt(current, &p, config.acquire_wait).await;
                 if attempt.session_lost {
                     session = None;
                 }
@@ -478,6 +483,7 @@ impl Worker {
                 match attempt.outcome {
                     Outcome::contended => {
                         busy_accounts.insert(p.account_id);
+                        contended.get_or_insert(p);
                     }
                     _ => progressed = true,
                 }
@@ -486,7 +492,25 @@ impl Worker {
                 break WorkerExit::Unreachable;
             }
             if !progressed {
-                self.pause(config.poll_interval).await;
+                // Only held accounts stood in the way: rather than sleep and ask again, wait in
+                // that account's queue for the poll interval (woken by its release).
+                let waited = match (contended, session.as_ref()) {
+                    (Some(p), Some(current)) if !shared.shutdown.is_cancelled() => {
+                        Some(self.attempt(current, &p, config.poll_interval).await)
+                    }
+                    _ => None,
+                };
+                match waited {
+                    Some(attempt) => {
+                        if attempt.session_lost {
+                            session = None;
+                        }
+                        if attempt.lock_unreachable {
+                            self.pause(config.poll_interval).await;
+                        }
+                    }
+                    None => self.pause(config.poll_interval).await,
+                }
             }
         };
         if let Some(s) = session
@@ -523,15 +547,16 @@ impl Worker {
             .ok_or_else(|| ClientError::Protocol("no session after opening one".into()))
     }
 
-    /// One payout: acquire its account's lock (bounded wait), run the critical section, release.
-    async fn attempt(&self, session: &Session, p: &Payout) -> Attempt {
+    /// One payout: acquire its account's lock (waiting up to `wait` in the account's queue on
+    /// lock-server, woken by the release before it), run the critical section, release.
+    async fn attempt(&self, session: &Session, p: &Payout, wait: Duration) -> Attempt {
         let shared = &self.shared;
         let config = &shared.config;
         let picked = Instant::now();
         let key = dlock_common::grant::account_key(p.account_id);
 
         let acquiring = Instant::now();
-        let lock = match session.acquire(&key, config.lease_ttl, config.acquire_wait).await {
+        let lock = match session.acquire(&key, config.lease_ttl, wait).await {
             Ok(lock) => {
                 shared
                     .metrics

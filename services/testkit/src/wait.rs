@@ -6,21 +6,34 @@ use std::time::{Duration, Instant};
 /// How long the tests wait for something that should happen promptly before calling it a failure.
 pub const WAIT_LIMIT: Duration = Duration::from_secs(30);
 
+/// How often [`eventually`] probes.
+const EVERY: Duration = Duration::from_millis(25);
+
 /// Polls `probe` every 25 ms until it yields a value; an error naming `what` after `limit`.
 pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut probe: F) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
+    poll(limit, EVERY, async || probe().await.ok_or(()))
+        .await
+        .map_err(|()| anyhow::anyhow!("timed out after {}s waiting for {what}", limit.as_secs()))
+}
+
+/// Probes every `every` until `probe` returns `Ok`; after `limit`, the last `Err` (what was last
+/// observed, for the caller's message). The probe may borrow mutably what it drives between probes.
+pub async fn poll<T, E>(
+    limit: Duration,
+    every: Duration,
+    mut probe: impl AsyncFnMut() -> Result<T, E>,
+) -> Result<T, E> {
     let started = Instant::now();
     loop {
-        if let Some(v) = probe().await {
-            return Ok(v);
+        match probe().await {
+            Ok(v) => return Ok(v),
+            Err(last) if started.elapsed() > limit => return Err(last),
+            Err(_) => tokio::time::sleep(every).await,
         }
-        if started.elapsed() > limit {
-            anyhow::bail!("timed out after {}s waiting for {what}", limit.as_secs());
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
 
@@ -67,5 +80,18 @@ mod tests {
             .await
             .unwrap_err();
         assert!(e.to_string().contains("waiting for never"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn poll_hands_back_the_last_observation_when_the_limit_passes() {
+        let mut n = 0;
+        let last = poll(Duration::from_millis(50), Duration::from_millis(5), async || {
+            n += 1;
+            Err::<(), _>(n)
+        })
+        .await
+        .unwrap_err();
+        assert!(last > 1, "probed more than once: {last}");
+        assert_eq!(last, n, "the last observation, not an earlier one");
     }
 }

@@ -1,5 +1,6 @@
-//! A bounded property-based run (schemathesis, every check on) from each service's served OpenAPI
-//! document against the real service: lock-server on lockdb, payment-resource and rail-proxy on
+//! A bounded property-based run (schemathesis, every check on, every phase: the explicit examples,
+//! the coverage phase's boundary values, fuzzing and stateful links) from each service's served
+//! OpenAPI document against the real service: lock-server on lockdb, payment-resource and rail-proxy on
 //! paydb, rail-proxy forwarding to the real rail-stub. Zero failures, zero 5xx; and a run of only
 //! schema-invalid requests leaves every table and sequence of both databases as it was. lock-server
 //! signs grants with a key made for the run and the resources verify them (the default), so the
@@ -72,6 +73,8 @@ impl Run<'_> {
             "all",
             "--mode",
             mode,
+            "--phases",
+            "examples,coverage,fuzzing,stateful",
             "--max-examples",
             MAX_EXAMPLES,
             "--seed",
@@ -172,6 +175,12 @@ async fn every_service_survives_a_property_based_run_from_its_own_document() {
                 &lock_db.app_url(),
                 "--listen",
                 "127.0.0.1:{port}",
+                // The long-lived routes (a blocking acquire, a watch stream) end within the run's
+                // request timeout: a wait is answered after 200 ms at the latest, a stream closes.
+                "--max-wait-ms",
+                "200",
+                "--watch-max-ms",
+                "200",
             ])
             .env("DLOCK_ADMIN_TOKEN", admin)
             .env(SIGNING_KEY_ENV, grant_key.expose_text()),

@@ -14,6 +14,13 @@ pub fn integral<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
     parse(raw.get()).ok_or_else(|| D::Error::custom(format!("invalid type: {} is not an integer", raw.get())))
 }
 
+/// `deserialize_with` for an optional `i64` field (with `#[serde(default)]`): absent is `None`; a
+/// present value must be a JSON number whose exact value is an integer in i64 range (`null` too is
+/// refused: absent is the only "not given").
+pub fn optional<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    integral(d).map(Some)
+}
+
 /// The exact integer a JSON number's text denotes, if it is one and fits i64.
 pub fn parse(text: &str) -> Option<i64> {
     let (negative, rest) = match text.strip_prefix('-') {
@@ -73,6 +80,26 @@ impl JsonInt {
     }
 }
 
+impl JsonInt {
+    /// A fencing token as a JSON body carries it: an integer (read as [`integral`] reads one, so
+    /// `7`, `7.0` and `7e0` are 7) or its decimal text (`"7"`, read as the `X-Fencing-Token`
+    /// header is). Anything else, or a value outside 1..=i64::MAX, is `Err` with a message that says
+    /// what is wrong, in the caller's words for the field.
+    pub fn fencing_token(&self, field: &str) -> Result<dlock_common::FencingToken, String> {
+        let text = self.text();
+        let shown: String = text.chars().take(40).collect();
+        let wrong = || {
+            format!("{field} must be an integer in 1..=9223372036854775807 or its decimal text, got {shown}")
+        };
+        if text.starts_with('"') {
+            let decimal: String = serde_json::from_str(text).map_err(|_| wrong())?;
+            return decimal.parse().map_err(|e| format!("{field}: {e}"));
+        }
+        let value = parse(text).ok_or_else(wrong)?;
+        dlock_common::FencingToken::new(value).map_err(|_| wrong())
+    }
+}
+
 impl From<i64> for JsonInt {
     fn from(v: i64) -> Self {
         // The decimal text of an i64 is always a valid JSON number.
@@ -123,6 +150,45 @@ mod tests {
         ] {
             assert_eq!(read(bad), None, "{bad}");
         }
+    }
+
+    fn token(json: &str) -> Result<i64, String> {
+        let v: JsonInt = serde_json::from_str(json).expect("json");
+        v.fencing_token("fencingToken")
+            .map(dlock_common::FencingToken::get)
+    }
+
+    #[test]
+    fn a_fencing_token_is_an_exact_integer_or_its_decimal_text() {
+        for (json, want) in [
+            ("1", 1),
+            ("1.0", 1),
+            ("1e0", 1),
+            ("7E+1", 70),
+            ("\"42\"", 42),
+            ("\"007\"", 7),
+        ] {
+            assert_eq!(token(json), Ok(want), "{json}");
+        }
+        for bad in [
+            "0",
+            "-1",
+            "1.5",
+            "0.0",
+            "1e19",
+            "9223372036854775808",
+            "\"1.0\"",
+            "\"\"",
+            "null",
+            "true",
+            "{}",
+            "[1]",
+        ] {
+            let e = token(bad).expect_err(bad);
+            assert!(e.starts_with("fencingToken"), "{bad}: {e}");
+            assert!(!e.contains("untagged"), "{bad}: {e}");
+        }
+        assert!(token("1.5").unwrap_err().contains("got 1.5"));
     }
 
     #[test]

@@ -57,6 +57,9 @@ pub struct SessionClosed {
     pub closed: bool,
 }
 
+/// Longest blocking acquire a request may ask for (`waitMs`), in milliseconds.
+pub const MAX_WAIT_MS: i64 = 60_000;
+
 /// `POST /v1/locks/{key}/acquire`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -67,6 +70,15 @@ pub struct AcquireRequest {
     #[serde(deserialize_with = "crate::int::integral")]
     #[schema(minimum = 10, maximum = 86400000)]
     pub ttl_ms: i64,
+    /// Wait for the lock: join the key's queue and answer when granted (in arrival order), or
+    /// `CONTENDED` when this many milliseconds have passed. Absent: do not wait (one attempt).
+    #[serde(
+        default,
+        deserialize_with = "crate::int::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(minimum = 0, maximum = 60000, nullable = false)]
+    pub wait_ms: Option<i64>,
 }
 
 /// `200` of `POST /v1/locks/{key}/acquire` (GRANTED).
@@ -156,15 +168,15 @@ pub struct RevokeRequest {
     #[schema(schema_with = request_id)]
     pub request_id: Option<String>,
     /// The grant to remove (an integer > 0, or its decimal text); absent removes whatever grant is
-    /// live. Kept as raw JSON so that a bad value is `INVALID_TOKEN`, as in the header; `null` is
-    /// refused, not read as "unpinned".
+    /// live. Kept as its JSON text (read by [`crate::int::JsonInt::fencing_token`]) so that a bad
+    /// value is `INVALID_TOKEN`, as in the header; `null` is refused, not read as "unpinned".
     #[serde(
         default,
         deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
     #[schema(schema_with = token_input)]
-    pub fencing_token: Option<serde_json::Value>,
+    pub fencing_token: Option<crate::int::JsonInt>,
 }
 
 fn token_input() -> utoipa::openapi::schema::Schema {
@@ -183,8 +195,8 @@ fn request_id() -> ObjectBuilder {
 }
 
 /// `Some` for any value that is present, `null` included.
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
-    serde_json::Value::deserialize(d).map(Some)
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<crate::int::JsonInt>, D::Error> {
+    crate::int::JsonInt::deserialize(d).map(Some)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -215,6 +227,110 @@ pub struct LockOutcome {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub request_id: Option<String>,
+}
+
+/// What happened to a key's grant, as a watch reports it (`GET /v1/locks/{key}/watch`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum LockEventType {
+    /// A new grant: a free key taken, an expired lease taken over, or a re-entry. Any earlier grant
+    /// of the key is gone.
+    Granted,
+    /// The holder released it.
+    Released,
+    /// An operator force-revoked it.
+    Revoked,
+    /// Its lease lapsed (by the store's clock) before anyone took the key over.
+    Expired,
+    /// Its session ended (closed, or reaped after it lapsed), and the grant with it.
+    SessionEnded,
+}
+
+/// One change of a key's holder (the `change` events of a watch).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LockEvent {
+    #[serde(rename = "type")]
+    pub kind: LockEventType,
+    pub lock_key: String,
+    /// The grant the event is about.
+    pub fencing_token: FencingToken,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub owner_id: Option<String>,
+    /// With `GRANTED`: the lease's end as the grant reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// One server-sent event of a watch, as it is on the wire (its `event:` and `data:` lines).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct WatchMessage {
+    pub event: WatchMessageKind,
+    /// JSON text: a `LockView` for `state`, a `LockEvent` for `change`.
+    pub data: String,
+}
+
+/// The `event:` of a watch's message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum WatchMessageKind {
+    /// The key as it is: the first message of every stream.
+    State,
+    /// A change of its holder.
+    Change,
+}
+
+/// Largest page of `GET /v1/locks`.
+pub const MAX_LIST_PAGE: i64 = 500;
+
+/// The query of `GET /v1/locks`.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ListLocksQuery {
+    /// Only keys that start with this text (default: every key).
+    #[param(max_length = 256, pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$")]
+    pub prefix: Option<String>,
+    /// The `nextCursor` of the previous page: keys after it, in the store's key order.
+    #[param(
+        min_length = 1,
+        max_length = 256,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$"
+    )]
+    pub after: Option<String>,
+    /// Page size, 1..=500 (default 100).
+    #[param(minimum = 1, maximum = 500)]
+    pub limit: Option<i64>,
+}
+
+/// One held key of `GET /v1/locks`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LockListItem {
+    pub lock_key: String,
+    /// `HELD`, or `EXPIRED` (lapsed, not yet taken over or reaped; PostgreSQL only).
+    pub state: LockState,
+    pub fencing_token: FencingToken,
+    pub owner_id: String,
+    pub session_id: Uuid,
+    pub acquired_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    /// Blocking acquires queued for the key.
+    #[schema(minimum = 0)]
+    pub waiters: i64,
+}
+
+/// `200` of `GET /v1/locks`: one page, in key order (keyset paging).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LockList {
+    pub items: Vec<LockListItem>,
+    /// Present when the page was full: pass it as `after` for the next page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub next_cursor: Option<String>,
 }
 
 /// The `{key}` of the lock routes: percent-encoded in the path (`/` as `%2F`).

@@ -365,6 +365,47 @@ impl Api {
         .await
     }
 
+    /// A blocking acquire: waits in the key's queue up to `wait_ms`.
+    pub async fn acquire_wait(
+        &self,
+        key: &str,
+        session: Uuid,
+        owner: &str,
+        ttl_ms: i64,
+        wait_ms: i64,
+    ) -> Reply {
+        self.post_json(
+            &format!("/v1/locks/{key}/acquire"),
+            json!({"sessionId": session, "ownerId": owner, "ttlMs": ttl_ms, "waitMs": wait_ms}),
+        )
+        .await
+    }
+
+    /// `GET /v1/locks` as the admin.
+    pub async fn list(&self, query: &str) -> Reply {
+        reply(
+            self.http
+                .get(self.url(&format!("/v1/locks{query}")))
+                .bearer_auth(ADMIN_TOKEN)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
+    }
+
+    /// The queue length of `key` as the listing shows it (0 when the key is not held).
+    pub async fn queued(&self, key: &str) -> i64 {
+        let r = self.list(&format!("?prefix={key}")).await;
+        assert_eq!(r.status, StatusCode::OK, "{r:?}");
+        r.body["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["lockKey"] == key)
+            .map_or(0, |i| i["waiters"].as_i64().unwrap())
+    }
+
     pub async fn renew(&self, key: &str, token: i64, ttl_ms: i64) -> Reply {
         let resp = self
             .http
