@@ -17,9 +17,11 @@ if [ -z "${DLOCK_PG_BIN:-}" ] && [ ! -x "$DLOCK_TOOLS_DIR/pg16/bin/postgres" ]; 
   "$DLOCK_ROOT/scripts/setup.sh"
 fi
 
-say "building dlock-operator, dlock-migrate, dlock-fastforward, lock-server and the e2e tests"
-cargo build -p dlock-operator --bin dlock-operator -p dlock-migrate --bin dlock-migrate \
-  -p dlock-fastforward --bin dlock-fastforward -p lock-server --bin lock-server
+say "building the workspace's binaries (the operator, the Jobs' tools, the services) and the e2e tests"
+# The whole workspace, as `cargo test --workspace` and the kind tier build it: the same features
+# (payout-executor's fault injection, which the chaos crate turns on), so this build never replaces a
+# binary that the other tiers use with a different one.
+cargo build --workspace --bins
 cargo test -p dlock-e2e --no-run
 export DLOCK_E2E_BIN_DIR="$CARGO_TARGET_DIR/debug"
 export RUST_TEST_THREADS="${RUST_TEST_THREADS:-2}"

@@ -79,6 +79,8 @@ struct Served {
     log: std::path::PathBuf,
     /// How many times its process was started.
     starts: usize,
+    /// The pod template its process was started from: a changed template is a rollout.
+    template: Option<serde_json::Value>,
 }
 
 impl Kubelet {
@@ -136,6 +138,7 @@ impl Kubelet {
                 port: 0,
                 log: self.scratch.join(format!("{name}.log")),
                 starts: 0,
+                template: None,
             },
         );
     }
@@ -163,11 +166,27 @@ impl Kubelet {
             let running = self.served.get(&name).is_some_and(|s| s.process.is_some());
             match dep {
                 Some(dep) if k8s::replicas(&dep) > 0 && !running => self.start_served(&name, &dep).await,
+                // A changed pod template rolls the pod: the old process stops, one on the new
+                // template starts (one process stands for every replica, so not surge by surge).
+                Some(dep) if k8s::replicas(&dep) > 0 && self.template_changed(&name, &dep) => {
+                    self.stop_served(&name).await;
+                    self.start_served(&name, &dep).await;
+                }
                 Some(dep) if k8s::replicas(&dep) == 0 && running => self.stop_served(&name).await,
                 None if running => self.stop_served(&name).await,
                 _ => {}
             }
         }
+    }
+
+    fn template_changed(&self, name: &str, dep: &Deployment) -> bool {
+        let now = dep
+            .spec
+            .as_ref()
+            .and_then(|s| serde_json::to_value(&s.template).ok());
+        self.served
+            .get(name)
+            .is_some_and(|s| s.process.is_some() && s.template != now)
     }
 
     /// The namespace's `default` ServiceAccount, which the controller-manager would create and pod
@@ -199,6 +218,12 @@ impl Kubelet {
         let mut cmd = std::process::Command::new(env::workspace_bin(&program));
         cmd.env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default());
+        // Service URLs (`http://<name>.<ns>.svc:8080`) do not resolve here: the process reaches the
+        // other served pods through the proxy, as the operator does.
+        if let Some(proxy) = &self.proxy {
+            cmd.env("HTTP_PROXY", proxy.url())
+                .env("NO_PROXY", "127.0.0.1,localhost");
+        }
         for (k, v) in &env {
             match self.map_url(v, default_db.as_ref()) {
                 Some(local) => cmd.env(k, local),
@@ -227,7 +252,9 @@ impl Kubelet {
         let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("start {program} for {name}: {e}"));
-        // Ready when /readyz answers 200, as the readiness probe would see it.
+        // Ready when /readyz answers 200, as the readiness probe would see it; a container without
+        // a readiness probe (payout-executor serves nothing) is ready once it runs.
+        let probed = c.readiness_probe.is_some();
         let ready =
             dlock_testkit::wait::poll(Duration::from_secs(60), Duration::from_millis(50), async || {
                 if let Ok(Some(status)) = child.try_wait() {
@@ -235,6 +262,9 @@ impl Kubelet {
                         "{program} for {name} exited ({status}):\n{}",
                         operator::tail(&log, 40)
                     );
+                }
+                if !probed {
+                    return Ok(());
                 }
                 match self
                     .http
@@ -275,6 +305,7 @@ impl Kubelet {
         served.process = Some(child);
         served.port = port;
         served.starts += 1;
+        served.template = serde_json::to_value(template).ok();
     }
 
     async fn stop_served(&mut self, name: &str) {

@@ -1,8 +1,8 @@
 //! `dlock lock KEY -- command args…` (as `etcdctl lock` and `consul lock`) and `dlock locks list`.
 //!
-//! `dlock lock` waits for the lock in the key's queue, runs the command with `DLOCK_LOCK_KEY` and
-//! `DLOCK_FENCING_TOKEN` in its environment (so that it can present the token to a fenced
-//! resource), renews while it runs (the client library's handle, which also watches the key, so a
+//! `dlock lock` waits for the lock in the key's queue, runs the command with `DLOCK_LOCK_KEY`,
+//! `DLOCK_FENCING_TOKEN` and `DLOCK_FENCING_GRANT` (the signed grant, when lock-server signs) in its
+//! environment (so that it can present the token, inside its grant, to a fenced resource), renews while it runs (the client library's handle, which also watches the key, so a
 //! revocation or a lapse is known at once, not at the next renewal), releases when it ends and exits
 //! with its status. When the grant is lost the command gets SIGTERM at once and SIGKILL after
 //! `--grace-ms`, and `dlock lock` exits [`EXIT_LOST`] saying why. A fenced resource refuses the
@@ -122,10 +122,18 @@ async fn run(args: LockArgs) -> Result<ExitCode> {
     handle.watch_grant();
     let token = handle.token();
     let (program, rest) = args.command.split_first().context("no command given after --")?;
-    let mut child = Command::new(program)
+    let mut command = Command::new(program);
+    command
         .args(rest)
         .env("DLOCK_LOCK_KEY", &args.key)
-        .env("DLOCK_FENCING_TOKEN", token.to_string())
+        .env("DLOCK_FENCING_TOKEN", token.to_string());
+    // The grant as signed at the acquire: it names this token, which no renewal changes, so it
+    // stays what a resource verifies for as long as the token is the key's.
+    match handle.grant() {
+        Some(grant) => command.env("DLOCK_FENCING_GRANT", grant),
+        None => command.env_remove("DLOCK_FENCING_GRANT"),
+    };
+    let mut child = command
         .stdin(Stdio::inherit())
         .spawn()
         .with_context(|| format!("run {program:?}"))?;

@@ -52,7 +52,7 @@ enum Command {
     /// recorded, then checked (docs/reliability.md). Exit 0 only when every check holds.
     Chaos(chaos::ChaosArgs),
     /// Run a command while holding a lock (as `etcdctl lock`, `consul lock`): wait for KEY, run the
-    /// command with DLOCK_LOCK_KEY and DLOCK_FENCING_TOKEN set, renew while it runs, release when it
+    /// command with DLOCK_LOCK_KEY, DLOCK_FENCING_TOKEN and DLOCK_FENCING_GRANT set, renew while it runs, release when it
     /// ends, exit with its status. If the lock is lost the command gets SIGTERM at once (SIGKILL after
     /// --grace-ms) and dlock exits 3; a lock not acquired exits 2.
     Lock(lockcmd::LockArgs),

@@ -45,24 +45,26 @@ async fn env(backend: LockBackend, name: &str) -> Env {
     ));
     std::fs::create_dir_all(&dir).unwrap();
     let pay = paydb().await;
+    let mut opts = StackOptions::new(&dir);
+    opts.lock_backend = backend;
+    // This lock-server signs with the run's key, which the stack's resources verify.
+    let signing = Some(opts.grant_key.clone());
     let (lock, lockdb, etcd) = match backend {
         LockBackend::Postgres => {
             let db = lockdb().await;
-            let srv = lock_server::spawn(Config::new(db.app_url()).with_admin_token(ADMIN))
-                .await
-                .unwrap();
-            (srv, Some(db), None)
+            let config = Config::new(db.app_url())
+                .with_admin_token(ADMIN)
+                .with_signing_key(signing);
+            (lock_server::spawn(config).await.unwrap(), Some(db), None)
         }
         LockBackend::Etcd => {
             let c = EtcdCluster::single().expect("etcd starts (scripts/cluster-tools.sh etcd installs it)");
-            let srv = lock_server::spawn(Config::etcd(c.endpoints(), "/dlock/").with_admin_token(ADMIN))
-                .await
-                .unwrap();
-            (srv, None, Some(c))
+            let config = Config::etcd(c.endpoints(), "/dlock/")
+                .with_admin_token(ADMIN)
+                .with_signing_key(signing);
+            (lock_server::spawn(config).await.unwrap(), None, Some(c))
         }
     };
-    let mut opts = StackOptions::new(&dir);
-    opts.lock_backend = backend;
     opts.lock_server_url = Some(lock.base_url());
     let stack = Stack::start("", &pay.app_url(), &opts).await.unwrap();
     Env {
@@ -99,11 +101,19 @@ async fn finish(child: Child) -> (Option<i32>, String) {
 }
 
 /// `payout` claimed by `owner` with `token`, as the executor's first fenced write does.
-async fn claim(env: &Env, payout: Uuid, owner: &str, token: i64) -> (StatusCode, serde_json::Value) {
+/// A fenced claim with `token` inside its signed `grant`, as the holder presents them.
+async fn claim(
+    env: &Env,
+    payout: Uuid,
+    owner: &str,
+    token: i64,
+    grant: &str,
+) -> (StatusCode, serde_json::Value) {
     let r = reqwest::Client::new()
         .post(format!("{}/v1/payouts/{payout}/claim", env.stack.payment.url()))
         .bearer_auth(&env.stack.credentials.executor)
         .header("X-Fencing-Token", token.to_string())
+        .header("X-Fencing-Grant", grant)
         .json(&json!({"ownerId": owner}))
         .send()
         .await
@@ -139,18 +149,22 @@ fn holder(file: &std::path::Path, body: &str) -> Vec<String> {
     vec![
         "sh".into(),
         "-c".into(),
-        format!(r#"echo "$DLOCK_FENCING_TOKEN $$" > "$0.tmp" && mv "$0.tmp" "$0"; {body}"#),
+        format!(
+            r#"echo "$DLOCK_FENCING_TOKEN $$ $DLOCK_FENCING_GRANT" > "$0.tmp" && mv "$0.tmp" "$0"; {body}"#
+        ),
         file.display().to_string(),
     ]
 }
 
-async fn token_and_pid(file: &std::path::Path) -> (i64, u32) {
+/// What the command was given and is: its token, its process id and its signed grant.
+async fn token_pid_and_grant(file: &std::path::Path) -> (i64, u32, String) {
     wait_until("the command to start", || async move { file.is_file() }).await;
     let text = std::fs::read_to_string(file).unwrap();
     let mut parts = text.split_whitespace();
     (
         parts.next().unwrap().parse().unwrap(),
         parts.next().unwrap().parse().unwrap(),
+        parts.next().expect("the command was given its grant").to_owned(),
     )
 }
 
@@ -181,9 +195,9 @@ async fn revoked_grant_stops_the_command_and_its_token_is_fenced(backend: LockBa
     let command = holder(&file, body);
     let command: Vec<&str> = command.iter().map(String::as_str).collect();
     let child = dlock_lock(&env, &key, &["--ttl-ms", "600000", "--grace-ms", "300"], &command);
-    let (t1, pid) = token_and_pid(&file).await;
+    let (t1, pid, g1) = token_pid_and_grant(&file).await;
     // The command's fenced write.
-    let (status, body) = claim(&env, payout.payout_id, "job-1", t1).await;
+    let (status, body) = claim(&env, payout.payout_id, "job-1", t1, &g1).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let base = env.lock.base_url();
     wait_until("dlock lock's watch open", || {
@@ -226,9 +240,10 @@ async fn revoked_grant_stops_the_command_and_its_token_is_fenced(backend: LockBa
         .await
         .unwrap();
     assert!(lock.token().get() > t1);
-    let (status, body) = claim(&env, payout.payout_id, "job-2", lock.token().get()).await;
+    let g2 = lock.grant().expect("lock-server signs");
+    let (status, body) = claim(&env, payout.payout_id, "job-2", lock.token().get(), &g2).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let (status, body) = claim(&env, payout.payout_id, "job-1", t1).await;
+    let (status, body) = claim(&env, payout.payout_id, "job-1", t1, &g1).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     assert_eq!(body["code"], "FENCED_OUT", "{body}");
     lock.release().await.unwrap();
