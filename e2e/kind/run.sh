@@ -29,12 +29,14 @@
 # DLOCK_KIND_LOCKSERVICE, DLOCK_KIND_PAYMENTSTACK, DLOCK_KIND_ETCD_LOCKSERVICE, DLOCK_KIND_PAYOUTS and
 # DLOCK_KIND_TIMEOUT (without DLOCK_KIND_KUBECONFIG that test says it is not in a kind run).
 #
-# Where no Docker daemon can run it prints why and the word "skipped", and exits 0.
+# Where no Docker daemon can run it prints why and the word "skipped", and exits 0 — unless CI is set
+# (to anything but "" / "false" / "0"): then it fails, so that CI never passes a tier it did not run.
 # On failure it prints the state (objects, events, pod logs). The cluster is deleted at the end.
 #
 # --if-built: run only when every tool and image of step 2 is already built (scripts/kind-tools.sh
-# --check), else print why and "skipped" (for a quick local run of the test command). The test
-# command itself builds them when missing: once per machine, about 15 minutes cold (e2e/README.md).
+# --check), else print why and "skipped" (for a quick local run of the test command; with CI set it
+# fails instead, as above). The test command itself builds them when missing: once per machine,
+# about 15 minutes cold (e2e/README.md).
 #
 # Env: DLOCK_KIND_CLUSTER (default dlock-e2e), DLOCK_KIND_KEEP=1 (leave the cluster running),
 #      DLOCK_KIND_PAYOUTS (per batch, default 20), DLOCK_KIND_TIMEOUT (seconds per wait, default 600).
@@ -68,6 +70,14 @@ step() { # step NAME: closes the previous step (with its duration) and opens the
     log "---- $1"
 }
 die() { log "ERROR (step $step_name): $*"; exit 1; }
+ci() { [[ -n "${CI:-}" && "${CI}" != false && "${CI}" != 0 ]]; }
+# skip WHY...: the tier cannot run here. Says why and "skipped" (exit 0), or under CI fails the run.
+skip() {
+    log "$*"
+    if ci; then die "CI is set (CI=$CI): a tier that cannot run fails the run instead of being skipped"; fi
+    echo "skipped"
+    exit 0
+}
 
 # A condition with a deadline: wait_for SECONDS DESCRIPTION CMD... runs CMD until it succeeds.
 wait_for() {
@@ -91,9 +101,7 @@ if ! flock -n 9; then
 fi
 docker_state=""
 if ! docker_state="$("$root/scripts/docker-up.sh" start)"; then
-    log "the kind tier needs a Docker daemon and none can run here (reason above)"
-    echo "skipped"
-    exit 0
+    skip "the kind tier needs a Docker daemon and none can run here (reason above)"
 fi
 workdir="$(mktemp -d "${TMPDIR:-/tmp}/dlock-kind.XXXXXX")"
 kubeconfig="$workdir/kubeconfig"
@@ -144,13 +152,13 @@ if ((if_built)); then
     if ! "$root/scripts/kind-tools.sh" --check 2>"$workdir/check.log" ||
         ! "$root/scripts/cluster-tools.sh" --check helm 2>>"$workdir/check.log"; then
         grep -E 'not built yet|MISSING' "$workdir/check.log" >&2 || true
-        log "the kind tier's tools are not built on this machine; build them once with scripts/kind-tools.sh (see e2e/README.md)"
+        msg="the kind tier's tools are not built on this machine; build them once with scripts/kind-tools.sh (see e2e/README.md)"
+        ci && die "$msg"
         docker_state_stop() { [[ "$docker_state" == started ]] && "$root/scripts/docker-up.sh" stop; }
         docker_state_stop || true
         trap - EXIT
         rm -rf "$workdir"
-        echo "skipped"
-        exit 0
+        skip "$msg"
     fi
 fi
 "$root/scripts/kind-tools.sh"

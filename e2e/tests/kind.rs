@@ -1,6 +1,7 @@
 //! The kind tier's checks (steps 7–12 of `e2e/kind/run.sh`, which sets up the cluster, the operator
 //! and the stack, then runs this test): one test, because the steps run in order against one
-//! cluster and each builds on the state the previous one left.
+//! cluster and each builds on the state the previous one left. (A second test, which needs no
+//! cluster, checks run.sh's rule for a machine without Docker.)
 //!
 //! - 7, batch: payouts through payment-resource's API; the in-cluster executors post them; every
 //!   payout POSTED once, legs balanced, the rail-stub's ground truth without a duplicate
@@ -482,4 +483,60 @@ async fn negative_control(pay: &Payments, run1: &str) {
         )),
         Err(e) => panic!("the checks failed for another reason than the double payment: {e}"),
     }
+}
+
+/// `e2e/kind/run.sh` where Docker cannot run: it says so and "skipped" (exit 0) for a local run, and
+/// fails the run where `CI` is set, so that CI never passes a tier it did not run. Run on a copy of
+/// the script beside the real `scripts/lib.sh` and a `scripts/docker-up.sh` that reports, as the
+/// real one does on such a machine, that no daemon can start (exit 3). Needs no Docker.
+#[test]
+fn without_docker_ci_fails_where_a_local_run_skips() {
+    let root = dlock_e2e::env::repo_root();
+    let tree = std::env::temp_dir().join(format!("dlock-kind-ci-{}", std::process::id()));
+    std::fs::create_dir_all(tree.join("e2e/kind")).expect("create a scratch tree");
+    std::fs::create_dir_all(tree.join("scripts")).expect("create a scratch tree");
+    for file in ["e2e/kind/run.sh", "scripts/lib.sh"] {
+        std::fs::copy(root.join(file), tree.join(file)).unwrap_or_else(|e| panic!("copy {file}: {e}"));
+    }
+    let stub = tree.join("scripts/docker-up.sh");
+    std::fs::write(
+        &stub,
+        "#!/usr/bin/env bash\necho '[docker-up] cannot start Docker: (stub) no daemon here' >&2\nexit 3\n",
+    )
+    .expect("write the docker-up stub");
+    std::fs::set_permissions(&stub, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("make the docker-up stub executable");
+    let run = |ci: Option<&str>| {
+        let mut cmd = std::process::Command::new("bash");
+        cmd.arg(tree.join("e2e/kind/run.sh"))
+            .env("DLOCK_TOOLS_DIR", tree.join("tools"))
+            .env_remove("CI");
+        if let Some(v) = ci {
+            cmd.env("CI", v);
+        }
+        let out = cmd.output().expect("run e2e/kind/run.sh");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let local = run(None);
+    let ci_false = run(Some("false"));
+    let ci = run(Some("true"));
+    let _ = std::fs::remove_dir_all(&tree);
+    for (what, (code, stdout, stderr)) in [("without CI", &local), ("with CI=false", &ci_false)] {
+        assert!(
+            *code == Some(0) && stdout.trim() == "skipped" && stderr.contains("(stub) no daemon here"),
+            "{what}: exit {code:?}, stdout {stdout:?}, stderr {stderr}"
+        );
+    }
+    let (code, stdout, stderr) = &ci;
+    assert!(
+        *code == Some(1)
+            && !stdout.contains("skipped")
+            && stderr.contains("(stub) no daemon here")
+            && stderr.contains("CI is set"),
+        "with CI=true: exit {code:?}, stdout {stdout:?}, stderr {stderr}"
+    );
 }
