@@ -2,8 +2,11 @@
 //! operator and applies the stack, then runs `tests/kind.rs`): the cluster as typed objects through
 //! `kube::Client`, waits on watches (`await_condition`), the ledger over sqlx and the services' HTTP
 //! APIs over reqwest, all through `kubectl port-forward` to loopback ports.
+//!
+//! - [`netpol`]: TCP connections opened from inside pods, for the packet-level NetworkPolicy checks.
 
-use std::future::Future;
+pub mod netpol;
+
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -37,6 +40,18 @@ pub struct KindEnv {
     pub payouts: u32,
     /// Bound of every wait.
     pub timeout: Duration,
+    /// The dlock image the operator was installed with.
+    pub image: String,
+    /// The steps to run (`DLOCK_KIND_STEPS=etcd,netpol`, for a rerun against a cluster left by
+    /// `DLOCK_KIND_KEEP=1`); `None`: every step.
+    pub steps: Option<Vec<String>>,
+}
+
+impl KindEnv {
+    /// Whether step `name` is to run.
+    pub fn runs(&self, name: &str) -> bool {
+        self.steps.as_ref().is_none_or(|s| s.iter().any(|n| n == name))
+    }
 }
 
 /// `Some` inside a kind run (`DLOCK_KIND_KUBECONFIG` set by `e2e/kind/run.sh`); otherwise prints
@@ -70,6 +85,11 @@ pub fn kind_env(test: &str) -> Option<KindEnv> {
         elsvc: var("DLOCK_KIND_ETCD_LOCKSERVICE", "etcd-locks"),
         payouts: u32::try_from(number("DLOCK_KIND_PAYOUTS", "20")).expect("DLOCK_KIND_PAYOUTS fits u32"),
         timeout: Duration::from_secs(number("DLOCK_KIND_TIMEOUT", "600")),
+        image: var("DLOCK_KIND_IMAGE", "dlock-local/dlock:kind-e2e"),
+        steps: std::env::var("DLOCK_KIND_STEPS")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .map(|s| s.split(',').map(|n| n.trim().to_owned()).collect()),
     })
 }
 
@@ -101,27 +121,18 @@ impl Steps {
     }
 }
 
-/// How often [`poll`] probes what has no watch (the ledger).
+/// How often [`poll`] probes what has no watch (the ledger, pods' exec results, lists).
 pub const POLL: Duration = Duration::from_secs(1);
 
-/// Probes until `probe` returns `Ok`, at most `timeout`; panics naming `what` and the last `Err`.
-pub async fn poll<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        match probe().await {
-            Ok(v) => return v,
-            Err(last) if Instant::now() >= deadline => {
-                panic!(
-                    "timed out after {}s waiting for {what}; last: {last}",
-                    timeout.as_secs()
-                )
-            }
-            Err(_) => tokio::time::sleep(POLL).await,
-        }
+/// Probes every [`POLL`] until `probe` returns `Ok`, at most `timeout` (the test kit's
+/// `wait::poll`); panics naming `what` and the last `Err`.
+pub async fn poll<T>(what: &str, timeout: Duration, probe: impl AsyncFnMut() -> Result<T, String>) -> T {
+    match dlock_testkit::wait::poll(timeout, POLL, probe).await {
+        Ok(v) => v,
+        Err(last) => panic!(
+            "timed out after {}s waiting for {what}; last: {last}",
+            timeout.as_secs()
+        ),
     }
 }
 
@@ -357,36 +368,28 @@ impl Payments {
         })
     }
 
-    /// Waits until all `n` payouts of `run` are POSTED; panics at once if one failed.
+    /// Waits until all `n` payouts of `run` are POSTED; panics at once if one failed. Logs a line
+    /// whenever the count changes, not per probe.
     pub async fn await_posted(&self, run: &str, n: u32, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        let mut last: Option<Result<Counts, String>> = None;
-        loop {
-            let c = self.counts(run).await;
-            if let Ok(c) = &c {
-                assert!(
-                    c.failed == 0,
-                    "{} payouts of {run} ended FAILED/ABANDONED",
-                    c.failed
-                );
-                if c.total == i64::from(n) && c.posted == i64::from(n) {
-                    log(format!("{run}: {}/{n} posted", c.posted));
-                    return;
-                }
-                // One line per change, not per probe.
-                if last.as_ref().and_then(|l| l.as_ref().ok()) != Some(c) {
-                    log(format!("{run}: {}/{n} posted", c.posted));
-                }
+        let mut last: Option<Counts> = None;
+        poll(&format!("the executors to post {run}"), timeout, async || {
+            let c = self.counts(run).await?;
+            assert!(
+                c.failed == 0,
+                "{} payouts of {run} ended FAILED/ABANDONED",
+                c.failed
+            );
+            if last != Some(c) {
+                log(format!("{run}: {}/{n} posted", c.posted));
+                last = Some(c);
             }
-            if Instant::now() >= deadline {
-                panic!(
-                    "timed out after {}s waiting for the executors to post {run}; last: {c:?}",
-                    timeout.as_secs()
-                );
+            if c.total == i64::from(n) && c.posted == i64::from(n) {
+                Ok(())
+            } else {
+                Err(c.to_string())
             }
-            last = Some(c);
-            tokio::time::sleep(POLL).await;
-        }
+        })
+        .await;
     }
 
     /// The ledger and the rail's ground truth for the payouts of `run`: every payout with one debit

@@ -1,4 +1,4 @@
-//! The kind tier's checks (steps 7–12 of `e2e/kind/run.sh`, which sets up the cluster, the operator
+//! The kind tier's checks (steps 7–13 of `e2e/kind/run.sh`, which sets up the cluster, the operator
 //! and the stack, then runs this test): one test, because the steps run in order against one
 //! cluster and each builds on the state the previous one left. (A second test, which needs no
 //! cluster, checks run.sh's rule for a machine without Docker.)
@@ -11,22 +11,36 @@
 //!   fast-forward (gate, read and advance Jobs, resume); a third batch is paid
 //! - 11, etcd: the LockService with backend etcd: two grants whose tokens are the etcd revisions of
 //!   their keys, read back from etcd itself, strictly increasing
-//! - 12, negative control: a payout paid twice straight at the rail makes the checks of step 7 fail
+//! - 12, netpol: the NetworkPolicies as packet filters (kube-router enforces them): TCP connections
+//!   from a pod without the stack's labels, from an executor, rail-proxy, the operator and the etcd
+//!   LockService's lock-server to each policed Service, each let through or refused as the policies
+//!   say; the policed pods Ready all along (the kubelet's probes pass). Negative control: with the
+//!   operator stopped and the policies deleted, the same check fails; restored, it passes again
+//! - 13, negative control: a payout paid twice straight at the rail makes the checks of step 7 fail
 //!
 //! Outside a kind run (no `DLOCK_KIND_KUBECONFIG`) it says so and returns.
 
 use base64::Engine as _;
+use dlock_e2e::k8s;
+use dlock_e2e::kind::netpol::{self, Expect, Source, Target};
 use dlock_e2e::kind::{
-    Forward, KindEnv, Payments, Steps, client, deployment_rolled_out, forward, kind_env, log,
+    Forward, KindEnv, Payments, Steps, client, deployment_rolled_out, forward, kind_env, log, poll,
     statefulset_rolled_out, wait_until,
 };
 use dlock_e2e::lockapi::{Grant, LockApi};
+use dlock_operator::builders::etcd_members::ETCD;
+use dlock_operator::builders::network_policies::OPERATOR_POD_NAME;
+use dlock_operator::builders::{
+    LABEL_COMPONENT, LABEL_INSTANCE, LABEL_NAME, LOCK_SERVER, PAYMENT_RESOURCE, PAYOUT_EXECUTOR, RAIL_PROXY,
+    RAIL_STUB,
+};
 use dlock_operator::crd::actions::{ANNOTATION_RESTORE, ANNOTATION_REVOKE, RestoreRequest, RevokeRequest};
 use dlock_operator::crd::{ActionStatus, LockService, PaymentStack, Phase};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
@@ -64,25 +78,23 @@ impl Cluster {
         .await
     }
 
-    /// The name of the first pod labelled with `instance` and `component`.
+    /// The name of the first running pod labelled with `instance` and `component` that is not being
+    /// deleted.
     async fn pod_of(&self, instance: &str, component: &str) -> String {
         let lp = ListParams::default().labels(&format!(
             "app.kubernetes.io/instance={instance},app.kubernetes.io/component={component}"
         ));
-        let pods = self.pods.list(&lp).await.expect("list pods");
-        pods.items
-            .first()
-            .and_then(|p| p.metadata.name.clone())
-            .unwrap_or_else(|| panic!("no {component} pod of {instance}"))
+        find_name(&self.pods, &lp, |p: &Pod| {
+            p.metadata.deletion_timestamp.is_none()
+                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        })
+        .await
+        .unwrap_or_else(|| panic!("no running {component} pod of {instance}"))
     }
 
     /// Sets one annotation on the LockService of the stack (what `kubectl annotate --overwrite` does).
     async fn annotate(&self, key: &str, value: String) {
-        let patch = json!({"metadata": {"annotations": {key: value}}});
-        self.lsvcs
-            .patch(&self.env.lsvc, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .unwrap_or_else(|e| panic!("annotate lsvc/{} {key}: {e}", self.env.lsvc));
+        k8s::annotate(&self.lsvcs, &self.env.lsvc, key, &value).await;
     }
 
     /// Waits until the action `id` of the LockService of the stack is final (Succeeded or Failed) and returns it.
@@ -100,6 +112,20 @@ impl Cluster {
         .await;
         action(Some(&lsvc)).expect("the action is in the status it was awaited in")
     }
+}
+
+/// The name of the first object `api` lists under `lp` for which `pred` holds.
+async fn find_name<K>(api: &Api<K>, lp: &ListParams, pred: impl Fn(&K) -> bool) -> Option<String>
+where
+    K: Clone + std::fmt::Debug + serde::de::DeserializeOwned + kube::Resource<DynamicType = ()>,
+{
+    api.list(lp)
+        .await
+        .unwrap_or_else(|e| panic!("list {}: {e}", K::kind(&())))
+        .items
+        .into_iter()
+        .find(|o| pred(o))
+        .and_then(|o| o.meta().name.clone())
 }
 
 fn run_name(suffix: &str) -> String {
@@ -122,24 +148,44 @@ async fn kind_tier_steps() {
     };
     let mut steps = Steps::default();
     let pay = Payments::connect(&c.env, &c.client, &c.env.pstack).await;
+    let runs = |name: &str| {
+        let run = c.env.runs(name);
+        if !run {
+            log(format!("---- {name}: not in DLOCK_KIND_STEPS, left out"));
+        }
+        run
+    };
 
-    steps.step("batch");
-    let run1 = batch(&c, &pay).await;
-
-    steps.step("chaos");
-    chaos(&c, &pay).await;
-
-    steps.step("failover");
-    failover(&c).await;
-
-    steps.step("actions");
-    actions(&c, &pay).await;
-
-    steps.step("etcd");
-    etcd(&c).await;
-
-    steps.step("negative-control");
-    negative_control(&pay, &run1).await;
+    let mut run1 = None;
+    if runs("batch") {
+        steps.step("batch");
+        run1 = Some(batch(&c, &pay).await);
+    }
+    if runs("chaos") {
+        steps.step("chaos");
+        chaos(&c, &pay).await;
+    }
+    if runs("failover") {
+        steps.step("failover");
+        failover(&c).await;
+    }
+    if runs("actions") {
+        steps.step("actions");
+        actions(&c, &pay).await;
+    }
+    if runs("etcd") {
+        steps.step("etcd");
+        etcd(&c).await;
+    }
+    if runs("netpol") {
+        steps.step("netpol");
+        netpol(&c).await;
+    }
+    // The negative control spoils a batch of step 7's.
+    if let Some(run1) = run1.filter(|_| runs("negative-control")) {
+        steps.step("negative-control");
+        negative_control(&pay, &run1).await;
+    }
     steps.close();
 }
 
@@ -194,30 +240,28 @@ async fn failover(c: &Cluster) {
     let lsvc = c.env.lsvc.as_str();
     let op_ns = &c.env.op_ns;
     let leases: Api<Lease> = Api::namespaced(c.client.clone(), op_ns);
-    let lease = leases
-        .list(&ListParams::default())
-        .await
-        .expect("list Leases")
-        .items
-        .into_iter()
-        .filter_map(|l| l.metadata.name)
-        .find(|n| n.contains("dlock-operator"))
-        .unwrap_or_else(|| panic!("no operator Lease in {op_ns}"));
-    let holder = |l: Option<&Lease>| -> String {
-        l.and_then(|l| l.spec.as_ref()?.holder_identity.clone())
+    let all = ListParams::default();
+    let lease = find_name(&leases, &all, |l: &Lease| {
+        l.metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| n.contains("dlock-operator"))
+    })
+    .await
+    .unwrap_or_else(|| panic!("no operator Lease in {op_ns}"));
+    let holder = |l: &Lease| -> String {
+        l.spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.clone())
             .unwrap_or_default()
     };
-    let leader = holder(Some(&leases.get(&lease).await.expect("get the operator Lease")));
+    let leader = holder(&leases.get(&lease).await.expect("get the operator Lease"));
     let op_pods: Api<Pod> = Api::namespaced(c.client.clone(), op_ns);
-    let leader_pod = op_pods
-        .list(&ListParams::default())
-        .await
-        .expect("list operator pods")
-        .items
-        .into_iter()
-        .filter_map(|p| p.metadata.name)
-        .rfind(|p| leader.contains(p.as_str()))
-        .unwrap_or_else(|| panic!("Lease holder \"{leader}\" is none of the operator pods"));
+    let leader_pod = find_name(&op_pods, &all, |p: &Pod| {
+        p.metadata.name.as_deref().is_some_and(|n| leader.contains(n))
+    })
+    .await
+    .unwrap_or_else(|| panic!("Lease holder \"{leader}\" is none of the operator pods"));
     log(format!("leader {leader} (pod {leader_pod}): deleting it"));
     op_pods
         .delete(&leader_pod, &DeleteParams::default())
@@ -229,12 +273,12 @@ async fn failover(c: &Cluster) {
         "another operator replica to take the Lease",
         c.env.timeout,
         |l: Option<&Lease>| {
-            let h = holder(l);
-            !h.is_empty() && !h.contains(leader_pod.as_str())
+            l.map(holder)
+                .is_some_and(|h| !h.is_empty() && !h.contains(leader_pod.as_str()))
         },
     )
     .await;
-    log(format!("new leader: {}", holder(Some(&taken))));
+    log(format!("new leader: {}", holder(&taken)));
     // The new leader carries on: a spec change is reconciled into the Deployment and rolled out.
     let patch = json!({"spec": {"lockServer": {"replicas": 3}}});
     c.lsvcs
@@ -468,7 +512,270 @@ async fn etcd(c: &Cluster) {
     ));
 }
 
-/// Step 12: Negative control: the checks can fail. One posted payout of the first batch paid a second
+/// The Services the NetworkPolicies guard, the connections expected of each source, and where the
+/// negative control looks.
+const POLICED: [&str; 4] = ["payment-resource", "rail-proxy", "rail-stub", "lock-server"];
+
+/// Step 12: The NetworkPolicies as packet filters. kube-router (e2e/kind/kube-router.yaml) enforces
+/// them in this cluster; each connection below is opened from inside a pod to a Service's cluster IP
+/// (as the stack's own calls go) and must be let through or refused as the policies say. A pod
+/// without the stack's labels reaches none of the policed Services, while its own network works
+/// (paydb, which no policy selects, answers it); the executors reach what they call, not the rail;
+/// rail-proxy reaches the rail and nothing of the stack; the operator reaches lock-server (its
+/// force-revoke calls) through its own chart policy. Every policed pod is Ready, with no restart:
+/// the kubelet's probes pass the filter. Negative control: with the operator stopped (it would put
+/// them back) and the stack's policies deleted, the same check fails — the outsider gets through;
+/// with the operator back, the policies return and the check passes again.
+async fn netpol(c: &Cluster) {
+    let env = &c.env;
+    let (ns, pstack, lsvc, elsvc) = (
+        env.ns.as_str(),
+        env.pstack.as_str(),
+        env.lsvc.as_str(),
+        env.elsvc.as_str(),
+    );
+    let outsider = netpol::start_outsider(&c.pods, "netpol-outsider", &env.image, env.timeout).await;
+    let op_pods: Api<Pod> = Api::namespaced(c.client.clone(), &env.op_ns);
+    let operator_pods = &ListParams::default().labels(&format!("{LABEL_NAME}={OPERATOR_POD_NAME}"));
+    let source = |label: &str, pods: &Api<Pod>, pod: String| Source {
+        label: label.to_owned(),
+        pods: pods.clone(),
+        pod,
+    };
+    let operator = |pod: String| source("operator", &op_pods, pod);
+    let executor = source(
+        "payout-executor",
+        &c.pods,
+        c.pod_of(pstack, PAYOUT_EXECUTOR).await,
+    );
+    let rail_proxy = source("rail-proxy", &c.pods, c.pod_of(pstack, RAIL_PROXY).await);
+    let etcd_client = source("etcd lock-server", &c.pods, c.pod_of(elsvc, LOCK_SERVER).await);
+    let service = |label: &str, name: String, port: u16| Target::service(label, &name, ns, port);
+    let [pr, rp, rs, ls] = [
+        service(POLICED[0], format!("{pstack}-{PAYMENT_RESOURCE}"), 8080),
+        service(POLICED[1], format!("{pstack}-{RAIL_PROXY}"), 8080),
+        service(POLICED[2], format!("{pstack}-{RAIL_STUB}"), 8080),
+        service(POLICED[3], format!("{lsvc}-{LOCK_SERVER}"), 8080),
+    ];
+    let etcd = service("etcd", format!("{elsvc}-etcd-client"), 2379);
+    let paydb = service("paydb", format!("{pstack}-paydb"), 5432);
+    let expect = |from: &Source, to: &Target, allowed: bool| Expect {
+        from: from.clone(),
+        to: to.clone(),
+        allowed,
+    };
+    let expected = vec![
+        expect(&outsider, &pr, false),
+        expect(&outsider, &rp, false),
+        expect(&outsider, &rs, false),
+        expect(&outsider, &ls, false),
+        expect(&outsider, &etcd, false),
+        expect(&outsider, &paydb, true),
+        expect(&executor, &pr, true),
+        expect(&executor, &rp, true),
+        expect(&executor, &ls, true),
+        expect(&executor, &rs, false),
+        expect(&rail_proxy, &rs, true),
+        expect(&rail_proxy, &pr, false),
+        expect(&rail_proxy, &ls, false),
+        expect(&etcd_client, &etcd, true),
+    ];
+    // The operator's pods come and go below: these are tried with whichever runs.
+    let with_operator = |operator: Source| {
+        let mut all = expected.clone();
+        all.extend([
+            expect(&operator, &ls, true),
+            expect(&operator, &pr, false),
+            expect(&operator, &rs, false),
+        ]);
+        all
+    };
+    let checked = netpol::check(&with_operator(operator(running_operator(c).await))).await;
+    assert!(
+        checked.passed(),
+        "the NetworkPolicies do not filter as they say:\n{checked}"
+    );
+    log(format!("every connection as the policies say:{}", checked.table));
+    probes_pass(c).await;
+
+    // Negative control. The operator would put deleted policies back at once: stopped first.
+    let op_deployments: Api<Deployment> = Api::namespaced(c.client.clone(), &env.op_ns);
+    let op_deployment = find_name(
+        &op_deployments,
+        &ListParams::default().labels(&format!("{LABEL_NAME}={OPERATOR_POD_NAME}")),
+        |_: &Deployment| true,
+    )
+    .await
+    .expect("the operator's Deployment");
+    let replicas = op_deployments
+        .get(&op_deployment)
+        .await
+        .expect("get the operator's Deployment")
+        .spec
+        .and_then(|s| s.replicas)
+        .unwrap_or(1);
+    scale(&op_deployments, &op_deployment, 0).await;
+    let op_pods = &op_pods;
+    poll("the operator's pods to be gone", env.timeout, async || {
+        let left = op_pods.list(operator_pods).await.map_err(|e| e.to_string())?;
+        match left.items.len() {
+            0 => Ok(()),
+            n => Err(format!("{n} left")),
+        }
+    })
+    .await;
+    let policies: Api<NetworkPolicy> = Api::namespaced(c.client.clone(), ns);
+    let names = policy_names(&policies).await;
+    for name in &names {
+        policies
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("delete NetworkPolicy {name}: {e}"));
+    }
+    log(format!("operator stopped, NetworkPolicies deleted: {names:?}"));
+    // The plugin drops its rules when it sees the deletions; the check must then fail, the outsider
+    // getting through to every policed Service.
+    let expected = &expected;
+    let broken = poll(
+        "the same check to fail with the policies deleted (else it does not measure the policies)",
+        env.timeout,
+        async || {
+            let checked = netpol::check(expected).await;
+            if POLICED.iter().all(|to| checked.let_through("outsider", to)) {
+                Ok(checked)
+            } else {
+                Err(checked.to_string())
+            }
+        },
+    )
+    .await;
+    log(format!(
+        "negative control: without the policies the check fails as it must:\n{broken}"
+    ));
+    scale(&op_deployments, &op_deployment, replicas).await;
+    wait_until(
+        &op_deployments,
+        &op_deployment,
+        "the operator to be back",
+        env.timeout,
+        deployment_rolled_out,
+    )
+    .await;
+    let (policies, names) = (&policies, &names);
+    poll(
+        "the operator to put the NetworkPolicies back",
+        env.timeout,
+        async || {
+            let now = policy_names(policies).await;
+            if names.iter().all(|n| now.contains(n)) {
+                Ok(())
+            } else {
+                Err(format!("{now:?}"))
+            }
+        },
+    )
+    .await;
+    let all = &with_operator(operator(running_operator(c).await));
+    let restored = poll(
+        "the check to pass again with the policies back",
+        env.timeout,
+        async || {
+            let checked = netpol::check(all).await;
+            if checked.passed() {
+                Ok(checked)
+            } else {
+                Err(checked.to_string())
+            }
+        },
+    )
+    .await;
+    log(format!(
+        "policies back, every connection as they say again:{}",
+        restored.table
+    ));
+    netpol::delete_outsider(&outsider).await;
+}
+
+/// A running operator pod's name.
+async fn running_operator(c: &Cluster) -> String {
+    let op_pods: Api<Pod> = Api::namespaced(c.client.clone(), &c.env.op_ns);
+    let lp = ListParams::default().labels(&format!("{LABEL_NAME}={OPERATOR_POD_NAME}"));
+    find_name(&op_pods, &lp, |p: &Pod| {
+        p.metadata.deletion_timestamp.is_none()
+            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+    })
+    .await
+    .unwrap_or_else(|| panic!("no running operator pod in {}", c.env.op_ns))
+}
+
+/// Names of the NetworkPolicies `api` lists.
+async fn policy_names(api: &Api<NetworkPolicy>) -> Vec<String> {
+    api.list(&ListParams::default())
+        .await
+        .expect("list NetworkPolicies")
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect()
+}
+
+/// Sets `spec.replicas` of a Deployment.
+async fn scale(api: &Api<Deployment>, name: &str, replicas: i32) {
+    k8s::patch(api, name, &json!({"spec": {"replicas": replicas}}))
+        .await
+        .unwrap_or_else(|e| panic!("scale deploy/{name} to {replicas}: {e}"));
+}
+
+/// Every pod a NetworkPolicy guards is Ready and has never restarted: the kubelet's readiness and
+/// liveness probes get through the filter that refuses the outsider.
+async fn probes_pass(c: &Cluster) {
+    let env = &c.env;
+    let guarded = [
+        (env.pstack.as_str(), PAYMENT_RESOURCE),
+        (env.pstack.as_str(), RAIL_PROXY),
+        (env.pstack.as_str(), RAIL_STUB),
+        (env.lsvc.as_str(), LOCK_SERVER),
+        (env.elsvc.as_str(), LOCK_SERVER),
+        (env.elsvc.as_str(), ETCD),
+    ];
+    let now = chrono::Utc::now().timestamp();
+    let mut youngest = i64::MAX;
+    for (instance, component) in guarded {
+        let lp = ListParams::default().labels(&format!(
+            "{LABEL_INSTANCE}={instance},{LABEL_COMPONENT}={component}"
+        ));
+        let pods = c.pods.list(&lp).await.expect("list pods").items;
+        assert!(!pods.is_empty(), "no {component} pod of {instance}");
+        for p in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            let status = p.status.clone().unwrap_or_default();
+            let ready = status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            let restarts: i32 = status
+                .container_statuses
+                .iter()
+                .flatten()
+                .map(|s| s.restart_count)
+                .sum();
+            assert!(
+                ready && restarts == 0,
+                "pod {name} (policed) is {}ready with {restarts} restarts: its probes do not pass the filter",
+                if ready { "" } else { "not " }
+            );
+            if let Some(created) = &p.metadata.creation_timestamp {
+                youngest = youngest.min(now - created.0.as_second());
+            }
+        }
+    }
+    log(format!(
+        "every policed pod Ready without a restart (the youngest is {youngest}s old): the probes pass"
+    ));
+}
+
+/// Step 13: Negative control: the checks can fail. One posted payout of the first batch paid a second
 /// time straight at the rail (under a new idempotency key, bypassing rail-proxy's fence, as an
 /// unfenced stale holder would), and the ground-truth check of step 7 must now refuse that batch.
 async fn negative_control(pay: &Payments, run1: &str) {
