@@ -6,7 +6,9 @@
 #   2. tools       kind, the kind base and node images (Kubernetes $DLOCK_K8S_VERSION), the
 #                  PostgreSQL 16 image, kube-router's image: built once into $DLOCK_TOOLS_DIR
 #                  (scripts/kind-tools.sh); helm (scripts/cluster-tools.sh)
-#   3. image       the dlock image from the workspace's binaries (Dockerfile.prebuilt)
+#   3. image       the dlock image from the workspace's binaries (Dockerfile.prebuilt), and the
+#                  upgrade image of step 13: the next patch version, with one more paydb migration
+#                  (e2e/kind/upgrade/)
 #   4. cluster     kind create cluster, kind load the dlock, PostgreSQL and kube-router images;
 #                  kube-router's policy controller (e2e/kind/kube-router.yaml) enforces NetworkPolicies
 #   5. operator    helm install charts/dlock-operator (2 replicas, leader-elected, its NetworkPolicy on)
@@ -26,13 +28,16 @@
 #  12. netpol      the NetworkPolicies as packet filters: TCP connections from inside pods let through
 #                  or refused as the policies say; the probes pass; negative control: the policies
 #                  deleted, the same check fails
-#  13. negative    a payout paid twice straight at the rail makes the checks of step 7 fail
+#  13. upgrade     helm upgrade to the upgrade image while payouts are made: the new migration by its
+#                  Job before the new pods, the old pods serving on the new schema without a failure,
+#                  every payout posted once
+#  14. negative    a payout paid twice straight at the rail makes the checks of step 7 fail
 #
-# Steps 1-6 are this script; steps 7-13 are `cargo test -p dlock-e2e --test kind` (e2e/tests/kind.rs),
+# Steps 1-6 are this script; steps 7-14 are `cargo test -p dlock-e2e --test kind` (e2e/tests/kind.rs),
 # handed the cluster by DLOCK_KIND_KUBECONFIG, DLOCK_KIND_NAMESPACE, DLOCK_KIND_OPERATOR_NAMESPACE,
-# DLOCK_KIND_LOCKSERVICE, DLOCK_KIND_PAYMENTSTACK, DLOCK_KIND_ETCD_LOCKSERVICE, DLOCK_KIND_IMAGE,
-# DLOCK_KIND_PAYOUTS and DLOCK_KIND_TIMEOUT (without DLOCK_KIND_KUBECONFIG that test says it is not
-# in a kind run).
+# DLOCK_KIND_LOCKSERVICE, DLOCK_KIND_PAYMENTSTACK, DLOCK_KIND_ETCD_LOCKSERVICE, DLOCK_KIND_RELEASE,
+# DLOCK_KIND_CHART, DLOCK_KIND_IMAGE, DLOCK_KIND_UPGRADE_IMAGE, DLOCK_KIND_PAYOUTS and
+# DLOCK_KIND_TIMEOUT (without DLOCK_KIND_KUBECONFIG that test says it is not in a kind run).
 #
 # Where no Docker daemon can run it prints why and the word "skipped", and exits 0 — unless CI is set
 # (to anything but "" / "false" / "0"): then it fails, so that CI never passes a tier it did not run.
@@ -45,7 +50,10 @@
 #
 # Env: DLOCK_KIND_CLUSTER (default dlock-e2e), DLOCK_KIND_KEEP=1 (leave the cluster running),
 #      DLOCK_KIND_PAYOUTS (per batch, default 20), DLOCK_KIND_TIMEOUT (seconds per wait, default 600),
-#      DLOCK_KIND_STEPS (e.g. etcd,netpol: only these of steps 7-13; all by default).
+#      DLOCK_KIND_STEPS (e.g. netpol,upgrade: only these of steps 7-14; all by default),
+#      DLOCK_KIND_UPGRADE_MIGRATION (the upgrade image's extra paydb migration, default
+#      e2e/kind/upgrade/kind_upgrade_payout_note.sql; the upgrade's negative control builds
+#      e2e/kind/upgrade/breaking/'s instead, and step 13 must then fail).
 set -euo pipefail
 if_built=0
 if [[ "${1:-}" == "--if-built" ]]; then if_built=1; shift; fi
@@ -60,6 +68,9 @@ k8s_version="${DLOCK_K8S_VERSION:-v1.34.4}"
 node_image="${DLOCK_KIND_NODE_IMAGE:-dlock-local/kind-node:$k8s_version}"
 pg_image="${DLOCK_KIND_PG_IMAGE:-dlock-local/postgres:16}"
 image=dlock-local/dlock:kind-e2e
+upgrade_image=dlock-local/dlock:kind-e2e-next
+# The upgrade image's one more paydb migration; e2e/kind/upgrade/breaking/ holds the negative control's.
+upgrade_migration="${DLOCK_KIND_UPGRADE_MIGRATION:-$root/e2e/kind/upgrade/kind_upgrade_payout_note.sql}"
 kube_router_image=dlock-local/kube-router:v2.1.0
 release=dlock-operator
 ns=dlock-e2e
@@ -177,7 +188,11 @@ command -v kubectl >/dev/null || die "kubectl is required"
 step image
 "$root/scripts/setup.sh" >&2
 "$root/e2e/kind/build-image.sh" "$image" debug
-# The checks of steps 7-13 (e2e/tests/kind.rs), compiled now rather than once the cluster runs.
+# The upgrade image: the next patch version, with one more (additive) paydb migration.
+version="$(sed -n '/^\[workspace.package\]/,/^\[/ s/^version = "\(.*\)"/\1/p' "$root/Cargo.toml")"
+"$root/e2e/kind/build-image.sh" "$upgrade_image" debug --version "${version%.*}.$((${version##*.} + 1))" \
+    --paydb-migration "$upgrade_migration"
+# The checks of steps 7-14 (e2e/tests/kind.rs), compiled now rather than once the cluster runs.
 cargo test -q --manifest-path "$root/Cargo.toml" -p dlock-e2e --test kind --no-run >&2
 
 # ---------------------------------------------------------------- 4. cluster
@@ -189,7 +204,7 @@ fi
 created=1
 kind create cluster --name "$cluster" --image "$node_image" --config "$root/e2e/kind/cluster.yaml" \
     --kubeconfig "$kubeconfig" --wait "${timeout}s" >&2
-kind load docker-image "$image" "$pg_image" "$kube_router_image" --name "$cluster" >&2
+kind load docker-image "$image" "$upgrade_image" "$pg_image" "$kube_router_image" --name "$cluster" >&2
 kubectl apply -f "$root/e2e/kind/kube-router.yaml" >&2
 kubectl -n kube-system rollout status ds/kube-router --timeout="${timeout}s" >&2
 kubectl -n kube-system rollout status deploy/coredns --timeout="${timeout}s" >&2
@@ -229,14 +244,15 @@ jobs_ok="$(kubectl -n "$ns" get jobs -o jsonpath='{range .items[*]}{.metadata.na
 log "migration Jobs: $(tr '\n' ' ' <<<"$jobs_ok")"
 grep -q '=1' <<<"$jobs_ok" || die "no migration Job succeeded"
 
-# ---------------------------------------------------------------- 7.-13. the checks
+# ---------------------------------------------------------------- 7.-14. the checks
 # The steps after the setup are Rust (e2e/tests/kind.rs, built in step 3): typed objects through
 # kube's client, waits on watches, the ledger over sqlx, the services over reqwest. They print their
 # own step lines; a failure fails this script, whose cleanup then prints the state.
 step checks
 DLOCK_KIND_KUBECONFIG="$kubeconfig" DLOCK_KIND_NAMESPACE="$ns" DLOCK_KIND_OPERATOR_NAMESPACE="$op_ns" \
     DLOCK_KIND_LOCKSERVICE="$lsvc" DLOCK_KIND_PAYMENTSTACK="$pstack" DLOCK_KIND_ETCD_LOCKSERVICE="$elsvc" \
-    DLOCK_KIND_IMAGE="$image" \
+    DLOCK_KIND_RELEASE="$release" DLOCK_KIND_CHART="$root/charts/dlock-operator" \
+    DLOCK_KIND_IMAGE="$image" DLOCK_KIND_UPGRADE_IMAGE="$upgrade_image" \
     DLOCK_KIND_PAYOUTS="$payouts" DLOCK_KIND_TIMEOUT="$timeout" DLOCK_KIND_STEPS="${DLOCK_KIND_STEPS:-}" \
     cargo test -q --manifest-path "$root/Cargo.toml" -p dlock-e2e --test kind -- --nocapture --test-threads=1 >&2 ||
     die "the kind tier's checks failed (output above)"

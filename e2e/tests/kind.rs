@@ -1,4 +1,4 @@
-//! The kind tier's checks (steps 7–13 of `e2e/kind/run.sh`, which sets up the cluster, the operator
+//! The kind tier's checks (steps 7–14 of `e2e/kind/run.sh`, which sets up the cluster, the operator
 //! and the stack, then runs this test): one test, because the steps run in order against one
 //! cluster and each builds on the state the previous one left. (A second test, which needs no
 //! cluster, checks run.sh's rule for a machine without Docker.)
@@ -16,13 +16,18 @@
 //!   LockService's lock-server to each policed Service, each let through or refused as the policies
 //!   say; the policed pods Ready all along (the kubelet's probes pass). Negative control: with the
 //!   operator stopped and the policies deleted, the same check fails; restored, it passes again
-//! - 13, negative control: a payout paid twice straight at the rail makes the checks of step 7 fail
+//! - 13, upgrade: `helm upgrade` of the operator to a second image (a version bump with one more
+//!   paydb migration) while payouts are created and posted: the new migration applied by its Job
+//!   before any pod of the new version starts, the old version's pods serving on the new schema
+//!   without a failure, every Deployment on the new image, every payout posted once
+//! - 14, negative control: a payout paid twice straight at the rail makes the checks of step 7 fail
 //!
 //! Outside a kind run (no `DLOCK_KIND_KUBECONFIG`) it says so and returns.
 
 use base64::Engine as _;
 use dlock_e2e::k8s;
 use dlock_e2e::kind::netpol::{self, Expect, Source, Target};
+use dlock_e2e::kind::upgrade;
 use dlock_e2e::kind::{
     Forward, KindEnv, Payments, Steps, client, deployment_rolled_out, forward, kind_env, log, poll,
     statefulset_rolled_out, wait_until,
@@ -30,6 +35,7 @@ use dlock_e2e::kind::{
 use dlock_e2e::lockapi::{Grant, LockApi};
 use dlock_operator::builders::etcd_members::ETCD;
 use dlock_operator::builders::network_policies::OPERATOR_POD_NAME;
+use dlock_operator::builders::postgres::History;
 use dlock_operator::builders::{
     LABEL_COMPONENT, LABEL_INSTANCE, LABEL_NAME, LOCK_SERVER, PAYMENT_RESOURCE, PAYOUT_EXECUTOR, RAIL_PROXY,
     RAIL_STUB,
@@ -41,9 +47,11 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
+use std::sync::atomic::{AtomicU32, Ordering};
+use tokio::sync::watch;
 
 /// The cluster's objects the steps touch, typed.
 struct Cluster {
@@ -180,6 +188,10 @@ async fn kind_tier_steps() {
     if runs("netpol") {
         steps.step("netpol");
         netpol(&c).await;
+    }
+    if runs("upgrade") {
+        steps.step("upgrade");
+        upgrade(&c, &pay).await;
     }
     // The negative control spoils a batch of step 7's.
     if let Some(run1) = run1.filter(|_| runs("negative-control")) {
@@ -775,7 +787,340 @@ async fn probes_pass(c: &Cluster) {
     ));
 }
 
-/// Step 13: Negative control: the checks can fail. One posted payout of the first batch paid a second
+/// Step 13: A rolling upgrade under load. `helm upgrade` moves the operator to the upgrade image (a
+/// version bump carrying one more, additive, paydb migration: e2e/kind/upgrade/); the stacks use the
+/// operator's default image, so each of them follows: a new migration Job per database, then the
+/// Deployments. Payouts are created all along (through whichever payment-resource pod is there) and
+/// posted by whichever executors are there.
+///
+/// payment-resource and rail-proxy, the two that use paydb, are held (`spec.paused`, a field the
+/// operator does not apply) until their old pods have posted payouts on the new schema — the window
+/// every rolling upgrade has, held open long enough to be checked rather than left to chance — and
+/// then released. The executors and lock-servers roll freely. Checked: the new migration applied by
+/// its Job (its report and paydb's history) before any pod of the new version was created; no pod of
+/// the old version restarted, failed or lost Ready while it served; every Deployment on the new image
+/// (the rail-stub, standing for the bank, keeps its pinned image and its memory); payouts posted by
+/// the new version; and every payout of the run posted once (the checks of step 7).
+async fn upgrade(c: &Cluster, pay: &Payments) {
+    let env = &c.env;
+    let (pstack, lsvc, elsvc) = (env.pstack.as_str(), env.lsvc.as_str(), env.elsvc.as_str());
+    let (old, new) = (env.image.as_str(), env.upgrade_image.as_str());
+    let jobs: Api<Job> = Api::namespaced(c.client.clone(), &env.ns);
+    let fixture = upgrade::fixture_applied(&pay.db)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        fixture, None,
+        "paydb has the upgrade's migration before the upgrade"
+    );
+    let held = [
+        format!("{pstack}-{PAYMENT_RESOURCE}"),
+        format!("{pstack}-{RAIL_PROXY}"),
+    ];
+    let rolling: Vec<String> = held
+        .iter()
+        .cloned()
+        .chain([
+            format!("{pstack}-{PAYOUT_EXECUTOR}"),
+            format!("{lsvc}-{LOCK_SERVER}"),
+            format!("{elsvc}-{LOCK_SERVER}"),
+        ])
+        .collect();
+    for d in &rolling {
+        let image = template_image(&c.deployments.get(d).await.expect("get a Deployment"));
+        assert_eq!(image.as_deref(), Some(old), "deploy/{d} before the upgrade");
+    }
+    let rail_stub = c.pod_of(pstack, RAIL_STUB).await;
+    for d in &held {
+        pause(&c.deployments, d, true).await;
+    }
+    log(format!("held the rollout of {held:?} (spec.paused)"));
+
+    let run = run_name("u");
+    let created = AtomicU32::new(0);
+    let (stop, stopped) = watch::channel(false);
+    let observer = upgrade::watch_old_pods(c.pods.clone(), old.to_owned(), stopped.clone());
+    let load = async {
+        let mut stopped = stopped.clone();
+        let mut i = 0;
+        while !*stopped.borrow() {
+            i += 1;
+            pay.create_payout(&format!("{run}-{i}"), 1 + i % 10, 100 + i64::from(i))
+                .await;
+            created.store(i, Ordering::SeqCst);
+            // Pacing a steady trickle of payouts, not waiting for anything.
+            tokio::select! {
+                () = tokio::time::sleep(upgrade::LOAD_PACE) => {}
+                _ = stopped.wait_for(|s| *s) => {}
+            }
+        }
+    };
+    let drive = async {
+        let created = &created;
+        poll("the batch to be under way", env.timeout, async || {
+            match created.load(Ordering::SeqCst) {
+                n if n >= 5 => Ok(()),
+                n => Err(format!("{n} created")),
+            }
+        })
+        .await;
+        log(format!("{run} under way; helm upgrade {} to {new}", env.release));
+        upgrade::helm_upgrade(env, new).await;
+        check_operator_image(c, new).await;
+
+        // The new migration, applied by its Job.
+        let paydb_job = migration_job_done(c, &jobs, pstack, History::Paydb, new).await;
+        let job_name = paydb_job.metadata.name.clone().unwrap_or_default();
+        let job_done = upgrade::completed_at(&paydb_job).expect("the Job has completed");
+        let report = job_report(c, &job_name).await;
+        assert!(
+            report["applied"].as_array().is_some_and(|a| a
+                .iter()
+                .any(|s| s.as_str().is_some_and(|s| s.ends_with(upgrade::FIXTURE_SCRIPT)))),
+            "Job {job_name} did not apply the upgrade's migration: {report}"
+        );
+        let fixture = upgrade::fixture_applied(&pay.db)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            matches!(&fixture, Some((_, true))),
+            "paydb's history after Job {job_name}: {fixture:?}"
+        );
+        log(format!(
+            "Job {job_name} applied {report}; paydb's history has {fixture:?}"
+        ));
+
+        // The old version serves on the new schema: the held Deployments carry the new image now,
+        // their pods are all of the old one, and payouts are posted through them.
+        for d in &held {
+            wait_until(
+                &c.deployments,
+                d,
+                &format!("the operator to give deploy/{d} the new image"),
+                env.timeout,
+                |o: Option<&Deployment>| o.and_then(template_image).as_deref() == Some(new),
+            )
+            .await;
+        }
+        let k = 5;
+        let (db, run) = (&pay.db, run.as_str());
+        let on_new_schema = poll(
+            &format!("{k} payouts posted on the new schema by the old version"),
+            env.timeout,
+            async || match upgrade::posted_after_fixture(db, run).await? {
+                n if n >= k => Ok(n),
+                n => Err(format!("{n} so far")),
+            },
+        )
+        .await;
+        for component in [PAYMENT_RESOURCE, RAIL_PROXY] {
+            let images = pod_images(c, pstack, component).await;
+            assert!(
+                !images.is_empty() && images.iter().all(|(_, i)| i == old),
+                "{component} is not all of the old version while held: {images:?}"
+            );
+        }
+        log(format!(
+            "{on_new_schema} payouts posted after the migration through payment-resource and \
+             rail-proxy pods of the old version"
+        ));
+        for d in &held {
+            pause(&c.deployments, d, false).await;
+        }
+        for d in &rolling {
+            wait_until(
+                &c.deployments,
+                d,
+                &format!("deploy/{d} to roll out on the new image"),
+                env.timeout,
+                |o: Option<&Deployment>| {
+                    deployment_rolled_out(o) && o.and_then(template_image).as_deref() == Some(new)
+                },
+            )
+            .await;
+        }
+        c.lsvc_ready(lsvc).await;
+        c.lsvc_ready(elsvc).await;
+
+        // No pod of the new version before its schema.
+        let lockdb_job = migration_job_done(c, &jobs, lsvc, History::Lockdb, new).await;
+        let lockdb_done = upgrade::completed_at(&lockdb_job).expect("the Job has completed");
+        for (instance, component, done) in [
+            (pstack, PAYMENT_RESOURCE, &job_done),
+            (pstack, RAIL_PROXY, &job_done),
+            (pstack, PAYOUT_EXECUTOR, &job_done),
+            (lsvc, LOCK_SERVER, &lockdb_done),
+        ] {
+            let pods = c
+                .pods
+                .list(&component_pods(instance, component))
+                .await
+                .expect("list pods");
+            for p in pods
+                .items
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+            {
+                let created = p.metadata.creation_timestamp.clone().expect("a creation time");
+                let after = upgrade::seconds_between(done, &created);
+                assert!(
+                    upgrade::pod_image(p) == Some(new) && after >= 0,
+                    "pod {:?} ({component}) of image {:?} was created {after}s after its migration Job completed",
+                    p.metadata.name,
+                    upgrade::pod_image(p)
+                );
+            }
+        }
+        // The new version posts.
+        let executors: Vec<String> = pod_images(c, pstack, PAYOUT_EXECUTOR)
+            .await
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
+        let executors = &executors;
+        let by_new = poll(
+            &format!("{k} payouts posted by the new version's executors"),
+            env.timeout,
+            async || {
+                let by = upgrade::posted_by(db, run).await?;
+                let n = by
+                    .iter()
+                    .filter(|w| executors.iter().any(|e| w.starts_with(&format!("{e}-"))))
+                    .count();
+                if i64::try_from(n).is_ok_and(|n| n >= k) {
+                    Ok(n)
+                } else {
+                    Err(format!("{n} so far"))
+                }
+            },
+        )
+        .await;
+        log(format!(
+            "{by_new} payouts posted by the executors of the new version {executors:?}"
+        ));
+        stop.send_replace(true);
+    };
+    let (failures, (), ()) = tokio::join!(observer, load, drive);
+    assert!(
+        failures.is_empty(),
+        "pods of the old version failed during the upgrade: {failures:?}"
+    );
+    let n = created.load(Ordering::SeqCst);
+    log(format!("{n} payouts created through the upgrade"));
+    pay.await_posted(&run, n, env.timeout).await;
+    pay.check_batch(&run).await.unwrap_or_else(|e| panic!("{e}"));
+    // The rail stands for the bank: not upgraded with dlock, and its record of every payment intact.
+    let rail_stub_now = c.pod_of(pstack, RAIL_STUB).await;
+    assert_eq!(
+        rail_stub_now, rail_stub,
+        "the rail-stub was restarted by the upgrade"
+    );
+}
+
+fn template_image(d: &Deployment) -> Option<String> {
+    d.spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .first()?
+        .image
+        .clone()
+}
+
+fn component_pods(instance: &str, component: &str) -> ListParams {
+    ListParams::default().labels(&format!(
+        "{LABEL_INSTANCE}={instance},{LABEL_COMPONENT}={component}"
+    ))
+}
+
+/// `(name, image)` of the pods of one component that are not being deleted.
+async fn pod_images(c: &Cluster, instance: &str, component: &str) -> Vec<(String, String)> {
+    c.pods
+        .list(&component_pods(instance, component))
+        .await
+        .expect("list pods")
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            let image = upgrade::pod_image(&p).unwrap_or_default().to_owned();
+            (p.metadata.name.unwrap_or_default(), image)
+        })
+        .collect()
+}
+
+/// Sets or clears `spec.paused` of a Deployment (`kubectl rollout pause|resume`).
+async fn pause(api: &Api<Deployment>, name: &str, paused: bool) {
+    let patch = json!({"spec": {"paused": if paused { Value::Bool(true) } else { Value::Null }}});
+    k8s::patch(api, name, &patch)
+        .await
+        .unwrap_or_else(|e| panic!("set deploy/{name} paused={paused}: {e}"));
+}
+
+/// Every operator pod runs `image` (helm's --wait saw the rollout).
+async fn check_operator_image(c: &Cluster, image: &str) {
+    let op_pods: Api<Pod> = Api::namespaced(c.client.clone(), &c.env.op_ns);
+    let lp = ListParams::default().labels(&format!("{LABEL_NAME}={OPERATOR_POD_NAME}"));
+    let pods = op_pods.list(&lp).await.expect("list operator pods").items;
+    let images: Vec<_> = pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| upgrade::pod_image(p).unwrap_or_default())
+        .collect();
+    assert!(
+        !images.is_empty() && images.iter().all(|i| *i == image),
+        "the operator's pods after helm upgrade: {images:?}"
+    );
+}
+
+/// The migration Job of `history` for `instance` running `image`, once it has succeeded.
+async fn migration_job_done(
+    c: &Cluster,
+    jobs: &Api<Job>,
+    instance: &str,
+    history: History,
+    image: &str,
+) -> Job {
+    poll(
+        &format!(
+            "the {} migration Job of {instance} with {image} to succeed",
+            history.name()
+        ),
+        c.env.timeout,
+        async || match upgrade::migration_job(jobs, instance, history, image).await {
+            Some(j) if upgrade::completed_at(&j).is_some() => Ok(j),
+            Some(j) => Err(format!(
+                "Job {} has not succeeded",
+                j.metadata.name.unwrap_or_default()
+            )),
+            None => Err("no such Job yet".to_owned()),
+        },
+    )
+    .await
+}
+
+/// The JSON report `dlock-migrate` printed in the succeeded pod of Job `job`.
+async fn job_report(c: &Cluster, job: &str) -> Value {
+    let lp = ListParams::default().labels(&format!("job-name={job}"));
+    let pod = find_name(&c.pods, &lp, |p: &Pod| {
+        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded")
+    })
+    .await
+    .unwrap_or_else(|| panic!("no succeeded pod of Job {job}"));
+    let logs = c
+        .pods
+        .logs(&pod, &LogParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("logs of pod {pod}: {e}"));
+    logs.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v.get("applied").is_some())
+        .unwrap_or_else(|| panic!("no report in the log of pod {pod}:\n{logs}"))
+}
+
+/// Step 14: Negative control: the checks can fail. One posted payout of the first batch paid a second
 /// time straight at the rail (under a new idempotency key, bypassing rail-proxy's fence, as an
 /// unfenced stale holder would), and the ground-truth check of step 7 must now refuse that batch.
 async fn negative_control(pay: &Payments, run1: &str) {
