@@ -12,13 +12,16 @@
 #                                    auxiliary images the node image references (pause, etcd,
 #                                    CoreDNS, kindnetd, local-path-provisioner/-helper) and the
 #                                    node image dlock-local/kind-node:$K8S_VERSION
+#   kind-aux/kube-router + image     the NetworkPolicy enforcer of the kind tier: kube-router's network
+#                                    policy controller (github.com/cloudnativelabs/kube-router, Go),
+#                                    on the Debian base with iptables and ipset: dlock-local/kube-router
 #
 # Each step leaves a stamp naming what it was built from; a rerun skips what is current. Go builds
 # run under `nice` with bounded parallelism (the machine has two cores shared with cargo).
 #
 # Usage: scripts/kind-tools.sh [--check] [STEP...]
 #   --check   build nothing; exit 1 naming what is not built yet
-#   steps (default: all, in this order): kind k8s apiserver aux debian base node postgres
+#   steps (default: all, in this order): kind k8s apiserver aux debian base node postgres netpol
 # Needs a Docker daemon (scripts/docker-up.sh starts one).
 set -euo pipefail
 
@@ -138,6 +141,9 @@ CRICTL_VERSION="${DLOCK_CRICTL_VERSION:-v1.34.0}"
 ETCD_IMAGE_VERSION="3.6.5" # what kubeadm $K8S_VERSION deploys (registry.k8s.io/etcd:3.6.5-0)
 COREDNS_VERSION="v1.12.1"  # kubeadm's CoreDNSVersion for 1.34
 LPP_VERSION="v0.0.30"      # github.com/rancher/local-path-provisioner
+# github.com/cloudnativelabs/kube-router/v2: the newest release the Go module proxy serves
+# (e2e/kind/kube-router.yaml runs the image of this tag).
+KUBE_ROUTER_VERSION="v2.1.0"
 aux_one() { # aux_one NAME VERSION: builds add-on binary NAME into $AUX unless its stamp matches
     local name="$1" v="$2" t0=$SECONDS
     if [[ -x "$AUX/$name" ]] && stamp_ok "aux-$name" "$v"; then log "$name $v: cached"; return; fi
@@ -170,6 +176,11 @@ build_local-path-provisioner() {
     (cd / && GOBIN="$AUX" gentle go install -trimpath -ldflags "-s -w" \
         "github.com/rancher/local-path-provisioner@$1") || die "go install local-path-provisioner failed"
 }
+build_kube-router() {
+    local v=github.com/cloudnativelabs/kube-router/v2/pkg/version
+    (cd / && GOBIN="$AUX" gentle go install -trimpath -ldflags "-s -w -X $v.Version=$1" \
+        "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$1") || die "go install kube-router failed"
+}
 build_pause() { # Kubernetes' own pause.c from the k8s.io/kubernetes module, linked statically
     local src
     src="$(cd / && go mod download -json "k8s.io/kubernetes@$1" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
@@ -180,6 +191,7 @@ aux_version() {
     case "$1" in
     crictl) echo "$CRICTL_VERSION" ;; pause) echo "$K8S_VERSION" ;; etcd) echo "$ETCD_IMAGE_VERSION" ;;
     local-path-provisioner) echo "$LPP_VERSION" ;; coredns) echo "$COREDNS_VERSION" ;;
+    kube-router) echo "$KUBE_ROUTER_VERSION" ;;
     esac
 }
 need_aux_bins() {
@@ -271,6 +283,30 @@ need_postgres() {
     dbuild --label "dlock.recipe=$h" -t "$PG_IMAGE" "$ctx" || die "building the PostgreSQL image failed"
 }
 
+# NetworkPolicy enforcement: NetworkPolicies are only objects until a network plugin filters packets
+# by them. SIG Network's kube-network-policies hands packets to userspace with nftables' `queue`
+# statement, which needs the kernel's nft_queue (CONFIG_NFT_QUEUE); kernels built without it, and
+# without modules to load it, cannot run it. kube-router's policy controller needs only iptables
+# (with the xt_set match) and ipset. Its image is loaded into the cluster by e2e/kind/run.sh and run
+# by e2e/kind/kube-router.yaml as a firewall alone: the CNI config and kube-proxy stay as they are.
+KUBE_ROUTER_IMAGE="dlock-local/kube-router:$KUBE_ROUTER_VERSION"
+need_netpol() {
+    aux_one kube-router "$KUBE_ROUTER_VERSION"
+    local h
+    h="$(recipe_hash images/kube-router)-$KUBE_ROUTER_VERSION"
+    if have_image "$KUBE_ROUTER_IMAGE" &&
+        [[ "$(docker image inspect -f '{{index .Config.Labels "dlock.recipe"}}' "$KUBE_ROUTER_IMAGE")" == "$h" ]]; then
+        log "$KUBE_ROUTER_IMAGE: present"; return
+    fi
+    missing_in_check "${FUNCNAME[0]}" && return
+    local ctx
+    ctx="$(workdir)"
+    cp "$ROOT"/images/kube-router/* "$ctx/"
+    cp "$AUX/kube-router" "$ctx/kube-router"
+    log "building $KUBE_ROUTER_IMAGE"
+    dbuild --label "dlock.recipe=$h" -t "$KUBE_ROUTER_IMAGE" "$ctx" || die "building the kube-router image failed"
+}
+
 need_node() {
     local h
     h="$(recipe_hash images/kind-node images/kind-base)"
@@ -347,18 +383,19 @@ missing_in_check() { # in --check mode: records the step as missing, returns 0 (
 }
 if [[ "${1:-}" == "--check" ]]; then CHECK_ONLY=1; shift; fi
 STEPS=("$@")
-((${#STEPS[@]})) || STEPS=(kind k8s apiserver aux debian base node postgres)
+((${#STEPS[@]})) || STEPS=(kind k8s apiserver aux debian base node postgres netpol)
 for s in "${STEPS[@]}"; do
     case "$s" in
     kind) timed kind need_kind ;;
     k8s) timed k8s-binaries need_k8s_bins ;;
     apiserver) timed kube-apiserver need_apiserver ;;
     aux) timed add-on-binaries need_aux_bins ;;
-    crictl | pause | etcd | local-path-provisioner | coredns) aux_one "$s" "$(aux_version "$s")" ;;
+    crictl | pause | etcd | local-path-provisioner | coredns | kube-router) aux_one "$s" "$(aux_version "$s")" ;;
     debian) timed debian-image need_debian ;;
     base) timed kind-base-image need_base ;;
     node) timed kind-node-image need_node ;;
     postgres) timed postgres-image need_postgres ;;
+    netpol) timed kube-router need_netpol ;;
     *) die "unknown step $s" ;;
     esac
 done

@@ -4,11 +4,14 @@
 #
 #   1. docker      a Docker daemon (scripts/docker-up.sh starts one if none answers, stops it after)
 #   2. tools       kind, the kind base and node images (Kubernetes $DLOCK_K8S_VERSION), the
-#                  PostgreSQL 16 image: built once into $DLOCK_TOOLS_DIR (scripts/kind-tools.sh);
-#                  helm (scripts/cluster-tools.sh)
-#   3. image       the dlock image from the workspace's binaries (Dockerfile.prebuilt)
-#   4. cluster     kind create cluster, kind load the dlock and PostgreSQL images
-#   5. operator    helm install charts/dlock-operator (2 replicas, leader-elected)
+#                  PostgreSQL 16 image, kube-router's image: built once into $DLOCK_TOOLS_DIR
+#                  (scripts/kind-tools.sh); helm (scripts/cluster-tools.sh)
+#   3. image       the dlock image from the workspace's binaries (Dockerfile.prebuilt), and the
+#                  upgrade image of step 13: the next patch version, with one more paydb migration
+#                  (e2e/kind/upgrade/)
+#   4. cluster     kind create cluster, kind load the dlock, PostgreSQL and kube-router images;
+#                  kube-router's policy controller (e2e/kind/kube-router.yaml) enforces NetworkPolicies
+#   5. operator    helm install charts/dlock-operator (2 replicas, leader-elected, its NetworkPolicy on)
 #   6. stack       apply a LockService and a PaymentStack (e2e/kind/samples: the managed samples with
 #                  the local PostgreSQL image); wait for Ready: real migration Jobs, Deployments,
 #                  probes, Service DNS; every pod Running
@@ -22,22 +25,35 @@
 #                  stack): three etcd members (StatefulSet, PVCs), lock-server on them; two grants
 #                  through lock-server's API whose tokens are the etcd revisions of their keys, read
 #                  back from etcd itself, strictly increasing
-#  12. negative    a payout paid twice straight at the rail makes the checks of step 7 fail
+#  12. netpol      the NetworkPolicies as packet filters: TCP connections from inside pods let through
+#                  or refused as the policies say; the probes pass; negative control: the policies
+#                  deleted, the same check fails
+#  13. upgrade     helm upgrade to the upgrade image while payouts are made: the new migration by its
+#                  Job before the new pods, the old pods serving on the new schema without a failure,
+#                  every payout posted once
+#  14. negative    a payout paid twice straight at the rail makes the checks of step 7 fail
 #
-# Steps 1-6 are this script; steps 7-12 are `cargo test -p dlock-e2e --test kind` (e2e/tests/kind.rs),
+# Steps 1-6 are this script; steps 7-14 are `cargo test -p dlock-e2e --test kind` (e2e/tests/kind.rs),
 # handed the cluster by DLOCK_KIND_KUBECONFIG, DLOCK_KIND_NAMESPACE, DLOCK_KIND_OPERATOR_NAMESPACE,
-# DLOCK_KIND_LOCKSERVICE, DLOCK_KIND_PAYMENTSTACK, DLOCK_KIND_ETCD_LOCKSERVICE, DLOCK_KIND_PAYOUTS and
+# DLOCK_KIND_LOCKSERVICE, DLOCK_KIND_PAYMENTSTACK, DLOCK_KIND_ETCD_LOCKSERVICE, DLOCK_KIND_RELEASE,
+# DLOCK_KIND_CHART, DLOCK_KIND_IMAGE, DLOCK_KIND_UPGRADE_IMAGE, DLOCK_KIND_PAYOUTS and
 # DLOCK_KIND_TIMEOUT (without DLOCK_KIND_KUBECONFIG that test says it is not in a kind run).
 #
-# Where no Docker daemon can run it prints why and the word "skipped", and exits 0.
+# Where no Docker daemon can run it prints why and the word "skipped", and exits 0 — unless CI is set
+# (to anything but "" / "false" / "0"): then it fails, so that CI never passes a tier it did not run.
 # On failure it prints the state (objects, events, pod logs). The cluster is deleted at the end.
 #
 # --if-built: run only when every tool and image of step 2 is already built (scripts/kind-tools.sh
-# --check), else print why and "skipped" (for a quick local run of the test command). The test
-# command itself builds them when missing: once per machine, about 15 minutes cold (e2e/README.md).
+# --check), else print why and "skipped" (for a quick local run of the test command; with CI set it
+# fails instead, as above). The test command itself builds them when missing: once per machine,
+# about 15 minutes cold (e2e/README.md).
 #
 # Env: DLOCK_KIND_CLUSTER (default dlock-e2e), DLOCK_KIND_KEEP=1 (leave the cluster running),
-#      DLOCK_KIND_PAYOUTS (per batch, default 20), DLOCK_KIND_TIMEOUT (seconds per wait, default 600).
+#      DLOCK_KIND_PAYOUTS (per batch, default 20), DLOCK_KIND_TIMEOUT (seconds per wait, default 600),
+#      DLOCK_KIND_STEPS (e.g. netpol,upgrade: only these of steps 7-14; all by default),
+#      DLOCK_KIND_UPGRADE_MIGRATION (the upgrade image's extra paydb migration, default
+#      e2e/kind/upgrade/kind_upgrade_payout_note.sql; the upgrade's negative control builds
+#      e2e/kind/upgrade/breaking/'s instead, and step 13 must then fail).
 set -euo pipefail
 if_built=0
 if [[ "${1:-}" == "--if-built" ]]; then if_built=1; shift; fi
@@ -52,6 +68,11 @@ k8s_version="${DLOCK_K8S_VERSION:-v1.34.4}"
 node_image="${DLOCK_KIND_NODE_IMAGE:-dlock-local/kind-node:$k8s_version}"
 pg_image="${DLOCK_KIND_PG_IMAGE:-dlock-local/postgres:16}"
 image=dlock-local/dlock:kind-e2e
+upgrade_image=dlock-local/dlock:kind-e2e-next
+# The upgrade image's one more paydb migration; e2e/kind/upgrade/breaking/ holds the negative control's.
+upgrade_migration="${DLOCK_KIND_UPGRADE_MIGRATION:-$root/e2e/kind/upgrade/kind_upgrade_payout_note.sql}"
+kube_router_image=dlock-local/kube-router:v2.1.0
+release=dlock-operator
 ns=dlock-e2e
 op_ns=dlock-system
 tools="$DLOCK_TOOLS_DIR"
@@ -68,6 +89,14 @@ step() { # step NAME: closes the previous step (with its duration) and opens the
     log "---- $1"
 }
 die() { log "ERROR (step $step_name): $*"; exit 1; }
+ci() { [[ -n "${CI:-}" && "${CI}" != false && "${CI}" != 0 ]]; }
+# skip WHY...: the tier cannot run here. Says why and "skipped" (exit 0), or under CI fails the run.
+skip() {
+    log "$*"
+    if ci; then die "CI is set (CI=$CI): a tier that cannot run fails the run instead of being skipped"; fi
+    echo "skipped"
+    exit 0
+}
 
 # A condition with a deadline: wait_for SECONDS DESCRIPTION CMD... runs CMD until it succeeds.
 wait_for() {
@@ -91,9 +120,7 @@ if ! flock -n 9; then
 fi
 docker_state=""
 if ! docker_state="$("$root/scripts/docker-up.sh" start)"; then
-    log "the kind tier needs a Docker daemon and none can run here (reason above)"
-    echo "skipped"
-    exit 0
+    skip "the kind tier needs a Docker daemon and none can run here (reason above)"
 fi
 workdir="$(mktemp -d "${TMPDIR:-/tmp}/dlock-kind.XXXXXX")"
 kubeconfig="$workdir/kubeconfig"
@@ -144,13 +171,13 @@ if ((if_built)); then
     if ! "$root/scripts/kind-tools.sh" --check 2>"$workdir/check.log" ||
         ! "$root/scripts/cluster-tools.sh" --check helm 2>>"$workdir/check.log"; then
         grep -E 'not built yet|MISSING' "$workdir/check.log" >&2 || true
-        log "the kind tier's tools are not built on this machine; build them once with scripts/kind-tools.sh (see e2e/README.md)"
+        msg="the kind tier's tools are not built on this machine; build them once with scripts/kind-tools.sh (see e2e/README.md)"
+        ci && die "$msg"
         docker_state_stop() { [[ "$docker_state" == started ]] && "$root/scripts/docker-up.sh" stop; }
         docker_state_stop || true
         trap - EXIT
         rm -rf "$workdir"
-        echo "skipped"
-        exit 0
+        skip "$msg"
     fi
 fi
 "$root/scripts/kind-tools.sh"
@@ -161,7 +188,11 @@ command -v kubectl >/dev/null || die "kubectl is required"
 step image
 "$root/scripts/setup.sh" >&2
 "$root/e2e/kind/build-image.sh" "$image" debug
-# The checks of steps 7-12 (e2e/tests/kind.rs), compiled now rather than once the cluster runs.
+# The upgrade image: the next patch version, with one more (additive) paydb migration.
+version="$(sed -n '/^\[workspace.package\]/,/^\[/ s/^version = "\(.*\)"/\1/p' "$root/Cargo.toml")"
+"$root/e2e/kind/build-image.sh" "$upgrade_image" debug --version "${version%.*}.$((${version##*.} + 1))" \
+    --paydb-migration "$upgrade_migration"
+# The checks of steps 7-14 (e2e/tests/kind.rs), compiled now rather than once the cluster runs.
 cargo test -q --manifest-path "$root/Cargo.toml" -p dlock-e2e --test kind --no-run >&2
 
 # ---------------------------------------------------------------- 4. cluster
@@ -173,15 +204,18 @@ fi
 created=1
 kind create cluster --name "$cluster" --image "$node_image" --config "$root/e2e/kind/cluster.yaml" \
     --kubeconfig "$kubeconfig" --wait "${timeout}s" >&2
-kind load docker-image "$image" "$pg_image" --name "$cluster" >&2
+kind load docker-image "$image" "$upgrade_image" "$pg_image" "$kube_router_image" --name "$cluster" >&2
+kubectl apply -f "$root/e2e/kind/kube-router.yaml" >&2
+kubectl -n kube-system rollout status ds/kube-router --timeout="${timeout}s" >&2
 kubectl -n kube-system rollout status deploy/coredns --timeout="${timeout}s" >&2
 kubectl -n local-path-storage rollout status deploy/local-path-provisioner --timeout="${timeout}s" >&2
 
 # ---------------------------------------------------------------- 5. operator
 step operator
-helm upgrade --install dlock-operator "$root/charts/dlock-operator" \
+helm upgrade --install "$release" "$root/charts/dlock-operator" \
     --namespace "$op_ns" --create-namespace \
     --set image.repository="${image%:*}" --set image.tag="${image##*:}" --set image.pullPolicy=Never \
+    --set networkPolicy.enabled=true \
     --wait --timeout "${timeout}s" >&2
 kubectl wait --for=condition=Established crd/lockservices.dlock.dev crd/paymentstacks.dlock.dev --timeout=60s >&2
 
@@ -210,14 +244,16 @@ jobs_ok="$(kubectl -n "$ns" get jobs -o jsonpath='{range .items[*]}{.metadata.na
 log "migration Jobs: $(tr '\n' ' ' <<<"$jobs_ok")"
 grep -q '=1' <<<"$jobs_ok" || die "no migration Job succeeded"
 
-# ---------------------------------------------------------------- 7.-12. the checks
+# ---------------------------------------------------------------- 7.-14. the checks
 # The steps after the setup are Rust (e2e/tests/kind.rs, built in step 3): typed objects through
 # kube's client, waits on watches, the ledger over sqlx, the services over reqwest. They print their
 # own step lines; a failure fails this script, whose cleanup then prints the state.
 step checks
 DLOCK_KIND_KUBECONFIG="$kubeconfig" DLOCK_KIND_NAMESPACE="$ns" DLOCK_KIND_OPERATOR_NAMESPACE="$op_ns" \
     DLOCK_KIND_LOCKSERVICE="$lsvc" DLOCK_KIND_PAYMENTSTACK="$pstack" DLOCK_KIND_ETCD_LOCKSERVICE="$elsvc" \
-    DLOCK_KIND_PAYOUTS="$payouts" DLOCK_KIND_TIMEOUT="$timeout" \
+    DLOCK_KIND_RELEASE="$release" DLOCK_KIND_CHART="$root/charts/dlock-operator" \
+    DLOCK_KIND_IMAGE="$image" DLOCK_KIND_UPGRADE_IMAGE="$upgrade_image" \
+    DLOCK_KIND_PAYOUTS="$payouts" DLOCK_KIND_TIMEOUT="$timeout" DLOCK_KIND_STEPS="${DLOCK_KIND_STEPS:-}" \
     cargo test -q --manifest-path "$root/Cargo.toml" -p dlock-e2e --test kind -- --nocapture --test-threads=1 >&2 ||
     die "the kind tier's checks failed (output above)"
 

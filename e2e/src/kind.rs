@@ -2,8 +2,14 @@
 //! operator and applies the stack, then runs `tests/kind.rs`): the cluster as typed objects through
 //! `kube::Client`, waits on watches (`await_condition`), the ledger over sqlx and the services' HTTP
 //! APIs over reqwest, all through `kubectl port-forward` to loopback ports.
+//!
+//! - [`netpol`]: TCP connections opened from inside pods, for the packet-level NetworkPolicy checks.
+//! - [`upgrade`]: the rolling upgrade's parts: `helm upgrade`, the migration Jobs, a watch on the old
+//!   version's pods.
 
-use std::future::Future;
+pub mod netpol;
+pub mod upgrade;
+
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -37,6 +43,22 @@ pub struct KindEnv {
     pub payouts: u32,
     /// Bound of every wait.
     pub timeout: Duration,
+    /// The operator's Helm release and chart, and the dlock image it was installed with.
+    pub release: String,
+    pub chart: PathBuf,
+    pub image: String,
+    /// The dlock image of the rolling upgrade: a version bump with one more paydb migration.
+    pub upgrade_image: String,
+    /// The steps to run (`DLOCK_KIND_STEPS=netpol,upgrade`, for a rerun against a cluster left by
+    /// `DLOCK_KIND_KEEP=1`); `None`: every step.
+    pub steps: Option<Vec<String>>,
+}
+
+impl KindEnv {
+    /// Whether step `name` is to run.
+    pub fn runs(&self, name: &str) -> bool {
+        self.steps.as_ref().is_none_or(|s| s.iter().any(|n| n == name))
+    }
 }
 
 /// `Some` inside a kind run (`DLOCK_KIND_KUBECONFIG` set by `e2e/kind/run.sh`); otherwise prints
@@ -70,6 +92,17 @@ pub fn kind_env(test: &str) -> Option<KindEnv> {
         elsvc: var("DLOCK_KIND_ETCD_LOCKSERVICE", "etcd-locks"),
         payouts: u32::try_from(number("DLOCK_KIND_PAYOUTS", "20")).expect("DLOCK_KIND_PAYOUTS fits u32"),
         timeout: Duration::from_secs(number("DLOCK_KIND_TIMEOUT", "600")),
+        release: var("DLOCK_KIND_RELEASE", "dlock-operator"),
+        chart: std::env::var_os("DLOCK_KIND_CHART").map_or_else(
+            || crate::env::repo_root().join("charts/dlock-operator"),
+            PathBuf::from,
+        ),
+        image: var("DLOCK_KIND_IMAGE", "dlock-local/dlock:kind-e2e"),
+        upgrade_image: var("DLOCK_KIND_UPGRADE_IMAGE", "dlock-local/dlock:kind-e2e-next"),
+        steps: std::env::var("DLOCK_KIND_STEPS")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .map(|s| s.split(',').map(|n| n.trim().to_owned()).collect()),
     })
 }
 
@@ -101,27 +134,18 @@ impl Steps {
     }
 }
 
-/// How often [`poll`] probes what has no watch (the ledger).
+/// How often [`poll`] probes what has no watch (the ledger, pods' exec results, lists).
 pub const POLL: Duration = Duration::from_secs(1);
 
-/// Probes until `probe` returns `Ok`, at most `timeout`; panics naming `what` and the last `Err`.
-pub async fn poll<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        match probe().await {
-            Ok(v) => return v,
-            Err(last) if Instant::now() >= deadline => {
-                panic!(
-                    "timed out after {}s waiting for {what}; last: {last}",
-                    timeout.as_secs()
-                )
-            }
-            Err(_) => tokio::time::sleep(POLL).await,
-        }
+/// Probes every [`POLL`] until `probe` returns `Ok`, at most `timeout` (the test kit's
+/// `wait::poll`); panics naming `what` and the last `Err`.
+pub async fn poll<T>(what: &str, timeout: Duration, probe: impl AsyncFnMut() -> Result<T, String>) -> T {
+    match dlock_testkit::wait::poll(timeout, POLL, probe).await {
+        Ok(v) => v,
+        Err(last) => panic!(
+            "timed out after {}s waiting for {what}; last: {last}",
+            timeout.as_secs()
+        ),
     }
 }
 
@@ -231,8 +255,11 @@ pub async fn secret_value(client: &Client, ns: &str, name: &str, key: &str) -> S
 pub struct Payments {
     pub db: PgPool,
     pub http: reqwest::Client,
-    pub payment_resource: Forward,
     pub rail_stub: Forward,
+    /// A port-forward reaches one pod; when a rolling update replaces it, a new forward is made.
+    payment_resource: tokio::sync::Mutex<Forward>,
+    env: KindEnv,
+    pstack: String,
     client_token: String,
     _paydb: Forward,
 }
@@ -302,14 +329,24 @@ impl Payments {
         Payments {
             db,
             http,
-            payment_resource: forward(env, &format!("{pstack}-payment-resource"), 8080).await,
+            payment_resource: tokio::sync::Mutex::new(
+                forward(env, &format!("{pstack}-payment-resource"), 8080).await,
+            ),
             rail_stub: forward(env, &format!("{pstack}-rail-stub"), 8080).await,
+            env: env.clone(),
+            pstack: pstack.to_owned(),
             client_token,
             _paydb: paydb,
         }
     }
 
     /// Creates one payout through payment-resource's API. The only place payouts are made.
+    ///
+    /// A pod that goes away under the request (a rolling update, a kill: the connection fails, or
+    /// the answer is 502, 503 or 504) is not a failure: the same request is sent again, through a
+    /// new port-forward, with backoff, until `env.timeout`. The idempotency key makes the repeat
+    /// safe: a payout the first attempt created comes back as it is. Any other answer that is not a
+    /// success (a 4xx, a 500) is a failure at once.
     pub async fn create_payout(&self, key: &str, account: u32, amount_minor: i64) {
         let body = json!({
             "accountId": format!("00000000-0000-4000-8000-0000000000{account:02}"),
@@ -317,18 +354,40 @@ impl Payments {
             "currency": "EUR",
             "idempotencyKey": key,
         });
-        let resp = self
-            .http
-            .post(self.payment_resource.url("/v1/payouts"))
-            .bearer_auth(&self.client_token)
-            .json(&body)
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("create payout {key}: {e}"));
-        let status = resp.status();
-        if !status.is_success() {
-            let text = resp.text().await.unwrap_or_default();
-            panic!("create payout {key}: {status}: {text}");
+        let deadline = Instant::now() + self.env.timeout;
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            let url = self.payment_resource.lock().await.url("/v1/payouts");
+            let sent = self
+                .http
+                .post(url)
+                .bearer_auth(&self.client_token)
+                .json(&body)
+                .send()
+                .await;
+            let failure = match sent {
+                Ok(resp) if resp.status().is_success() => return,
+                Ok(resp) if matches!(resp.status().as_u16(), 502..=504) => resp.status().to_string(),
+                Ok(resp) => {
+                    let status = resp.status();
+                    let text = resp.text().await.unwrap_or_default();
+                    panic!("create payout {key}: {status}: {text}");
+                }
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                Instant::now() < deadline,
+                "create payout {key}: still failing after {}s: {failure}",
+                self.env.timeout.as_secs()
+            );
+            log(format!(
+                "create payout {key}: {failure}; again through a new port-forward in {}ms",
+                backoff.as_millis()
+            ));
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+            let fresh = forward(&self.env, &format!("{}-payment-resource", self.pstack), 8080).await;
+            *self.payment_resource.lock().await = fresh;
         }
     }
 
@@ -357,36 +416,28 @@ impl Payments {
         })
     }
 
-    /// Waits until all `n` payouts of `run` are POSTED; panics at once if one failed.
+    /// Waits until all `n` payouts of `run` are POSTED; panics at once if one failed. Logs a line
+    /// whenever the count changes, not per probe.
     pub async fn await_posted(&self, run: &str, n: u32, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        let mut last: Option<Result<Counts, String>> = None;
-        loop {
-            let c = self.counts(run).await;
-            if let Ok(c) = &c {
-                assert!(
-                    c.failed == 0,
-                    "{} payouts of {run} ended FAILED/ABANDONED",
-                    c.failed
-                );
-                if c.total == i64::from(n) && c.posted == i64::from(n) {
-                    log(format!("{run}: {}/{n} posted", c.posted));
-                    return;
-                }
-                // One line per change, not per probe.
-                if last.as_ref().and_then(|l| l.as_ref().ok()) != Some(c) {
-                    log(format!("{run}: {}/{n} posted", c.posted));
-                }
+        let mut last: Option<Counts> = None;
+        poll(&format!("the executors to post {run}"), timeout, async || {
+            let c = self.counts(run).await?;
+            assert!(
+                c.failed == 0,
+                "{} payouts of {run} ended FAILED/ABANDONED",
+                c.failed
+            );
+            if last != Some(c) {
+                log(format!("{run}: {}/{n} posted", c.posted));
+                last = Some(c);
             }
-            if Instant::now() >= deadline {
-                panic!(
-                    "timed out after {}s waiting for the executors to post {run}; last: {c:?}",
-                    timeout.as_secs()
-                );
+            if c.total == i64::from(n) && c.posted == i64::from(n) {
+                Ok(())
+            } else {
+                Err(c.to_string())
             }
-            last = Some(c);
-            tokio::time::sleep(POLL).await;
-        }
+        })
+        .await;
     }
 
     /// The ledger and the rail's ground truth for the payouts of `run`: every payout with one debit

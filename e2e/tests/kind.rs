@@ -1,6 +1,7 @@
-//! The kind tier's checks (steps 7–12 of `e2e/kind/run.sh`, which sets up the cluster, the operator
+//! The kind tier's checks (steps 7–14 of `e2e/kind/run.sh`, which sets up the cluster, the operator
 //! and the stack, then runs this test): one test, because the steps run in order against one
-//! cluster and each builds on the state the previous one left.
+//! cluster and each builds on the state the previous one left. (A second test, which needs no
+//! cluster, checks run.sh's rule for a machine without Docker.)
 //!
 //! - 7, batch: payouts through payment-resource's API; the in-cluster executors post them; every
 //!   payout POSTED once, legs balanced, the rail-stub's ground truth without a duplicate
@@ -10,25 +11,47 @@
 //!   fast-forward (gate, read and advance Jobs, resume); a third batch is paid
 //! - 11, etcd: the LockService with backend etcd: two grants whose tokens are the etcd revisions of
 //!   their keys, read back from etcd itself, strictly increasing
-//! - 12, negative control: a payout paid twice straight at the rail makes the checks of step 7 fail
+//! - 12, netpol: the NetworkPolicies as packet filters (kube-router enforces them): TCP connections
+//!   from a pod without the stack's labels, from an executor, rail-proxy, the operator and the etcd
+//!   LockService's lock-server to each policed Service, each let through or refused as the policies
+//!   say; the policed pods Ready all along (the kubelet's probes pass). Negative control: with the
+//!   operator stopped and the policies deleted, the same check fails; restored, it passes again
+//! - 13, upgrade: `helm upgrade` of the operator to a second image (a version bump with one more
+//!   paydb migration) while payouts are created and posted: the new migration applied by its Job
+//!   before any pod of the new version starts, the old version's pods serving on the new schema
+//!   without a failure, every Deployment on the new image, every payout posted once
+//! - 14, negative control: a payout paid twice straight at the rail makes the checks of step 7 fail
 //!
 //! Outside a kind run (no `DLOCK_KIND_KUBECONFIG`) it says so and returns.
 
 use base64::Engine as _;
+use dlock_e2e::k8s;
+use dlock_e2e::kind::netpol::{self, Expect, Source, Target};
+use dlock_e2e::kind::upgrade;
 use dlock_e2e::kind::{
-    Forward, KindEnv, Payments, Steps, client, deployment_rolled_out, forward, kind_env, log,
+    Forward, KindEnv, Payments, Steps, client, deployment_rolled_out, forward, kind_env, log, poll,
     statefulset_rolled_out, wait_until,
 };
 use dlock_e2e::lockapi::{Grant, LockApi};
+use dlock_operator::builders::etcd_members::ETCD;
+use dlock_operator::builders::network_policies::OPERATOR_POD_NAME;
+use dlock_operator::builders::postgres::History;
+use dlock_operator::builders::{
+    LABEL_COMPONENT, LABEL_INSTANCE, LABEL_NAME, LOCK_SERVER, PAYMENT_RESOURCE, PAYOUT_EXECUTOR, RAIL_PROXY,
+    RAIL_STUB,
+};
 use dlock_operator::crd::actions::{ANNOTATION_RESTORE, ANNOTATION_REVOKE, RestoreRequest, RevokeRequest};
 use dlock_operator::crd::{ActionStatus, LockService, PaymentStack, Phase};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
+use std::sync::atomic::{AtomicU32, Ordering};
+use tokio::sync::watch;
 
 /// The cluster's objects the steps touch, typed.
 struct Cluster {
@@ -63,25 +86,23 @@ impl Cluster {
         .await
     }
 
-    /// The name of the first pod labelled with `instance` and `component`.
+    /// The name of the first running pod labelled with `instance` and `component` that is not being
+    /// deleted.
     async fn pod_of(&self, instance: &str, component: &str) -> String {
         let lp = ListParams::default().labels(&format!(
             "app.kubernetes.io/instance={instance},app.kubernetes.io/component={component}"
         ));
-        let pods = self.pods.list(&lp).await.expect("list pods");
-        pods.items
-            .first()
-            .and_then(|p| p.metadata.name.clone())
-            .unwrap_or_else(|| panic!("no {component} pod of {instance}"))
+        find_name(&self.pods, &lp, |p: &Pod| {
+            p.metadata.deletion_timestamp.is_none()
+                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        })
+        .await
+        .unwrap_or_else(|| panic!("no running {component} pod of {instance}"))
     }
 
     /// Sets one annotation on the LockService of the stack (what `kubectl annotate --overwrite` does).
     async fn annotate(&self, key: &str, value: String) {
-        let patch = json!({"metadata": {"annotations": {key: value}}});
-        self.lsvcs
-            .patch(&self.env.lsvc, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .unwrap_or_else(|e| panic!("annotate lsvc/{} {key}: {e}", self.env.lsvc));
+        k8s::annotate(&self.lsvcs, &self.env.lsvc, key, &value).await;
     }
 
     /// Waits until the action `id` of the LockService of the stack is final (Succeeded or Failed) and returns it.
@@ -99,6 +120,20 @@ impl Cluster {
         .await;
         action(Some(&lsvc)).expect("the action is in the status it was awaited in")
     }
+}
+
+/// The name of the first object `api` lists under `lp` for which `pred` holds.
+async fn find_name<K>(api: &Api<K>, lp: &ListParams, pred: impl Fn(&K) -> bool) -> Option<String>
+where
+    K: Clone + std::fmt::Debug + serde::de::DeserializeOwned + kube::Resource<DynamicType = ()>,
+{
+    api.list(lp)
+        .await
+        .unwrap_or_else(|e| panic!("list {}: {e}", K::kind(&())))
+        .items
+        .into_iter()
+        .find(|o| pred(o))
+        .and_then(|o| o.meta().name.clone())
 }
 
 fn run_name(suffix: &str) -> String {
@@ -121,24 +156,48 @@ async fn kind_tier_steps() {
     };
     let mut steps = Steps::default();
     let pay = Payments::connect(&c.env, &c.client, &c.env.pstack).await;
+    let runs = |name: &str| {
+        let run = c.env.runs(name);
+        if !run {
+            log(format!("---- {name}: not in DLOCK_KIND_STEPS, left out"));
+        }
+        run
+    };
 
-    steps.step("batch");
-    let run1 = batch(&c, &pay).await;
-
-    steps.step("chaos");
-    chaos(&c, &pay).await;
-
-    steps.step("failover");
-    failover(&c).await;
-
-    steps.step("actions");
-    actions(&c, &pay).await;
-
-    steps.step("etcd");
-    etcd(&c).await;
-
-    steps.step("negative-control");
-    negative_control(&pay, &run1).await;
+    let mut run1 = None;
+    if runs("batch") {
+        steps.step("batch");
+        run1 = Some(batch(&c, &pay).await);
+    }
+    if runs("chaos") {
+        steps.step("chaos");
+        chaos(&c, &pay).await;
+    }
+    if runs("failover") {
+        steps.step("failover");
+        failover(&c).await;
+    }
+    if runs("actions") {
+        steps.step("actions");
+        actions(&c, &pay).await;
+    }
+    if runs("etcd") {
+        steps.step("etcd");
+        etcd(&c).await;
+    }
+    if runs("netpol") {
+        steps.step("netpol");
+        netpol(&c).await;
+    }
+    if runs("upgrade") {
+        steps.step("upgrade");
+        upgrade(&c, &pay).await;
+    }
+    // The negative control spoils a batch of step 7's.
+    if let Some(run1) = run1.filter(|_| runs("negative-control")) {
+        steps.step("negative-control");
+        negative_control(&pay, &run1).await;
+    }
     steps.close();
 }
 
@@ -193,30 +252,28 @@ async fn failover(c: &Cluster) {
     let lsvc = c.env.lsvc.as_str();
     let op_ns = &c.env.op_ns;
     let leases: Api<Lease> = Api::namespaced(c.client.clone(), op_ns);
-    let lease = leases
-        .list(&ListParams::default())
-        .await
-        .expect("list Leases")
-        .items
-        .into_iter()
-        .filter_map(|l| l.metadata.name)
-        .find(|n| n.contains("dlock-operator"))
-        .unwrap_or_else(|| panic!("no operator Lease in {op_ns}"));
-    let holder = |l: Option<&Lease>| -> String {
-        l.and_then(|l| l.spec.as_ref()?.holder_identity.clone())
+    let all = ListParams::default();
+    let lease = find_name(&leases, &all, |l: &Lease| {
+        l.metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| n.contains("dlock-operator"))
+    })
+    .await
+    .unwrap_or_else(|| panic!("no operator Lease in {op_ns}"));
+    let holder = |l: &Lease| -> String {
+        l.spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.clone())
             .unwrap_or_default()
     };
-    let leader = holder(Some(&leases.get(&lease).await.expect("get the operator Lease")));
+    let leader = holder(&leases.get(&lease).await.expect("get the operator Lease"));
     let op_pods: Api<Pod> = Api::namespaced(c.client.clone(), op_ns);
-    let leader_pod = op_pods
-        .list(&ListParams::default())
-        .await
-        .expect("list operator pods")
-        .items
-        .into_iter()
-        .filter_map(|p| p.metadata.name)
-        .rfind(|p| leader.contains(p.as_str()))
-        .unwrap_or_else(|| panic!("Lease holder \"{leader}\" is none of the operator pods"));
+    let leader_pod = find_name(&op_pods, &all, |p: &Pod| {
+        p.metadata.name.as_deref().is_some_and(|n| leader.contains(n))
+    })
+    .await
+    .unwrap_or_else(|| panic!("Lease holder \"{leader}\" is none of the operator pods"));
     log(format!("leader {leader} (pod {leader_pod}): deleting it"));
     op_pods
         .delete(&leader_pod, &DeleteParams::default())
@@ -228,12 +285,12 @@ async fn failover(c: &Cluster) {
         "another operator replica to take the Lease",
         c.env.timeout,
         |l: Option<&Lease>| {
-            let h = holder(l);
-            !h.is_empty() && !h.contains(leader_pod.as_str())
+            l.map(holder)
+                .is_some_and(|h| !h.is_empty() && !h.contains(leader_pod.as_str()))
         },
     )
     .await;
-    log(format!("new leader: {}", holder(Some(&taken))));
+    log(format!("new leader: {}", holder(&taken)));
     // The new leader carries on: a spec change is reconciled into the Deployment and rolled out.
     let patch = json!({"spec": {"lockServer": {"replicas": 3}}});
     c.lsvcs
@@ -467,7 +524,603 @@ async fn etcd(c: &Cluster) {
     ));
 }
 
-/// Step 12: Negative control: the checks can fail. One posted payout of the first batch paid a second
+/// The Services the NetworkPolicies guard, the connections expected of each source, and where the
+/// negative control looks.
+const POLICED: [&str; 4] = ["payment-resource", "rail-proxy", "rail-stub", "lock-server"];
+
+/// Step 12: The NetworkPolicies as packet filters. kube-router (e2e/kind/kube-router.yaml) enforces
+/// them in this cluster; each connection below is opened from inside a pod to a Service's cluster IP
+/// (as the stack's own calls go) and must be let through or refused as the policies say. A pod
+/// without the stack's labels reaches none of the policed Services, while its own network works
+/// (paydb, which no policy selects, answers it); the executors reach what they call, not the rail;
+/// rail-proxy reaches the rail and nothing of the stack; the operator reaches lock-server (its
+/// force-revoke calls) through its own chart policy. Every policed pod is Ready, with no restart:
+/// the kubelet's probes pass the filter. Negative control: with the operator stopped (it would put
+/// them back) and the stack's policies deleted, the same check fails — the outsider gets through;
+/// with the operator back, the policies return and the check passes again.
+async fn netpol(c: &Cluster) {
+    let env = &c.env;
+    let (ns, pstack, lsvc, elsvc) = (
+        env.ns.as_str(),
+        env.pstack.as_str(),
+        env.lsvc.as_str(),
+        env.elsvc.as_str(),
+    );
+    let outsider = netpol::start_outsider(&c.pods, "netpol-outsider", &env.image, env.timeout).await;
+    let op_pods: Api<Pod> = Api::namespaced(c.client.clone(), &env.op_ns);
+    let operator_pods = &ListParams::default().labels(&format!("{LABEL_NAME}={OPERATOR_POD_NAME}"));
+    let source = |label: &str, pods: &Api<Pod>, pod: String| Source {
+        label: label.to_owned(),
+        pods: pods.clone(),
+        pod,
+    };
+    let operator = |pod: String| source("operator", &op_pods, pod);
+    let executor = source(
+        "payout-executor",
+        &c.pods,
+        c.pod_of(pstack, PAYOUT_EXECUTOR).await,
+    );
+    let rail_proxy = source("rail-proxy", &c.pods, c.pod_of(pstack, RAIL_PROXY).await);
+    let etcd_client = source("etcd lock-server", &c.pods, c.pod_of(elsvc, LOCK_SERVER).await);
+    let service = |label: &str, name: String, port: u16| Target::service(label, &name, ns, port);
+    let [pr, rp, rs, ls] = [
+        service(POLICED[0], format!("{pstack}-{PAYMENT_RESOURCE}"), 8080),
+        service(POLICED[1], format!("{pstack}-{RAIL_PROXY}"), 8080),
+        service(POLICED[2], format!("{pstack}-{RAIL_STUB}"), 8080),
+        service(POLICED[3], format!("{lsvc}-{LOCK_SERVER}"), 8080),
+    ];
+    let etcd = service("etcd", format!("{elsvc}-etcd-client"), 2379);
+    let paydb = service("paydb", format!("{pstack}-paydb"), 5432);
+    let expect = |from: &Source, to: &Target, allowed: bool| Expect {
+        from: from.clone(),
+        to: to.clone(),
+        allowed,
+    };
+    let expected = vec![
+        expect(&outsider, &pr, false),
+        expect(&outsider, &rp, false),
+        expect(&outsider, &rs, false),
+        expect(&outsider, &ls, false),
+        expect(&outsider, &etcd, false),
+        expect(&outsider, &paydb, true),
+        expect(&executor, &pr, true),
+        expect(&executor, &rp, true),
+        expect(&executor, &ls, true),
+        expect(&executor, &rs, false),
+        expect(&rail_proxy, &rs, true),
+        expect(&rail_proxy, &pr, false),
+        expect(&rail_proxy, &ls, false),
+        expect(&etcd_client, &etcd, true),
+    ];
+    // The operator's pods come and go below: these are tried with whichever runs.
+    let with_operator = |operator: Source| {
+        let mut all = expected.clone();
+        all.extend([
+            expect(&operator, &ls, true),
+            expect(&operator, &pr, false),
+            expect(&operator, &rs, false),
+        ]);
+        all
+    };
+    let checked = netpol::check(&with_operator(operator(running_operator(c).await))).await;
+    assert!(
+        checked.passed(),
+        "the NetworkPolicies do not filter as they say:\n{checked}"
+    );
+    log(format!("every connection as the policies say:{}", checked.table));
+    probes_pass(c).await;
+
+    // Negative control. The operator would put deleted policies back at once: stopped first.
+    let op_deployments: Api<Deployment> = Api::namespaced(c.client.clone(), &env.op_ns);
+    let op_deployment = find_name(
+        &op_deployments,
+        &ListParams::default().labels(&format!("{LABEL_NAME}={OPERATOR_POD_NAME}")),
+        |_: &Deployment| true,
+    )
+    .await
+    .expect("the operator's Deployment");
+    let replicas = op_deployments
+        .get(&op_deployment)
+        .await
+        .expect("get the operator's Deployment")
+        .spec
+        .and_then(|s| s.replicas)
+        .unwrap_or(1);
+    scale(&op_deployments, &op_deployment, 0).await;
+    let op_pods = &op_pods;
+    poll("the operator's pods to be gone", env.timeout, async || {
+        let left = op_pods.list(operator_pods).await.map_err(|e| e.to_string())?;
+        match left.items.len() {
+            0 => Ok(()),
+            n => Err(format!("{n} left")),
+        }
+    })
+    .await;
+    let policies: Api<NetworkPolicy> = Api::namespaced(c.client.clone(), ns);
+    let names = policy_names(&policies).await;
+    for name in &names {
+        policies
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("delete NetworkPolicy {name}: {e}"));
+    }
+    log(format!("operator stopped, NetworkPolicies deleted: {names:?}"));
+    // The plugin drops its rules when it sees the deletions; the check must then fail, the outsider
+    // getting through to every policed Service.
+    let expected = &expected;
+    let broken = poll(
+        "the same check to fail with the policies deleted (else it does not measure the policies)",
+        env.timeout,
+        async || {
+            let checked = netpol::check(expected).await;
+            if POLICED.iter().all(|to| checked.let_through("outsider", to)) {
+                Ok(checked)
+            } else {
+                Err(checked.to_string())
+            }
+        },
+    )
+    .await;
+    log(format!(
+        "negative control: without the policies the check fails as it must:\n{broken}"
+    ));
+    scale(&op_deployments, &op_deployment, replicas).await;
+    wait_until(
+        &op_deployments,
+        &op_deployment,
+        "the operator to be back",
+        env.timeout,
+        deployment_rolled_out,
+    )
+    .await;
+    let (policies, names) = (&policies, &names);
+    poll(
+        "the operator to put the NetworkPolicies back",
+        env.timeout,
+        async || {
+            let now = policy_names(policies).await;
+            if names.iter().all(|n| now.contains(n)) {
+                Ok(())
+            } else {
+                Err(format!("{now:?}"))
+            }
+        },
+    )
+    .await;
+    let all = &with_operator(operator(running_operator(c).await));
+    let restored = poll(
+        "the check to pass again with the policies back",
+        env.timeout,
+        async || {
+            let checked = netpol::check(all).await;
+            if checked.passed() {
+                Ok(checked)
+            } else {
+                Err(checked.to_string())
+            }
+        },
+    )
+    .await;
+    log(format!(
+        "policies back, every connection as they say again:{}",
+        restored.table
+    ));
+    netpol::delete_outsider(&outsider).await;
+}
+
+/// A running operator pod's name.
+async fn running_operator(c: &Cluster) -> String {
+    let op_pods: Api<Pod> = Api::namespaced(c.client.clone(), &c.env.op_ns);
+    let lp = ListParams::default().labels(&format!("{LABEL_NAME}={OPERATOR_POD_NAME}"));
+    find_name(&op_pods, &lp, |p: &Pod| {
+        p.metadata.deletion_timestamp.is_none()
+            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+    })
+    .await
+    .unwrap_or_else(|| panic!("no running operator pod in {}", c.env.op_ns))
+}
+
+/// Names of the NetworkPolicies `api` lists.
+async fn policy_names(api: &Api<NetworkPolicy>) -> Vec<String> {
+    api.list(&ListParams::default())
+        .await
+        .expect("list NetworkPolicies")
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect()
+}
+
+/// Sets `spec.replicas` of a Deployment.
+async fn scale(api: &Api<Deployment>, name: &str, replicas: i32) {
+    k8s::patch(api, name, &json!({"spec": {"replicas": replicas}}))
+        .await
+        .unwrap_or_else(|e| panic!("scale deploy/{name} to {replicas}: {e}"));
+}
+
+/// Every pod a NetworkPolicy guards is Ready and has never restarted: the kubelet's readiness and
+/// liveness probes get through the filter that refuses the outsider.
+async fn probes_pass(c: &Cluster) {
+    let env = &c.env;
+    let guarded = [
+        (env.pstack.as_str(), PAYMENT_RESOURCE),
+        (env.pstack.as_str(), RAIL_PROXY),
+        (env.pstack.as_str(), RAIL_STUB),
+        (env.lsvc.as_str(), LOCK_SERVER),
+        (env.elsvc.as_str(), LOCK_SERVER),
+        (env.elsvc.as_str(), ETCD),
+    ];
+    let now = chrono::Utc::now().timestamp();
+    let mut youngest = i64::MAX;
+    for (instance, component) in guarded {
+        let lp = ListParams::default().labels(&format!(
+            "{LABEL_INSTANCE}={instance},{LABEL_COMPONENT}={component}"
+        ));
+        let pods = c.pods.list(&lp).await.expect("list pods").items;
+        assert!(!pods.is_empty(), "no {component} pod of {instance}");
+        for p in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            let status = p.status.clone().unwrap_or_default();
+            let ready = status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            let restarts: i32 = status
+                .container_statuses
+                .iter()
+                .flatten()
+                .map(|s| s.restart_count)
+                .sum();
+            assert!(
+                ready && restarts == 0,
+                "pod {name} (policed) is {}ready with {restarts} restarts: its probes do not pass the filter",
+                if ready { "" } else { "not " }
+            );
+            if let Some(created) = &p.metadata.creation_timestamp {
+                youngest = youngest.min(now - created.0.as_second());
+            }
+        }
+    }
+    log(format!(
+        "every policed pod Ready without a restart (the youngest is {youngest}s old): the probes pass"
+    ));
+}
+
+/// Step 13: A rolling upgrade under load. `helm upgrade` moves the operator to the upgrade image (a
+/// version bump carrying one more, additive, paydb migration: e2e/kind/upgrade/); the stacks use the
+/// operator's default image, so each of them follows: a new migration Job per database, then the
+/// Deployments. Payouts are created all along (through whichever payment-resource pod is there) and
+/// posted by whichever executors are there.
+///
+/// payment-resource and rail-proxy, the two that use paydb, are held (`spec.paused`, a field the
+/// operator does not apply) until their old pods have posted payouts on the new schema — the window
+/// every rolling upgrade has, held open long enough to be checked rather than left to chance — and
+/// then released. The executors and lock-servers roll freely. Checked: the new migration applied by
+/// its Job (its report and paydb's history) before any pod of the new version was created; no pod of
+/// the old version restarted, failed or lost Ready while it served; every Deployment on the new image
+/// (the rail-stub, standing for the bank, keeps its pinned image and its memory); payouts posted by
+/// the new version; and every payout of the run posted once (the checks of step 7).
+async fn upgrade(c: &Cluster, pay: &Payments) {
+    let env = &c.env;
+    let (pstack, lsvc, elsvc) = (env.pstack.as_str(), env.lsvc.as_str(), env.elsvc.as_str());
+    let (old, new) = (env.image.as_str(), env.upgrade_image.as_str());
+    let jobs: Api<Job> = Api::namespaced(c.client.clone(), &env.ns);
+    let fixture = upgrade::fixture_applied(&pay.db)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        fixture, None,
+        "paydb has the upgrade's migration before the upgrade"
+    );
+    let held = [
+        format!("{pstack}-{PAYMENT_RESOURCE}"),
+        format!("{pstack}-{RAIL_PROXY}"),
+    ];
+    let rolling: Vec<String> = held
+        .iter()
+        .cloned()
+        .chain([
+            format!("{pstack}-{PAYOUT_EXECUTOR}"),
+            format!("{lsvc}-{LOCK_SERVER}"),
+            format!("{elsvc}-{LOCK_SERVER}"),
+        ])
+        .collect();
+    for d in &rolling {
+        let image = template_image(&c.deployments.get(d).await.expect("get a Deployment"));
+        assert_eq!(image.as_deref(), Some(old), "deploy/{d} before the upgrade");
+    }
+    let rail_stub = c.pod_of(pstack, RAIL_STUB).await;
+    for d in &held {
+        pause(&c.deployments, d, true).await;
+    }
+    log(format!("held the rollout of {held:?} (spec.paused)"));
+
+    let run = run_name("u");
+    let created = AtomicU32::new(0);
+    let (stop, stopped) = watch::channel(false);
+    let observer = upgrade::watch_old_pods(c.pods.clone(), old.to_owned(), stopped.clone());
+    let load = async {
+        let mut stopped = stopped.clone();
+        let mut i = 0;
+        while !*stopped.borrow() {
+            i += 1;
+            pay.create_payout(&format!("{run}-{i}"), 1 + i % 10, 100 + i64::from(i))
+                .await;
+            created.store(i, Ordering::SeqCst);
+            // Pacing a steady trickle of payouts, not waiting for anything.
+            tokio::select! {
+                () = tokio::time::sleep(upgrade::LOAD_PACE) => {}
+                _ = stopped.wait_for(|s| *s) => {}
+            }
+        }
+    };
+    let drive = async {
+        let created = &created;
+        poll("the batch to be under way", env.timeout, async || {
+            match created.load(Ordering::SeqCst) {
+                n if n >= 5 => Ok(()),
+                n => Err(format!("{n} created")),
+            }
+        })
+        .await;
+        log(format!("{run} under way; helm upgrade {} to {new}", env.release));
+        upgrade::helm_upgrade(env, new).await;
+        check_operator_image(c, new).await;
+
+        // The new migration, applied by its Job.
+        let paydb_job = migration_job_done(c, &jobs, pstack, History::Paydb, new).await;
+        let job_name = paydb_job.metadata.name.clone().unwrap_or_default();
+        let job_done = upgrade::completed_at(&paydb_job).expect("the Job has completed");
+        let report = job_report(c, &job_name).await;
+        assert!(
+            report["applied"].as_array().is_some_and(|a| a
+                .iter()
+                .any(|s| s.as_str().is_some_and(|s| s.ends_with(upgrade::FIXTURE_SCRIPT)))),
+            "Job {job_name} did not apply the upgrade's migration: {report}"
+        );
+        let fixture = upgrade::fixture_applied(&pay.db)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            matches!(&fixture, Some((_, true))),
+            "paydb's history after Job {job_name}: {fixture:?}"
+        );
+        log(format!(
+            "Job {job_name} applied {report}; paydb's history has {fixture:?}"
+        ));
+
+        // The old version serves on the new schema: the held Deployments carry the new image now,
+        // their pods are all of the old one, and payouts are posted through them.
+        for d in &held {
+            wait_until(
+                &c.deployments,
+                d,
+                &format!("the operator to give deploy/{d} the new image"),
+                env.timeout,
+                |o: Option<&Deployment>| o.and_then(template_image).as_deref() == Some(new),
+            )
+            .await;
+        }
+        let k = 5;
+        let (db, run) = (&pay.db, run.as_str());
+        let on_new_schema = poll(
+            &format!("{k} payouts posted on the new schema by the old version"),
+            env.timeout,
+            async || match upgrade::posted_after_fixture(db, run).await? {
+                n if n >= k => Ok(n),
+                n => Err(format!("{n} so far")),
+            },
+        )
+        .await;
+        for component in [PAYMENT_RESOURCE, RAIL_PROXY] {
+            let images = pod_images(c, pstack, component).await;
+            assert!(
+                !images.is_empty() && images.iter().all(|(_, i)| i == old),
+                "{component} is not all of the old version while held: {images:?}"
+            );
+        }
+        log(format!(
+            "{on_new_schema} payouts posted after the migration through payment-resource and \
+             rail-proxy pods of the old version"
+        ));
+        for d in &held {
+            pause(&c.deployments, d, false).await;
+        }
+        for d in &rolling {
+            wait_until(
+                &c.deployments,
+                d,
+                &format!("deploy/{d} to roll out on the new image"),
+                env.timeout,
+                |o: Option<&Deployment>| {
+                    deployment_rolled_out(o) && o.and_then(template_image).as_deref() == Some(new)
+                },
+            )
+            .await;
+        }
+        c.lsvc_ready(lsvc).await;
+        c.lsvc_ready(elsvc).await;
+
+        // No pod of the new version before its schema.
+        let lockdb_job = migration_job_done(c, &jobs, lsvc, History::Lockdb, new).await;
+        let lockdb_done = upgrade::completed_at(&lockdb_job).expect("the Job has completed");
+        for (instance, component, done) in [
+            (pstack, PAYMENT_RESOURCE, &job_done),
+            (pstack, RAIL_PROXY, &job_done),
+            (pstack, PAYOUT_EXECUTOR, &job_done),
+            (lsvc, LOCK_SERVER, &lockdb_done),
+        ] {
+            let pods = c
+                .pods
+                .list(&component_pods(instance, component))
+                .await
+                .expect("list pods");
+            for p in pods
+                .items
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+            {
+                let created = p.metadata.creation_timestamp.clone().expect("a creation time");
+                let after = upgrade::seconds_between(done, &created);
+                assert!(
+                    upgrade::pod_image(p) == Some(new) && after >= 0,
+                    "pod {:?} ({component}) of image {:?} was created {after}s after its migration Job completed",
+                    p.metadata.name,
+                    upgrade::pod_image(p)
+                );
+            }
+        }
+        // The new version posts.
+        let executors: Vec<String> = pod_images(c, pstack, PAYOUT_EXECUTOR)
+            .await
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
+        let executors = &executors;
+        let by_new = poll(
+            &format!("{k} payouts posted by the new version's executors"),
+            env.timeout,
+            async || {
+                let by = upgrade::posted_by(db, run).await?;
+                let n = by
+                    .iter()
+                    .filter(|w| executors.iter().any(|e| w.starts_with(&format!("{e}-"))))
+                    .count();
+                if i64::try_from(n).is_ok_and(|n| n >= k) {
+                    Ok(n)
+                } else {
+                    Err(format!("{n} so far"))
+                }
+            },
+        )
+        .await;
+        log(format!(
+            "{by_new} payouts posted by the executors of the new version {executors:?}"
+        ));
+        stop.send_replace(true);
+    };
+    let (failures, (), ()) = tokio::join!(observer, load, drive);
+    assert!(
+        failures.is_empty(),
+        "pods of the old version failed during the upgrade: {failures:?}"
+    );
+    let n = created.load(Ordering::SeqCst);
+    log(format!("{n} payouts created through the upgrade"));
+    pay.await_posted(&run, n, env.timeout).await;
+    pay.check_batch(&run).await.unwrap_or_else(|e| panic!("{e}"));
+    // The rail stands for the bank: not upgraded with dlock, and its record of every payment intact.
+    let rail_stub_now = c.pod_of(pstack, RAIL_STUB).await;
+    assert_eq!(
+        rail_stub_now, rail_stub,
+        "the rail-stub was restarted by the upgrade"
+    );
+}
+
+fn template_image(d: &Deployment) -> Option<String> {
+    d.spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .first()?
+        .image
+        .clone()
+}
+
+fn component_pods(instance: &str, component: &str) -> ListParams {
+    ListParams::default().labels(&format!(
+        "{LABEL_INSTANCE}={instance},{LABEL_COMPONENT}={component}"
+    ))
+}
+
+/// `(name, image)` of the pods of one component that are not being deleted.
+async fn pod_images(c: &Cluster, instance: &str, component: &str) -> Vec<(String, String)> {
+    c.pods
+        .list(&component_pods(instance, component))
+        .await
+        .expect("list pods")
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            let image = upgrade::pod_image(&p).unwrap_or_default().to_owned();
+            (p.metadata.name.unwrap_or_default(), image)
+        })
+        .collect()
+}
+
+/// Sets or clears `spec.paused` of a Deployment (`kubectl rollout pause|resume`).
+async fn pause(api: &Api<Deployment>, name: &str, paused: bool) {
+    let patch = json!({"spec": {"paused": if paused { Value::Bool(true) } else { Value::Null }}});
+    k8s::patch(api, name, &patch)
+        .await
+        .unwrap_or_else(|e| panic!("set deploy/{name} paused={paused}: {e}"));
+}
+
+/// Every operator pod runs `image` (helm's --wait saw the rollout).
+async fn check_operator_image(c: &Cluster, image: &str) {
+    let op_pods: Api<Pod> = Api::namespaced(c.client.clone(), &c.env.op_ns);
+    let lp = ListParams::default().labels(&format!("{LABEL_NAME}={OPERATOR_POD_NAME}"));
+    let pods = op_pods.list(&lp).await.expect("list operator pods").items;
+    let images: Vec<_> = pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| upgrade::pod_image(p).unwrap_or_default())
+        .collect();
+    assert!(
+        !images.is_empty() && images.iter().all(|i| *i == image),
+        "the operator's pods after helm upgrade: {images:?}"
+    );
+}
+
+/// The migration Job of `history` for `instance` running `image`, once it has succeeded.
+async fn migration_job_done(
+    c: &Cluster,
+    jobs: &Api<Job>,
+    instance: &str,
+    history: History,
+    image: &str,
+) -> Job {
+    poll(
+        &format!(
+            "the {} migration Job of {instance} with {image} to succeed",
+            history.name()
+        ),
+        c.env.timeout,
+        async || match upgrade::migration_job(jobs, instance, history, image).await {
+            Some(j) if upgrade::completed_at(&j).is_some() => Ok(j),
+            Some(j) => Err(format!(
+                "Job {} has not succeeded",
+                j.metadata.name.unwrap_or_default()
+            )),
+            None => Err("no such Job yet".to_owned()),
+        },
+    )
+    .await
+}
+
+/// The JSON report `dlock-migrate` printed in the succeeded pod of Job `job`.
+async fn job_report(c: &Cluster, job: &str) -> Value {
+    let lp = ListParams::default().labels(&format!("job-name={job}"));
+    let pod = find_name(&c.pods, &lp, |p: &Pod| {
+        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded")
+    })
+    .await
+    .unwrap_or_else(|| panic!("no succeeded pod of Job {job}"));
+    let logs = c
+        .pods
+        .logs(&pod, &LogParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("logs of pod {pod}: {e}"));
+    logs.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v.get("applied").is_some())
+        .unwrap_or_else(|| panic!("no report in the log of pod {pod}:\n{logs}"))
+}
+
+/// Step 14: Negative control: the checks can fail. One posted payout of the first batch paid a second
 /// time straight at the rail (under a new idempotency key, bypassing rail-proxy's fence, as an
 /// unfenced stale holder would), and the ground-truth check of step 7 must now refuse that batch.
 async fn negative_control(pay: &Payments, run1: &str) {
@@ -482,4 +1135,60 @@ async fn negative_control(pay: &Payments, run1: &str) {
         )),
         Err(e) => panic!("the checks failed for another reason than the double payment: {e}"),
     }
+}
+
+/// `e2e/kind/run.sh` where Docker cannot run: it says so and "skipped" (exit 0) for a local run, and
+/// fails the run where `CI` is set, so that CI never passes a tier it did not run. Run on a copy of
+/// the script beside the real `scripts/lib.sh` and a `scripts/docker-up.sh` that reports, as the
+/// real one does on such a machine, that no daemon can start (exit 3). Needs no Docker.
+#[test]
+fn without_docker_ci_fails_where_a_local_run_skips() {
+    let root = dlock_e2e::env::repo_root();
+    let tree = std::env::temp_dir().join(format!("dlock-kind-ci-{}", std::process::id()));
+    std::fs::create_dir_all(tree.join("e2e/kind")).expect("create a scratch tree");
+    std::fs::create_dir_all(tree.join("scripts")).expect("create a scratch tree");
+    for file in ["e2e/kind/run.sh", "scripts/lib.sh"] {
+        std::fs::copy(root.join(file), tree.join(file)).unwrap_or_else(|e| panic!("copy {file}: {e}"));
+    }
+    let stub = tree.join("scripts/docker-up.sh");
+    std::fs::write(
+        &stub,
+        "#!/usr/bin/env bash\necho '[docker-up] cannot start Docker: (stub) no daemon here' >&2\nexit 3\n",
+    )
+    .expect("write the docker-up stub");
+    std::fs::set_permissions(&stub, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("make the docker-up stub executable");
+    let run = |ci: Option<&str>| {
+        let mut cmd = std::process::Command::new("bash");
+        cmd.arg(tree.join("e2e/kind/run.sh"))
+            .env("DLOCK_TOOLS_DIR", tree.join("tools"))
+            .env_remove("CI");
+        if let Some(v) = ci {
+            cmd.env("CI", v);
+        }
+        let out = cmd.output().expect("run e2e/kind/run.sh");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let local = run(None);
+    let ci_false = run(Some("false"));
+    let ci = run(Some("true"));
+    let _ = std::fs::remove_dir_all(&tree);
+    for (what, (code, stdout, stderr)) in [("without CI", &local), ("with CI=false", &ci_false)] {
+        assert!(
+            *code == Some(0) && stdout.trim() == "skipped" && stderr.contains("(stub) no daemon here"),
+            "{what}: exit {code:?}, stdout {stdout:?}, stderr {stderr}"
+        );
+    }
+    let (code, stdout, stderr) = &ci;
+    assert!(
+        *code == Some(1)
+            && !stdout.contains("skipped")
+            && stderr.contains("(stub) no daemon here")
+            && stderr.contains("CI is set"),
+        "with CI=true: exit {code:?}, stdout {stdout:?}, stderr {stderr}"
+    );
 }
