@@ -246,6 +246,12 @@ async fn chart_rbac_is_least_privilege() {
         ("create", "secrets"),
         ("get", "secrets"),
         ("patch", "secrets"),
+        // The grant public keys of each LockService (a ConfigMap it creates, patches on a
+        // rotation and watches, read by the PaymentStacks that verify with them).
+        ("create", "configmaps"),
+        ("get", "configmaps"),
+        ("patch", "configmaps"),
+        ("watch", "configmaps"),
         ("list", "pods"),
         ("get", "pods#log"),
         ("create", "events"),
@@ -277,7 +283,7 @@ async fn chart_rbac_is_least_privilege() {
         ("list", "secrets", Some(ns.as_str())),
         ("watch", "secrets", Some(ns.as_str())),
         ("delete", "secrets", Some(ns.as_str())),
-        ("get", "configmaps", Some(ns.as_str())),
+        ("delete", "configmaps", Some(ns.as_str())),
         ("create", "persistentvolumeclaims", Some(ns.as_str())),
         ("create", "pods#exec", Some(ns.as_str())),
         ("update", "deployments.apps#status", Some(ns.as_str())),
