@@ -4,7 +4,8 @@
 //!
 //! - [`sql`]: every statement, each once; [`repo`]: one function per statement;
 //! - [`config`]: settings, including the `payment.fencing.enabled` kill switch;
-//! - [`error`]: the one error enum, mapped to HTTP at the edge; [`metrics`]: `lock_fenced_out` & co.
+//! - [`error`]: the one error enum, mapped to HTTP at the edge; [`metrics`]: `lock_fenced_out` & co.;
+//! - [`monitor`]: reconciliation and the open-payout count on an interval, into the metrics.
 
 pub mod accounts;
 pub mod api;
@@ -12,6 +13,7 @@ pub mod config;
 pub mod error;
 pub mod metrics;
 pub mod model;
+pub mod monitor;
 pub mod payouts;
 pub mod posting;
 pub mod reconcile;
@@ -115,6 +117,7 @@ pub struct RunningServer {
     pub pool: PgPool,
     pub metrics: Arc<Metrics>,
     server: Background,
+    monitor: monitor::Monitor,
 }
 
 impl RunningServer {
@@ -128,9 +131,10 @@ impl RunningServer {
         self.server.url()
     }
 
-    /// Graceful stop: in-flight requests finish, then the pool closes.
+    /// Graceful stop: in-flight requests finish, the periodic checks stop, then the pool closes.
     pub async fn shutdown(self) -> std::io::Result<()> {
         let served = self.server.shutdown().await;
+        self.monitor.stop().await;
         self.pool.close().await;
         served
     }
@@ -155,9 +159,11 @@ pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
         .map_err(bind_error)?;
     let server = dlock_common::serve::spawn_background(listener, app.router, CancellationToken::new())
         .map_err(bind_error)?;
+    let monitor = monitor::Monitor::start(app.pool.clone(), app.metrics.clone(), config.monitor);
     Ok(RunningServer {
         pool: app.pool,
         metrics: app.metrics,
         server,
+        monitor,
     })
 }
