@@ -152,6 +152,7 @@ impl Reconciled for LockService {
             migration: &prepared.job_state,
             db_secret_version: prepared.db.secret_version.as_deref(),
             gated: next.gated(),
+            scraper: settings.scraper.as_ref(),
         };
         let mut desired = children::desired(self, owner, &inputs).map_err(|e| invalid_spec(&e))?;
         desired.apply.extend(next.jobs.iter().cloned().map(Child::Job));
