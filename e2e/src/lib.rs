@@ -16,6 +16,8 @@
 //!   migration Job's own command against a local PostgreSQL 16 and writes workload status.
 //! - [`specs`]: the LockServices, PaymentStacks and Secrets the tests create, as typed objects.
 //! - [`stage`]: one operator test's namespace, operator, stand-in kubelet, and waits that drive it.
+//! - [`monitoring`]: the chart's alerting rules and dashboard, promtool over them, and the metric
+//!   names their queries read.
 //! - [`kind`]: the kind tier's steps after `e2e/kind/run.sh`'s setup (`tests/kind.rs`): typed
 //!   objects, watches, the ledger over sqlx, the services over reqwest.
 
@@ -27,6 +29,7 @@ pub mod kind;
 pub mod kubectl;
 pub mod kubelet;
 pub mod lockapi;
+pub mod monitoring;
 pub mod operator;
 pub mod proxy;
 pub mod rbac;
