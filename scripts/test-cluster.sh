@@ -17,9 +17,11 @@ if [ -z "${DLOCK_PG_BIN:-}" ] && [ ! -x "$DLOCK_TOOLS_DIR/pg16/bin/postgres" ]; 
   "$DLOCK_ROOT/scripts/setup.sh"
 fi
 
-say "building dlock-operator, dlock-migrate, dlock-fastforward, lock-server and the e2e tests"
-cargo build -p dlock-operator --bin dlock-operator -p dlock-migrate --bin dlock-migrate \
-  -p dlock-fastforward --bin dlock-fastforward -p lock-server --bin lock-server
+# Every binary, as the workspace builds them (the same features as `cargo test --workspace`, so
+# after scripts/test.sh's run this builds nothing): the operator, its Jobs' binaries and
+# kubectl-dlock for the cluster tier, and the services tests/monitoring.rs starts.
+say "building the workspace's binaries and the e2e tests"
+cargo build --workspace --bins
 cargo test -p dlock-e2e --no-run
 export DLOCK_E2E_BIN_DIR="$CARGO_TARGET_DIR/debug"
 export RUST_TEST_THREADS="${RUST_TEST_THREADS:-2}"
