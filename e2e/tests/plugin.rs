@@ -3,8 +3,9 @@
 //! the operator binary (the chart's args and RBAC) against a real lock-server process over a real
 //! lockdb, with the stand-in kubelet running the restore's Jobs: exit 0 when the action succeeded,
 //! 1 when it failed (also across an operator restart), 2 for a request that cannot be made, 3 when
-//! --wait runs out; `status`; and, from the running operator's `/metrics`, every operator metric the
-//! chart's alerts and dashboard read.
+//! --wait runs out; `status`; `locks` (lock-server's admin list, with the token from its Secret); and,
+//! from the running operator's `/metrics`, every operator metric the chart's alerts and dashboard
+//! read.
 //!
 //! As in tests/actions.rs, lock-server runs as a local process standing in for its Deployment's
 //! pod, reached by the operator through `HTTP_PROXY` (`dlock_e2e::proxy`).
@@ -280,7 +281,41 @@ async fn kubectl_dlock_revoke_waits_for_the_outcome_and_exits_by_it() {
         assert!(r.stdout.contains(&want), "{want:?} in\n{}", r.stdout);
     }
 
-    // 6. Requests that cannot be made change nothing: exit 2.
+    // 6. `locks`: lock-server's admin list, with the token read from the Secret the operator
+    //    generated, here at the stand-in process's URL (the default port-forward needs a kubelet).
+    let other = api.acquire("worker-x", "job:nightly", 600_000);
+    let url = format!("http://127.0.0.1:{}", api.port);
+    let r = run(
+        &mut st,
+        &["locks", LS, "--prefix", "account:", "--lock-server-url", &url],
+    )
+    .await;
+    assert_eq!(r.code, 0, "stdout: {}\nstderr: {}", r.stdout, r.stderr);
+    let rows: Vec<&str> = r.stdout.lines().skip(1).collect();
+    assert_eq!(rows.len(), 1, "one key held under the prefix: {}", r.stdout);
+    let token = d.token.to_string();
+    for want in [key, "HELD", token.as_str(), "worker-d"] {
+        assert!(rows[0].contains(want), "{want} in {}", rows[0]);
+    }
+    let r = run(&mut st, &["locks", LS, "--lock-server-url", &url]).await;
+    assert_eq!(r.code, 0, "stdout: {}\nstderr: {}", r.stdout, r.stderr);
+    assert_eq!(
+        r.stdout.lines().count(),
+        3,
+        "both keys without a prefix: {}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("worker-x"), "{}", r.stdout);
+    api.release(&other);
+    let r = run(&mut st, &["locks", LS, "--lock-server-url", &url]).await;
+    assert_eq!(
+        r.stdout.lines().count(),
+        2,
+        "a released key is not listed: {}",
+        r.stdout
+    );
+
+    // 7. Requests that cannot be made change nothing: exit 2.
     let before = st.lsvc(LS).await.metadata.annotations;
     let bad_id = run(
         &mut st,

@@ -98,9 +98,8 @@ pub struct LocksArgs {
     /// Only keys starting with this.
     #[arg(long, default_value = "")]
     pub prefix: String,
-    /// Talk to lock-server at this URL (e.g. after `kubectl port-forward svc/NAME-lock-server
-    /// 8080`), with the admin token from its Secret, instead of through the API server's service
-    /// proxy (which passes no credential on).
+    /// lock-server's URL when it is reachable already; by default the plugin runs
+    /// `kubectl port-forward svc/NAME-lock-server` for the call.
     #[arg(long)]
     pub lock_server_url: Option<String>,
 }

@@ -16,8 +16,8 @@ pub mod status;
 use std::time::Duration;
 
 use chrono::Utc;
-use dlock_operator::builders::Owner;
 use dlock_operator::builders::credentials::admin_secret_name;
+use dlock_operator::builders::{HTTP_PORT_NAME, LOCK_SERVER, Owner};
 use dlock_operator::crd::actions::{ActionStatus, RequestError};
 use dlock_operator::crd::{LockService, PaymentStack};
 use futures::TryStreamExt;
@@ -70,7 +70,7 @@ pub async fn run(cli: Cli) -> Result<Outcome, Error> {
         Command::Revoke(args) => revoke(client, &namespace, args).await,
         Command::Restore(args) => restore(client, &namespace, args).await,
         Command::Status(args) => show_status(client, &namespace, args).await,
-        Command::Locks(args) => list_locks(client, &namespace, args).await,
+        Command::Locks(args) => list_locks(client, &namespace, cli.context.as_deref(), args).await,
     }
 }
 
@@ -274,118 +274,101 @@ async fn show_status(client: Client, namespace: &str, args: StatusArgs) -> Resul
     Ok(Outcome::Shown)
 }
 
-async fn list_locks(client: Client, namespace: &str, args: LocksArgs) -> Result<Outcome, Error> {
+async fn list_locks(
+    client: Client,
+    namespace: &str,
+    context: Option<&str>,
+    args: LocksArgs,
+) -> Result<Outcome, Error> {
     let lsvcs: Api<LockService> = Api::namespaced(client.clone(), namespace);
     let ls = lock_service(&lsvcs, namespace, &args.lock_service).await?;
     let owner = Owner::of(&ls).ok_or_else(|| Error::Usage("the LockService has no uid yet".into()))?;
-    let via = match &args.lock_server_url {
-        Some(url) => Via::Direct {
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(10))
-                .build()
-                .map_err(|e| Error::LockServer(e.to_string()))?,
-            base: url.trim_end_matches('/').to_owned(),
-            token: admin_token(&client, namespace, &admin_secret_name(&owner)).await,
-        },
-        None => Via::ServiceProxy {
-            client,
-            base: format!(
-                "/api/v1/namespaces/{namespace}/services/{}:{}/proxy",
-                owner.child(dlock_operator::builders::LOCK_SERVER),
-                dlock_operator::builders::HTTP_PORT_NAME
-            ),
-        },
-    };
-    let mut all = Vec::new();
-    let mut after: Option<String> = None;
-    for _ in 0..locks::MAX_PAGES {
-        let page = via
-            .page(&locks::page_path(&args.prefix, after.as_deref()))
-            .await?;
-        all.extend(page.locks);
-        match page.next_after {
-            Some(next) if Some(&next) != after.as_ref() => after = Some(next),
-            _ => break,
+    // The list is lock-server's admin route: its token, from the Secret the operator generated.
+    let token = admin_token(&client, namespace, &admin_secret_name(&owner)).await?;
+    // No credential reaches a Service through the API server's proxy (the API server consumes the
+    // Authorization header), so lock-server is reached the way `kubectl port-forward` reaches it,
+    // for as long as `_forward` lives.
+    let (base, _forward) = match args.lock_server_url {
+        Some(url) => (url, None),
+        None => {
+            let f = PortForward::start(namespace, &owner.child(LOCK_SERVER), context).await?;
+            (f.url(), Some(f))
         }
-    }
-    print!("{}", locks::render(&all));
+    };
+    let items = locks::list(&base, &token, &args.prefix)
+        .await
+        .map_err(|e| Error::LockServer(e.to_string()))?;
+    print!("{}", locks::render(&items));
     Ok(Outcome::Shown)
 }
 
-/// lock-server's admin token from its Secret; `None` (with a note) when it cannot be read — the
-/// list is then asked for without a credential.
-async fn admin_token(client: &Client, namespace: &str, secret: &str) -> Option<String> {
+/// lock-server's admin token from its Secret (reading it needs `get` on that Secret).
+async fn admin_token(client: &Client, namespace: &str, secret: &str) -> Result<String, Error> {
     let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    match api.get(secret).await {
-        Ok(s) => s
-            .data
-            .and_then(|d| d.get("token").cloned())
-            .and_then(|b| String::from_utf8(b.0).ok()),
-        Err(e) => {
-            eprintln!("note: cannot read Secret {namespace}/{secret} ({e}); asking without the admin token");
-            None
+    let s = api.get(secret).await.map_err(|e| {
+        Error::LockServer(format!(
+            "the list needs lock-server's admin token, from Secret {namespace}/{secret}: {e}"
+        ))
+    })?;
+    s.data
+        .and_then(|d| d.get("token").cloned())
+        .and_then(|b| String::from_utf8(b.0).ok())
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| Error::LockServer(format!("Secret {namespace}/{secret} has no key token")))
+}
+
+/// `kubectl port-forward svc/NAME :http` for as long as this lives (the child is killed on drop).
+struct PortForward {
+    _child: tokio::process::Child,
+    port: u16,
+}
+
+impl PortForward {
+    async fn start(namespace: &str, service: &str, context: Option<&str>) -> Result<PortForward, Error> {
+        use tokio::io::AsyncBufReadExt;
+        let mut cmd = tokio::process::Command::new("kubectl");
+        cmd.args(["port-forward", "-n", namespace, &format!("svc/{service}")])
+            .arg(format!(":{HTTP_PORT_NAME}"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .kill_on_drop(true);
+        if let Some(c) = context {
+            cmd.args(["--context", c]);
         }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| Error::LockServer(format!("kubectl port-forward: {e}")))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| Error::LockServer("kubectl port-forward printed nothing".into()))?;
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let port = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(port) = forwarded_port(&line) {
+                    return Some(port);
+                }
+            }
+            None
+        })
+        .await
+        .ok()
+        .flatten()
+        .ok_or_else(|| Error::LockServer(format!("kubectl port-forward to svc/{service} did not start")))?;
+        // kubectl prints a line per connection; a closed pipe would end it (SIGPIPE on stdout).
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(PortForward { _child: child, port })
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
     }
 }
 
-/// How lock-server is reached.
-enum Via {
-    /// Through the API server's service proxy (no credential reaches lock-server: the API server
-    /// consumes the Authorization header).
-    ServiceProxy { client: Client, base: String },
-    /// A URL the user made reachable (a port-forward), with the admin token.
-    Direct {
-        http: reqwest::Client,
-        base: String,
-        token: Option<String>,
-    },
-}
-
-/// lock-server's answer to a path it does not serve.
-fn no_list_route() -> Error {
-    Error::LockServer(
-        "404: this lock-server does not serve GET /v1/locks (it predates the list route)".into(),
-    )
-}
-
-impl Via {
-    async fn page(&self, path_and_query: &str) -> Result<locks::Page, Error> {
-        let text = match self {
-            Via::ServiceProxy { client, base } => {
-                let request = http::Request::get(format!("{base}{path_and_query}"))
-                    .body(Vec::new())
-                    .map_err(|e| Error::LockServer(e.to_string()))?;
-                match client.request_text(request).await {
-                    Ok(t) => t,
-                    Err(kube::Error::Api(e)) if e.code == 404 => return Err(no_list_route()),
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            Via::Direct { http, base, token } => {
-                let mut request = http.get(format!("{base}{path_and_query}"));
-                if let Some(t) = token {
-                    request = request.bearer_auth(t);
-                }
-                let response = request
-                    .send()
-                    .await
-                    .map_err(|e| Error::LockServer(e.to_string()))?;
-                let status = response.status();
-                let body = response
-                    .text()
-                    .await
-                    .map_err(|e| Error::LockServer(e.to_string()))?;
-                if status == reqwest::StatusCode::NOT_FOUND {
-                    return Err(no_list_route());
-                }
-                if !status.is_success() {
-                    return Err(Error::LockServer(format!("{status}: {body}")));
-                }
-                body
-            }
-        };
-        serde_json::from_str(&text).map_err(|e| Error::LockServer(format!("unexpected answer ({e}): {text}")))
-    }
+/// The local port of `kubectl port-forward`'s "Forwarding from 127.0.0.1:PORT -> 8080".
+fn forwarded_port(line: &str) -> Option<u16> {
+    let rest = line.strip_prefix("Forwarding from 127.0.0.1:")?;
+    rest.split_whitespace().next()?.parse().ok()
 }
 
 #[cfg(test)]
@@ -408,66 +391,13 @@ mod tests {
         assert_eq!(Error::LockServer("x".into()).exit_code(), 4);
     }
 
-    /// The direct client against a stand-in that serves the documented list shape in two pages
-    /// (the real route is not in every lock-server yet, see [`locks`]), and against one without the
-    /// route (404).
-    #[tokio::test]
-    async fn the_list_is_read_page_by_page_and_a_missing_route_is_named() {
-        use axum::extract::Query;
-        use axum::routing::get;
-        use std::collections::HashMap;
-        async fn list(
-            headers: axum::http::HeaderMap,
-            Query(q): Query<HashMap<String, String>>,
-        ) -> axum::Json<serde_json::Value> {
-            assert_eq!(q.get("prefix").map(String::as_str), Some("account:"));
-            assert_eq!(
-                headers.get("authorization").and_then(|v| v.to_str().ok()),
-                Some("Bearer admin-token")
-            );
-            let view = |k: &str, t: i64| {
-                serde_json::json!({"lockKey": k, "state": "HELD", "fencingToken": t, "ownerId": "ex-1",
-                                   "acquiredAt": "2026-03-01T10:00:00Z", "expiresAt": "2026-03-01T10:00:10Z",
-                                   "queueLength": 0})
-            };
-            axum::Json(match q.get("after").map(String::as_str) {
-                None => serde_json::json!({"locks": [view("account:1", 5)], "nextAfter": "account:1"}),
-                Some("account:1") => serde_json::json!({"locks": [view("account:2", 6)], "nextAfter": null}),
-                Some(other) => panic!("cursor {other}"),
-            })
-        }
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            axum::serve(listener, axum::Router::new().route("/v1/locks", get(list)))
-                .await
-                .unwrap();
-        });
-        let via = Via::Direct {
-            http: reqwest::Client::new(),
-            base: format!("http://{addr}"),
-            token: Some("admin-token".into()),
-        };
-        let first = via.page(&locks::page_path("account:", None)).await.unwrap();
-        assert_eq!(first.next_after.as_deref(), Some("account:1"));
-        let second = via
-            .page(&locks::page_path("account:", Some("account:1")))
-            .await
-            .unwrap();
-        assert_eq!(second.locks[0].view.lock_key, "account:2");
-        assert_eq!(second.next_after, None);
-
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            axum::serve(listener, axum::Router::new()).await.unwrap();
-        });
-        let without = Via::Direct {
-            http: reqwest::Client::new(),
-            base: format!("http://{addr}"),
-            token: None,
-        };
-        let e = without.page(&locks::page_path("", None)).await.unwrap_err();
-        assert!(e.to_string().contains("does not serve GET /v1/locks"), "{e}");
+    #[test]
+    fn the_forwarded_port_is_read_off_kubectl() {
+        assert_eq!(
+            forwarded_port("Forwarding from 127.0.0.1:43567 -> 8080"),
+            Some(43567)
+        );
+        assert_eq!(forwarded_port("Forwarding from [::1]:43567 -> 8080"), None);
+        assert_eq!(forwarded_port("Handling connection for 43567"), None);
     }
 }
