@@ -11,13 +11,12 @@
 //! pod, reached by the operator through `HTTP_PROXY` (`dlock_e2e::proxy`).
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 
+use dlock_e2e::kubectl::{Out, Running};
 use dlock_e2e::lockdb::{holder, revocations, sequence};
 use dlock_e2e::specs::lockservice;
 use dlock_e2e::stage::{Options, Stage};
-use dlock_e2e::{env, helm, monitoring};
+use dlock_e2e::{Kubectl, env, helm, monitoring};
 use dlock_operator::crd::actions::ANNOTATION_REVOKE;
 use dlock_operator::crd::status::ActionPhase;
 use dlock_operator::crd::{ActionStatus, DatabaseSpec, LockService};
@@ -39,53 +38,35 @@ async fn stage(test: &str) -> Option<Stage> {
     Some(st)
 }
 
-/// How a `kubectl dlock` run ended.
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
 /// `kubectl dlock -n <ns> ARGS…`, started: kubectl finds the plugin on PATH, as a user's would.
-fn spawn(st: &Stage, args: &[&str]) -> Child {
-    let plugin_dir = env::workspace_bin("kubectl-dlock")
+fn spawn(st: &Stage, args: &[&str]) -> Running {
+    let plugin = env::workspace_bin("kubectl-dlock");
+    let dir = plugin
         .parent()
-        .map(PathBuf::from)
-        .unwrap_or_default();
-    let path = std::env::var("PATH").unwrap_or_default();
-    Command::new("kubectl")
-        .arg("dlock")
-        .args(["-n", &st.ns])
-        .args(args)
-        .env("KUBECONFIG", &st.cluster.kubeconfig)
-        .env("PATH", format!("{}:{path}", plugin_dir.display()))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn kubectl dlock {}: {e}", args.join(" ")))
+        .unwrap_or_else(|| panic!("{} has no directory", plugin.display()));
+    let mut argv = vec!["dlock", "-n", &st.ns];
+    argv.extend_from_slice(args);
+    Kubectl::new(&st.cluster.kubeconfig)
+        .with_plugins(dir)
+        .spawn(&argv)
 }
 
 /// Waits for a started `kubectl dlock`, standing in for the kubelet meanwhile when `drive` (the
 /// restore's Jobs, lock-server's process going and coming back).
-async fn finish(st: &mut Stage, mut child: Child, what: &str, drive: bool) -> Run {
-    st.wait(what, drive, async |_| match child.try_wait() {
-        Ok(Some(_)) => Ok(()),
-        Ok(None) => Err("still running".to_owned()),
-        Err(e) => Err(e.to_string()),
+async fn finish(st: &mut Stage, mut child: Running, what: &str, drive: bool) -> Out {
+    st.wait(what, drive, async |_| {
+        if child.exited() {
+            Ok(())
+        } else {
+            Err("still running".to_owned())
+        }
     })
     .await;
-    let out = child
-        .wait_with_output()
-        .unwrap_or_else(|e| panic!("read the output of {what}: {e}"));
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    child.output().await
 }
 
 /// `kubectl dlock -n <ns> ARGS…` to its end, the stand-in kubelet running meanwhile.
-async fn run(st: &mut Stage, args: &[&str]) -> Run {
+async fn run(st: &mut Stage, args: &[&str]) -> Out {
     let child = spawn(st, args);
     finish(st, child, &format!("kubectl dlock {}", args.join(" ")), true).await
 }
@@ -124,7 +105,7 @@ async fn kubectl_dlock_revoke_waits_for_the_outcome_and_exits_by_it() {
         ],
     )
     .await;
-    assert_eq!(r.code, 0, "stdout: {}\nstderr: {}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(0), "stdout: {}\nstderr: {}", r.stdout, r.stderr);
     assert!(
         r.stdout.starts_with("r-1 Revoke Succeeded (REVOKED)"),
         "{}",
@@ -193,7 +174,7 @@ async fn kubectl_dlock_revoke_waits_for_the_outcome_and_exits_by_it() {
     st.proxy().unblock();
     st.restart_operator().await;
     let r = finish(&mut st, child, "kubectl dlock revoke r-2", true).await;
-    assert_eq!(r.code, 1, "stdout: {}\nstderr: {}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(1), "stdout: {}\nstderr: {}", r.stdout, r.stderr);
     assert!(
         r.stdout.starts_with("r-2 Revoke Failed (HELD_BY_OTHER_TOKEN)"),
         "{}",
@@ -229,7 +210,7 @@ async fn kubectl_dlock_revoke_waits_for_the_outcome_and_exits_by_it() {
         ],
     )
     .await;
-    assert_eq!(r.code, 0, "{} {}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(0), "{} {}", r.stdout, r.stderr);
     assert!(
         r.stdout.starts_with("r-1 Revoke Succeeded (REVOKED)"),
         "{}",
@@ -252,7 +233,7 @@ async fn kubectl_dlock_revoke_waits_for_the_outcome_and_exits_by_it() {
         ],
     )
     .await;
-    assert_eq!(r.code, 0, "{} {}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(0), "{} {}", r.stdout, r.stderr);
     let id = r.stdout.trim().to_owned();
     assert!(
         id.len() == 22 && id.starts_with("r-") && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'),
@@ -270,7 +251,7 @@ async fn kubectl_dlock_revoke_waits_for_the_outcome_and_exits_by_it() {
 
     // 5. `status` shows it all.
     let r = run(&mut st, &["status", LS]).await;
-    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
     for want in [
         format!("LockService {}/{LS}: Ready", st.ns),
         "Ready        True".to_owned(),
@@ -290,7 +271,7 @@ async fn kubectl_dlock_revoke_waits_for_the_outcome_and_exits_by_it() {
         &["locks", LS, "--prefix", "account:", "--lock-server-url", &url],
     )
     .await;
-    assert_eq!(r.code, 0, "stdout: {}\nstderr: {}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(0), "stdout: {}\nstderr: {}", r.stdout, r.stderr);
     let rows: Vec<&str> = r.stdout.lines().skip(1).collect();
     assert_eq!(rows.len(), 1, "one key held under the prefix: {}", r.stdout);
     let token = d.token.to_string();
@@ -298,7 +279,7 @@ async fn kubectl_dlock_revoke_waits_for_the_outcome_and_exits_by_it() {
         assert!(rows[0].contains(want), "{want} in {}", rows[0]);
     }
     let r = run(&mut st, &["locks", LS, "--lock-server-url", &url]).await;
-    assert_eq!(r.code, 0, "stdout: {}\nstderr: {}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(0), "stdout: {}\nstderr: {}", r.stdout, r.stderr);
     assert_eq!(
         r.stdout.lines().count(),
         3,
@@ -332,10 +313,10 @@ async fn kubectl_dlock_revoke_waits_for_the_outcome_and_exits_by_it() {
         ],
     )
     .await;
-    assert_eq!(bad_id.code, 2, "{} {}", bad_id.stdout, bad_id.stderr);
+    assert_eq!(bad_id.code, Some(2), "{} {}", bad_id.stdout, bad_id.stderr);
     assert!(bad_id.stderr.contains("id must be"), "{}", bad_id.stderr);
     let missing = run(&mut st, &["restore", "no-such-lsvc", "--wait"]).await;
-    assert_eq!(missing.code, 2, "{}", missing.stderr);
+    assert_eq!(missing.code, Some(2), "{}", missing.stderr);
     assert!(missing.stderr.contains("does not exist"), "{}", missing.stderr);
     assert_eq!(st.lsvc(LS).await.metadata.annotations, before);
     st.op.assert_healthy();
@@ -372,7 +353,7 @@ async fn kubectl_dlock_restore_waits_through_gate_read_advance_and_resume() {
         ],
     );
     let r = finish(&mut st, child, "kubectl dlock restore, timing out", false).await;
-    assert_eq!(r.code, 3, "stdout: {}\nstderr: {}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(3), "stdout: {}\nstderr: {}", r.stdout, r.stderr);
     assert!(r.stderr.contains("ff-1: still running"), "{}", r.stderr);
 
     // Waiting again on the same id follows it to the end: the gate, the Jobs, the advance, resume.
@@ -391,7 +372,7 @@ async fn kubectl_dlock_restore_waits_through_gate_read_advance_and_resume() {
         ],
     )
     .await;
-    assert_eq!(r.code, 0, "stdout: {}\nstderr: {}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(0), "stdout: {}\nstderr: {}", r.stdout, r.stderr);
     assert!(r.stdout.starts_with("ff-1 Restore Succeeded"), "{}", r.stdout);
     let after = sequence(&db).await;
     assert!(after >= 50 && after > before, "sequence {before} -> {after}");
