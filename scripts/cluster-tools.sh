@@ -8,6 +8,10 @@
 #   $DLOCK_TOOLS_DIR/bin/etcdutl          etcd's offline tool (snapshot restore --bump-revision), built
 #                                         with Go at $ETCD_VERSION; not in the default set (setup.sh
 #                                         asks for it: the etcd restore test uses it)
+#   $DLOCK_TOOLS_DIR/bin/promtool         Prometheus's rule checker, built with Go at $PROMETHEUS_VERSION
+#                                         (the promtool package only, without the service discoveries);
+#                                         not in the default set (test.sh asks for it: the chart's
+#                                         alerts and dashboard are checked with it)
 #   kubectl                               must already be on PATH (checked, not installed)
 #
 # Reruns reuse everything: each tool has a stamp file naming the version it was built from. The Go
@@ -17,7 +21,8 @@
 #
 # Usage: scripts/cluster-tools.sh [--check] [TOOL...]
 #   --check   report what is missing, install nothing (exit 1 if anything is)
-#   TOOL      any of kubectl etcd etcdutl helm kube-apiserver (default: all but etcdutl)
+#   TOOL      any of kubectl etcd etcdutl helm kube-apiserver promtool (default: all but etcdutl
+#             and promtool)
 set -euo pipefail
 
 TOOLS="${DLOCK_TOOLS_DIR:-/var/tmp/dlock-tools}"
@@ -27,6 +32,9 @@ HELM_VERSION="${DLOCK_HELM_VERSION:-v3.19.5}"
 # Only used when apt's etcd is too old or absent (or DLOCK_ETCD_BUILD=1); see need_etcd.
 ETCD_VERSION="${DLOCK_ETCD_VERSION:-v3.5.21}"
 ETCD_MIN="3.4.0"
+# Prometheus 3.5.1, the long-term-support line: its Go module is tagged v0.<300+minor>.<patch>; its
+# go.mod asks for Go 1.23, so the Go that builds kube-apiserver (>= 1.24) builds it (checked with 1.26).
+PROMETHEUS_VERSION="${DLOCK_PROMETHEUS_VERSION:-v0.305.1}"
 
 CHECK_ONLY=0
 if [[ "${1:-}" == "--check" ]]; then CHECK_ONLY=1; shift; fi
@@ -247,6 +255,55 @@ need_etcdutl() {
     log "etcdutl: $("$BIN/etcdutl" version | head -n1)"
 }
 
+# ---------------------------------------------------------------- promtool
+need_promtool() {
+    # The stamp names the recipe too (the service discoveries left out), so a change of it rebuilds.
+    local stamp="$PROMETHEUS_VERSION+remove_all_sd"
+    if stamp_ok promtool "$stamp"; then
+        log "promtool $PROMETHEUS_VERSION: cached at $BIN/promtool"
+        return
+    fi
+    if ((CHECK_ONLY)); then log "promtool $PROMETHEUS_VERSION: MISSING"; MISSING=1; return; fi
+    need_go
+    local work
+    work="$(mktemp -d "${TMPDIR:-/tmp}/dlock-promtool.XXXXXX")"
+    WORKDIRS+=("$work")
+    # Prometheus's go.mod has exclude and replace directives, which `go install pkg@version`
+    # refuses; as for etcd, a throwaway module requires it at the release tag, and carries those
+    # directives over (a dependency's are ignored, and its build relies on them).
+    local modfile
+    modfile="$(cd "$work" && go mod download -json "github.com/prometheus/prometheus@$PROMETHEUS_VERSION" |
+        sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+    [[ -f "$modfile" ]] || die "could not download github.com/prometheus/prometheus@$PROMETHEUS_VERSION"
+    {
+        echo "module dlock.local/promtool-build"
+        echo
+        echo "go $(sed -n 's/^go \(.*\)/\1/p' "$modfile")"
+        echo
+        echo "require github.com/prometheus/prometheus $PROMETHEUS_VERSION"
+        echo
+        awk '/^(exclude|replace)[[:space:]]*\($/ {block = 1}
+             block {print; if ($0 ~ /^\)/) block = 0; next}
+             /^(exclude|replace)[[:space:]]/ {print}' "$modfile"
+    } >"$work/go.mod"
+    log "promtool $PROMETHEUS_VERSION: building in $work (the promtool package only)"
+    # remove_all_sd: promtool registers every service discovery (cloud SDKs) by default; it checks
+    # and tests rules without any of them.
+    local tags=remove_all_sd
+    (cd "$work" && gentle go get -tags "$tags" "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION") ||
+        die "go get github.com/prometheus/prometheus/cmd/promtool failed"
+    local tag="${PROMETHEUS_VERSION#v0.}"
+    local release="3.$((10#${tag%%.*} - 300)).${tag#*.}"
+    local pkg=github.com/prometheus/common/version
+    (cd "$work" && gentle go build -trimpath -tags "$tags" \
+        -ldflags "-s -w -X $pkg.Version=$release -X $pkg.Branch=$PROMETHEUS_VERSION -X $pkg.BuildUser=dlock" \
+        -o "$BIN/promtool.new" github.com/prometheus/prometheus/cmd/promtool) || die "go build promtool failed"
+    "$BIN/promtool.new" test rules --help >/dev/null 2>&1 || die "the promtool build does not run"
+    mv "$BIN/promtool.new" "$BIN/promtool"
+    write_stamp promtool "$stamp"
+    log "promtool: $("$BIN/promtool" --version 2>&1 | head -n1)"
+}
+
 # ---------------------------------------------------------------- kubectl
 need_kubectl() {
     command -v kubectl >/dev/null ||
@@ -262,7 +319,8 @@ for tool in "${WANT[@]}"; do
     etcdutl) need_etcdutl ;;
     helm) need_helm ;;
     kube-apiserver) need_kube_apiserver ;;
-    *) die "unknown tool $tool (want kubectl, etcd, etcdutl, helm or kube-apiserver)" ;;
+    promtool) need_promtool ;;
+    *) die "unknown tool $tool (want kubectl, etcd, etcdutl, helm, kube-apiserver or promtool)" ;;
     esac
 done
 if ((CHECK_ONLY && MISSING)); then

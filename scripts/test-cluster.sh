@@ -17,10 +17,10 @@ if [ -z "${DLOCK_PG_BIN:-}" ] && [ ! -x "$DLOCK_TOOLS_DIR/pg16/bin/postgres" ]; 
   "$DLOCK_ROOT/scripts/setup.sh"
 fi
 
-say "building the workspace's binaries (the operator, the Jobs' tools, the services) and the e2e tests"
-# The whole workspace, as `cargo test --workspace` and the kind tier build it: the same features
-# (payout-executor's fault injection, which the chaos crate turns on), so this build never replaces a
-# binary that the other tiers use with a different one.
+# Every binary, as the workspace builds them (the same features as `cargo test --workspace`, so
+# after scripts/test.sh's run this builds nothing): the operator, its Jobs' binaries and
+# kubectl-dlock for the cluster tier, and the services tests/monitoring.rs starts.
+say "building the workspace's binaries and the e2e tests"
 cargo build --workspace --bins
 cargo test -p dlock-e2e --no-run
 export DLOCK_E2E_BIN_DIR="$CARGO_TARGET_DIR/debug"

@@ -3,8 +3,15 @@
 # kit, the cross-process proof, then the cluster tier on a real kube-apiserver + etcd (tools are
 # built once and cached in $DLOCK_TOOLS_DIR; the first build of kube-apiserver takes ~15 minutes).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# Everything this command does not install itself, checked first: a missing piece fails here, in
+# seconds, naming what to install, not half an hour in.
+"$DLOCK_ROOT/scripts/prereqs.sh" test
 "$DLOCK_ROOT/scripts/setup.sh"
 cd "$DLOCK_ROOT"
+# The chart's alerts and dashboard are rendered with helm and checked with promtool
+# (e2e/tests/monitoring.rs): both built with Go once into $DLOCK_TOOLS_DIR, and required here.
+"$DLOCK_ROOT/scripts/cluster-tools.sh" helm promtool
+export DLOCK_REQUIRE_PROMTOOL=1
 say "cargo test --workspace"
 # setup.sh built etcdutl: the etcd snapshot-restore test must run here, not skip.
 export DLOCK_REQUIRE_ETCDUTL=1

@@ -83,9 +83,17 @@ pub fn kinds(yaml: &str) -> Vec<String> {
 /// The rendered objects of kind `K`, typed.
 pub fn rendered<K: Kind>(yaml: &str) -> Vec<K> {
     let kind = K::kind(&());
+    rendered_yaml(yaml, &kind)
+        .into_iter()
+        .map(|d| serde_yaml::from_value(d).unwrap_or_else(|e| panic!("a rendered {kind}: {e}")))
+        .collect()
+}
+
+/// The rendered objects of `kind` as YAML, for the kinds no crate here types (the
+/// monitoring.coreos.com ones).
+pub fn rendered_yaml(yaml: &str, kind: &str) -> Vec<serde_yaml::Value> {
     documents(yaml)
         .into_iter()
-        .filter(|d| d.get("kind").and_then(serde_yaml::Value::as_str) == Some(kind.as_ref()))
-        .map(|d| serde_yaml::from_value(d).unwrap_or_else(|e| panic!("a rendered {kind}: {e}")))
+        .filter(|d| d.get("kind").and_then(serde_yaml::Value::as_str) == Some(kind))
         .collect()
 }

@@ -1,17 +1,19 @@
 //! `kubectl`, for the checks whose point is that a user's own command line works: the runbook's
 //! `kubectl annotate` requests, `kubectl apply -f config/samples/`, the printer columns and short
-//! names of `kubectl get`, `helm template | kubectl apply --dry-run=server`. Everything else reads
-//! and writes typed objects through [`crate::k8s`].
+//! names of `kubectl get`, `helm template | kubectl apply --dry-run=server`, `kubectl dlock` found
+//! on PATH as a plugin. Everything else reads and writes typed objects through [`crate::k8s`].
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use tokio::io::AsyncWriteExt;
-use tokio::process::Command;
+use tokio::process::{Child, Command};
 
 #[derive(Debug, Clone)]
 pub struct Kubectl {
     kubeconfig: PathBuf,
+    /// Put first on PATH, where kubectl looks for plugins (`kubectl-NAME`).
+    plugins: Option<PathBuf>,
 }
 
 /// What one kubectl call returned.
@@ -40,7 +42,14 @@ impl Kubectl {
     pub fn new(kubeconfig: &Path) -> Self {
         Kubectl {
             kubeconfig: kubeconfig.to_path_buf(),
+            plugins: None,
         }
+    }
+
+    /// The same kubectl, finding its plugins in `dir` first (as a user's finds them on PATH).
+    pub fn with_plugins(mut self, dir: &Path) -> Self {
+        self.plugins = Some(dir.to_path_buf());
+        self
     }
 
     pub async fn run(&self, args: &[&str]) -> Out {
@@ -51,35 +60,44 @@ impl Kubectl {
         self.exec(args, Some(stdin)).await
     }
 
-    async fn exec(&self, args: &[&str], stdin: Option<&str>) -> Out {
+    /// `kubectl ARGS…` started, for a command that runs while the test does other work (a plugin
+    /// waiting for an action that the stand-in kubelet must drive).
+    pub fn spawn(&self, args: &[&str]) -> Running {
         let command = format!("kubectl {}", args.join(" "));
+        let child = self
+            .command(args, false)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn `{command}`: {e}"));
+        Running { child, command }
+    }
+
+    fn command(&self, args: &[&str], stdin: bool) -> Command {
         let mut cmd = Command::new("kubectl");
         cmd.args(args)
             .env("KUBECONFIG", &self.kubeconfig)
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
+            .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn `{command}`: {e}"));
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(dir) = &self.plugins {
+            let path = std::env::var("PATH").unwrap_or_default();
+            cmd.env("PATH", format!("{}:{path}", dir.display()));
+        }
+        cmd
+    }
+
+    async fn exec(&self, args: &[&str], stdin: Option<&str>) -> Out {
+        let command = format!("kubectl {}", args.join(" "));
+        let mut child = self
+            .command(args, stdin.is_some())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn `{command}`: {e}"));
         if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
             pipe.write_all(input.as_bytes())
                 .await
                 .unwrap_or_else(|e| panic!("write stdin of `{command}`: {e}"));
         }
-        let out = child
-            .wait_with_output()
-            .await
-            .unwrap_or_else(|e| panic!("wait `{command}`: {e}"));
-        Out {
-            success: out.status.success(),
-            code: out.status.code(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-            command,
-        }
+        Running { child, command }.output().await
     }
 
     /// `kubectl annotate RESOURCE NAME -n NS --overwrite KEY=VALUE`: the runbook's one line per
@@ -95,5 +113,38 @@ impl Kubectl {
             &format!("{key}={value}"),
         ])
         .await
+    }
+}
+
+/// A kubectl started with [`Kubectl::spawn`].
+#[derive(Debug)]
+pub struct Running {
+    child: Child,
+    command: String,
+}
+
+impl Running {
+    /// Whether it has exited (without waiting).
+    pub fn exited(&mut self) -> bool {
+        self.child
+            .try_wait()
+            .unwrap_or_else(|e| panic!("wait `{}`: {e}", self.command))
+            .is_some()
+    }
+
+    /// Its exit and output, once it ends.
+    pub async fn output(self) -> Out {
+        let Running { child, command } = self;
+        let out = child
+            .wait_with_output()
+            .await
+            .unwrap_or_else(|e| panic!("wait `{command}`: {e}"));
+        Out {
+            success: out.status.success(),
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            command,
+        }
     }
 }

@@ -14,8 +14,11 @@
 //! - [`operator`]: the `dlock-operator` binary as a process, started with the chart's own args.
 //! - [`kubelet`]: the stand-in for the kubelet and the controllers that are not running: runs a
 //!   migration Job's own command against a local PostgreSQL 16 and writes workload status.
+//! - [`lockdb`]: lockdb read directly (holder, revocations, the sequence) as the actions' ground truth.
 //! - [`specs`]: the LockServices, PaymentStacks and Secrets the tests create, as typed objects.
 //! - [`stage`]: one operator test's namespace, operator, stand-in kubelet, and waits that drive it.
+//! - [`monitoring`]: the chart's alerting rules and dashboard, promtool over them, and the metric
+//!   names their queries read.
 //! - [`kind`]: the kind tier's steps after `e2e/kind/run.sh`'s setup (`tests/kind.rs`): typed
 //!   objects, watches, the ledger over sqlx, the services over reqwest.
 
@@ -27,6 +30,8 @@ pub mod kind;
 pub mod kubectl;
 pub mod kubelet;
 pub mod lockapi;
+pub mod lockdb;
+pub mod monitoring;
 pub mod operator;
 pub mod proxy;
 pub mod rbac;

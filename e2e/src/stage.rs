@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use dlock_operator::crd::{DlockStatus, LockService, PaymentStack};
-use dlock_testkit::History;
+use dlock_testkit::{History, TestDb};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::events::v1::Event;
 use kube::core::object::HasStatus;
@@ -13,6 +13,7 @@ use kube::{Api, Resource};
 
 use crate::k8s::{self, Kind};
 use crate::kubelet::Kubelet;
+use crate::lockapi::LockApi;
 use crate::operator::{self, Operator};
 use crate::proxy::Proxy;
 use crate::rbac::{self, Identity};
@@ -72,6 +73,37 @@ impl Stage {
             options,
             scratch,
         })
+    }
+
+    /// Runs the pod of LockService `lsvc`'s lock-server Deployment as a local process (the stand-in
+    /// kubelet does, once the Deployment exists), reached at its Service authority through the
+    /// proxy.
+    pub fn serve_lock_server(&mut self, lsvc: &str) {
+        let authority = format!("{lsvc}-lock-server.{}.svc:8080", self.ns);
+        self.kubelet
+            .serve_deployment(&format!("{lsvc}-lock-server"), &authority, History::Lockdb);
+    }
+
+    /// lock-server's API of LockService `lsvc`, at the process the stand-in runs for it now.
+    pub fn lock_api(&self, lsvc: &str) -> LockApi {
+        LockApi {
+            port: self
+                .kubelet
+                .served_port(&format!("{lsvc}-lock-server"))
+                .unwrap_or_else(|| panic!("lock-server of {lsvc} is not running")),
+        }
+    }
+
+    /// The local database standing in for lockdb.
+    pub fn lockdb(&self) -> TestDb {
+        self.kubelet.databases[&History::Lockdb].clone()
+    }
+
+    /// The proxy (a stage started with [`Options::proxy`]).
+    pub fn proxy(&self) -> &Proxy {
+        self.proxy
+            .as_ref()
+            .unwrap_or_else(|| panic!("this stage was started without the proxy"))
     }
 
     /// A new operator process in place of the current one (which a test may have killed).

@@ -8,6 +8,7 @@
 
 use dlock_e2e::k8s;
 use dlock_e2e::lockapi::LockApi;
+use dlock_e2e::lockdb::{holder, revocations, sequence};
 use dlock_e2e::specs::{lockservice, paymentstack, stack_spec};
 use dlock_e2e::stage::{Options, Stage};
 use dlock_operator::crd::actions::{ANNOTATION_RESTORE, ANNOTATION_REVOKE, RestoreRequest, RevokeRequest};
@@ -30,27 +31,16 @@ async fn stage(test: &str, histories: &[History], op_env: &[(&str, &str)]) -> Op
             .collect(),
     };
     let mut st = Stage::start(test, "act", histories, options).await?;
-    let authority = format!("{LS}-lock-server.{}.svc:8080", st.ns);
-    st.kubelet
-        .serve_deployment(&format!("{LS}-lock-server"), &authority, History::Lockdb);
+    st.serve_lock_server(LS);
     Some(st)
 }
 
 fn lock_api(st: &Stage) -> LockApi {
-    LockApi {
-        port: st
-            .kubelet
-            .served_port(&format!("{LS}-lock-server"))
-            .unwrap_or_else(|| panic!("lock-server is not running")),
-    }
-}
-
-fn lockdb(st: &Stage) -> TestDb {
-    st.kubelet.databases[&History::Lockdb].clone()
+    st.lock_api(LS)
 }
 
 fn proxy(st: &Stage) -> &dlock_e2e::proxy::Proxy {
-    st.proxy.as_ref().expect("the actions' stage runs the proxy")
+    st.proxy()
 }
 
 /// One `kubectl annotate` line: the user's entry point (docs/operations.md), so kubectl it is.
@@ -107,24 +97,6 @@ fn managed_lockservice() -> LockService {
     lockservice(LS, DatabaseSpec::managed(), 1)
 }
 
-async fn revocations(db: &TestDb, key: &str) -> Vec<(i64, String, String)> {
-    sqlx::query_as(
-        "SELECT prev_token, prev_owner, operator FROM lock_revocation WHERE lock_key = $1 ORDER BY id",
-    )
-    .bind(key)
-    .fetch_all(&db.admin_pool().await)
-    .await
-    .unwrap_or_else(|e| panic!("read lock_revocation: {e}"))
-}
-
-async fn holder(db: &TestDb, key: &str) -> Option<(String, i64)> {
-    sqlx::query_as("SELECT owner_id, fencing_token FROM lock_entry WHERE lock_key = $1")
-        .bind(key)
-        .fetch_optional(&db.admin_pool().await)
-        .await
-        .unwrap_or_else(|e| panic!("read lock_entry: {e}"))
-}
-
 /// The LockService Ready at its current generation (driving the stand-in).
 async fn ready(st: &mut Stage) -> LockService {
     st.wait_ready(LS).await
@@ -154,7 +126,7 @@ async fn revoke_by_annotation_is_pinned_to_the_recorded_token_across_retries_and
     let ready = ready(&mut st).await;
     let generation = ready.metadata.generation;
     let api = lock_api(&st);
-    let db = lockdb(&st);
+    let db = st.lockdb();
     let key = "account:e2e-stuck";
 
     // 1. A worker holds the key; the operator is asked to revoke it.
@@ -300,15 +272,6 @@ async fn exec_server(db: &TestDb, sql: &str) {
         .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
-async fn sequence(db: &TestDb) -> i64 {
-    sqlx::query_scalar(
-        "SELECT (CASE WHEN is_called THEN last_value ELSE last_value - 1 END)::BIGINT FROM fencing_token_seq",
-    )
-    .fetch_one(&db.admin_pool().await)
-    .await
-    .unwrap_or_else(|e| panic!("read the sequence: {e}"))
-}
-
 const A1: &str = "00000000-0000-4000-8000-000000000001";
 const A2: &str = "00000000-0000-4000-8000-000000000002";
 
@@ -331,7 +294,7 @@ async fn restore_fast_forward_gates_reads_every_paydb_advances_and_resumes() {
     st.apply(&managed_lockservice()).await;
     st.apply(&payments("pay-a")).await;
     st.apply(&payments("pay-b")).await;
-    let lockdb = lockdb(&st);
+    let lockdb = st.lockdb();
 
     // 1. The backup: lockdb right after its migration, before any grant (a file-level copy of the
     //    database, taken while nothing is connected).
@@ -650,7 +613,7 @@ async fn a_sequence_rewound_outside_dlock_is_detected_and_clears_after_the_fast_
     // Detection changes nothing by itself: no gate, lock-server keeps serving, the sequence is
     // where it was.
     assert!(s.gate.is_none(), "{s:?}");
-    assert_eq!(sequence(&lockdb(&st)).await, 3);
+    assert_eq!(sequence(&st.lockdb()).await, 3);
 
     // 3. The fast-forward clears it, and the next check agrees (the gauge returns to 0).
     request_restore(&st, "ff-detected", Some(10)).await;

@@ -8,6 +8,8 @@ use dlock_e2e::k8s::{self, Child, Kind};
 use dlock_e2e::kubelet::JobRun;
 use dlock_e2e::specs::{etcd_lockservice, lockservice, paymentstack, secret, stack_spec};
 use dlock_e2e::stage::{Options, Stage};
+use dlock_operator::builders::HTTP_PORT;
+use dlock_operator::builders::network_policies::Scraper;
 use dlock_operator::crd::status::ActionPhase;
 use dlock_operator::crd::{
     DatabaseSpec, DlockStatus, EtcdSpec, LockService, ManagedEtcd, PaymentStack, Phase,
@@ -347,6 +349,15 @@ async fn paymentstack_comes_up_behind_its_lockservice_and_drops_disabled_childre
         })
         .and_then(|s| s.match_labels.as_ref()?.get("dlock.dev/lock-service").cloned());
     assert_eq!(admitted.as_deref(), Some("locks"), "{:?}", ls_policies[0]);
+    // Told of no Prometheus (no --prometheus-* flag), no policy admits anyone else: one rule each.
+    for np in st.owned::<NetworkPolicy, _>(&ps).await.iter().chain(&ls_policies) {
+        let rules = np
+            .spec
+            .as_ref()
+            .and_then(|s| s.ingress.as_ref())
+            .map_or(0, Vec::len);
+        assert_eq!(rules, 1, "{}: {:?}", np.name_any(), np.spec);
+    }
     // The payments stack is not owned by (or owning) the LockService's children.
     let ps_uid = ps.uid().unwrap_or_default();
     assert!(
@@ -391,6 +402,57 @@ async fn paymentstack_comes_up_behind_its_lockservice_and_drops_disabled_childre
     })
     .await;
     st.wait_ready::<PaymentStack>("pay").await;
+    st.op.assert_healthy();
+}
+
+/// The Prometheus the chart's values name reaches the operator as `--prometheus-namespace-selector`
+/// / `--prometheus-pod-selector` (here through their environment variables, the same clap
+/// arguments): lock-server's NetworkPolicy, as the API server stores it, admits exactly those pods,
+/// to the HTTP port that serves `/metrics`, beside its executors and the operator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_policies_admit_the_prometheus_the_operator_is_told_of() {
+    let (namespaces, pods) = (
+        "kubernetes.io/metadata.name=monitoring",
+        "app.kubernetes.io/name=prometheus",
+    );
+    let options = Options {
+        env: vec![
+            (
+                "DLOCK_OPERATOR_PROMETHEUS_NAMESPACE_SELECTOR".into(),
+                namespaces.into(),
+            ),
+            ("DLOCK_OPERATOR_PROMETHEUS_POD_SELECTOR".into(), pods.into()),
+        ],
+        ..Options::default()
+    };
+    let Some(mut st) = Stage::start(
+        "network_policies_admit_the_prometheus_the_operator_is_told_of",
+        "op",
+        &[History::Lockdb],
+        options,
+    )
+    .await
+    else {
+        return;
+    };
+    st.apply(&lockservice("locks", DatabaseSpec::managed(), 1)).await;
+    let ls: LockService = st.wait_ready("locks").await;
+    let policies = st.owned::<NetworkPolicy, _>(&ls).await;
+    assert_eq!(policies.len(), 1, "lock-server's policy");
+    let rules = policies[0]
+        .spec
+        .as_ref()
+        .and_then(|s| s.ingress.clone())
+        .unwrap_or_default();
+    let scraper = Scraper::new(Some(namespaces), Some(pods))
+        .expect("the selectors parse")
+        .expect("a scraper is named");
+    assert_eq!(rules.len(), 2, "the clients' rule and the scraper's: {rules:?}");
+    assert_eq!(
+        rules[1],
+        scraper.rule(HTTP_PORT),
+        "the scraper's pods in its namespaces, on the metrics port only"
+    );
     st.op.assert_healthy();
 }
 

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
+use crate::builders::network_policies::Scraper;
 use crate::metrics::Metrics;
 use crate::reasons::Reason;
 
@@ -22,6 +23,8 @@ pub struct Settings {
     /// How often each LockService's fencing sequence is compared with its paydbs' high-water;
     /// `None` turns the check off.
     pub fencing_check_interval: Option<Duration>,
+    /// The Prometheus the NetworkPolicies admit to the metrics ports; `None`: none is named.
+    pub scraper: Option<Scraper>,
 }
 
 /// State shared by every reconcile. Passed explicitly; no globals.

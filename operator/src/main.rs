@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{ArgAction, Parser};
+use dlock_operator::builders::network_policies::Scraper;
 use dlock_operator::controller::{self, Context, Settings};
 use dlock_operator::http::{self, Health, Readiness};
 use dlock_operator::metrics::Metrics;
@@ -62,6 +63,14 @@ struct Args {
     /// high-water (a Job per check); 0 turns the check off.
     #[arg(long, env = "DLOCK_OPERATOR_FENCING_CHECK_SECS", default_value_t = 300)]
     fencing_check_secs: u64,
+    /// The Prometheus that scrapes the dlock pods: labels of its namespaces (`k=v,k=v`). With
+    /// --prometheus-pod-selector, the NetworkPolicies the operator builds admit those pods to the
+    /// metrics ports only; neither given: no scraper is admitted.
+    #[arg(long, env = "DLOCK_OPERATOR_PROMETHEUS_NAMESPACE_SELECTOR")]
+    prometheus_namespace_selector: Option<String>,
+    /// Labels of the Prometheus pods (`k=v,k=v`); empty: every pod of those namespaces.
+    #[arg(long, env = "DLOCK_OPERATOR_PROMETHEUS_POD_SELECTOR")]
+    prometheus_pod_selector: Option<String>,
 }
 
 /// Exit codes: 0 clean shutdown, 1 runtime failure, 2 CRDs missing, 3 leadership lost.
@@ -82,6 +91,11 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    // Checked before anything starts: a typo in a selector must not leave Prometheus shut out.
+    let scraper = Scraper::new(
+        args.prometheus_namespace_selector.as_deref(),
+        args.prometheus_pod_selector.as_deref(),
+    )?;
     let client = Client::try_default().await?;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
@@ -106,7 +120,7 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         })
     };
 
-    let code = operate(&args, client, metrics, &health, &shutdown).await?;
+    let code = operate(&args, client, metrics, scraper, &health, &shutdown).await?;
     health.set(Readiness::ShuttingDown);
     shutdown.cancel();
     let _ = server.await;
@@ -118,6 +132,7 @@ async fn operate(
     args: &Args,
     client: Client,
     metrics: Metrics,
+    scraper: Option<Scraper>,
     health: &Health,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<ExitCode> {
@@ -144,6 +159,7 @@ async fn operate(
         namespace: args.namespace.clone(),
         fencing_check_interval: (args.fencing_check_secs > 0)
             .then(|| std::time::Duration::from_secs(args.fencing_check_secs)),
+        scraper,
     };
     let ctx = Arc::new(Context::new(
         client.clone(),

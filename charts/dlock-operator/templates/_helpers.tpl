@@ -55,3 +55,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "dlock-operator.leaseName" -}}
 {{- default (include "dlock-operator.fullname" .) .Values.leaderElection.leaseName }}
 {{- end }}
+
+{{/* A label map as the operator's selector flags take it: k=v,k=v (sorted by key). */}}
+{{- define "dlock-operator.labelList" -}}
+{{- $out := list -}}
+{{- range $k, $v := . -}}
+{{- $out = append $out (printf "%s=%s" $k $v) -}}
+{{- end -}}
+{{- join "," $out -}}
+{{- end }}

@@ -1,6 +1,7 @@
 //! Deployments and Services of the dlock binaries. Each container runs the binary of the same name
-//! from the dlock image, listens on 0.0.0.0:8080 (except payout-executor, which serves nothing), and
-//! reads DATABASE_URL from the connection Secret, never from a plain env value.
+//! from the dlock image, listens on 0.0.0.0:8080 (container port `http`, where `/metrics` is, which
+//! the chart's PodMonitor scrapes: for payout-executor it is all it serves, so it gets no Service and
+//! no probes), and reads DATABASE_URL from the connection Secret, never from a plain env value.
 
 use std::collections::BTreeMap;
 
@@ -13,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::postgres::{History, KEY_URL, names};
-use super::{Child, Desired, HTTP_PORT, LISTEN_ADDR, Owner, configmap_env, env, secret_env};
+use super::{Child, Desired, HTTP_PORT, HTTP_PORT_NAME, LISTEN_ADDR, Owner, configmap_env, env, secret_env};
 use super::{LABEL_LOCK_SERVICE, LOCK_SERVER, PAYMENT_RESOURCE, PAYOUT_EXECUTOR, RAIL_PROXY, RAIL_STUB};
 use super::{credentials, grant_keys};
 use crate::crd::{KillSwitches, LeaseSpec, RailStubMode};
@@ -116,7 +117,8 @@ pub struct Workload {
     pub args: Vec<String>,
     pub env: Vec<EnvVar>,
     pub resources: Option<ResourceRequirements>,
-    /// Serves HTTP on [`HTTP_PORT`] with `/healthz` and `/readyz` (and so gets probes and a Service).
+    /// Serves its API on [`HTTP_PORT`] with `/healthz` and `/readyz` (and so gets probes and a
+    /// Service). Every workload listens there for `/metrics` either way.
     pub serves_http: bool,
     pub annotations: BTreeMap<String, String>,
     /// Pod labels beyond the standard ones (e.g. what a NetworkPolicy admits by).
@@ -360,6 +362,9 @@ pub fn payout_executor(
             targets.rail_proxy_url.clone(),
             "--workers".into(),
             workers.to_string(),
+            // /metrics, /healthz and /readyz, for the scrape (its default is loopback only).
+            "--listen".into(),
+            LISTEN_ADDR.into(),
         ],
         env,
         resources,
@@ -381,7 +386,7 @@ fn http_probe(path: &str, period: i32) -> Probe {
     Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),
-            port: IntOrString::String("http".into()),
+            port: IntOrString::String(HTTP_PORT_NAME.into()),
             ..HTTPGetAction::default()
         }),
         period_seconds: Some(period),
@@ -397,13 +402,11 @@ pub fn deployment(owner: &Owner, w: &Workload) -> Deployment {
         command: Some(vec![w.component.into()]),
         args: Some(w.args.clone()),
         env: (!w.env.is_empty()).then(|| w.env.clone()),
-        ports: w.serves_http.then(|| {
-            vec![ContainerPort {
-                name: Some("http".into()),
-                container_port: HTTP_PORT,
-                ..ContainerPort::default()
-            }]
-        }),
+        ports: Some(vec![ContainerPort {
+            name: Some(HTTP_PORT_NAME.into()),
+            container_port: HTTP_PORT,
+            ..ContainerPort::default()
+        }]),
         readiness_probe: w.serves_http.then(|| http_probe("/readyz", 5)),
         liveness_probe: w.serves_http.then(|| Probe {
             initial_delay_seconds: Some(10),
@@ -450,9 +453,9 @@ pub fn service(owner: &Owner, component: &str) -> Service {
         spec: Some(ServiceSpec {
             selector: Some(owner.selector(component)),
             ports: Some(vec![ServicePort {
-                name: Some("http".into()),
+                name: Some(HTTP_PORT_NAME.into()),
                 port: HTTP_PORT,
-                target_port: Some(IntOrString::String("http".into())),
+                target_port: Some(IntOrString::String(HTTP_PORT_NAME.into())),
                 ..ServicePort::default()
             }]),
             ..ServiceSpec::default()

@@ -23,6 +23,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::network_policies::Scraper;
 use super::{LOCK_SERVER, Owner};
 use crate::crd::ManagedEtcd;
 
@@ -280,9 +281,10 @@ pub fn disruption_budget(owner: &Owner, replicas: i32) -> PodDisruptionBudget {
     }
 }
 
-/// Who may open a connection to the members: this LockService's lock-server pods (client port) and
-/// the members themselves (client and peer ports). The kubelet's probes are not filtered.
-pub fn network_policy(owner: &Owner) -> NetworkPolicy {
+/// Who may open a connection to the members: this LockService's lock-server pods (client port),
+/// the members themselves (client and peer ports) and the scraper, when there is one (the metrics
+/// port only). The kubelet's probes are not filtered.
+pub fn network_policy(owner: &Owner, scraper: Option<&Scraper>) -> NetworkPolicy {
     let pods = |component: &str| NetworkPolicyPeer {
         pod_selector: Some(LabelSelector {
             match_labels: Some(owner.selector(component)),
@@ -303,16 +305,21 @@ pub fn network_policy(owner: &Owner) -> NetworkPolicy {
                 ..LabelSelector::default()
             }),
             policy_types: Some(vec!["Ingress".into()]),
-            ingress: Some(vec![
-                NetworkPolicyIngressRule {
-                    from: Some(vec![pods(LOCK_SERVER)]),
-                    ports: Some(vec![tcp(CLIENT_PORT)]),
-                },
-                NetworkPolicyIngressRule {
-                    from: Some(vec![pods(ETCD)]),
-                    ports: Some(vec![tcp(CLIENT_PORT), tcp(PEER_PORT)]),
-                },
-            ]),
+            ingress: Some(
+                [
+                    NetworkPolicyIngressRule {
+                        from: Some(vec![pods(LOCK_SERVER)]),
+                        ports: Some(vec![tcp(CLIENT_PORT)]),
+                    },
+                    NetworkPolicyIngressRule {
+                        from: Some(vec![pods(ETCD)]),
+                        ports: Some(vec![tcp(CLIENT_PORT), tcp(PEER_PORT)]),
+                    },
+                ]
+                .into_iter()
+                .chain(scraper.map(|s| s.rule(METRICS_PORT)))
+                .collect(),
+            ),
             egress: None,
         }),
     }

@@ -45,6 +45,8 @@ pub const RAIL_STUB: &str = "rail-stub";
 pub const PAYOUT_EXECUTOR: &str = "payout-executor";
 /// Every dlock HTTP service listens here inside its pod.
 pub const HTTP_PORT: i32 = 8080;
+/// The container port's name: the chart's PodMonitor scrapes `/metrics` on the port of this name.
+pub const HTTP_PORT_NAME: &str = "http";
 pub const LISTEN_ADDR: &str = "0.0.0.0:8080";
 pub const POSTGRES_PORT: i32 = 5432;
 

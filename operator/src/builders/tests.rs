@@ -66,6 +66,7 @@ fn ls_inputs<'a>(migration: &'a JobState) -> lockservice::children::Inputs<'a> {
         db_secret_version: Some("42"),
         gated: false,
         signing_key: Some("k1"),
+        scraper: None,
     }
 }
 
@@ -97,6 +98,7 @@ fn ps_inputs<'a>(
         migration,
         db_secret_version: Some("7"),
         lock_service: ls,
+        scraper: None,
     }
 }
 
@@ -532,9 +534,15 @@ fn workloads_run_their_binary_with_the_documented_flags() {
             "--rail-proxy-url",
             "http://shop-rail-proxy.pay.svc:8080",
             "--workers",
-            "7"
+            "7",
+            "--listen",
+            "0.0.0.0:8080"
         ]
     );
+    // It serves /metrics on the named port (what the PodMonitor scrapes), and nothing to probe.
+    let port = &ex.ports.clone().unwrap()[0];
+    assert_eq!((port.name.as_deref(), port.container_port), (Some("http"), 8080));
+    assert!(ex.readiness_probe.is_none() && ex.liveness_probe.is_none());
     // No database credentials at all, and the lease defaults of its LockService.
     assert!(env_of(&ex, "DATABASE_URL").is_none());
     assert_eq!(
@@ -905,12 +913,18 @@ type Pod = (&'static str, std::collections::BTreeMap<String, String>);
 
 /// Whether `policy` (in namespace "pay") admits a connection from `from` to port 8080.
 fn admits(policy: &k8s_openapi::api::networking::v1::NetworkPolicy, from: &Pod) -> bool {
+    admits_on(policy, from, 8080)
+}
+
+/// Whether `policy` (in namespace "pay") admits a connection from `from` to `port`. A namespace
+/// carries the label Kubernetes gives every namespace, `kubernetes.io/metadata.name`.
+fn admits_on(policy: &k8s_openapi::api::networking::v1::NetworkPolicy, from: &Pod, port: i32) -> bool {
     let spec = policy.spec.as_ref().unwrap();
     spec.ingress.iter().flatten().any(|rule| {
         let port_ok = rule.ports.iter().flatten().any(|p| {
             p.port
                 == Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(
-                    8080,
+                    port,
                 ))
         });
         let peer_ok = rule.from.iter().flatten().any(|peer| {
@@ -918,7 +932,10 @@ fn admits(policy: &k8s_openapi::api::networking::v1::NetworkPolicy, from: &Pod) 
             // No namespaceSelector: the policy's own namespace only; `{}`: any namespace.
             let ns_ok = match &peer.namespace_selector {
                 None => from.0 == "pay",
-                Some(sel) => selects(sel, &std::collections::BTreeMap::new()),
+                Some(sel) => selects(
+                    sel,
+                    &[("kubernetes.io/metadata.name".to_owned(), from.0.to_owned())].into(),
+                ),
             };
             ns_ok && peer.pod_selector.as_ref().is_none_or(|sel| selects(sel, &from.1))
         });
@@ -1089,6 +1106,7 @@ fn etcd_inputs(quorum: bool) -> lockservice::children::Inputs<'static> {
         db_secret_version: None,
         gated: false,
         signing_key: Some("k1"),
+        scraper: None,
     }
 }
 
@@ -1704,4 +1722,214 @@ fn grant_verification_can_be_switched_off_per_stack() {
             "{name}"
         );
     }
+}
+
+// ---------------------------------------------------------------- the scraper (Prometheus)
+
+fn prometheus() -> super::network_policies::Scraper {
+    super::network_policies::Scraper::new(
+        Some("kubernetes.io/metadata.name=monitoring"),
+        Some("app.kubernetes.io/name=prometheus"),
+    )
+    .unwrap()
+    .unwrap()
+}
+
+/// Every NetworkPolicy the operator builds (both kinds, etcd members included), each with the port
+/// its pods serve `/metrics` on.
+fn every_policy(scraper: Option<&super::network_policies::Scraper>) -> Vec<(String, i32, Desired)> {
+    let ls = managed_ls();
+    let ls_owner = Owner::of(&ls).unwrap();
+    let locks = lockservice::children::desired(
+        &ls,
+        &ls_owner,
+        &lockservice::children::Inputs {
+            scraper,
+            ..ls_inputs(&JobState::Succeeded)
+        },
+    )
+    .unwrap();
+    let etcd = etcd_ls(json!({"managed": {"replicas": 3}}));
+    let etcd_owner = Owner::of(&etcd).unwrap();
+    let etcd_d = lockservice::children::desired(
+        &etcd,
+        &etcd_owner,
+        &lockservice::children::Inputs {
+            scraper,
+            ..etcd_inputs(true)
+        },
+    )
+    .unwrap();
+    let shop = default_stack();
+    let shop_owner = Owner::of(&shop).unwrap();
+    let view = ready_lock_service();
+    let stack = paymentstack::children::desired(
+        &shop,
+        &shop_owner,
+        &paymentstack::children::Inputs {
+            scraper,
+            ..ps_inputs(&JobState::Succeeded, Some(&view))
+        },
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    for d in [locks, etcd_d, stack] {
+        for p in policies(&d) {
+            let name = p.metadata.name.clone().unwrap();
+            let port = if name.ends_with("-etcd") {
+                super::etcd_members::METRICS_PORT
+            } else {
+                8080
+            };
+            out.push((name, port, d.clone()));
+        }
+    }
+    out
+}
+
+#[test]
+fn network_policies_admit_the_named_prometheus_to_the_metrics_port_only() {
+    let scraper = prometheus();
+    let with = every_policy(Some(&scraper));
+    let names: Vec<&str> = with.iter().map(|(n, _, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "locks-lock-server",
+            "locks-etcd",
+            "locks-lock-server",
+            "shop-payment-resource",
+            "shop-rail-proxy",
+            "shop-rail-stub"
+        ]
+    );
+    let prometheus: Pod = (
+        "monitoring",
+        [("app.kubernetes.io/name".to_owned(), "prometheus".to_owned())].into(),
+    );
+    let grafana_beside_it: Pod = (
+        "monitoring",
+        [("app.kubernetes.io/name".to_owned(), "grafana".to_owned())].into(),
+    );
+    let prometheus_elsewhere: Pod = ("pay", prometheus.1.clone());
+    for (name, metrics_port, d) in &with {
+        let policy = policies(d)
+            .into_iter()
+            .find(|p| p.metadata.name.as_deref() == Some(name.as_str()))
+            .unwrap();
+        assert!(admits_on(policy, &prometheus, *metrics_port), "{name}");
+        assert!(
+            !admits_on(policy, &grafana_beside_it, *metrics_port),
+            "{name} admits grafana"
+        );
+        assert!(
+            !admits_on(policy, &prometheus_elsewhere, *metrics_port),
+            "{name} admits a prometheus-labelled pod of another namespace"
+        );
+        // Any other port of the pods stays closed to it (etcd's client and peer ports).
+        for port in [2379, 2380, 5432, 8080, 2381] {
+            if port != *metrics_port {
+                assert!(
+                    !admits_on(policy, &prometheus, port),
+                    "{name} admits it on {port}"
+                );
+            }
+        }
+        // Exactly one rule for it, naming one port.
+        let rules = policy.spec.as_ref().unwrap().ingress.clone().unwrap();
+        let scrape_rules: Vec<_> = rules
+            .iter()
+            .filter(|r| {
+                r.from.iter().flatten().any(|p| {
+                    p.namespace_selector
+                        .as_ref()
+                        .and_then(|s| s.match_labels.as_ref())
+                        .is_some_and(|l| l.contains_key("kubernetes.io/metadata.name"))
+                })
+            })
+            .collect();
+        assert_eq!(scrape_rules.len(), 1, "{name}: {rules:?}");
+        assert_eq!(scrape_rules[0].ports.as_ref().unwrap().len(), 1, "{name}");
+    }
+    // Negative control: without a scraper named, the same pod is refused everywhere.
+    for (name, metrics_port, d) in every_policy(None) {
+        let policy = policies(&d)
+            .into_iter()
+            .find(|p| p.metadata.name.as_deref() == Some(name.as_str()))
+            .unwrap();
+        assert!(
+            !admits_on(policy, &prometheus, metrics_port),
+            "{name} admits an unnamed scraper"
+        );
+    }
+}
+
+#[test]
+fn every_workload_serves_metrics_on_the_named_port() {
+    let shop = default_stack();
+    let owner = Owner::of(&shop).unwrap();
+    let view = ready_lock_service();
+    let p = paymentstack::children::desired(&shop, &owner, &ps_inputs(&JobState::Succeeded, Some(&view)))
+        .unwrap();
+    let ls = managed_ls();
+    let ls_owner = Owner::of(&ls).unwrap();
+    let l = lockservice::children::desired(&ls, &ls_owner, &ls_inputs(&JobState::Succeeded)).unwrap();
+    let mut seen = Vec::new();
+    for d in p.deployments().chain(l.deployments()) {
+        let c = containers(&Child::Deployment(d.clone()))[0].clone();
+        let ports = c.ports.clone().unwrap();
+        assert_eq!(ports.len(), 1, "{:?}", d.metadata.name);
+        assert_eq!(
+            (ports[0].name.as_deref(), ports[0].container_port),
+            (Some("http"), 8080)
+        );
+        assert_eq!(
+            arg_after(c.args.as_deref().unwrap(), "--listen"),
+            Some("0.0.0.0:8080"),
+            "{:?}",
+            d.metadata.name
+        );
+        seen.push(d.metadata.name.clone().unwrap());
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            "locks-lock-server",
+            "shop-payment-resource",
+            "shop-payout-executor",
+            "shop-rail-proxy",
+            "shop-rail-stub"
+        ]
+    );
+}
+
+#[test]
+fn prometheus_selectors_are_checked_like_kubernetes_labels() {
+    use super::network_policies::{Scraper, ScraperError};
+    assert_eq!(Scraper::new(None, None), Ok(None));
+    assert_eq!(Scraper::new(Some(""), Some(" ")), Ok(None));
+    assert!(
+        Scraper::new(Some("team=obs, kubernetes.io/metadata.name=monitoring"), None)
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        Scraper::new(None, Some("app.kubernetes.io/name=prometheus,empty="))
+            .unwrap()
+            .is_some()
+    );
+    for (ns, pods, want) in [
+        (Some("monitoring"), None, "not key=value"),
+        (Some("-bad=x"), None, "label key"),
+        (Some("Bad.Prefix/name=x"), None, "label key"),
+        (None, Some("app=-x"), "label value"),
+        (None, Some(&*format!("app={}", "a".repeat(64))), "label value"),
+        (None, Some("app=a,app=b"), "twice"),
+    ] {
+        let e: ScraperError = Scraper::new(ns, pods).unwrap_err();
+        assert!(e.to_string().contains(want), "{ns:?} {pods:?}: {e}");
+    }
+    let e = Scraper::new(None, Some("app=a,app=b")).unwrap_err().to_string();
+    assert!(e.starts_with("--prometheus-pod-selector"), "{e}");
 }

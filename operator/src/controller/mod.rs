@@ -14,6 +14,7 @@ pub mod steps;
 pub mod store;
 pub mod verdict;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,6 +37,7 @@ pub use crate::error::{Error, Result};
 
 use crate::builders::{LABEL_MANAGED_BY, MANAGED_BY};
 use crate::crd::{LockService, PaymentStack};
+use crate::metrics::{LOCK_SERVICE, ObjectKey, PAYMENT_STACK};
 use crate::reasons::Reason;
 
 const BACKOFF_BASE: Duration = Duration::from_secs(2);
@@ -68,10 +70,10 @@ where
     F: FnOnce(K, Arc<Context>) -> Fut,
     Fut: std::future::Future<Output = Result<Action>>,
 {
-    let kind: &'static str = if K::kind(&()) == "LockService" {
-        "LockService"
+    let kind: &'static str = if K::kind(&()) == LOCK_SERVICE {
+        LOCK_SERVICE
     } else {
-        "PaymentStack"
+        PAYMENT_STACK
     };
     let _timer = ctx.metrics.reconcile_started(kind);
     let obj = match &guard.0 {
@@ -163,6 +165,28 @@ fn log_outcome<K: Resource, E: std::fmt::Display>(res: std::result::Result<(Obje
     }
 }
 
+/// How often the metrics of deleted objects are removed.
+const METRICS_PRUNE_INTERVAL: Duration = Duration::from_secs(30);
+
+/// (kind, namespace, name) of every object in a controller's store, readable or not.
+fn object_keys<K: Resource<DynamicType = ()>>(
+    kind: &'static str,
+    objects: &[Arc<DeserializeGuard<K>>],
+) -> impl Iterator<Item = ObjectKey> {
+    objects
+        .iter()
+        .filter_map(|g| {
+            let meta = match &g.0 {
+                Ok(o) => o.meta(),
+                Err(invalid) => &invalid.metadata,
+            };
+            Some((meta.namespace.clone()?, meta.name.clone()?))
+        })
+        .map(move |(namespace, name)| (kind, namespace, name))
+        .collect::<Vec<_>>()
+        .into_iter()
+}
+
 /// Runs both controllers until `shutdown` resolves.
 pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
     let client = ctx.client.clone();
@@ -176,42 +200,45 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     let lock_services = Controller::new(
         api::<DeserializeGuard<LockService>>(&client, ns),
         watcher::Config::default(),
-    )
-    .owns(api::<StatefulSet>(&client, ns), children())
-    .owns(api::<Service>(&client, ns), children())
-    .owns(api::<Job>(&client, ns), children())
-    .owns(api::<Deployment>(&client, ns), children())
-    .owns(api::<NetworkPolicy>(&client, ns), children())
-    .owns(api::<PodDisruptionBudget>(&client, ns), children())
-    // The grant public keys it publishes.
-    .owns(api::<ConfigMap>(&client, ns), children())
-    // A PaymentStack's status (the grant keys its resources are rolled out with) decides which key
-    // its LockService signs with: a change re-reconciles that LockService.
-    .watches(
-        api::<DeserializeGuard<PaymentStack>>(&client, ns),
-        watcher::Config::default(),
-        |ps| {
-            let ps = ps.0.as_ref().ok()?;
-            Some(ObjectRef::new(&ps.spec.lock_service_ref.name).within(&ps.namespace()?))
-        },
-    )
-    .graceful_shutdown_on(stop(rx.clone()))
-    .run(
-        |obj, ctx| {
-            instrumented(obj, ctx, |ls: LockService, ctx| async move {
-                pipeline::reconcile(&ls, &ctx).await
-            })
-        },
-        error_policy,
-        ctx.clone(),
-    )
-    .for_each(|res| async move { log_outcome(res) });
+    );
+    let lock_service_store = lock_services.store();
+    let lock_services = lock_services
+        .owns(api::<StatefulSet>(&client, ns), children())
+        .owns(api::<Service>(&client, ns), children())
+        .owns(api::<Job>(&client, ns), children())
+        .owns(api::<Deployment>(&client, ns), children())
+        .owns(api::<NetworkPolicy>(&client, ns), children())
+        .owns(api::<PodDisruptionBudget>(&client, ns), children())
+        // The grant public keys it publishes.
+        .owns(api::<ConfigMap>(&client, ns), children())
+        // A PaymentStack's status (the grant keys its resources are rolled out with) decides which
+        // key its LockService signs with: a change re-reconciles that LockService.
+        .watches(
+            api::<DeserializeGuard<PaymentStack>>(&client, ns),
+            watcher::Config::default(),
+            |ps| {
+                let ps = ps.0.as_ref().ok()?;
+                Some(ObjectRef::new(&ps.spec.lock_service_ref.name).within(&ps.namespace()?))
+            },
+        )
+        .graceful_shutdown_on(stop(rx.clone()))
+        .run(
+            |obj, ctx| {
+                instrumented(obj, ctx, |ls: LockService, ctx| async move {
+                    pipeline::reconcile(&ls, &ctx).await
+                })
+            },
+            error_policy,
+            ctx.clone(),
+        )
+        .for_each(|res| async move { log_outcome(res) });
 
     let stacks = Controller::new(
         api::<DeserializeGuard<PaymentStack>>(&client, ns),
         watcher::Config::default(),
     );
     let store = stacks.store();
+    let stack_store = store.clone();
     let stacks = stacks
         .owns(api::<StatefulSet>(&client, ns), children())
         .owns(api::<Service>(&client, ns), children())
@@ -237,7 +264,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
                     .collect::<Vec<ObjectRef<DeserializeGuard<PaymentStack>>>>()
             },
         )
-        .graceful_shutdown_on(stop(rx))
+        .graceful_shutdown_on(stop(rx.clone()))
         .run(
             |obj, ctx| {
                 instrumented(obj, ctx, |ps: PaymentStack, ctx| async move {
@@ -249,12 +276,30 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         )
         .for_each(|res| async move { log_outcome(res) });
 
+    // Series of deleted objects go, so that no alert fires for what no longer exists.
+    let prune = {
+        let metrics = ctx.metrics.clone();
+        let mut rx = rx;
+        async move {
+            loop {
+                let existing: BTreeSet<ObjectKey> = object_keys(LOCK_SERVICE, &lock_service_store.state())
+                    .chain(object_keys(PAYMENT_STACK, &stack_store.state()))
+                    .collect();
+                metrics.retain(&existing);
+                tokio::select! {
+                    () = tokio::time::sleep(METRICS_PRUNE_INTERVAL) => {}
+                    _ = rx.wait_for(|s| *s) => return,
+                }
+            }
+        }
+    };
+
     tracing::info!(event = "controllers_started");
     let signal = async move {
         shutdown.await;
         let _ = tx.send(true);
     };
-    tokio::join!(lock_services, stacks, signal);
+    tokio::join!(lock_services, stacks, prune, signal);
     tracing::info!(event = "controllers_stopped");
 }
 

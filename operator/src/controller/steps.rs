@@ -24,6 +24,7 @@ use crate::crd::{DatabaseSpec, EtcdSpec};
 use crate::crd::{DlockStatus, Phase};
 use crate::error::{Result, at};
 use crate::health::{DeploymentHealth, JobState};
+use crate::metrics;
 use crate::reasons::Reason;
 
 /// How often a healthy object is looked at again even without any watch event.
@@ -280,6 +281,18 @@ where
         apply::patch_status::<K>(&ctx.client, &ns, &name, &new).await?;
     }
     announce(ctx, regarding, previous, &assessment, &ns, &name).await;
+    if let Reconciliation::Applied(a) = reconciliation {
+        let kind = if K::kind(&()) == metrics::LOCK_SERVICE {
+            metrics::LOCK_SERVICE
+        } else {
+            metrics::PAYMENT_STACK
+        };
+        ctx.metrics.workloads_observed(
+            &(kind, ns.clone(), name.clone()),
+            &a.deployments,
+            a.migration.as_ref().map(|m| &m.state),
+        );
+    }
     // Each change in the managed etcd members' readiness, as it happens.
     if let Some(e) = new.etcd.as_ref().filter(|e| e.members.is_some())
         && previous.and_then(|p| p.etcd.as_ref()).map(|p| &p.ready) != Some(&e.ready)

@@ -270,6 +270,7 @@ fn context(api: &FakeApi) -> Context {
         default_image: IMAGE.into(),
         namespace: None,
         fencing_check_interval: None,
+        scraper: None,
     };
     Context::new(api.client(), Metrics::register(&mut registry), settings, None)
 }

@@ -18,6 +18,45 @@ pub const ROLES: &[Role] = &[Role::Admin, Role::Executor, Role::Client];
 
 /// The switch of grant verification (on unless set to `false`, for a rolling migration only).
 pub const GRANT_VERIFICATION_SETTING: &str = "PAYMENT_GRANT_VERIFICATION_ENABLED";
+/// Default and bounds of the stuck threshold (`stuckAfterSeconds` of a reconciliation, and the
+/// periodic one's `--reconcile-stuck-after-secs`): how long a payout may stay not terminal before
+/// it is reported STUCK.
+pub const DEFAULT_STUCK_AFTER_SECONDS: i64 = 900;
+pub const MAX_STUCK_AFTER_SECONDS: i64 = 30 * 86_400;
+/// Default interval of the periodic reconciliation.
+pub const DEFAULT_RECONCILE_INTERVAL: Duration = Duration::from_secs(300);
+/// Default interval of the open-payout count.
+pub const DEFAULT_PAYOUT_STATS_INTERVAL: Duration = Duration::from_secs(30);
+
+/// How often the periodic checks ([`crate::monitor`]) run; `None` turns one off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Schedule {
+    pub reconcile_every: Option<Duration>,
+    /// The periodic reconciliation's stuck threshold.
+    pub stuck_after_seconds: i64,
+    pub payout_stats_every: Option<Duration>,
+}
+
+impl Default for Schedule {
+    fn default() -> Self {
+        Self {
+            reconcile_every: Some(DEFAULT_RECONCILE_INTERVAL),
+            stuck_after_seconds: DEFAULT_STUCK_AFTER_SECONDS,
+            payout_stats_every: Some(DEFAULT_PAYOUT_STATS_INTERVAL),
+        }
+    }
+}
+
+impl Schedule {
+    /// Both checks off.
+    pub fn off() -> Self {
+        Self {
+            reconcile_every: None,
+            payout_stats_every: None,
+            ..Self::default()
+        }
+    }
+}
 
 /// `payment.fencing.enabled` (env `PAYMENT_FENCING_ENABLED`). Selects the statement variant of
 /// (a)(b)(c) at the repository boundary; it is never expressed as a sentinel token.
@@ -59,6 +98,8 @@ pub struct Config {
     /// Signed grants: verified with these public keys (the default; none configured refuses to
     /// start), or off.
     pub grants: GrantPolicy,
+    /// The periodic reconciliation and open-payout count ([`crate::monitor`]).
+    pub monitor: Schedule,
 }
 
 // Hand-written so that the database URL's password never reaches a log (credentials redact
@@ -73,6 +114,7 @@ impl std::fmt::Debug for Config {
             .field("acquire_timeout", &self.acquire_timeout)
             .field("credentials", &self.credentials)
             .field("grants", &self.grants)
+            .field("monitor", &self.monitor)
             .finish()
     }
 }
@@ -89,6 +131,7 @@ impl Config {
             acquire_timeout: Duration::from_secs(5),
             credentials: Credentials::new(),
             grants: GrantPolicy::Verify(Arc::default()),
+            monitor: Schedule::default(),
         }
     }
 
@@ -112,6 +155,11 @@ impl Config {
 
     pub fn with_grants(mut self, grants: GrantPolicy) -> Self {
         self.grants = grants;
+        self
+    }
+
+    pub fn with_monitor(mut self, monitor: Schedule) -> Self {
+        self.monitor = monitor;
         self
     }
 }
@@ -186,6 +234,27 @@ pub struct ServeArgs {
     pub grant_keys: PublicKeyArgs,
     #[command(flatten)]
     pub pool: PoolArgs,
+    /// Seconds between two runs of the reconciliation (every ledger invariant and the rail
+    /// comparison), exported as `payment_reconciliation_breaks{kind}`; 0 turns it off.
+    #[arg(long, env = "PAYMENT_RESOURCE_RECONCILE_INTERVAL_SECS", default_value_t = 300)]
+    pub reconcile_interval_secs: u64,
+    /// The periodic reconciliation reports a payout STUCK when it is not terminal and unchanged
+    /// for this many seconds.
+    #[arg(
+        long,
+        env = "PAYMENT_RESOURCE_RECONCILE_STUCK_AFTER_SECS",
+        default_value_t = DEFAULT_STUCK_AFTER_SECONDS,
+        value_parser = clap::value_parser!(i64).range(1..=MAX_STUCK_AFTER_SECONDS)
+    )]
+    pub reconcile_stuck_after_secs: i64,
+    /// Seconds between two counts of the payouts not terminal yet (`payment_payouts_open{state}`,
+    /// `payment_payouts_open_oldest_age_seconds{state}`); 0 turns it off.
+    #[arg(
+        long,
+        env = "PAYMENT_RESOURCE_PAYOUT_STATS_INTERVAL_SECS",
+        default_value_t = 30
+    )]
+    pub payout_stats_interval_secs: u64,
 }
 
 impl ServeArgs {
@@ -200,9 +269,19 @@ impl ServeArgs {
             grants: self
                 .grant_keys
                 .policy(self.grant_verification_enabled, GRANT_VERIFICATION_SETTING)?,
+            monitor: Schedule {
+                reconcile_every: every(self.reconcile_interval_secs),
+                stuck_after_seconds: self.reconcile_stuck_after_secs,
+                payout_stats_every: every(self.payout_stats_interval_secs),
+            },
             ..Config::new(self.database_url)
         })
     }
+}
+
+/// An interval flag: 0 is off.
+fn every(secs: u64) -> Option<Duration> {
+    (secs > 0).then(|| Duration::from_secs(secs))
 }
 
 /// Parses a boolean config value strictly: `true` or `false` (any case). Anything else is an error
@@ -248,6 +327,23 @@ mod tests {
         }
     }
 
+    fn schedule(extra: &[&str]) -> Result<Schedule, clap::Error> {
+        let mut args = vec![
+            "payment-resource",
+            "serve",
+            "--database-url",
+            "postgres://x/paydb",
+            // Grant verification needs keys; these tests are about the schedule.
+            "--grant-verification-enabled",
+            "false",
+        ];
+        args.extend_from_slice(extra);
+        match Cli::try_parse_from(args)?.command {
+            Command::Serve(serve) => Ok(serve.into_config().expect("no credentials in the env").monitor),
+            Command::Reconcile { .. } => panic!("parsed as reconcile"),
+        }
+    }
+
     #[test]
     fn grant_verification_is_on_by_default_and_needs_keys() {
         assert!(Config::new("postgres://x").grants.is_on());
@@ -264,6 +360,33 @@ mod tests {
             serve(&["--grant-public-keys", "k1=not-a-key"]),
             Err(ConfigError::Grants(GrantConfigError::Keys(_)))
         ));
+    }
+
+    #[test]
+    fn the_periodic_checks_run_by_default_and_zero_turns_each_off() {
+        let s = schedule(&[]).unwrap();
+        assert_eq!(s, Schedule::default());
+        assert_eq!(s.reconcile_every, Some(Duration::from_secs(300)));
+        assert_eq!(s.payout_stats_every, Some(Duration::from_secs(30)));
+        let s = schedule(&[
+            "--reconcile-interval-secs",
+            "0",
+            "--payout-stats-interval-secs",
+            "7",
+            "--reconcile-stuck-after-secs",
+            "60",
+        ])
+        .unwrap();
+        assert_eq!(s.reconcile_every, None);
+        assert_eq!(s.payout_stats_every, Some(Duration::from_secs(7)));
+        assert_eq!(s.stuck_after_seconds, 60);
+        for bad in [
+            ["--reconcile-stuck-after-secs", "0"],
+            ["--reconcile-stuck-after-secs", "2592001"],
+            ["--reconcile-interval-secs", "-1"],
+        ] {
+            assert!(schedule(&bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

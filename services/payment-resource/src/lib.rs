@@ -5,7 +5,8 @@
 //! - [`sql`]: every statement, each once; [`repo`]: one function per statement;
 //! - [`config`]: settings, including the `payment.fencing.enabled` kill switch and grant
 //!   verification (`PAYMENT_GRANT_VERIFICATION_ENABLED`, on by default);
-//! - [`error`]: the one error enum, mapped to HTTP at the edge; [`metrics`]: `lock_fenced_out` & co.
+//! - [`error`]: the one error enum, mapped to HTTP at the edge; [`metrics`]: `lock_fenced_out` & co.;
+//! - [`monitor`]: reconciliation and the open-payout count on an interval, into the metrics.
 
 pub mod accounts;
 pub mod api;
@@ -13,6 +14,7 @@ pub mod config;
 pub mod error;
 pub mod metrics;
 pub mod model;
+pub mod monitor;
 pub mod payouts;
 pub mod posting;
 pub mod reconcile;
@@ -127,6 +129,7 @@ pub struct RunningServer {
     pub pool: PgPool,
     pub metrics: Arc<Metrics>,
     server: Background,
+    monitor: monitor::Monitor,
 }
 
 impl RunningServer {
@@ -140,9 +143,10 @@ impl RunningServer {
         self.server.url()
     }
 
-    /// Graceful stop: in-flight requests finish, then the pool closes.
+    /// Graceful stop: in-flight requests finish, the periodic checks stop, then the pool closes.
     pub async fn shutdown(self) -> std::io::Result<()> {
         let served = self.server.shutdown().await;
+        self.monitor.stop().await;
         self.pool.close().await;
         served
     }
@@ -167,9 +171,11 @@ pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
         .map_err(bind_error)?;
     let server = dlock_common::serve::spawn_background(listener, app.router, CancellationToken::new())
         .map_err(bind_error)?;
+    let monitor = monitor::Monitor::start(app.pool.clone(), app.metrics.clone(), config.monitor);
     Ok(RunningServer {
         pool: app.pool,
         metrics: app.metrics,
         server,
+        monitor,
     })
 }

@@ -1,15 +1,29 @@
 //! Prometheus metrics. `lock_fenced_out{resource}` is the contract's `lock.fenced.out` (exported as
 //! `lock_fenced_out_total`): a must-be-zero counter in a healthy run, so only real fence refusals
 //! count — never a funds rejection. Resource ids go to logs, never to labels.
+//!
+//! What the periodic checks ([`crate::monitor`]) find, for alerts on what must stay zero:
+//! - `payment_reconciliation_breaks{kind}`: breaks of each kind in the last completed reconciliation
+//!   (every kind exported, 0 when none);
+//! - `payment_reconciliation_runs_total{result="clean"|"breaks"|"failed"}`;
+//! - `payment_reconciliation_last_success_timestamp_seconds`: when the last run completed (the
+//!   service's start until one has);
+//! - `payment_payouts_open{state}` and `payment_payouts_open_oldest_age_seconds{state}`: payouts not
+//!   terminal yet, per state, and for how long the oldest has been unchanged.
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use dlock_common::fencing::FencedOutDetails;
 use dlock_common::grant::GrantMetrics;
 use dlock_common::metrics::{Resource, ResourceLabel};
+
+use crate::model::PayoutState;
+use crate::reconcile::Report;
+use crate::repo::payout::OpenStats;
 
 /// How one posting call ended.
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -27,14 +41,45 @@ pub struct OutcomeLabel {
     pub outcome: PostingOutcome,
 }
 
+/// How one periodic reconciliation ended.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum RunResult {
+    clean,
+    breaks,
+    failed,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RunLabel {
+    pub result: RunResult,
+}
+
+/// A break kind (`BALANCE_MISMATCH`, …): a closed set, [`crate::reconcile::break_kinds`].
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
+}
+
+/// A payout state that is not terminal.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    pub state: &'static str,
+}
+
 #[derive(Debug, Default)]
 pub struct Metrics {
     fenced_out: Family<ResourceLabel, Counter>,
     postings: Family<OutcomeLabel, Counter>,
     funds_rejected: Counter,
-    stuck: prometheus_client::metrics::gauge::Gauge,
+    stuck: Gauge,
     /// `grant_refused_total{code}` (dlock_common::grant).
     pub grants: GrantMetrics,
+    breaks: Family<KindLabel, Gauge>,
+    runs: Family<RunLabel, Counter>,
+    last_success: Gauge,
+    open: Family<StateLabel, Gauge>,
+    open_oldest_age: Family<StateLabel, Gauge>,
 }
 
 impl Metrics {
@@ -65,6 +110,35 @@ impl Metrics {
             "Payouts not terminal after the stuck threshold, as of the last reconciliation run",
             metrics.stuck.clone(),
         );
+        registry.register(
+            "payment_reconciliation_breaks",
+            "Breaks of each kind found by the last completed periodic reconciliation (must stay 0)",
+            metrics.breaks.clone(),
+        );
+        registry.register(
+            "payment_reconciliation_runs",
+            "Periodic reconciliation runs by result",
+            metrics.runs.clone(),
+        );
+        registry.register(
+            "payment_reconciliation_last_success_timestamp_seconds",
+            "Unix time the last periodic reconciliation completed (the service's start until one has)",
+            metrics.last_success.clone(),
+        );
+        registry.register(
+            "payment_payouts_open",
+            "Payouts not terminal yet, by state, as of the last count",
+            metrics.open.clone(),
+        );
+        registry.register(
+            "payment_payouts_open_oldest_age_seconds",
+            "Seconds the oldest payout of each state that is not terminal has been unchanged (0: none)",
+            metrics.open_oldest_age.clone(),
+        );
+        metrics.last_success.set(unix_now());
+        for result in [RunResult::clean, RunResult::breaks, RunResult::failed] {
+            let _ = metrics.runs.get_or_create(&RunLabel { result });
+        }
         // Export every series from the start: a must-be-zero counter should read 0, not be absent.
         for resource in [Resource::account, Resource::ledger, Resource::payout] {
             let _ = metrics.fenced_out.get_or_create(&ResourceLabel { resource });
@@ -99,7 +173,51 @@ impl Metrics {
 
     /// Set by every reconciliation run.
     pub fn set_stuck(&self, n: u64) {
-        self.stuck.set(i64::try_from(n).unwrap_or(i64::MAX));
+        self.stuck.set(saturating(n));
+    }
+
+    /// One completed periodic reconciliation: every kind's count (0 for the kinds it did not find),
+    /// the stuck gauge, the run's result and its time.
+    pub fn reconciled(&self, report: &Report) {
+        for kind in crate::reconcile::break_kinds() {
+            self.breaks
+                .get_or_create(&KindLabel { kind })
+                .set(saturating(report.break_count(kind)));
+        }
+        self.set_stuck(report.break_count(crate::reconcile::STUCK));
+        let result = if report.clean {
+            RunResult::clean
+        } else {
+            RunResult::breaks
+        };
+        self.runs.get_or_create(&RunLabel { result }).inc();
+        self.last_success.set(unix_now());
+    }
+
+    /// A periodic reconciliation that could not run (paydb unreachable, a statement failed). The
+    /// last counts stay as they were: they are what is known.
+    pub fn reconcile_failed(&self) {
+        self.runs
+            .get_or_create(&RunLabel {
+                result: RunResult::failed,
+            })
+            .inc();
+    }
+
+    /// The open payouts of every state that is not terminal (0 for the states without any).
+    pub fn payouts_open(&self, stats: &[OpenStats]) {
+        for state in PayoutState::ALL.into_iter().filter(|s| !s.is_terminal()) {
+            let found = stats.iter().find(|s| s.state == state);
+            let label = StateLabel {
+                state: state.as_str(),
+            };
+            self.open
+                .get_or_create(&label)
+                .set(found.map_or(0, |s| s.payouts));
+            self.open_oldest_age
+                .get_or_create(&label)
+                .set(found.map_or(0, |s| s.oldest_age_seconds));
+        }
     }
 
     pub fn posting(&self, outcome: PostingOutcome) {
@@ -109,6 +227,14 @@ impl Metrics {
     pub fn posting_count(&self, outcome: PostingOutcome) -> u64 {
         self.postings.get_or_create(&OutcomeLabel { outcome }).get()
     }
+}
+
+fn saturating(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn unix_now() -> i64 {
+    chrono::Utc::now().timestamp()
 }
 
 /// Counts `lock_fenced_out{resource}` once and logs the contract event `fenced_out`.

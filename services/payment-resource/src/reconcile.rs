@@ -20,10 +20,9 @@ use crate::model::{Account, AccountKind, Direction, PayoutState};
 use crate::repo::recon::{self, LedgerGroup, PayoutLegs, PostedTotal};
 use crate::sql;
 
-/// Default and bounds of `stuckAfterSeconds`: how long a payout may stay not terminal before it is
-/// reported STUCK.
-pub const DEFAULT_STUCK_AFTER_SECONDS: i64 = 900;
-pub const MAX_STUCK_AFTER_SECONDS: i64 = 30 * 86_400;
+/// Default and bounds of `stuckAfterSeconds` (defined with the configuration, which bounds the
+/// periodic run's threshold the same way).
+pub use crate::config::{DEFAULT_STUCK_AFTER_SECONDS, MAX_STUCK_AFTER_SECONDS};
 /// Default and bounds of `pageSize`.
 pub const DEFAULT_PAGE_SIZE: i64 = 500;
 pub const MAX_PAGE_SIZE: i64 = 5_000;
@@ -153,6 +152,14 @@ pub enum AccountBreakKind {
 }
 
 impl AccountBreakKind {
+    pub const ALL: [AccountBreakKind; 5] = [
+        AccountBreakKind::BalanceMismatch,
+        AccountBreakKind::FenceRegressed,
+        AccountBreakKind::DuplicateGrant,
+        AccountBreakKind::SettlementMismatch,
+        AccountBreakKind::ReservationMismatch,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             AccountBreakKind::BalanceMismatch => "BALANCE_MISMATCH",
@@ -198,6 +205,15 @@ pub enum PayoutBreakKind {
 }
 
 impl PayoutBreakKind {
+    pub const ALL: [PayoutBreakKind; 6] = [
+        PayoutBreakKind::MissingLegs,
+        PayoutBreakKind::MalformedLegs,
+        PayoutBreakKind::UnexpectedLegs,
+        PayoutBreakKind::RailPaidNotPosted,
+        PayoutBreakKind::PostedWithoutRailAck,
+        PayoutBreakKind::Stuck,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             PayoutBreakKind::MissingLegs => "MISSING_LEGS",
@@ -223,6 +239,14 @@ pub struct PayoutBreak {
     pub fences: Vec<i64>,
     /// ACKED rail submissions of this payout.
     pub acked_submissions: i64,
+}
+
+/// The name of every kind of break a report can count (the keys of `breakCounts`).
+pub fn break_kinds() -> impl Iterator<Item = &'static str> {
+    AccountBreakKind::ALL
+        .into_iter()
+        .map(AccountBreakKind::name)
+        .chain(PayoutBreakKind::ALL.into_iter().map(PayoutBreakKind::name))
 }
 
 /// opening − debits + credits, or `None` on overflow.

@@ -437,6 +437,18 @@ SELECT p.payout_id, p.account_id, p.currency, p.amount_minor, p.state,
  GROUP BY p.payout_id, p.account_id, p.currency, p.amount_minor, p.state, p.updated_at, p.claim_token
  ORDER BY p.payout_id";
 
+/// The payouts not terminal yet, per state: how many, and for how many seconds the oldest of them
+/// has been unchanged (by the database clock). Terminal payouts are never read: PENDING comes from
+/// `payout_pending_idx`, the in-flight states from `payout_inflight_idx`, so the work grows with
+/// the payouts under way, not with the books.
+pub const PAYOUT_OPEN_STATS: &str = "
+SELECT state, COUNT(*)::BIGINT AS payouts,
+       GREATEST(0, FLOOR(EXTRACT(EPOCH FROM now() - MIN(updated_at))))::BIGINT AS oldest_age_seconds
+  FROM payout
+ WHERE state IN ('PENDING','CLAIMED','RAIL_SUBMITTED','RAIL_ACKED','RAIL_AMBIGUOUS')
+ GROUP BY state
+ ORDER BY state";
+
 // ---------------------------------------------------------------------------------------------
 // readiness
 

@@ -272,3 +272,239 @@ async fn binary_logs_json_warns_when_fencing_is_off_and_stops_on_sigterm() {
     }
     assert!(stopped, "no stopped event after SIGTERM");
 }
+
+/// Every break kind's gauge after the last completed periodic run, or `None` while one is missing.
+fn break_gauges(text: &str) -> Option<Vec<(&'static str, f64)>> {
+    reconcile::break_kinds()
+        .map(|kind| {
+            dlock_testkit::metrics::metric_value(text, "payment_reconciliation_breaks", &[("kind", kind)])
+                .map(|v| (kind, v))
+        })
+        .collect()
+}
+
+async fn scrape(server: &payment_resource::RunningServer) -> String {
+    dlock_testkit::metrics::scrape(&server.url())
+        .await
+        .expect("scrape /metrics")
+}
+
+/// A schedule that runs both checks every 100 ms.
+fn fast_checks() -> payment_resource::config::Schedule {
+    payment_resource::config::Schedule {
+        reconcile_every: Some(Duration::from_millis(100)),
+        payout_stats_every: Some(Duration::from_millis(100)),
+        ..payment_resource::config::Schedule::default()
+    }
+}
+
+/// The periodic reconciliation exports every break kind: all zero over a clean ledger, and a break
+/// planted behind the service's back — a balance moved without a leg, and a posted payout whose
+/// rail submission is no longer acknowledged (the rail comparison) — shows as exactly one of its
+/// kind at the next run, the others staying zero.
+#[tokio::test]
+async fn the_periodic_reconciliation_exports_zero_for_a_clean_ledger_and_counts_a_planted_break() {
+    let f = fixture().await;
+    let posting = f.posting(Statements::FENCED);
+    let acct = f.customer(10_000).await;
+    let mut posted = Vec::new();
+    for (amount, token) in [(1_000, 3), (2_000, 4)] {
+        let p = f.acked(acct, amount, token).await;
+        posting.post(p.payout_id, tok(token)).await.unwrap();
+        posted.push(p);
+    }
+    let server = payment_resource::spawn(
+        payment_resource::Config::ephemeral(f.db.app_url())
+            .with_credentials(common::credentials())
+            .with_monitor(fast_checks()),
+    )
+    .await
+    .unwrap();
+
+    let clean = dlock_testkit::wait::eventually(
+        "a clean periodic run",
+        dlock_testkit::wait::WAIT_LIMIT,
+        || async {
+            let text = scrape(&server).await;
+            let clean_runs = dlock_testkit::metrics::metric_value(
+                &text,
+                "payment_reconciliation_runs_total",
+                &[("result", "clean")],
+            )?;
+            (clean_runs >= 1.0).then(|| break_gauges(&text)).flatten()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(clean.len(), 11, "every kind is exported: {clean:?}");
+    assert!(
+        clean.iter().all(|(_, v)| *v == 0.0),
+        "a clean ledger reads zero: {clean:?}"
+    );
+
+    // Behind the service's back, as the database owner: money moved without a leg ...
+    sqlx::query("UPDATE account SET balance_minor = balance_minor - 1 WHERE account_id = $1")
+        .bind(acct)
+        .execute(&f.admin)
+        .await
+        .unwrap();
+    // ... and a posted payout the rail no longer acknowledges.
+    sqlx::query("UPDATE rail_submission SET outcome = 'REJECTED' WHERE payout_id = $1")
+        .bind(posted[0].payout_id)
+        .execute(&f.admin)
+        .await
+        .unwrap();
+    let broken = dlock_testkit::wait::eventually(
+        "the planted breaks in the metrics",
+        dlock_testkit::wait::WAIT_LIMIT,
+        || async {
+            let gauges = break_gauges(&scrape(&server).await)?;
+            gauges.iter().any(|(_, v)| *v > 0.0).then_some(gauges)
+        },
+    )
+    .await
+    .unwrap();
+    for (kind, v) in &broken {
+        let want = match *kind {
+            "BALANCE_MISMATCH" | "POSTED_WITHOUT_RAIL_ACK" => 1.0,
+            _ => 0.0,
+        };
+        assert_eq!(*v, want, "{kind}: {broken:?}");
+    }
+    let text = scrape(&server).await;
+    assert!(
+        dlock_testkit::metrics::metric_value(
+            &text,
+            "payment_reconciliation_runs_total",
+            &[("result", "breaks")]
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{text}"
+    );
+    // The HTTP report says the same: the metric is the report's counts, not a second opinion.
+    let report = reconcile::run(&f.pool).await.unwrap();
+    assert_eq!(report.break_count("BALANCE_MISMATCH"), 1, "{report:?}");
+    assert_eq!(report.break_count("POSTED_WITHOUT_RAIL_ACK"), 1, "{report:?}");
+    server.shutdown().await.unwrap();
+}
+
+/// The open payouts by state and the age of the oldest: a PENDING payout counts at once, and a
+/// RAIL_SUBMITTED payout unchanged for an hour reads at least 3600 s (what the "stuck" alert reads).
+#[tokio::test]
+async fn the_open_payouts_are_counted_by_state_with_the_age_of_the_oldest() {
+    let f = fixture().await;
+    let acct = f.customer(10_000).await;
+    f.pending(acct, 100).await;
+    let submitted = f.pending(acct, 200).await;
+    f.payouts
+        .claim(submitted.payout_id, "worker-5", tok(5))
+        .await
+        .unwrap();
+    f.payouts
+        .transition(
+            submitted.payout_id,
+            payment_resource::model::PayoutState::Claimed,
+            payment_resource::model::PayoutState::RailSubmitted,
+            tok(5),
+        )
+        .await
+        .unwrap();
+    sqlx::query("UPDATE payout SET updated_at = now() - interval '1 hour' WHERE payout_id = $1")
+        .bind(submitted.payout_id)
+        .execute(&f.admin)
+        .await
+        .unwrap();
+    let server = payment_resource::spawn(
+        payment_resource::Config::ephemeral(f.db.app_url())
+            .with_credentials(common::credentials())
+            .with_monitor(fast_checks()),
+    )
+    .await
+    .unwrap();
+    let value = |text: &str, name: &str, state: &str| {
+        dlock_testkit::metrics::metric_value(text, name, &[("state", state)])
+    };
+    let text = dlock_testkit::wait::eventually(
+        "the open payouts counted",
+        dlock_testkit::wait::WAIT_LIMIT,
+        || async {
+            let text = scrape(&server).await;
+            value(&text, "payment_payouts_open", "PENDING")
+                .is_some()
+                .then_some(text)
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        value(&text, "payment_payouts_open", "PENDING"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(&text, "payment_payouts_open", "RAIL_SUBMITTED"),
+        Some(1.0),
+        "{text}"
+    );
+    for state in ["CLAIMED", "RAIL_ACKED", "RAIL_AMBIGUOUS"] {
+        assert_eq!(
+            value(&text, "payment_payouts_open", state),
+            Some(0.0),
+            "{state}: {text}"
+        );
+        assert_eq!(
+            value(&text, "payment_payouts_open_oldest_age_seconds", state),
+            Some(0.0),
+            "{state}: {text}"
+        );
+    }
+    let age = value(&text, "payment_payouts_open_oldest_age_seconds", "RAIL_SUBMITTED").unwrap();
+    assert!((3600.0..7200.0).contains(&age), "{age}: {text}");
+    let pending_age = value(&text, "payment_payouts_open_oldest_age_seconds", "PENDING").unwrap();
+    assert!(pending_age < 3600.0, "{pending_age}: {text}");
+    assert!(
+        !text.contains("payment_payouts_open{state=\"POSTED\"}"),
+        "terminal states are not counted: {text}"
+    );
+    server.shutdown().await.unwrap();
+}
+
+/// A reconciliation that cannot run is counted as failed and exports no break counts: "no reading"
+/// never looks like a clean ledger.
+#[tokio::test]
+async fn a_reconciliation_that_cannot_run_is_counted_as_failed_not_as_zero() {
+    // Nothing listens on port 1: every run fails to connect.
+    let server = payment_resource::spawn(
+        payment_resource::Config::ephemeral("postgres://payapp:none@127.0.0.1:1/paydb")
+            .with_monitor(fast_checks()),
+    )
+    .await
+    .unwrap();
+    let text = dlock_testkit::wait::eventually(
+        "a failed run counted",
+        dlock_testkit::wait::WAIT_LIMIT,
+        || async {
+            let text = scrape(&server).await;
+            dlock_testkit::metrics::metric_value(
+                &text,
+                "payment_reconciliation_runs_total",
+                &[("result", "failed")],
+            )
+            .is_some_and(|n| n >= 1.0)
+            .then_some(text)
+        },
+    )
+    .await
+    .unwrap();
+    assert!(!text.contains("payment_reconciliation_breaks{"), "{text}");
+    assert_eq!(
+        dlock_testkit::metrics::metric_value(
+            &text,
+            "payment_reconciliation_runs_total",
+            &[("result", "clean")]
+        ),
+        Some(0.0),
+        "{text}"
+    );
+    server.shutdown().await.unwrap();
+}

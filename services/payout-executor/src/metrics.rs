@@ -51,6 +51,21 @@ pub enum Outcome {
     abandoned,
 }
 
+impl Outcome {
+    pub const ALL: [Outcome; 10] = [
+        Outcome::posted,
+        Outcome::failed,
+        Outcome::fenced_out,
+        Outcome::lock_lost,
+        Outcome::contended,
+        Outcome::skipped,
+        Outcome::unresolved,
+        Outcome::error,
+        Outcome::interrupted,
+        Outcome::abandoned,
+    ];
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
     pub outcome: Outcome,
@@ -107,6 +122,11 @@ impl Metrics {
             Resource::rail,
         ] {
             let _ = m.fenced_out.get_or_create(&ResourceLabel { resource });
+        }
+        // Every outcome from the start too: an alert on the increase of `abandoned` must see its
+        // first one, which it would not if the series appeared with it.
+        for outcome in Outcome::ALL {
+            let _ = m.processed.get_or_create(&OutcomeLabel { outcome });
         }
         registry.register(
             "payouts_processed",
@@ -200,6 +220,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("payout_duration_seconds_count 1"), "{text}");
+        assert!(
+            text.contains("payouts_processed_total{outcome=\"abandoned\"} 0"),
+            "every outcome from the start: {text}"
+        );
         assert!(text.contains("\npayouts_backing_off 0\n"), "{text}");
         m.backoff().over_budget.set(2);
         let mut text = String::new();

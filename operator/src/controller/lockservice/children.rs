@@ -11,6 +11,7 @@
 use crate::builders::credentials::admin_secret_name;
 use crate::builders::deployments::{self, LockServerStore, SigningGrants};
 use crate::builders::grant_keys;
+use crate::builders::network_policies::Scraper;
 use crate::builders::postgres::{self, History};
 use crate::builders::{Child, Desired, LOCK_SERVER, Owner, SpecError};
 use crate::builders::{etcd_members, migration_job, network_policies};
@@ -35,6 +36,8 @@ pub struct Inputs<'a> {
     /// The grant key id lock-server signs with (`crate::builders::grant_keys::signer`); `None`
     /// until the first key is published, and lock-server is held until then.
     pub signing_key: Option<&'a str>,
+    /// The Prometheus the NetworkPolicies admit to the metrics ports.
+    pub scraper: Option<&'a Scraper>,
 }
 
 /// lockdb's block (backend postgres only).
@@ -107,8 +110,10 @@ fn desired_postgres(
         DatabaseMode::External(_) => {}
     }
     // Who may reach lock-server, from before its first pod starts.
-    out.apply
-        .push(Child::NetworkPolicy(network_policies::lock_server(owner)));
+    out.apply.push(Child::NetworkPolicy(network_policies::lock_server(
+        owner,
+        inputs.scraper,
+    )));
 
     let job = migration_job(ls, owner, inputs.default_image)?;
     out.migration_job = job.metadata.name.clone().unwrap_or_default();
@@ -139,8 +144,10 @@ fn desired_etcd(
     let prefix = spec.key_prefix.as_str();
     let store = match spec.mode().ok_or(SpecError::EtcdMode)? {
         EtcdMode::Managed(managed) => {
-            out.apply
-                .push(Child::NetworkPolicy(etcd_members::network_policy(owner)));
+            out.apply.push(Child::NetworkPolicy(etcd_members::network_policy(
+                owner,
+                inputs.scraper,
+            )));
             out.apply.push(Child::Service(etcd_members::peer_service(owner)));
             out.apply
                 .push(Child::Service(etcd_members::client_service(owner)));
@@ -169,8 +176,10 @@ fn desired_etcd(
             secret_version: inputs.db_secret_version,
         },
     };
-    out.apply
-        .push(Child::NetworkPolicy(network_policies::lock_server(owner)));
+    out.apply.push(Child::NetworkPolicy(network_policies::lock_server(
+        owner,
+        inputs.scraper,
+    )));
     // lock-server starts once the cluster can commit (a quorum of members ready): before that it
     // could only fail its readiness probe. Once created, it is left running through a member loss.
     if inputs.database_ready {

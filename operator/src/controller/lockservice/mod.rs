@@ -185,6 +185,7 @@ impl Reconciled for LockService {
             db_secret_version: prepared.db.secret_version.as_deref(),
             gated: next.gated(),
             signing_key: grants.signer.as_ref().map(|k| k.as_str()),
+            scraper: settings.scraper.as_ref(),
         };
         let mut desired = children::desired(self, owner, &inputs).map_err(|e| invalid_spec(&e))?;
         desired.apply.extend(next.jobs.iter().cloned().map(Child::Job));

@@ -4,6 +4,7 @@
 
 use crate::builders::deployments::{self, ExecutorTargets, VerifyingGrants};
 use crate::builders::grant_keys;
+use crate::builders::network_policies::Scraper;
 use crate::builders::postgres::{self, History};
 use crate::builders::{Child, Desired, Owner, SpecError, credentials, migration_job, network_policies};
 use crate::builders::{PAYMENT_RESOURCE, PAYOUT_EXECUTOR, RAIL_PROXY, RAIL_STUB};
@@ -36,6 +37,8 @@ pub struct Inputs<'a> {
     pub db_secret_version: Option<&'a str>,
     /// `None` when the referenced LockService does not exist.
     pub lock_service: Option<&'a LockServiceView>,
+    /// The Prometheus the NetworkPolicies admit to the metrics port.
+    pub scraper: Option<&'a Scraper>,
 }
 
 fn image(spec_image: &Option<String>, default_image: &str) -> String {
@@ -85,9 +88,14 @@ pub fn desired(ps: &PaymentStack, owner: &Owner, inputs: &Inputs<'_>) -> Result<
     }
     // Who may reach the payment services, from before their first pods start.
     out.apply
-        .push(Child::NetworkPolicy(network_policies::payment_resource(owner)));
-    out.apply
-        .push(Child::NetworkPolicy(network_policies::rail_proxy(owner)));
+        .push(Child::NetworkPolicy(network_policies::payment_resource(
+            owner,
+            inputs.scraper,
+        )));
+    out.apply.push(Child::NetworkPolicy(network_policies::rail_proxy(
+        owner,
+        inputs.scraper,
+    )));
     let rail_url = rail_url(ps, owner)?;
 
     let job = migration_job(ps, owner, inputs.default_image)?;
@@ -102,8 +110,10 @@ pub fn desired(ps: &PaymentStack, owner: &Owner, inputs: &Inputs<'_>) -> Result<
             spec.rail_stub.mode,
         );
         out.workload(owner, &w);
-        out.apply
-            .push(Child::NetworkPolicy(network_policies::rail_stub(owner)));
+        out.apply.push(Child::NetworkPolicy(network_policies::rail_stub(
+            owner,
+            inputs.scraper,
+        )));
         out.endpoints
             .insert("railStub".into(), owner.http_url(&owner.child(RAIL_STUB)));
     }

@@ -150,6 +150,7 @@ impl Reconciled for PaymentStack {
             migration: &prepared.job_state,
             db_secret_version: prepared.db.secret_version.as_deref(),
             lock_service: observed.as_ref(),
+            scraper: settings.scraper.as_ref(),
         };
         let desired = children::desired(self, owner, &inputs).map_err(|e| invalid_spec(&e))?;
         Ok(Plan {

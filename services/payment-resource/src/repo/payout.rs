@@ -224,3 +224,20 @@ pub async fn list_pending<'c>(
         }
     }
 }
+
+/// The payouts of one state that is not terminal: how many, and the age of the oldest.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct OpenStats {
+    #[sqlx(try_from = "String")]
+    pub state: PayoutState,
+    pub payouts: i64,
+    /// Seconds since the oldest of them last changed.
+    pub oldest_age_seconds: i64,
+}
+
+/// [`OpenStats`] of every state that has payouts (states without any are absent).
+pub async fn open_stats<'c>(ex: impl PgExecutor<'c>) -> Result<Vec<OpenStats>, sqlx::Error> {
+    sqlx::query_as::<_, OpenStats>(sql::PAYOUT_OPEN_STATS)
+        .fetch_all(ex)
+        .await
+}
