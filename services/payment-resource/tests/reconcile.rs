@@ -316,6 +316,7 @@ async fn the_periodic_reconciliation_exports_zero_for_a_clean_ledger_and_counts_
     let server = payment_resource::spawn(
         payment_resource::Config::ephemeral(f.db.app_url())
             .with_credentials(common::credentials())
+            .with_grants(common::grants())
             .with_monitor(fast_checks()),
     )
     .await
@@ -417,6 +418,7 @@ async fn the_open_payouts_are_counted_by_state_with_the_age_of_the_oldest() {
     let server = payment_resource::spawn(
         payment_resource::Config::ephemeral(f.db.app_url())
             .with_credentials(common::credentials())
+            .with_grants(common::grants())
             .with_monitor(fast_checks()),
     )
     .await
@@ -476,6 +478,7 @@ async fn a_reconciliation_that_cannot_run_is_counted_as_failed_not_as_zero() {
     // Nothing listens on port 1: every run fails to connect.
     let server = payment_resource::spawn(
         payment_resource::Config::ephemeral("postgres://payapp:none@127.0.0.1:1/paydb")
+            .with_grants(common::grants())
             .with_monitor(fast_checks()),
     )
     .await
