@@ -159,23 +159,8 @@ async fn without_a_key_answers_carry_no_grant(etcd: bool) {
     srv.shutdown().await.unwrap();
 }
 
-macro_rules! on_both_backends {
-    ($($name:ident),+ $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                super::$name(false).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn etcd() {
-                super::$name(true).await;
-            }
-        }
-    )+};
-}
-
-on_both_backends!(
+dlock_testkit::on_both_backends!(
+    postgres: false, etcd: true;
     acquire_and_renew_answer_the_grant_signed_for_exactly_that_grant,
     a_renew_is_signed_with_the_key_of_the_server_that_answers_it,
     without_a_key_answers_carry_no_grant,

@@ -229,23 +229,8 @@ async fn negative_control_with_verification_off_another_accounts_grant_fences_th
     );
 }
 
-macro_rules! on_both_backends {
-    ($($name:ident),+ $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                super::$name(super::LockBackend::Postgres).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn etcd() {
-                super::$name(super::LockBackend::Etcd).await;
-            }
-        }
-    )+};
-}
-
-on_both_backends!(
+dlock_testkit::on_both_backends!(
+    postgres: super::LockBackend::Postgres, etcd: super::LockBackend::Etcd;
     another_accounts_grant_cannot_fence_the_rightful_holder_out,
     negative_control_with_verification_off_another_accounts_grant_fences_the_holder_out,
 );

@@ -45,24 +45,9 @@ const LONG_SESSION_MS: &str = "120000";
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
-/// For each named `async fn(LockBackend)`, a module of the same name with one test per backend.
-macro_rules! on_both_backends {
-    ($($name:ident),+ $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                super::$name(super::LockBackend::Postgres).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn etcd() {
-                super::$name(super::LockBackend::Etcd).await;
-            }
-        }
-    )+};
-}
-
-on_both_backends!(
+// For each named `async fn(LockBackend)`, a module of the same name with one test per backend.
+dlock_testkit::on_both_backends!(
+    postgres: super::LockBackend::Postgres, etcd: super::LockBackend::Etcd;
     paused_holder_is_fenced_at_rail_proxy,
     paused_holder_is_fenced_at_payment_resource,
     paused_holder_returning_to_a_payout_the_takeover_posted_changes_nothing,

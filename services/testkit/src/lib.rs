@@ -33,6 +33,31 @@ pub use pg::{PgError, PgServer};
 
 pub use dlock_common::db::History;
 
+/// One test per lock backend: for each scenario `name`, a module `name` holding the tests `postgres`
+/// and `etcd`, which call `super::name(<that backend's argument>)`. The arguments are written as
+/// seen from inside that module (`super::LockBackend::Postgres`, or plain values).
+///
+/// ```ignore
+/// dlock_testkit::on_both_backends!(postgres: super::LockBackend::Postgres, etcd: super::LockBackend::Etcd;
+///     first_scenario, second_scenario);
+/// ```
+#[macro_export]
+macro_rules! on_both_backends {
+    (postgres: $pg:expr, etcd: $etcd:expr; $($name:ident),+ $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$name($pg).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn etcd() {
+                super::$name($etcd).await;
+            }
+        }
+    )+};
+}
+
 /// The repository's `migrations/` folder (or `DLOCK_MIGRATIONS_DIR`).
 pub fn migrations_root() -> PathBuf {
     std::env::var_os("DLOCK_MIGRATIONS_DIR")
