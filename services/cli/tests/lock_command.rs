@@ -77,8 +77,28 @@ async fn env(backend: LockBackend, name: &str) -> Env {
     }
 }
 
-fn dlock_lock(env: &Env, key: &str, extra: &[&str], command: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_dlock"))
+/// A running `dlock lock` in a process group of its own, with the command it runs: a test that fails
+/// before [`finish`] kills the whole group (the command may ignore SIGTERM), so nothing outlives it.
+struct Running {
+    child: Option<Child>,
+    group: i32,
+    /// `dlock lock` exited and was waited for: its group is no longer ours to signal.
+    ended: bool,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if !self.ended {
+            // The whole group: `dlock lock` and the command it started.
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", self.group)])
+                .status();
+        }
+    }
+}
+
+fn dlock_lock(env: &Env, key: &str, extra: &[&str], command: &[&str]) -> Running {
+    let child = Command::new(env!("CARGO_BIN_EXE_dlock"))
         .args(["lock", key, "--lock-server-url", &env.lock.base_url()])
         .args(extra)
         .arg("--")
@@ -86,14 +106,24 @@ fn dlock_lock(env: &Env, key: &str, extra: &[&str], command: &[&str]) -> Child {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
         .spawn()
-        .unwrap()
+        .unwrap();
+    let group = child.id().and_then(|id| i32::try_from(id).ok()).unwrap();
+    Running {
+        child: Some(child),
+        group,
+        ended: false,
+    }
 }
 
-async fn finish(child: Child) -> (Option<i32>, String) {
+async fn finish(mut running: Running) -> (Option<i32>, String) {
+    let child = running.child.take().unwrap();
     let out = within("dlock lock to exit", child.wait_with_output())
         .await
         .unwrap();
+    running.ended = true;
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
