@@ -20,11 +20,15 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use sqlx::error::BoxDynError;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{AssertSqlSafe, PgPool, Row};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use crate::error::Error;
 use crate::sql;
@@ -75,6 +79,66 @@ pub struct BatchStats {
 struct Pending<C: Call> {
     call: C,
     reply: oneshot::Sender<Result<C::Out, Error>>,
+    queued_at: Instant,
+}
+
+/// Where a batched call's time goes, per statement (`statement="acquire"|"release"`), as lock-server
+/// exports it (`lock_batch_wait_seconds`, `lock_batch_statement_seconds`, `lock_batch_calls`): the
+/// wait in the queue for a batch to take it, the round trip of the statement that carried it, and
+/// how many calls each statement carried. The rest of a request's time is the HTTP path's.
+#[derive(Debug, Clone)]
+pub struct BatchFamilies {
+    pub waited: HistogramFamily,
+    pub statement: HistogramFamily,
+    pub calls: HistogramFamily,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatementLabels {
+    pub statement: String,
+}
+
+pub type HistogramFamily = Family<StatementLabels, Histogram, fn() -> Histogram>;
+
+fn seconds() -> Histogram {
+    // 20 µs … ~0.7 s.
+    Histogram::new(exponential_buckets(0.000_02, 2.0, 16))
+}
+
+fn sizes() -> Histogram {
+    // 1, 2, 4, … 32 (MAX_BATCH).
+    Histogram::new(exponential_buckets(1.0, 2.0, 6))
+}
+
+impl Default for BatchFamilies {
+    fn default() -> Self {
+        Self {
+            waited: Family::new_with_constructor(seconds),
+            statement: Family::new_with_constructor(seconds),
+            calls: Family::new_with_constructor(sizes),
+        }
+    }
+}
+
+impl BatchFamilies {
+    /// The histograms of one statement's batcher (the families' own: what it observes is exported).
+    pub(crate) fn of(&self, statement: &str) -> BatchTimes {
+        let labels = StatementLabels {
+            statement: statement.to_owned(),
+        };
+        BatchTimes {
+            waited: self.waited.get_or_create(&labels).clone(),
+            statement: self.statement.get_or_create(&labels).clone(),
+            calls: self.calls.get_or_create(&labels).clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct BatchTimes {
+    waited: Histogram,
+    statement: Histogram,
+    calls: Histogram,
 }
 
 pub(crate) struct Batcher<C: Call> {
@@ -92,6 +156,7 @@ pub(crate) struct Batcher<C: Call> {
     largest: AtomicUsize,
     fallbacks: AtomicU64,
     unnested_sent: AtomicU64,
+    times: BatchTimes,
 }
 
 impl<C: Call> fmt::Debug for Batcher<C> {
@@ -104,7 +169,7 @@ impl<C: Call> fmt::Debug for Batcher<C> {
 }
 
 impl<C: Call> Batcher<C> {
-    pub(crate) fn new(pool: PgPool, stmt: &'static str) -> Self {
+    pub(crate) fn new(pool: PgPool, stmt: &'static str, times: BatchTimes) -> Self {
         Self {
             pool,
             stmt,
@@ -117,6 +182,7 @@ impl<C: Call> Batcher<C> {
             largest: AtomicUsize::new(0),
             fallbacks: AtomicU64::new(0),
             unnested_sent: AtomicU64::new(0),
+            times,
         }
     }
 
@@ -133,7 +199,11 @@ impl<C: Call> Batcher<C> {
     /// Runs `call` in the next batch and returns its own outcome.
     pub(crate) async fn call(self: &Arc<Self>, call: C) -> Result<C::Out, Error> {
         let (reply, answer) = oneshot::channel();
-        self.queue().push_back(Pending { call, reply });
+        self.queue().push_back(Pending {
+            call,
+            reply,
+            queued_at: Instant::now(),
+        });
         // The drain runs in its own task, so a caller that goes away (a dropped HTTP request) never
         // takes the other callers' statement down with it.
         if let Ok(permit) = self.permits.clone().try_acquire_owned() {
@@ -198,18 +268,32 @@ impl<C: Call> Batcher<C> {
         // One order in which every batch touches its rows, so two batches in flight cannot deadlock
         // on each other's keys.
         batch.sort_by(|a, b| a.call.key().cmp(b.call.key()));
+        let taken = Instant::now();
+        for p in &batch {
+            self.times
+                .waited
+                .observe(taken.duration_since(p.queued_at).as_secs_f64());
+        }
+        self.times.calls.observe(batch.len() as f64);
         let n = batch.len() as u64;
         self.calls.fetch_add(n, Ordering::Relaxed);
         self.largest.fetch_max(batch.len(), Ordering::Relaxed);
         if batch.len() == 1 {
             if let Some(p) = batch.pop() {
                 let out = self.single(&p.call).await;
+                self.times.statement.observe(taken.elapsed().as_secs_f64());
                 answer(p.reply, out);
             }
             return;
         }
         self.statements.fetch_add(1, Ordering::Relaxed);
-        match self.batched(&batch).await {
+        let out = self.batched(&batch).await;
+        // Once per call: each call's time in lockdb is its statement's round trip.
+        let took = taken.elapsed().as_secs_f64();
+        for _ in 0..batch.len() {
+            self.times.statement.observe(took);
+        }
+        match out {
             Ok(outs) => {
                 for (p, out) in batch.into_iter().zip(outs) {
                     answer(p.reply, Ok(out));

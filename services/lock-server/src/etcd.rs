@@ -5,20 +5,30 @@
 //! - `P s/<session>`          a session: value `{ownerId}`, attached to the session's lease;
 //! - `P l/<key>`              a grant: value `{ownerId, sessionId, acquiredAtMs}`, attached to the
 //!   grant's own lease (TTL = the lock TTL); the fencing token is this key's `mod_revision`;
-//! - `P h/<session>/<key>`    the session's index of its grants, on the grant's lease (for close/reap);
+//! - `P h/<session>/<lease>`  the session's index of its grant leases, on that lease (for close/reap);
 //! - `P r/<token>/<key>`      the append-only force-revoke audit record, no lease.
 //!
 //! Only etcd's clock decides expiry: a grant is alive exactly while its lease is. The timestamps in
 //! answers (`acquiredAt`, `expiresAt`) are this server's reading of the lease TTL etcd reported and are
 //! informative only; nothing compares them.
+//!
+//! A grant's lease is its own (renewing one grant never keeps another alive), but it is not thrown
+//! away at release: the release's compare-and-delete leaves it carrying nothing but its index entry,
+//! and it waits in a pool for the same session's next grant with the same TTL, which keeps it alive
+//! once (a keep-alive, not a Raft write) instead of granting a new lease and revoking the old one.
+//! So an acquire/release cycle costs etcd two writes, as etcd's own `concurrency.Mutex` does.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, KeyValue, PutOptions,
     SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchOptions, WatchStream,
 };
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -38,6 +48,9 @@ pub struct EtcdFaults {
     pub release_by_key_alone: bool,
     /// Renew keeps the key's current lease alive whatever the token.
     pub renew_ignores_token: bool,
+    /// A grant's lease goes to the pool at once, while the grant still holds it: the session's next
+    /// grant shares it, and renewing either keeps both alive.
+    pub pool_leases_in_use: bool,
 }
 
 impl EtcdFaults {
@@ -45,6 +58,7 @@ impl EtcdFaults {
         token_from_version: false,
         release_by_key_alone: false,
         renew_ignores_token: false,
+        pool_leases_in_use: false,
     };
 }
 
@@ -60,6 +74,10 @@ struct GrantValue {
     owner_id: String,
     session_id: Uuid,
     acquired_at_ms: i64,
+    /// The TTL the grant's lease was granted with, whole seconds: its pool at release. 0 in a grant
+    /// written before leases were pooled (its lease is revoked at release, as then).
+    #[serde(default)]
+    lease_secs: i64,
 }
 
 /// A waiter of a key's queue (`P q/<key>\0<id>`, on the session's lease).
@@ -107,6 +125,89 @@ pub struct EtcdRepo {
     client: Box<Client>,
     prefix: String,
     faults: EtcdFaults,
+    pool: Arc<Mutex<LeasePool>>,
+    /// Where this replica's grant leases came from (`lock_etcd_grant_leases_total{source}`).
+    leases: Family<LeaseLabels, Counter>,
+}
+
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum LeaseSource {
+    granted,
+    reused,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LeaseLabels {
+    pub source: LeaseSource,
+}
+
+/// How many grant leases one session may keep pooled per TTL (the most grants it held at once, up
+/// to this; the rest lapse by their TTL).
+const POOLED_PER_SESSION: usize = 64;
+/// A pooled lease is not offered once it may be within this of its end: a keep-alive that reaches
+/// a lease etcd has let run out waits for the lessor's next round (up to 500 ms) to be told so.
+const POOL_MARGIN: std::time::Duration = std::time::Duration::from_secs(1);
+/// The pool is swept of leases past their end every this many returns.
+const SWEEP_EVERY: u64 = 1024;
+
+/// Leases given back by releases, by (session, lease TTL in seconds): each carries only its index
+/// entry `P h/<session>/<lease>`, and is alive until at most its TTL after it was given back (no
+/// one keeps a pooled lease alive). A lease is in at most one pool, or under at most one grant: it
+/// enters only at the release that deleted its one grant, and leaves only to carry one new grant.
+#[derive(Debug, Default)]
+struct LeasePool {
+    free: HashMap<(Uuid, i64), Vec<(i64, Instant)>>,
+    returns: u64,
+}
+
+impl LeasePool {
+    /// A lease of `session` granted for `secs`, newest first, that cannot have lapsed yet.
+    fn take(&mut self, session: Uuid, secs: i64, now: Instant) -> Option<i64> {
+        let list = self.free.get_mut(&(session, secs))?;
+        let mut found = None;
+        while let Some((lease, at)) = list.pop() {
+            if !Self::lapsing(at, secs, now) {
+                found = Some(lease);
+                break;
+            }
+        }
+        if list.is_empty() {
+            self.free.remove(&(session, secs));
+        }
+        found
+    }
+
+    fn give_back(&mut self, session: Uuid, secs: i64, lease: i64, now: Instant) {
+        let list = self.free.entry((session, secs)).or_default();
+        if list.len() >= POOLED_PER_SESSION {
+            list.remove(0);
+        }
+        list.push((lease, now));
+        self.returns += 1;
+        if self.returns.is_multiple_of(SWEEP_EVERY) {
+            self.free.retain(|(_, secs), list| {
+                list.retain(|(_, at)| !Self::lapsing(*at, *secs, now));
+                !list.is_empty()
+            });
+        }
+    }
+
+    fn forget(&mut self, session: Uuid) {
+        self.free.retain(|(s, _), _| *s != session);
+    }
+
+    fn lapsing(at: Instant, secs: i64, now: Instant) -> bool {
+        let ttl = std::time::Duration::from_secs(secs.unsigned_abs());
+        at + ttl <= now + POOL_MARGIN
+    }
+}
+
+/// The lease a grant is about to be written on, and the end of it measured from before etcd
+/// started (or restarted) its clock.
+struct GrantLease {
+    id: i64,
+    end: DateTime<Utc>,
 }
 
 impl std::fmt::Debug for EtcdRepo {
@@ -211,6 +312,70 @@ impl EtcdRepo {
             client: Box::new(client),
             prefix: prefix.to_owned(),
             faults,
+            pool: Arc::default(),
+            leases: {
+                let f = Family::default();
+                // Both series exported from the start, at 0.
+                for source in [LeaseSource::granted, LeaseSource::reused] {
+                    let _ = f.get_or_create(&LeaseLabels { source });
+                }
+                f
+            },
+        }
+    }
+
+    /// Where this replica's grant leases came from (exported by [`crate::metrics`]).
+    pub fn lease_sources(&self) -> &Family<LeaseLabels, Counter> {
+        &self.leases
+    }
+
+    fn count_lease(&self, source: LeaseSource) {
+        self.leases.get_or_create(&LeaseLabels { source }).inc();
+    }
+
+    fn pool(&self) -> MutexGuard<'_, LeasePool> {
+        // Never held across an await or a panic-prone section; a poisoned pool is still consistent.
+        self.pool.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The lease for the next grant of `session` with a `secs` lease: a pooled one kept alive once
+    /// (etcd restores its TTL), or a new one.
+    async fn lease_for(&self, session_id: Uuid, secs: i64) -> Result<GrantLease, Error> {
+        loop {
+            let Some(id) = self.pool().take(session_id, secs, Instant::now()) else {
+                break;
+            };
+            let before = Utc::now();
+            // Answered only once etcd has renewed the lease: its end is `secs` from then at least.
+            match self.client().lease_keep_alive(id).await {
+                Ok(_) => {
+                    self.count_lease(LeaseSource::reused);
+                    return Ok(GrantLease {
+                        id,
+                        end: lease_end(before, secs),
+                    });
+                }
+                // Revoked (its session closed on another replica) or lapsed: try the next.
+                Err(e) if is_lease_not_found(&e) => {}
+                Err(e) => return Err(Error::etcd(e)),
+            }
+        }
+        let before = Utc::now();
+        let lease = self.client().lease_grant(secs, None).await.map_err(Error::etcd)?;
+        self.count_lease(LeaseSource::granted);
+        Ok(GrantLease {
+            id: lease.id(),
+            end: lease_end(before, lease.ttl()),
+        })
+    }
+
+    /// A lease whose grant is gone (released, or never written): to the pool, if the grant was
+    /// written with a pooled lease's index (`secs` > 0), else revoked.
+    fn give_back(&self, session_id: Uuid, secs: i64, lease: i64) {
+        if secs > 0 {
+            self.pool().give_back(session_id, secs, lease, Instant::now());
+        } else {
+            self.revoke_lease_later(lease);
         }
     }
 
@@ -232,6 +397,10 @@ impl EtcdRepo {
     fn held_prefix(&self, session_id: Uuid) -> String {
         format!("{}h/{session_id}/", self.prefix)
     }
+    /// The index entry of one of the session's grant leases, on that lease.
+    fn index_key(&self, session_id: Uuid, lease: i64) -> String {
+        format!("{}{lease:016x}", self.held_prefix(session_id))
+    }
     fn revocation_key(&self, key: &str, token: i64) -> String {
         format!("{}r/{token:020}/{key}", self.prefix)
     }
@@ -247,15 +416,6 @@ impl EtcdRepo {
         } else {
             kv.mod_revision()
         }
-    }
-
-    async fn grant_lease(&self, secs: i64) -> Result<i64, Error> {
-        Ok(self
-            .client()
-            .lease_grant(secs, None)
-            .await
-            .map_err(Error::etcd)?
-            .id())
     }
 
     /// Cleanup of a lease nobody needs any more. Failure only leaves it to lapse by its TTL.
@@ -332,6 +492,7 @@ impl EtcdRepo {
         };
         lookup_ok(self.client().lease_revoke(kv.lease()).await)?;
         self.revoke_grants_of(&[session_id]).await?;
+        self.pool().forget(session_id);
         Ok(true)
     }
 
@@ -353,7 +514,7 @@ impl EtcdRepo {
         Ok(())
     }
 
-    /// C1 §1.3's acquire as one etcd transaction (plus the lease the grant will live on).
+    /// C1 §1.3's acquire as one etcd transaction, on the grant's own lease ([`EtcdRepo::lease_for`]).
     /// `None`: held by a live, different holder (CONTENDED).
     pub async fn acquire(
         &self,
@@ -362,8 +523,8 @@ impl EtcdRepo {
         session_id: Uuid,
         ttl_secs: f64,
     ) -> Result<Option<Grant>, Error> {
-        let before = Utc::now();
-        let lease = self.grant_lease(lease_secs(ttl_secs)).await?;
+        let secs = lease_secs(ttl_secs);
+        let mut lease = self.lease_for(session_id, secs).await?;
         let now_ms = Utc::now().timestamp_millis();
         let lkey = self.lock_key(key);
         let skey = self.session_key(session_id);
@@ -371,37 +532,61 @@ impl EtcdRepo {
             owner_id: owner_id.to_owned(),
             session_id,
             acquired_at_ms: now_ms,
+            lease_secs: secs,
         });
-        let write = [
-            TxnOp::put(lkey.clone(), value, Some(PutOptions::new().with_lease(lease))),
-            TxnOp::put(
-                format!("{}{key}", self.held_prefix(session_id)),
-                "",
-                Some(PutOptions::new().with_lease(lease)),
-            ),
-            TxnOp::get(lkey.clone(), None),
-        ];
         // One transaction: the session must be alive, and the key absent (never written, released,
         // or its lease lapsed — a key goes with its lease), or still the grant this very session
         // holds (re-entry, pinned to the mod_revision we saw, so it cannot overwrite a newer holder).
-        let mut pinned: Option<(i64, i64)> = None; // (mod_revision, lease) of our own grant
-        for _ in 0..3 {
+        let mut pinned: Option<(i64, i64, i64)> = None; // (mod_revision, lease, lease secs) of our own grant
+        let mut lapsed_leases = 0;
+        let mut attempts = 0;
+        while attempts < 3 {
             let key_cmp = match pinned {
                 None => Compare::create_revision(lkey.clone(), CompareOp::Equal, 0),
-                Some((rev, _)) => Compare::mod_revision(lkey.clone(), CompareOp::Equal, rev),
+                Some((rev, _, _)) => Compare::mod_revision(lkey.clone(), CompareOp::Equal, rev),
             };
+            // The index entry is written with every grant: a lease that carried a grant carries it
+            // until the lease goes, so close and the reaper find it, pooled or not.
+            let write = [
+                TxnOp::put(
+                    lkey.clone(),
+                    value.clone(),
+                    Some(PutOptions::new().with_lease(lease.id)),
+                ),
+                TxnOp::put(
+                    self.index_key(session_id, lease.id),
+                    "",
+                    Some(PutOptions::new().with_lease(lease.id)),
+                ),
+                TxnOp::get(lkey.clone(), None),
+            ];
             let txn = Txn::new()
                 .when([
                     Compare::create_revision(skey.clone(), CompareOp::Greater, 0),
                     key_cmp,
                 ])
-                .and_then(write.clone())
+                .and_then(write)
                 .or_else([TxnOp::get(lkey.clone(), None), TxnOp::get(skey.clone(), None)]);
-            let resp = self.client().txn(txn).await.map_err(Error::etcd)?;
+            let resp = match self.client().txn(txn).await {
+                Ok(resp) => resp,
+                // The pooled lease went between its keep-alive and the transaction (its session
+                // was closed on another replica): nothing was written; a new lease, once.
+                Err(e) if is_lease_not_found(&e) && lapsed_leases == 0 => {
+                    lapsed_leases += 1;
+                    lease = self.lease_for(session_id, secs).await?;
+                    continue;
+                }
+                Err(e) => return Err(Error::etcd(e)),
+            };
+            attempts += 1;
             let ops = resp.op_responses();
             if resp.succeeded() {
-                if let Some((_, old)) = pinned.filter(|(_, old)| *old != lease) {
-                    self.revoke_lease_later(old);
+                if let Some((_, old, old_secs)) = pinned.filter(|(_, old, _)| *old != lease.id) {
+                    // Re-entry moved the grant to the new lease: the old one carries nothing now.
+                    self.give_back(session_id, old_secs, old);
+                }
+                if self.faults.pool_leases_in_use {
+                    self.give_back(session_id, secs, lease.id);
                 }
                 let kv = first_get(&ops, 2).ok_or_else(|| Error::Corrupt("acquire wrote nothing".into()))?;
                 let held = ms_to_time(now_ms);
@@ -410,11 +595,11 @@ impl EtcdRepo {
                     owner_id: owner_id.to_owned(),
                     session_id,
                     acquired_at: held,
-                    expires_at: lease_end(before, lease_secs(ttl_secs)),
+                    expires_at: lease.end,
                 }));
             }
             if first_get(&ops, 1).is_none() {
-                self.revoke_lease_later(lease);
+                self.revoke_lease_later(lease.id);
                 return Err(Error::SessionGone);
             }
             pinned = match first_get(&ops, 0) {
@@ -423,15 +608,15 @@ impl EtcdRepo {
                 Some(current) => {
                     let g: GrantValue = decode(&current)?;
                     if g.session_id != session_id || g.owner_id != owner_id {
-                        self.revoke_lease_later(lease);
+                        self.give_back(session_id, secs, lease.id);
                         return Ok(None);
                     }
-                    Some((current.mod_revision(), current.lease()))
+                    Some((current.mod_revision(), current.lease(), g.lease_secs))
                 }
             };
         }
         // The key kept changing hands under us: report it as held by someone else.
-        self.revoke_lease_later(lease);
+        self.give_back(session_id, secs, lease.id);
         Ok(None)
     }
 
@@ -493,10 +678,14 @@ impl EtcdRepo {
         if !resp.succeeded() {
             return Ok(false);
         }
-        // The index entry shares the grant's lease; revoking it removes the entry.
+        // The grant is gone and its lease carries nothing else of it: the lease waits for the
+        // session's next grant (a grant written before pooling has its lease revoked).
         if let Some(TxnOpResponse::Delete(d)) = resp.op_responses().first() {
             for kv in d.prev_kvs() {
-                self.revoke_lease_later(kv.lease());
+                match decode::<GrantValue>(kv) {
+                    Ok(g) => self.give_back(g.session_id, g.lease_secs, kv.lease()),
+                    Err(_) => self.revoke_lease_later(kv.lease()),
+                }
             }
         }
         Ok(true)
@@ -951,7 +1140,14 @@ impl EtcdRepo {
             let mut c = self.client();
             async move { c.get(k, Some(GetOptions::new().with_revision(rev))).await }
         };
-        let Ok(index) = at(format!("{}{key}", self.held_prefix(g.session_id))).await else {
+        // The index entry lives on the grant's lease: there at `rev`, the lease still was.
+        let index_key = if g.lease_secs > 0 {
+            self.index_key(g.session_id, prev.lease())
+        } else {
+            // A grant written before pooling: its index entry was per key.
+            format!("{}{key}", self.held_prefix(g.session_id))
+        };
+        let Ok(index) = at(index_key).await else {
             return Ok(Cause::Released);
         };
         if !index.kvs().is_empty() {

@@ -11,6 +11,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::backend::Backend;
+
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
 pub enum AcquireResult {
@@ -114,8 +116,52 @@ fn http_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 16))
 }
 
+/// The store's own metrics, exported as they are counted (the registry holds the same histograms
+/// and counters the store updates):
+///
+/// - PostgreSQL, per batched statement (`statement="acquire"|"release"`):
+///   `lock_batch_wait_seconds` (a call's wait in the queue until a batch takes it),
+///   `lock_batch_statement_seconds` (per call, the round trip of the statement that carried it) and
+///   `lock_batch_calls` (calls per statement) — where an acquire's time goes, next to
+///   `http_request_duration_seconds`;
+/// - etcd: `lock_etcd_grant_leases_total{source="granted"|"reused"}` (a new lease from etcd, or a
+///   released grant's lease kept alive for the session's next grant).
+fn register_store(registry: &mut Registry, store: &Backend) {
+    match store {
+        Backend::Postgres(repo) => {
+            let b = repo.batch_families();
+            registry.register(
+                "lock_batch_wait_seconds",
+                "A batched call's wait in the queue until a batch takes it, by statement",
+                b.waited.clone(),
+            );
+            registry.register(
+                "lock_batch_statement_seconds",
+                "Per call: the round trip to lockdb of the statement that carried it (a batch, or the call alone), by statement",
+                b.statement.clone(),
+            );
+            registry.register(
+                "lock_batch_calls",
+                "Calls carried by one statement to lockdb, by statement",
+                b.calls.clone(),
+            );
+        }
+        Backend::Etcd(repo) => registry.register(
+            "lock_etcd_grant_leases",
+            "Grant leases by where they came from: granted (a new lease from etcd) or reused (a released grant's lease, kept alive for its session's next grant)",
+            repo.lease_sources().clone(),
+        ),
+    }
+}
+
 impl Metrics {
     pub fn new() -> Self {
+        Self::with_store(None)
+    }
+
+    /// Every metric of [`Metrics::new`], and those of the store behind the server: the batch
+    /// timings on PostgreSQL, where the grant leases came from on etcd ([`register_store`]).
+    pub fn with_store(store: Option<&Backend>) -> Self {
         let mut registry = Registry::default();
         let session_lost = Counter::default();
         registry.register(
@@ -198,6 +244,9 @@ impl Metrics {
             RevokeOutcome::not_held,
         ] {
             let _ = revoke.get_or_create(&RevokeLabels { outcome });
+        }
+        if let Some(store) = store {
+            register_store(&mut registry, store);
         }
         Self {
             registry: Arc::new(registry),

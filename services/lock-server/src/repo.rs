@@ -10,7 +10,7 @@ use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{Arguments, FromRow, PgPool};
 use uuid::Uuid;
 
-use crate::batch::{BatchStats, Batcher, Call};
+use crate::batch::{BatchFamilies, BatchStats, Batcher, Call};
 use crate::error::Error;
 use crate::hub::Hub;
 use crate::sql::{self, Statements};
@@ -114,6 +114,8 @@ pub struct Repo {
     /// from `stmts`, so a negative control's broken statement is what its batches run too.
     acquires: Arc<Batcher<AcquireCall>>,
     releases: Arc<Batcher<ReleaseCall>>,
+    /// The histograms both batchers observe into.
+    batches: BatchFamilies,
     /// The process's listener (started by the server; a repository used alone never starts it, and
     /// then no key counts as watched).
     hub: Arc<Hub>,
@@ -195,9 +197,11 @@ impl Repo {
 
     /// For negative controls only: the same repository running a deliberately different statement set.
     pub fn with_statements(pool: PgPool, stmts: Statements) -> Self {
+        let batches = BatchFamilies::default();
         Self {
-            acquires: Arc::new(Batcher::new(pool.clone(), stmts.acquire)),
-            releases: Arc::new(Batcher::new(pool.clone(), stmts.release)),
+            acquires: Arc::new(Batcher::new(pool.clone(), stmts.acquire, batches.of("acquire"))),
+            releases: Arc::new(Batcher::new(pool.clone(), stmts.release, batches.of("release"))),
+            batches,
             renew: sql::with_holder(stmts.renew).into(),
             hub: Arc::new(Hub::new(pool.clone())),
             pool,
@@ -208,6 +212,11 @@ impl Repo {
     /// How acquires were sent to lockdb (statements, calls, largest batch), for tests and benchmarks.
     pub fn acquire_batches(&self) -> BatchStats {
         self.acquires.stats()
+    }
+
+    /// Where batched calls' time goes, per statement (exported by [`crate::metrics`]).
+    pub fn batch_families(&self) -> &BatchFamilies {
+        &self.batches
     }
 
     /// As [`Repo::acquire_batches`], for releases.

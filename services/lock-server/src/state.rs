@@ -44,8 +44,8 @@ impl AppState {
     /// A state over any backend (etcd, or a deliberately broken one for negative controls).
     pub fn with_backend(backend: Backend, admin_token: Option<String>) -> Self {
         Self {
+            metrics: Arc::new(Metrics::with_store(Some(&backend))),
             repo: backend,
-            metrics: Arc::new(Metrics::new()),
             // An empty token is never a valid credential; treat it as "not configured".
             admin_token: admin_token.filter(|t| !t.is_empty()).map(Arc::from),
             signer: None,

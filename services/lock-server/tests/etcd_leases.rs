@@ -1,0 +1,236 @@
+//! The etcd backend's grant leases: a released grant's lease carries the same session's next grant
+//! (so an acquire/release cycle costs etcd one transaction each way, as its own `concurrency.Mutex`
+//! does), and yet every grant keeps a lease of its own — renewing one never keeps another alive —
+//! and closing the session revokes the leases it had pooled. The negative control pools a grant's
+//! lease while the grant still holds it, and the per-grant lapse must catch it.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{ADMIN_TOKEN, Api, LONG_TTL_MS};
+use dlock_testkit::etcd::EtcdCluster;
+use lock_server::{Backend, Config, EtcdFaults, EtcdRepo, RunningServer};
+use reqwest::StatusCode;
+use uuid::Uuid;
+
+/// A lease etcd keeps a little while without a keep-alive: two seconds.
+const TTL_MS: i64 = 2_000;
+const WAIT: Duration = Duration::from_secs(20);
+
+struct Harness {
+    cluster: EtcdCluster,
+    repo: EtcdRepo,
+    srv: RunningServer,
+    api: Api,
+}
+
+impl Harness {
+    async fn new(faults: EtcdFaults) -> Self {
+        let cluster = EtcdCluster::single().expect("etcd starts (scripts/cluster-tools.sh etcd installs it)");
+        let good = EtcdRepo::connect(&cluster.endpoints(), "/dlock/").await.unwrap();
+        let served = EtcdRepo::with_client(good.client(), "/dlock/", faults);
+        let cfg = Config::etcd(cluster.endpoints(), "/dlock/")
+            .with_admin_token(ADMIN_TOKEN)
+            .with_reaper_interval(None);
+        let srv = lock_server::spawn_with_backend(cfg, Backend::Etcd(served))
+            .await
+            .unwrap();
+        let api = Api::new(&srv);
+        Self {
+            cluster,
+            repo: good,
+            srv,
+            api,
+        }
+    }
+
+    /// The lease the grant of `key` is written on, read from etcd.
+    async fn lease_of(&self, key: &str) -> Option<i64> {
+        let r = self
+            .repo
+            .client()
+            .get(self.repo.lock_key(key), None)
+            .await
+            .unwrap();
+        r.kvs().first().map(|kv| kv.lease())
+    }
+
+    async fn grant(&self, key: &str, session: Uuid, ttl_ms: i64) -> i64 {
+        let g = self.api.acquire(key, session, "owner", ttl_ms).await;
+        assert_eq!(g.status, StatusCode::OK, "acquire {key}: {g:?}");
+        g.token()
+    }
+
+    async fn held(&self, key: &str) -> bool {
+        self.api.get(&format!("/v1/locks/{key}")).await.body["state"] == "HELD"
+    }
+
+    /// etcd's count of calls started, by gRPC method (`grpc_server_started_total`).
+    async fn started(&self, method: &str) -> f64 {
+        let text = reqwest::get(format!("{}/metrics", self.cluster.endpoint(0)))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let label = format!("grpc_method=\"{method}\"");
+        text.lines()
+            .filter(|l| l.starts_with("grpc_server_started_total{") && l.contains(&label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+/// Two grants of one session held at once, each with a 2 s lease, the first renewed every 300 ms:
+/// the second (never renewed) must lapse on its own, and the first must stay. The session has given a
+/// lease back first, so one of the two is a pooled lease.
+async fn each_grant_lapses_on_its_own(h: &Harness) -> Result<(), String> {
+    let s = h.api.open_session("owner", LONG_TTL_MS).await;
+    let warm = h.grant("pooled", s, TTL_MS).await;
+    let r = h.api.release("pooled", warm).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let a = h.grant("a", s, TTL_MS).await;
+    h.grant("b", s, TTL_MS).await;
+    let mut v = Vec::new();
+    let (la, lb) = (h.lease_of("a").await, h.lease_of("b").await);
+    if la == lb {
+        v.push(format!("a and b are written on one lease ({la:?})"));
+    }
+    let started = Instant::now();
+    loop {
+        let renewed = h.api.renew("a", a, TTL_MS).await;
+        if renewed.status != StatusCode::OK {
+            v.push(format!("a, renewed every 300 ms, was lost: {renewed:?}"));
+            break;
+        }
+        if !h.held("b").await {
+            break;
+        }
+        if started.elapsed() > WAIT {
+            v.push(format!(
+                "b, never renewed, was still held {} s after its 2 s lease began: renewing a kept it",
+                WAIT.as_secs()
+            ));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    if !h.held("a").await {
+        v.push("a is not held after b lapsed".into());
+    }
+    if v.is_empty() { Ok(()) } else { Err(v.join("; ")) }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_grant_on_a_pooled_lease_lapses_on_its_own() {
+    let h = Harness::new(EtcdFaults::NONE).await;
+    each_grant_lapses_on_its_own(&h).await.unwrap();
+    h.srv.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_pooling_a_lease_still_in_use_keeps_the_other_grant_alive() {
+    let h = Harness::new(EtcdFaults {
+        pool_leases_in_use: true,
+        ..EtcdFaults::NONE
+    })
+    .await;
+    let r = each_grant_lapses_on_its_own(&h).await;
+    assert!(r.is_err(), "the broken pool went unnoticed");
+    h.srv.shutdown().await.unwrap();
+}
+
+/// The lease of a released grant carries the session's next grant; a grant held at the same time
+/// gets another, and so does another session's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_grants_lease_carries_the_sessions_next_grant_only() {
+    let h = Harness::new(EtcdFaults::NONE).await;
+    let (s, other) = (
+        h.api.open_session("owner", LONG_TTL_MS).await,
+        h.api.open_session("other", LONG_TTL_MS).await,
+    );
+    let t = h.grant("a", s, TTL_MS).await;
+    let la = h.lease_of("a").await.expect("a's lease");
+    assert_eq!(h.api.release("a", t).await.status, StatusCode::OK);
+    h.grant("d", other, TTL_MS).await;
+    assert_ne!(
+        h.lease_of("d").await,
+        Some(la),
+        "another session's grant took the pooled lease"
+    );
+    h.grant("b", s, TTL_MS).await;
+    assert_eq!(
+        h.lease_of("b").await,
+        Some(la),
+        "the session's next grant did not reuse its lease"
+    );
+    h.grant("c", s, TTL_MS).await;
+    assert_ne!(h.lease_of("c").await, Some(la), "two held grants share a lease");
+    // A different TTL is a different lease: etcd cannot change a lease's TTL.
+    let t = h.grant("e", s, 3 * TTL_MS).await;
+    assert_ne!(h.lease_of("e").await, Some(la));
+    assert_eq!(h.api.release("e", t).await.status, StatusCode::OK);
+    h.srv.shutdown().await.unwrap();
+}
+
+/// Closing the session revokes every lease it had, the pooled ones too (they carry its index).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_the_session_revokes_its_pooled_leases() {
+    let h = Harness::new(EtcdFaults::NONE).await;
+    let s = h.api.open_session("owner", LONG_TTL_MS).await;
+    let t = h.grant("a", s, 60_000).await;
+    let la = h.lease_of("a").await.expect("a's lease");
+    assert_eq!(h.api.release("a", t).await.status, StatusCode::OK);
+    let alive = h.repo.client().lease_time_to_live(la, None).await.unwrap();
+    assert!(
+        alive.ttl() > 0,
+        "the pooled lease is alive before the close: {alive:?}"
+    );
+    assert_eq!(h.api.close_session(s).await.status, StatusCode::OK);
+    match h.repo.client().lease_time_to_live(la, None).await {
+        Ok(r) => assert!(
+            r.ttl() <= 0,
+            "the pooled lease outlived its session's close: {r:?}"
+        ),
+        Err(e) => assert!(lock_server::etcd::is_lease_not_found(&e), "{e:?}"),
+    }
+    h.srv.shutdown().await.unwrap();
+}
+
+/// The cost in etcd calls: after the session's first grant, each acquire/release cycle is one
+/// keep-alive of the pooled lease and two transactions — no lease granted, none revoked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cycle_is_two_transactions_and_one_keep_alive() {
+    const CYCLES: u32 = 20;
+    let h = Harness::new(EtcdFaults::NONE).await;
+    let s = h.api.open_session("owner", LONG_TTL_MS).await;
+    let t = h.grant("k", s, TTL_MS).await;
+    assert_eq!(h.api.release("k", t).await.status, StatusCode::OK);
+    let methods = ["LeaseGrant", "LeaseRevoke", "Txn", "LeaseKeepAlive"];
+    let mut before = Vec::new();
+    for m in methods {
+        before.push(h.started(m).await);
+    }
+    for _ in 0..CYCLES {
+        let t = h.grant("k", s, TTL_MS).await;
+        let r = h.api.release("k", t).await;
+        assert_eq!(r.body["released"], true, "{r:?}");
+    }
+    let mut calls = Vec::new();
+    for (m, b) in methods.iter().zip(before) {
+        calls.push((*m, h.started(m).await - b));
+    }
+    let n = f64::from(CYCLES);
+    assert_eq!(
+        calls,
+        vec![
+            ("LeaseGrant", 0.0),
+            ("LeaseRevoke", 0.0),
+            ("Txn", 2.0 * n),
+            ("LeaseKeepAlive", n)
+        ],
+        "etcd calls in {CYCLES} cycles"
+    );
+    h.srv.shutdown().await.unwrap();
+}
