@@ -5,15 +5,22 @@
 //! and the cost of one signature and one verification measured in this process ([`grant_cost`]).
 //! The "one key, blocking" rows are every client waiting in the key's queue (`waitMs`), the
 //! counterpart of the Mutex on one key, which queues the same way: grants/s and the longest wait.
+//!
+//! Every row also says what it cost ([`Meter`]): the CPU-seconds per 1,000 cycles of each process
+//! (the load generator, lock-server, PostgreSQL's processes, etcd), read from `/proc` over the
+//! measured window, how busy the machine was, and for lock-server where an acquire's time went
+//! (its own histograms: the batch queue, the lockdb round trip, the rest of the HTTP path; on etcd,
+//! where its grant leases came from). The load average at the start heads the output.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
+use dlock_client::{ClientConfig, ClientError, LockApi};
 use dlock_testkit::History;
+use dlock_testkit::cpu;
+use dlock_testkit::metrics::{metric_sum, scrape};
 use hdrhistogram::Histogram;
-use reqwest::StatusCode;
-use serde_json::json;
 use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
@@ -194,6 +201,141 @@ struct Phase {
     grants: u64,
     secs: f64,
     acquire: Histogram<u64>,
+    cost: Cost,
+}
+
+/// The roles a phase's processes play, in the order the cost table prints them.
+const ROLES: [&str; 4] = ["generator", "lock-server", "postgres", "etcd"];
+
+/// One process whose CPU a phase reads: the process alone, or it and everything it started
+/// (PostgreSQL: the postmaster and its backends).
+#[derive(Debug, Clone, Copy)]
+enum Proc {
+    One(u32),
+    Tree(u32),
+}
+
+/// What a phase's cost is read from: its processes by role ([`ROLES`]), and the lock-server whose
+/// histograms split an acquire's time.
+#[derive(Debug, Clone, Default)]
+struct Meter {
+    procs: Vec<(&'static str, Proc)>,
+    server: Option<String>,
+}
+
+/// One reading of a [`Meter`].
+struct Reading {
+    cpu: Vec<Option<f64>>,
+    machine: Option<(u64, u64)>,
+    metrics: Option<String>,
+}
+
+/// What a phase cost over its measured window.
+#[derive(Debug, Default)]
+struct Cost {
+    /// CPU-seconds by role.
+    cpu: Vec<(&'static str, f64)>,
+    /// The machine's busy share (0..1).
+    busy: Option<f64>,
+    /// Where lock-server says an acquire's time went.
+    latency: Option<String>,
+}
+
+impl Meter {
+    /// The load generator is this process, lock-server the service at `server` (if any).
+    fn here(server: Option<&Service>) -> Self {
+        let mut m = Meter::default().with("generator", Proc::One(std::process::id()));
+        if let Some(s) = server {
+            m = m.with("lock-server", Proc::One(s.pid()));
+            m.server = Some(s.url());
+        }
+        m
+    }
+
+    fn with(mut self, role: &'static str, p: Proc) -> Self {
+        self.procs.push((role, p));
+        self
+    }
+
+    async fn read(&self) -> Reading {
+        let cpu = self
+            .procs
+            .iter()
+            .map(|(_, p)| match *p {
+                Proc::One(pid) => cpu::process_secs(pid),
+                Proc::Tree(pid) => Some(cpu::tree_secs(pid)),
+            })
+            .collect();
+        let metrics = match &self.server {
+            Some(url) => scrape(url).await.ok(),
+            None => None,
+        };
+        Reading {
+            cpu,
+            machine: cpu::machine_ticks(),
+            metrics,
+        }
+    }
+
+    /// Reads at `from` and at `to` (the phase's measured window).
+    async fn window(self, from: Instant, to: Instant) -> Cost {
+        tokio::time::sleep_until(tokio::time::Instant::from_std(from)).await;
+        let a = self.read().await;
+        tokio::time::sleep_until(tokio::time::Instant::from_std(to)).await;
+        let b = self.read().await;
+        let cpu = self
+            .procs
+            .iter()
+            .zip(a.cpu.iter().zip(&b.cpu))
+            .filter_map(|((role, _), (x, y))| Some((*role, (*y)? - (*x)?)))
+            .collect();
+        let busy = match (a.machine, b.machine) {
+            (Some((b0, a0)), Some((b1, a1))) if a1 > a0 => Some((b1 - b0) as f64 / (a1 - a0) as f64),
+            _ => None,
+        };
+        let latency = match (&a.metrics, &b.metrics) {
+            (Some(x), Some(y)) => acquire_breakdown(x, y),
+            _ => None,
+        };
+        Cost { cpu, busy, latency }
+    }
+}
+
+/// Where lock-server's acquires spent their time between two scrapes (means, µs).
+fn acquire_breakdown(before: &str, after: &str) -> Option<String> {
+    let d = |name: &str, labels: &[(&str, &str)]| {
+        metric_sum(after, name, labels) - metric_sum(before, name, labels)
+    };
+    let route = [("route", "/v1/locks/{key}/acquire")];
+    let n = d("http_request_duration_seconds_count", &route);
+    if n <= 0.0 {
+        return None;
+    }
+    let http = d("http_request_duration_seconds_sum", &route) / n * 1e6;
+    let acq = [("statement", "acquire")];
+    let calls = d("lock_batch_wait_seconds_count", &acq);
+    if calls > 0.0 {
+        let queue = d("lock_batch_wait_seconds_sum", &acq) / calls * 1e6;
+        let lockdb = d("lock_batch_statement_seconds_sum", &acq) / calls * 1e6;
+        let statements = d("lock_batch_calls_count", &acq);
+        let per = if statements > 0.0 {
+            d("lock_batch_calls_sum", &acq) / statements
+        } else {
+            0.0
+        };
+        return Some(format!(
+            "acquire {http:.0} µs = batch queue {queue:.0} + lockdb {lockdb:.0} + HTTP path {:.0}; {per:.1} calls per statement",
+            http - queue - lockdb
+        ));
+    }
+    let lease = |source| d("lock_etcd_grant_leases_total", &[("source", source)]);
+    let (granted, reused) = (lease("granted"), lease("reused"));
+    if granted + reused > 0.0 {
+        return Some(format!(
+            "acquire {http:.0} µs; grant leases {reused:.0} reused, {granted:.0} new"
+        ));
+    }
+    Some(format!("acquire {http:.0} µs"))
 }
 
 /// How the HTTP clients acquire.
@@ -209,6 +351,8 @@ enum Mode {
 
 /// The wait of a blocking client: far longer than any grant takes to come round.
 const BENCH_WAIT_MS: i64 = 30_000;
+/// The TTL of every benchmark grant.
+const BENCH_TTL_MS: i64 = 30_000;
 
 impl Phase {
     fn per_sec(&self) -> f64 {
@@ -238,6 +382,10 @@ async fn lock(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
     println!(
         "dlock bench lock — backends {:?}, clients {clients_list}, {} s per phase",
         args.backend, args.seconds
+    );
+    println!(
+        "load average at the start: {} (/proc/loadavg)",
+        cpu::load_average()
     );
     let max_clients = args.clients.iter().copied().max().unwrap_or(1);
     let measure = Duration::from_secs(args.seconds);
@@ -295,23 +443,29 @@ async fn lock(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
                 for (shape, mode) in SHAPES {
                     let name = name("postgres", *signed, shape);
                     step(format!("{name}, {clients} clients …"));
+                    let meter = Meter::here(Some(server)).with("postgres", Proc::Tree(db.server.pid));
                     rows.push((
                         clients,
-                        http_phase(name, &server.url(), clients, mode, measure).await?,
+                        http_phase(name, &server.url(), clients, mode, measure, meter).await?,
                     ));
                 }
             }
             step(format!("bare C1 statement, {clients} clients …"));
-            rows.push((clients, bare_phase(&db.app_url(), clients, measure).await?));
+            let meter = Meter::here(None).with("postgres", Proc::Tree(db.server.pid));
+            rows.push((clients, bare_phase(&db.app_url(), clients, measure, meter).await?));
         }
         if let (Some(cluster), Some(bin)) = (&cluster, &mutex_bin) {
             for (signed, server) in &etcd_servers {
                 for (shape, mode) in SHAPES {
                     let name = name("etcd", *signed, shape);
                     step(format!("{name}, {clients} clients …"));
+                    let mut meter = Meter::here(Some(server));
+                    if let Some(pid) = cluster.pid(0) {
+                        meter = meter.with("etcd", Proc::One(pid));
+                    }
                     rows.push((
                         clients,
-                        http_phase(name, &server.url(), clients, mode, measure).await?,
+                        http_phase(name, &server.url(), clients, mode, measure, meter).await?,
                     ));
                 }
             }
@@ -319,7 +473,7 @@ async fn lock(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
                 step(format!("{name}, {clients} clients …"));
                 rows.push((
                     clients,
-                    mutex_phase(name, bin, &cluster.endpoint(0), clients, contended, measure)?,
+                    mutex_phase(name, bin, cluster, clients, contended, measure).await?,
                 ));
             }
         }
@@ -341,6 +495,37 @@ async fn lock(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
             p.ms(0.99),
             p.longest_ms()
         );
+    }
+    println!();
+    println!(
+        "cost per 1,000 cycles: CPU-seconds of each process over the measured window (/proc), and the machine's busy share"
+    );
+    print!("{:<44} {:>8}", "phase", "clients");
+    for role in ROLES {
+        print!(" {role:>11}");
+    }
+    println!(" {:>11} {:>6}", "all", "busy");
+    for (clients, p) in &rows {
+        let per_k = |secs: f64| secs / p.cycles.max(1) as f64 * 1000.0;
+        print!("{:<44} {:>8}", p.name, clients);
+        for role in ROLES {
+            match p.cost.cpu.iter().find(|(r, _)| *r == role) {
+                Some((_, secs)) => print!(" {:>11.3}", per_k(*secs)),
+                None => print!(" {:>11}", "-"),
+            }
+        }
+        let all: f64 = p.cost.cpu.iter().map(|(_, s)| s).sum();
+        match p.cost.busy {
+            Some(b) => println!(" {:>11.3} {:>5.0}%", per_k(all), b * 100.0),
+            None => println!(" {:>11.3} {:>6}", per_k(all), "-"),
+        }
+    }
+    println!();
+    println!("where lock-server's acquires spent their time (its own histograms, means over the window)");
+    for (clients, p) in &rows {
+        if let Some(l) = &p.cost.latency {
+            println!("{}, {clients} clients: {l}", p.name);
+        }
     }
     println!();
     print_grant_cost()?;
@@ -393,18 +578,19 @@ struct MutexResult {
 
 /// etcd's Mutex: cycles and the Lock latency quantiles come from the Go program; the histogram is
 /// rebuilt from its two quantiles (only p50/p99 are printed).
-fn mutex_phase(
+async fn mutex_phase(
     name: impl Into<String>,
     bin: &PathBuf,
-    endpoint: &str,
+    cluster: &EtcdCluster,
     clients: u32,
     contended: bool,
     measure: Duration,
 ) -> Result<Phase> {
-    let out = Command::new(bin)
+    let endpoint = cluster.endpoint(0);
+    let child = Command::new(bin)
         .args([
             "--endpoints",
-            endpoint,
+            &endpoint,
             "--clients",
             &clients.to_string(),
             "--seconds",
@@ -413,7 +599,20 @@ fn mutex_phase(
             "--prefix",
             &format!("/bench-mutex/{clients}/"),
         ])
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("run etcd-mutex-bench")?;
+    // The program warms up for 1 s from its start, then measures: the same window as ours, give
+    // or take its start-up (its cost per cycle reads a little high, never low).
+    let warm_until = Instant::now() + Duration::from_secs(1);
+    let mut meter = Meter::default().with("generator", Proc::One(child.id()));
+    if let Some(pid) = cluster.pid(0) {
+        meter = meter.with("etcd", Proc::One(pid));
+    }
+    let cost = tokio::spawn(meter.window(warm_until, warm_until + measure));
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await?
         .context("run etcd-mutex-bench")?;
     if !out.status.success() {
         bail!(
@@ -433,6 +632,7 @@ fn mutex_phase(
         grants: r.cycles,
         secs: measure.as_secs_f64(),
         acquire,
+        cost: cost.await?,
     })
 }
 
@@ -442,35 +642,25 @@ async fn http_phase(
     clients: u32,
     mode: Mode,
     measure: Duration,
+    meter: Meter,
 ) -> Result<Phase> {
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(clients as usize)
-        .build()?;
+    // The client a user's program would use: dlock-client's typed API over one pooled connection
+    // set (the load generator's own CPU is in the cost table).
+    let api = LockApi::new(base, &ClientConfig::default())?;
     let warm_until = Instant::now() + Duration::from_secs(1);
     let stop_at = warm_until + measure;
+    let cost = tokio::spawn(meter.window(warm_until, stop_at));
     let mut tasks = Vec::new();
     for i in 0..clients {
-        let http = http.clone();
-        let base = base.to_owned();
+        let api = api.clone();
         tasks.push(tokio::spawn(async move {
             let owner = format!("bench-{i}");
-            let s: serde_json::Value = http
-                .post(format!("{base}/v1/sessions"))
-                .json(&json!({"ownerId": owner, "ttlMs": 600_000}))
-                .send()
-                .await?
-                .json()
-                .await?;
-            let session = s["sessionId"].as_str().context("session id")?.to_owned();
+            let session = api.open_session(&owner, 600_000).await?.session_id;
             let key = match mode {
                 Mode::Distinct => format!("bench:{i}"),
                 Mode::OneKey => "bench:hot".to_owned(),
                 Mode::Blocking => "bench:queue".to_owned(),
             };
-            let mut body = json!({"sessionId": session, "ownerId": owner, "ttlMs": 30_000});
-            if mode == Mode::Blocking {
-                body["waitMs"] = json!(BENCH_WAIT_MS);
-            }
             let mut hist = histogram()?;
             let (mut cycles, mut grants) = (0u64, 0u64);
             loop {
@@ -478,28 +668,25 @@ async fn http_phase(
                 if t0 >= stop_at {
                     break;
                 }
-                let resp = http
-                    .post(format!("{base}/v1/locks/{key}/acquire"))
-                    .json(&body)
-                    .send()
-                    .await?;
-                let status = resp.status();
-                let body: serde_json::Value = resp.json().await?;
+                let answer = match mode {
+                    Mode::Blocking => {
+                        api.acquire_waiting(&key, session, &owner, BENCH_TTL_MS, BENCH_WAIT_MS)
+                            .await
+                    }
+                    Mode::Distinct | Mode::OneKey => api.acquire(&key, session, &owner, BENCH_TTL_MS).await,
+                };
                 let took = t0.elapsed();
                 let counted = t0 >= warm_until;
-                if status == StatusCode::OK {
-                    let token = body["fencingToken"].as_i64().context("token")?;
-                    let r = http
-                        .post(format!("{base}/v1/locks/{key}/release"))
-                        .header("X-Fencing-Token", token.to_string())
-                        .send()
-                        .await?;
-                    if !r.status().is_success() {
-                        bail!("release answered {}", r.status());
+                match answer {
+                    Ok(grant) => {
+                        let released = api.release(&key, grant.fencing_token).await?;
+                        if !released.released {
+                            bail!("the release of a grant just made was stale: {released:?}");
+                        }
+                        grants += u64::from(counted);
                     }
-                    grants += u64::from(counted);
-                } else if status != StatusCode::CONFLICT {
-                    bail!("acquire answered {status}: {body}");
+                    Err(ClientError::Contended { .. }) => {}
+                    Err(e) => bail!("acquire failed: {e}"),
                 }
                 if counted {
                     hist.record(took.as_micros() as u64)?;
@@ -509,14 +696,15 @@ async fn http_phase(
             anyhow::Ok((hist, cycles, grants))
         }));
     }
-    collect(name, tasks, measure).await
+    collect(name, tasks, measure, cost).await
 }
 
-async fn bare_phase(url: &str, clients: u32, measure: Duration) -> Result<Phase> {
+async fn bare_phase(url: &str, clients: u32, measure: Duration, meter: Meter) -> Result<Phase> {
     use lock_server::sql::{ACQUIRE, CREATE_SESSION, RELEASE};
     let pool = PgPoolOptions::new().max_connections(clients).connect(url).await?;
     let warm_until = Instant::now() + Duration::from_secs(1);
     let stop_at = warm_until + measure;
+    let cost = tokio::spawn(meter.window(warm_until, stop_at));
     let mut tasks = Vec::new();
     for i in 0..clients {
         let pool = pool.clone();
@@ -556,7 +744,7 @@ async fn bare_phase(url: &str, clients: u32, measure: Duration) -> Result<Phase>
             anyhow::Ok((hist, cycles, grants))
         }));
     }
-    collect("bare C1 acquire statement", tasks, measure).await
+    collect("bare C1 acquire statement", tasks, measure, cost).await
 }
 
 type TaskResult = Result<(Histogram<u64>, u64, u64)>;
@@ -565,6 +753,7 @@ async fn collect(
     name: impl Into<String>,
     tasks: Vec<tokio::task::JoinHandle<TaskResult>>,
     measure: Duration,
+    cost: tokio::task::JoinHandle<Cost>,
 ) -> Result<Phase> {
     let mut phase = Phase {
         name: name.into(),
@@ -572,6 +761,7 @@ async fn collect(
         grants: 0,
         secs: measure.as_secs_f64(),
         acquire: histogram()?,
+        cost: Cost::default(),
     };
     for t in tasks {
         let (h, c, g) = t.await??;
@@ -579,5 +769,6 @@ async fn collect(
         phase.cycles += c;
         phase.grants += g;
     }
+    phase.cost = cost.await?;
     Ok(phase)
 }

@@ -1,13 +1,15 @@
 //! `dlock bench payouts`: end-to-end payouts per second through the real processes, with fencing on
 //! and with both kill switches off, in one run — and with signed grants on (lock-server signs, the
 //! resources verify), off, or both (`--grants`); lock acquire latency and payout latency read
-//! separately from the executors' own histograms, and the cost of one signature and one
-//! verification measured in this process.
+//! separately from the executors' own histograms, the CPU each process spent per payout (read from
+//! `/proc` over the batch), and the cost of one signature and one verification measured in this
+//! process.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use dlock_testkit::History;
+use dlock_testkit::cpu;
 use dlock_testkit::stack::{Stack, StackOptions};
 use serde_json::Value;
 use uuid::Uuid;
@@ -23,6 +25,44 @@ struct Run {
     acquire_p99_ms: f64,
     payout_mean_ms: f64,
     payout_p99_ms: f64,
+    /// CPU-seconds of each process over the batch, by role ([`COST_ROLES`]).
+    cpu: Vec<(&'static str, f64)>,
+}
+
+/// The processes of a payout run whose CPU is read, in the order the cost table prints them.
+const COST_ROLES: [&str; 8] = [
+    "executors",
+    "payment-resource",
+    "rail-proxy",
+    "rail-stub",
+    "lock-server",
+    "paydb",
+    "lockdb",
+    "bench",
+];
+
+/// CPU-seconds so far of each role's processes (PostgreSQL: the postmaster and its backends;
+/// executors: all of them).
+fn cpu_now(
+    stack: &Stack,
+    executors: &[u32],
+    paydb: &Database,
+    lockdb: &Database,
+) -> Vec<(&'static str, f64)> {
+    let one = |pid: u32| cpu::process_secs(pid).unwrap_or(0.0);
+    let mut v = vec![
+        ("executors", executors.iter().map(|p| one(*p)).sum()),
+        ("payment-resource", one(stack.payment.pid())),
+        ("rail-proxy", one(stack.rail_proxy.pid())),
+        ("rail-stub", one(stack.rail_stub.pid())),
+    ];
+    if let Some(l) = &stack.lock_server {
+        v.push(("lock-server", one(l.pid())));
+    }
+    v.push(("paydb", cpu::tree_secs(paydb.server.pid)));
+    v.push(("lockdb", cpu::tree_secs(lockdb.server.pid)));
+    v.push(("bench", one(std::process::id())));
+    v
 }
 
 /// Sum, count and cumulative buckets of one histogram (all label sets added) from metrics text.
@@ -108,6 +148,7 @@ async fn one_run(
         "{}: {payouts} payouts created; starting {executors} executors × {workers} workers",
         label(fencing, grants)
     ));
+    let before = cpu_now(&stack, &[], &paydb, &lockdb);
     let started = Instant::now();
     let mut procs = Vec::new();
     for e in 0..executors {
@@ -149,6 +190,15 @@ async fn one_run(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let secs = started.elapsed().as_secs_f64();
+    // The executors started with the batch: their whole lives are its cost.
+    let pids: Vec<u32> = procs.iter().map(|p| p.pid()).collect();
+    let cpu = cpu_now(&stack, &pids, &paydb, &lockdb)
+        .into_iter()
+        .map(|(role, after)| {
+            let was = before.iter().find(|(r, _)| *r == role).map_or(0.0, |(_, b)| *b);
+            (role, after - was)
+        })
+        .collect();
     let (mut a_sum, mut a_count, mut a_buckets) = (0.0, 0.0, Vec::<(f64, f64)>::new());
     let (mut p_sum, mut p_count, mut p_buckets) = (0.0, 0.0, Vec::<(f64, f64)>::new());
     for p in &procs {
@@ -188,6 +238,7 @@ async fn one_run(
         acquire_p99_ms: quantile_bound(&a_buckets, a_count, 0.99) * 1000.0,
         payout_mean_ms: p_sum / p_count * 1000.0,
         payout_p99_ms: quantile_bound(&p_buckets, p_count, 0.99) * 1000.0,
+        cpu,
     })
 }
 
@@ -215,6 +266,8 @@ pub async fn run(
             .collect::<Vec<_>>()
             .join(" / ")
     );
+    let load = cpu::load_average();
+    println!("load average at the start: {load} (/proc/loadavg)");
     let mut runs: Vec<Vec<Run>> = combos.iter().map(|_| Vec::new()).collect();
     for round in 1..=rounds {
         step(format!("round {round} of {rounds}"));
@@ -270,6 +323,27 @@ pub async fn run(
         );
     }
     println!("p99 figures are histogram bucket bounds (buckets double)");
+    println!();
+    println!(
+        "CPU per payout, ms, of each process over the batch (/proc; the median run's; load average at the start {load})"
+    );
+    print!("{:<26}", "settings");
+    for role in COST_ROLES {
+        print!(" {role:>16}");
+    }
+    println!(" {:>8}", "all");
+    for r in &medians {
+        print!("{:<26}", label(r.fencing, r.grants));
+        for role in COST_ROLES {
+            match r.cpu.iter().find(|(x, _)| *x == role) {
+                Some((_, secs)) => print!(" {:>16.3}", secs / f64::from(payouts) * 1000.0),
+                None => print!(" {:>16}", "-"),
+            }
+        }
+        let all: f64 = r.cpu.iter().map(|(_, s)| s).sum();
+        println!(" {:>8.3}", all / f64::from(payouts) * 1000.0);
+    }
+    println!();
     print_grant_cost()?;
     Ok(true)
 }

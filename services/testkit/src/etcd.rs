@@ -234,6 +234,11 @@ impl EtcdCluster {
         self.members.is_empty()
     }
 
+    /// The process id of member `i`, while it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.members[i].child.as_ref().map(Child::id)
+    }
+
     pub fn is_running(&self, i: usize) -> bool {
         self.members[i].child.is_some()
     }

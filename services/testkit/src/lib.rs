@@ -14,6 +14,7 @@
 
 #![allow(unsafe_code)] // pg.rs: prctl(PR_SET_PDEATHSIG) and atexit, both documented there
 
+pub mod cpu;
 pub mod etcd;
 pub mod metrics;
 pub mod openapi;
