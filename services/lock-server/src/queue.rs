@@ -5,7 +5,7 @@
 //!
 //! - **PostgreSQL**: a `lock_waiter` row per waiter (migration V3; its id is the arrival order). The
 //!   head (the oldest live row) tries C1's acquire statement — the grant is that statement, as for
-//!   anyone. When it is contended it waits for lockdb to say the key was freed (V3's trigger on
+//!   anyone. When it is contended it waits for lockdb to say the key was freed (the trigger on
 //!   `lock_entry` names the head, and only that waiter is woken, by the listener of the replica it
 //!   waits on: [`crate::hub`]), and for the holder's lease end by the database clock (a lapse has no
 //!   event). A waiter behind the head waits to be told it is the head (V3's trigger on
