@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgPool};
 
 /// Which of the two histories a database carries (C1 §1.1): lockdb and paydb are always separate
 /// instances. The one definition of their names, shared by the operator and the test kit.
@@ -101,8 +101,24 @@ pub fn lazy_pool(
     Ok(PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(acquire_timeout)
+        // sqlx's own test pings every connection at every acquire: a round trip to the database
+        // before each statement. Only a connection idle for a while is pinged (as HikariCP's
+        // "alive bypass window"); one in steady use proves itself, and a statement that meets a
+        // broken one fails and closes it.
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for > PING_WHEN_IDLE_FOR {
+                    conn.ping().await?;
+                }
+                Ok(true)
+            })
+        })
         .connect_lazy_with(options))
 }
+
+/// A pooled connection idle longer than this is pinged before it is handed out.
+pub const PING_WHEN_IDLE_FOR: Duration = Duration::from_millis(500);
 
 /// `url` without its password (`postgres://***@host/db`), for messages and logs.
 pub fn redact(url: &str) -> String {
