@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{ADMIN_TOKEN, Api, LONG_TTL_MS};
 use dlock_testkit::etcd::EtcdCluster;
+use dlock_testkit::metrics::{metric_sum, scrape};
 use lock_server::{Backend, Config, EtcdFaults, EtcdRepo, RunningServer};
 use reqwest::StatusCode;
 use uuid::Uuid;
@@ -68,17 +69,8 @@ impl Harness {
 
     /// etcd's count of calls started, by gRPC method (`grpc_server_started_total`).
     async fn started(&self, method: &str) -> f64 {
-        let text = reqwest::get(format!("{}/metrics", self.cluster.endpoint(0)))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let label = format!("grpc_method=\"{method}\"");
-        text.lines()
-            .filter(|l| l.starts_with("grpc_server_started_total{") && l.contains(&label))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        let text = scrape(&self.cluster.endpoint(0)).await.unwrap();
+        metric_sum(&text, "grpc_server_started_total", &[("grpc_method", method)])
     }
 }
 
