@@ -16,8 +16,10 @@
 #
 # Reruns reuse everything: each tool has a stamp file naming the version it was built from. The Go
 # module and build caches live under the tools dir as well, so a rebuild after a version bump only
-# compiles what changed. Builds run under `nice` with one package at a time because the machine they
-# were written for has two cores shared with cargo builds.
+# compiles what changed. Builds run under `nice` (a cargo build beside them keeps the CPU it needs)
+# with two packages at a time, as scripts/kind-tools.sh does: in the test command nothing else runs
+# while they build, and one at a time left one of the machine's two cores idle
+# (DLOCK_GO_P=1 restores that).
 #
 # Usage: scripts/cluster-tools.sh [--check] [TOOL...]
 #   --check   report what is missing, install nothing (exit 1 if anything is)
@@ -48,8 +50,8 @@ mkdir -p "$BIN"
 export GOMODCACHE="$TOOLS/go/mod"
 export GOCACHE="$TOOLS/go/cache"
 export GOPATH="$TOOLS/go/path"
-# One package at a time, no VCS stamping (the throwaway modules are not repositories).
-export GOFLAGS="-p=1 -buildvcs=false -mod=mod"
+# DLOCK_GO_P packages at a time; no VCS stamping (the throwaway modules are not repositories).
+export GOFLAGS="-p=${DLOCK_GO_P:-2} -buildvcs=false -mod=mod"
 export CGO_ENABLED=0
 
 gentle() { nice -n 10 "$@"; }
