@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use axum::Router;
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -96,6 +97,13 @@ pub async fn run_until(
     app: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
+    // TCP_NODELAY on every accepted connection, as the clients (reqwest), sqlx and tonic set it on
+    // theirs: a response must not wait for the peer's delayed ACK of the previous segment.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(event = "nodelay_failed", error = %e);
+        }
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await?;
