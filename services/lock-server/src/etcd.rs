@@ -16,15 +16,18 @@
 //! away at release: the release's compare-and-delete leaves it carrying nothing but its index entry,
 //! and it waits in a pool for the same session's next grant with the same TTL, which keeps it alive
 //! once (a keep-alive, not a Raft write) instead of granting a new lease and revoking the old one.
-//! So an acquire/release cycle costs etcd two writes, as etcd's own `concurrency.Mutex` does.
+//! So an acquire/release cycle costs etcd two writes, as etcd's own `concurrency.Mutex` does. The
+//! keep-alive stream a reused lease was renewed on stays open with it, so its next reuse is one
+//! message on that stream rather than a new gRPC stream.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, KeyValue, PutOptions,
-    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchOptions, WatchStream,
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, KeyValue,
+    LeaseKeepAliveStream, LeaseKeeper, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    WatchOptions, WatchStream,
 };
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
@@ -155,20 +158,52 @@ const SWEEP_EVERY: u64 = 1024;
 /// entry `P h/<session>/<lease>`, and is alive until at most its TTL after it was given back (no
 /// one keeps a pooled lease alive). A lease is in at most one pool, or under at most one grant: it
 /// enters only at the release that deleted its one grant, and leaves only to carry one new grant.
+///
+/// The keep-alive stream of each lease that was reused is parked here too, by lease, from the
+/// reuse on (through the grant it carries and back into the pool): the next reuse sends one message
+/// on it. A parked stream is dropped with its lease (taken for a grant without it, evicted, swept),
+/// with its session (closed or reaped), or once it is older than its lease's TTL.
 #[derive(Debug, Default)]
 struct LeasePool {
     free: HashMap<(Uuid, i64), Vec<(i64, Instant)>>,
+    streams: HashMap<i64, Parked>,
     returns: u64,
 }
 
+/// An open keep-alive stream of one lease.
+struct KeepAlive {
+    keeper: LeaseKeeper,
+    stream: LeaseKeepAliveStream,
+}
+
+impl std::fmt::Debug for KeepAlive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeepAlive")
+            .field("lease", &self.keeper.id())
+            .finish()
+    }
+}
+
+/// A keep-alive stream waiting for its lease's next reuse: the lease's session and TTL, and when it
+/// was last renewed on it.
+#[derive(Debug)]
+struct Parked {
+    keep: KeepAlive,
+    session: Uuid,
+    secs: i64,
+    at: Instant,
+}
+
 impl LeasePool {
-    /// A lease of `session` granted for `secs`, newest first, that cannot have lapsed yet.
-    fn take(&mut self, session: Uuid, secs: i64, now: Instant) -> Option<i64> {
+    /// A lease of `session` granted for `secs`, newest first, that cannot have lapsed yet, with its
+    /// parked keep-alive stream if it has one.
+    fn take(&mut self, session: Uuid, secs: i64, now: Instant) -> Option<(i64, Option<KeepAlive>)> {
         let list = self.free.get_mut(&(session, secs))?;
         let mut found = None;
         while let Some((lease, at)) = list.pop() {
+            let parked = self.streams.remove(&lease).map(|p| p.keep);
             if !Self::lapsing(at, secs, now) {
-                found = Some(lease);
+                found = Some((lease, parked));
                 break;
             }
         }
@@ -178,23 +213,48 @@ impl LeasePool {
         found
     }
 
+    /// Keeps `keep` open for the next reuse of `lease`, `session`'s lease of `secs`.
+    fn park(&mut self, session: Uuid, lease: i64, secs: i64, keep: KeepAlive, now: Instant) {
+        self.streams.insert(
+            lease,
+            Parked {
+                keep,
+                session,
+                secs,
+                at: now,
+            },
+        );
+        self.tick(now);
+    }
+
     fn give_back(&mut self, session: Uuid, secs: i64, lease: i64, now: Instant) {
         let list = self.free.entry((session, secs)).or_default();
         if list.len() >= POOLED_PER_SESSION {
-            list.remove(0);
+            let (evicted, _) = list.remove(0);
+            self.streams.remove(&evicted);
         }
         list.push((lease, now));
+        self.tick(now);
+    }
+
+    /// Every [`SWEEP_EVERY`] returns and parks: drops the leases past their end, and the streams of
+    /// leases that lapsed under a grant never released (or that a renewal on another stream kept
+    /// alive: reopened at their next reuse, if there is one).
+    fn tick(&mut self, now: Instant) {
         self.returns += 1;
         if self.returns.is_multiple_of(SWEEP_EVERY) {
             self.free.retain(|(_, secs), list| {
                 list.retain(|(_, at)| !Self::lapsing(*at, *secs, now));
                 !list.is_empty()
             });
+            self.streams.retain(|_, p| !Self::lapsing(p.at, p.secs, now));
         }
     }
 
+    /// The session is closed: its pooled leases, and the streams of all its leases, pooled or held.
     fn forget(&mut self, session: Uuid) {
         self.free.retain(|(s, _), _| *s != session);
+        self.streams.retain(|_, p| p.session != session);
     }
 
     fn lapsing(at: Instant, secs: i64, now: Instant) -> bool {
@@ -342,22 +402,19 @@ impl EtcdRepo {
     /// (etcd restores its TTL), or a new one.
     async fn lease_for(&self, session_id: Uuid, secs: i64) -> Result<GrantLease, Error> {
         loop {
-            let Some(id) = self.pool().take(session_id, secs, Instant::now()) else {
+            let Some((id, parked)) = self.pool().take(session_id, secs, Instant::now()) else {
                 break;
             };
             let before = Utc::now();
             // Answered only once etcd has renewed the lease: its end is `secs` from then at least.
-            match self.client().lease_keep_alive(id).await {
-                Ok(_) => {
-                    self.count_lease(LeaseSource::reused);
-                    return Ok(GrantLease {
-                        id,
-                        end: lease_end(before, secs),
-                    });
-                }
-                // Revoked (its session closed on another replica) or lapsed: try the next.
-                Err(e) if is_lease_not_found(&e) => {}
-                Err(e) => return Err(Error::etcd(e)),
+            // `None`: revoked (its session closed on another replica) or lapsed; try the next.
+            if let Some(keep) = self.keep_pooled_alive(id, parked).await? {
+                self.pool().park(session_id, id, secs, keep, Instant::now());
+                self.count_lease(LeaseSource::reused);
+                return Ok(GrantLease {
+                    id,
+                    end: lease_end(before, secs),
+                });
             }
         }
         let before = Utc::now();
@@ -367,6 +424,33 @@ impl EtcdRepo {
             id: lease.id(),
             end: lease_end(before, lease.ttl()),
         })
+    }
+
+    /// One keep-alive of the pooled lease `id`, on its parked stream if it has one that still works,
+    /// else on a new stream: the stream to park, or `None` if the lease is gone. Either way the
+    /// answer comes only after etcd renewed the lease (etcd's TTL-0 answer: gone).
+    async fn keep_pooled_alive(
+        &self,
+        id: i64,
+        parked: Option<KeepAlive>,
+    ) -> Result<Option<KeepAlive>, Error> {
+        if let Some(mut keep) = parked
+            && keep.keeper.keep_alive().await.is_ok()
+        {
+            // The stream is owned here from send to answer, so no answer of an earlier keep-alive
+            // can be waiting on it (a dropped acquire drops the stream with it).
+            match keep.stream.message().await {
+                Ok(Some(r)) if r.id() == id && r.ttl() > 0 => return Ok(Some(keep)),
+                Ok(Some(r)) if r.id() == id => return Ok(None),
+                // Ended or broken (etcd restarted, the connection was replaced): a new stream.
+                _ => {}
+            }
+        }
+        match self.client().lease_keep_alive(id).await {
+            Ok((keeper, stream)) => Ok(Some(KeepAlive { keeper, stream })),
+            Err(e) if is_lease_not_found(&e) => Ok(None),
+            Err(e) => Err(Error::etcd(e)),
+        }
     }
 
     /// A lease whose grant is gone (released, or never written): to the pool, if the grant was
@@ -820,9 +904,13 @@ impl EtcdRepo {
                 dead.entry(session.to_owned()).or_default().insert(kv.lease());
             }
         }
-        for leases in dead.values() {
+        for (session, leases) in &dead {
             for lease in leases {
                 lookup_ok(self.client().lease_revoke(*lease).await)?;
+            }
+            // What this replica pooled or kept open for the session goes with it.
+            if let Ok(session) = session.parse::<Uuid>() {
+                self.pool().forget(session);
             }
         }
         Ok(dead.len() as u64)

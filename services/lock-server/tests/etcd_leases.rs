@@ -67,10 +67,20 @@ impl Harness {
         self.api.get(&format!("/v1/locks/{key}")).await.body["state"] == "HELD"
     }
 
-    /// etcd's count of calls started, by gRPC method (`grpc_server_started_total`).
+    /// etcd's count of calls started, by gRPC method (`grpc_server_started_total`; for a stream,
+    /// streams opened).
     async fn started(&self, method: &str) -> f64 {
+        self.etcd_count("grpc_server_started_total", method).await
+    }
+
+    /// etcd's count of messages received, by gRPC method (`grpc_server_msg_received_total`).
+    async fn received(&self, method: &str) -> f64 {
+        self.etcd_count("grpc_server_msg_received_total", method).await
+    }
+
+    async fn etcd_count(&self, metric: &str, method: &str) -> f64 {
         let text = scrape(&self.cluster.endpoint(0)).await.unwrap();
-        metric_sum(&text, "grpc_server_started_total", &[("grpc_method", method)])
+        metric_sum(&text, metric, &[("grpc_method", method)])
     }
 }
 
@@ -191,7 +201,8 @@ async fn closing_the_session_revokes_its_pooled_leases() {
 }
 
 /// The cost in etcd calls: after the session's first grant, each acquire/release cycle is one
-/// keep-alive of the pooled lease and two transactions — no lease granted, none revoked.
+/// keep-alive of the pooled lease and two transactions — no lease granted, none revoked — and the
+/// keep-alives are messages on one stream, opened at the lease's first reuse and kept with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cycle_is_two_transactions_and_one_keep_alive() {
     const CYCLES: u32 = 20;
@@ -204,6 +215,7 @@ async fn a_cycle_is_two_transactions_and_one_keep_alive() {
     for m in methods {
         before.push(h.started(m).await);
     }
+    let messages_before = h.received("LeaseKeepAlive").await;
     for _ in 0..CYCLES {
         let t = h.grant("k", s, TTL_MS).await;
         let r = h.api.release("k", t).await;
@@ -220,9 +232,14 @@ async fn a_cycle_is_two_transactions_and_one_keep_alive() {
             ("LeaseGrant", 0.0),
             ("LeaseRevoke", 0.0),
             ("Txn", 2.0 * n),
-            ("LeaseKeepAlive", n)
+            ("LeaseKeepAlive", 1.0)
         ],
-        "etcd calls in {CYCLES} cycles"
+        "etcd calls (for LeaseKeepAlive: streams opened) in {CYCLES} cycles"
+    );
+    assert_eq!(
+        h.received("LeaseKeepAlive").await - messages_before,
+        n,
+        "one keep-alive message per cycle"
     );
     h.srv.shutdown().await.unwrap();
 }
