@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: unit and integration tests against real PostgreSQL 16 servers started by the test
 # kit, the cross-process proof, then the cluster tier on a real kube-apiserver + etcd (tools are
-# built once and cached in $DLOCK_TOOLS_DIR; the first build of kube-apiserver takes ~15 minutes).
+# built once and cached in $DLOCK_TOOLS_DIR; the first build of kube-apiserver takes about 3 minutes
+# on a quiet 2-core machine).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # Everything this command does not install itself, checked first: a missing piece fails here, in
 # seconds, naming what to install, not half an hour in.

@@ -46,7 +46,7 @@
 # --if-built: run only when every tool and image of step 2 is already built (scripts/kind-tools.sh
 # --check), else print why and "skipped" (for a quick local run of the test command; with CI set it
 # fails instead, as above). The test command itself builds them when missing: once per machine,
-# about 15 minutes cold (e2e/README.md).
+# about 10 minutes cold on a quiet 2-core machine (e2e/README.md).
 #
 # Env: DLOCK_KIND_CLUSTER (default dlock-e2e), DLOCK_KIND_KEEP=1 (leave the cluster running),
 #      DLOCK_KIND_PAYOUTS (per batch, default 20), DLOCK_KIND_TIMEOUT (seconds per wait, default 600),
