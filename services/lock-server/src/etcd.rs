@@ -438,12 +438,12 @@ impl EtcdRepo {
             && keep.keeper.keep_alive().await.is_ok()
         {
             // The stream is owned here from send to answer, so no answer of an earlier keep-alive
-            // can be waiting on it (a dropped acquire drops the stream with it).
-            match keep.stream.message().await {
-                Ok(Some(r)) if r.id() == id && r.ttl() > 0 => return Ok(Some(keep)),
-                Ok(Some(r)) if r.id() == id => return Ok(None),
-                // Ended or broken (etcd restarted, the connection was replaced): a new stream.
-                _ => {}
+            // can be waiting on it (a dropped acquire drops the stream with it). Ended or broken
+            // (etcd restarted, the connection was replaced): a new stream, below.
+            if let Ok(Some(r)) = keep.stream.message().await
+                && r.id() == id
+            {
+                return Ok(keep_alive_outcome(Ok(Some(r.ttl())))?.map(|_| keep));
             }
         }
         match self.client().lease_keep_alive(id).await {
