@@ -222,7 +222,15 @@ impl Stage {
                 .runs
                 .iter()
                 .filter(|r| !r.succeeded())
-                .map(|r| format!("{}: {}", r.job, r.stdout.lines().last().unwrap_or_default()))
+                // The binaries' errors go to stderr: its last line says why the Job failed.
+                .map(|r| {
+                    format!(
+                        "{}: {} | stderr: {}",
+                        r.job,
+                        r.stdout.lines().last().unwrap_or_default(),
+                        r.stderr.lines().last().unwrap_or_default()
+                    )
+                })
                 .collect();
             panic!(
                 "timed out after {TIMEOUT:?} waiting for {what}; last observation: {last}\n\
