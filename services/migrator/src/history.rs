@@ -1,6 +1,6 @@
 //! `flyway_schema_history`: what was applied, and applying what is pending.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sqlx::{Connection, PgConnection, Row};
 
@@ -72,13 +72,126 @@ pub async fn applied(conn: &mut PgConnection) -> Result<Vec<AppliedRow>, Migrate
         .collect())
 }
 
+/// How often a file (or a password change) is tried again when it lost a race on a catalog shared by
+/// every database of the server.
+///
+/// Roles are one per server, not per database: two migrations of two databases on one server (two
+/// LockServices on one external PostgreSQL, two PaymentStacks' paydbs, a test suite) can both see
+/// no `lockapp` and both `CREATE ROLE` it; the second then fails with a unique violation on
+/// `pg_authid` once the first commits, or `ALTER ROLE` fails with "tuple concurrently updated". The
+/// advisory lock does not help: it is per database. Run again, the file finds the role made by the
+/// other and succeeds, so such a failure is retried with backoff. Every other error ends the run at
+/// once (the file's transaction is rolled back, as before), as does the last failed attempt: the
+/// Job fails and is retried by its backoffLimit, then reported by the operator.
+#[derive(Debug, Clone, Copy)]
+pub struct Retry {
+    /// Attempts in all (1: no retry).
+    pub attempts: u32,
+    /// The wait before the second attempt; doubled before each further one.
+    pub first_backoff: Duration,
+}
+
+impl Retry {
+    /// No retry: the first failure is the result.
+    pub const NONE: Retry = Retry {
+        attempts: 1,
+        first_backoff: Duration::ZERO,
+    };
+}
+
+impl Default for Retry {
+    /// Six attempts, 50 ms to 800 ms apart (1.55 s of waiting in all): a racing migration holds
+    /// its transaction for the length of one file.
+    fn default() -> Self {
+        Retry {
+            attempts: 6,
+            first_backoff: Duration::from_millis(50),
+        }
+    }
+}
+
+/// Whether `e` is a lost race on a server-wide catalog (or a serialization failure or deadlock),
+/// which a second attempt of the same statements can win.
+pub fn lost_catalog_race(e: &sqlx::Error) -> bool {
+    let Some(db) = e.as_database_error() else {
+        return false;
+    };
+    match db.code().as_deref() {
+        // unique_violation on a catalog index (all named pg_*): two CREATE ROLE of one name.
+        Some("23505") => db.constraint().is_some_and(|c| c.starts_with("pg_")),
+        // serialization_failure, deadlock_detected.
+        Some("40001") | Some("40P01") => true,
+        // internal_error raised by a catalog update that lost to a concurrent one.
+        Some("XX000") => {
+            let m = db.message();
+            m == "tuple concurrently updated" || m == "tuple concurrently deleted"
+        }
+        _ => false,
+    }
+}
+
+/// The attempts of one file (or password change): after each failure, [`Attempts::again`] says
+/// whether to try again, having logged `migration_retried` and waited.
+struct Attempts<'a> {
+    retry: Retry,
+    what: &'a str,
+    made: u32,
+    backoff: Duration,
+}
+
+impl<'a> Attempts<'a> {
+    fn new(retry: Retry, what: &'a str) -> Self {
+        Attempts {
+            retry,
+            what,
+            made: 1,
+            backoff: retry.first_backoff,
+        }
+    }
+
+    /// True (after the backoff) when `e` is a lost catalog race and attempts are left.
+    async fn again(&mut self, e: &MigrateError) -> bool {
+        if self.made >= self.retry.attempts || !raced(e) {
+            return false;
+        }
+        tracing::warn!(
+            event = "migration_retried",
+            what = self.what,
+            attempt = self.made,
+            backoff_ms = u64::try_from(self.backoff.as_millis()).unwrap_or(u64::MAX),
+            error = %e,
+            "lost a race on a server-wide catalog to a concurrent migration; trying again"
+        );
+        tokio::time::sleep(self.backoff).await;
+        self.backoff = self.backoff.saturating_mul(2);
+        self.made += 1;
+        true
+    }
+}
+
+fn raced(e: &MigrateError) -> bool {
+    match e {
+        MigrateError::Failed { source, .. } | MigrateError::Database(source) => lost_catalog_race(source),
+        _ => false,
+    }
+}
+
 /// Validates the history against `migrations`, then applies what is pending.
 pub async fn migrate(conn: &mut PgConnection, migrations: &[Migration]) -> Result<Report, MigrateError> {
+    migrate_with(conn, migrations, Retry::default()).await
+}
+
+/// [`migrate`], with `retry` for files that lose a race on a server-wide catalog.
+pub async fn migrate_with(
+    conn: &mut PgConnection,
+    migrations: &[Migration],
+    retry: Retry,
+) -> Result<Report, MigrateError> {
     sqlx::query("SELECT pg_advisory_lock($1)")
         .bind(ADVISORY_LOCK_KEY)
         .execute(&mut *conn)
         .await?;
-    let result = migrate_locked(conn, migrations).await;
+    let result = migrate_locked(conn, migrations, retry).await;
     // Released explicitly; the lock would also go with the connection.
     sqlx::query("SELECT pg_advisory_unlock($1)")
         .bind(ADVISORY_LOCK_KEY)
@@ -87,7 +200,11 @@ pub async fn migrate(conn: &mut PgConnection, migrations: &[Migration]) -> Resul
     result
 }
 
-async fn migrate_locked(conn: &mut PgConnection, migrations: &[Migration]) -> Result<Report, MigrateError> {
+async fn migrate_locked(
+    conn: &mut PgConnection,
+    migrations: &[Migration],
+    retry: Retry,
+) -> Result<Report, MigrateError> {
     sqlx::query(CREATE_HISTORY).execute(&mut *conn).await?;
     let history = applied(conn).await?;
 
@@ -175,7 +292,15 @@ async fn migrate_locked(conn: &mut PgConnection, migrations: &[Migration]) -> Re
     let mut rank = history.iter().map(|r| r.installed_rank).max().unwrap_or(0);
     for m in pending {
         rank += 1;
-        apply_one(conn, m, rank).await?;
+        // A failed attempt rolled back with its history row; we still hold the advisory lock, so
+        // nobody else applied the file meanwhile.
+        let mut attempts = Attempts::new(retry, &m.script);
+        loop {
+            match apply_one(conn, m, rank).await {
+                Err(e) if attempts.again(&e).await => continue,
+                result => break result?,
+            }
+        }
         tracing::info!(event = "migration_applied", script = %m.script, checksum = m.checksum);
         report.applied.push(m.script.clone());
         if let Kind::Versioned(v) = m.kind {
@@ -226,6 +351,32 @@ pub async fn set_role_password(
     role: &str,
     password: &str,
 ) -> Result<(), MigrateError> {
+    set_role_password_with(conn, role, password, Retry::default()).await
+}
+
+/// [`set_role_password`], with `retry` for an `ALTER ROLE` that loses to a concurrent one.
+pub async fn set_role_password_with(
+    conn: &mut PgConnection,
+    role: &str,
+    password: &str,
+    retry: Retry,
+) -> Result<(), MigrateError> {
+    let mut attempts = Attempts::new(retry, "set role password");
+    loop {
+        match alter_role_password(conn, role, password).await {
+            Err(e) if attempts.again(&e).await => continue,
+            result => break result?,
+        }
+    }
+    tracing::info!(event = "role_password_set", role);
+    Ok(())
+}
+
+async fn alter_role_password(
+    conn: &mut PgConnection,
+    role: &str,
+    password: &str,
+) -> Result<(), MigrateError> {
     let stmt: String =
         sqlx::query_scalar("SELECT format('ALTER ROLE %I WITH LOGIN PASSWORD %L', $1::text, $2::text)")
             .bind(role)
@@ -236,6 +387,5 @@ pub async fn set_role_password(
     sqlx::raw_sql(sqlx::AssertSqlSafe(stmt))
         .execute(&mut *conn)
         .await?;
-    tracing::info!(event = "role_password_set", role);
     Ok(())
 }

@@ -11,13 +11,18 @@
 //!   once seeded with the synthetic accounts keeps working under the production history, which no
 //!   longer carries the seed (docs/accounting.md, "Synthetic seed");
 //! - each file runs in its own transaction together with its history row, under an advisory lock so
-//!   that two migration Jobs cannot interleave; a second run is a no-op.
+//!   that two migration Jobs cannot interleave; a second run is a no-op;
+//! - a file that loses a race on a server-wide catalog (two databases of one server creating the
+//!   same role at once) is run again with backoff ([`Retry`]); any other failure ends the run.
 
 mod files;
 mod history;
 
 pub use files::{Kind, Migration, load_dir, load_dirs, parse_name};
-pub use history::{AppliedRow, Report, applied, migrate, set_role_password};
+pub use history::{
+    AppliedRow, Report, Retry, applied, lost_catalog_race, migrate, migrate_with, set_role_password,
+    set_role_password_with,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MigrateError {
