@@ -8,10 +8,12 @@
 //! fails.
 
 use std::fs;
+use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use dlock_migrate::{MigrateError, Retry, lost_catalog_race, migrate_with, set_role_password_with};
+use dlock_testkit::wait::{WAIT_LIMIT, poll};
 use dlock_testkit::{History, TestDb, blank};
 use sqlx::{Connection, PgConnection};
 
@@ -30,23 +32,45 @@ async fn conn(db: &TestDb) -> PgConnection {
     PgConnection::connect(&db.admin_url()).await.expect("connect")
 }
 
-/// Waits until a backend connected to `db` waits on a lock (the migrator's statement, blocked by
-/// the other database's uncommitted role change).
-async fn until_blocked(watcher: &mut PgConnection, db: &TestDb) {
-    for _ in 0..1000 {
+/// Runs `work` (on `ours`) while a transaction in `other` holds `held` (a change of a role)
+/// uncommitted; commits it once a backend of `ours` is seen waiting on a lock (`work`'s statement,
+/// blocked by it), and returns `work`'s output. `watcher` reads `pg_stat_activity`.
+async fn while_held<T: Send + 'static>(
+    watcher: &mut PgConnection,
+    other: &TestDb,
+    ours: &TestDb,
+    held: &str,
+    work: impl Future<Output = T> + Send + 'static,
+) -> T {
+    let mut holder = conn(other).await;
+    sqlx::raw_sql("BEGIN").execute(&mut holder).await.expect("begin");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(held.to_owned()))
+        .execute(&mut holder)
+        .await
+        .unwrap_or_else(|e| panic!("the other database: {held}: {e}"));
+    let run = tokio::spawn(work);
+    poll(WAIT_LIMIT, Duration::from_millis(10), async || {
         let waiting: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock')",
         )
-        .bind(&db.name)
+        .bind(&ours.name)
         .fetch_one(&mut *watcher)
         .await
         .expect("read pg_stat_activity");
-        if waiting {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("the migrator never waited on the other database's role change");
+        if waiting { Ok(()) } else { Err(()) }
+    })
+    .await
+    .unwrap_or_else(|()| {
+        panic!(
+            "the work on {} never waited on the other database's {held}",
+            ours.name
+        )
+    });
+    sqlx::raw_sql("COMMIT")
+        .execute(&mut holder)
+        .await
+        .expect("commit");
+    run.await.expect("the work's task")
 }
 
 async fn drop_role(c: &mut PgConnection, role: &str) {
@@ -75,33 +99,26 @@ async fn create_role_race(retry: Retry) -> (Result<(), MigrateError>, Vec<String
     .expect("write migration");
     let files = dlock_migrate::load_dir(dir.path()).expect("load");
 
-    let mut holder = conn(&other).await;
-    sqlx::raw_sql("BEGIN").execute(&mut holder).await.expect("begin");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE ROLE {role} LOGIN")))
-        .execute(&mut holder)
-        .await
-        .expect("the other database creates the role");
-
     let mut c = conn(&ours).await;
-    let run = tokio::spawn(async move {
+    let mut watcher = conn(&other).await;
+    let migration = async move {
         let r = migrate_with(&mut c, &files, retry).await.map(|_| ());
         (r, c)
-    });
-    let mut watcher = conn(&other).await;
-    until_blocked(&mut watcher, &ours).await;
-    sqlx::raw_sql("COMMIT")
-        .execute(&mut holder)
-        .await
-        .expect("commit");
-
-    let (result, mut c) = run.await.expect("the migration task");
+    };
+    let (result, mut c) = while_held(
+        &mut watcher,
+        &other,
+        &ours,
+        &format!("CREATE ROLE {role} LOGIN"),
+        migration,
+    )
+    .await;
     let applied = dlock_migrate::applied(&mut c)
         .await
         .expect("history")
         .into_iter()
         .map(|r| r.script)
         .collect();
-    drop(c);
     // The role is the server's: gone after the scene, or the next run of a test with this
     // pid/counter would start with it.
     drop_role(&mut watcher, &role).await;
@@ -146,27 +163,17 @@ async fn alter_role_race(retry: Retry) -> Result<(), MigrateError> {
         .await
         .expect("create the role");
 
-    let mut holder = conn(&other).await;
-    sqlx::raw_sql("BEGIN").execute(&mut holder).await.expect("begin");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "ALTER ROLE {role} CONNECTION LIMIT 5"
-    )))
-    .execute(&mut holder)
-    .await
-    .expect("the other database alters the role");
-
     let mut c = conn(&ours).await;
     let task_role = role.clone();
-    let run =
-        tokio::spawn(
-            async move { set_role_password_with(&mut c, &task_role, "not-a-real-secret", retry).await },
-        );
-    until_blocked(&mut watcher, &ours).await;
-    sqlx::raw_sql("COMMIT")
-        .execute(&mut holder)
-        .await
-        .expect("commit");
-    let result = run.await.expect("the password task");
+    let change = async move { set_role_password_with(&mut c, &task_role, "not-a-real-secret", retry).await };
+    let result = while_held(
+        &mut watcher,
+        &other,
+        &ours,
+        &format!("ALTER ROLE {role} CONNECTION LIMIT 5"),
+        change,
+    )
+    .await;
     drop_role(&mut watcher, &role).await;
     result
 }
