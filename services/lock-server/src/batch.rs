@@ -4,11 +4,12 @@
 //! statement of another shape. What lets the PostgreSQL backend go past one statement's round
 //! trip per call under load, without changing what any single call means.
 //!
-//! A call is queued; if fewer than [`MAX_IN_FLIGHT`] batches of its kind are running, a drain task
-//! is started. A drain task takes whatever is queued (oldest first, at most [`MAX_BATCH`], never two
-//! calls for one key), runs it as one statement, hands each caller exactly its own outcome, and goes
-//! on until the queue is empty. So an idle server runs each call alone, at once (C1's statement as
-//! it is), and batches only form while earlier ones are in flight.
+//! A call is queued; if fewer than [`MAX_IN_FLIGHT`] batches are running — of any kind: the
+//! acquire and release batchers of one repository share the bound ([`InFlight`]) — a batch task is
+//! started. It takes whatever is queued (oldest first, at most [`MAX_BATCH`], never two calls for one
+//! key), runs it as one statement, hands each caller exactly its own outcome, gives its slot back and
+//! offers it to the other kind's queue first, then to its own. So an idle server runs each call alone,
+//! at once (C1's statement as it is), and batches only form while earlier ones are in flight.
 //!
 //! Each caller's outcome is its own row's: when the statement fails as a whole (one call named an
 //! unknown session, a deadlock, a value PostgreSQL refuses), nothing of it was committed, and every
@@ -18,7 +19,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
@@ -38,10 +39,12 @@ use crate::sql;
 /// sqlx's cache of 100; the `unnest` form is one text for every size).
 pub const MAX_BATCH: usize = 32;
 
-/// Batches of one kind running at once. Few, so that under load calls wait in the queue (and are
-/// batched) rather than each taking a connection and a statement of its own; more than one, so that
-/// calls for one contended key (one per batch) still overlap. 2 and 4 measured alike on distinct
-/// keys; 4 kept the one-key rate of unbatched calls, 2 halved it (docs/benchmarks.md).
+/// Batches running at once, acquires and releases together. Few, so that under load calls wait in
+/// the queue (and are batched) rather than each taking a connection and a statement of its own; more
+/// than one, so that calls for one contended key (one per batch) still overlap. Shared by both kinds
+/// because what it bounds is lockdb's work at once: fewer busy backends make larger batches and less
+/// switching between PostgreSQL processes on few cores. A shared bound of 2 left cores idle at 16
+/// clients and measured no better than 4 (docs/benchmarks.md).
 pub const MAX_IN_FLIGHT: usize = 4;
 
 /// One call of a batchable statement: its binds, in the order the statement documents, and how its
@@ -141,11 +144,71 @@ pub(crate) struct BatchTimes {
     calls: Histogram,
 }
 
+/// The batches in flight of one repository's batchers, bounded together by [`MAX_IN_FLIGHT`], and the
+/// batchers (lanes) a freed slot is offered to.
+pub(crate) struct InFlight {
+    permits: Arc<Semaphore>,
+    lanes: Mutex<Vec<Weak<dyn Lane>>>,
+    running: AtomicUsize,
+    most: AtomicUsize,
+}
+
+impl fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InFlight")
+            .field("running", &self.running.load(Ordering::Relaxed))
+            .field("most", &self.most())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A batcher as [`InFlight`] sees it.
+trait Lane: Send + Sync {
+    /// Starts a batch of this lane's queued calls if there are any and a slot is free.
+    fn kick(self: Arc<Self>);
+}
+
+impl InFlight {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            permits: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+            lanes: Mutex::new(Vec::new()),
+            running: AtomicUsize::new(0),
+            most: AtomicUsize::new(0),
+        })
+    }
+
+    /// The most batches that were in flight at once.
+    pub(crate) fn most(&self) -> usize {
+        self.most.load(Ordering::Relaxed)
+    }
+
+    fn lanes(&self) -> MutexGuard<'_, Vec<Weak<dyn Lane>>> {
+        self.lanes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// After a slot of lane `freed` was given back: every lane with queued calls may take a free
+    /// slot, the ones after `freed` first, `freed` itself last — so one kind's steady stream of calls
+    /// cannot keep the other's queue waiting.
+    fn offer(&self, freed: usize) {
+        let lanes: Vec<Arc<dyn Lane>> = {
+            let lanes = self.lanes();
+            let n = lanes.len();
+            (1..=n).filter_map(|i| lanes[(freed + i) % n].upgrade()).collect()
+        };
+        for lane in lanes {
+            lane.kick();
+        }
+    }
+}
+
 pub(crate) struct Batcher<C: Call> {
     pool: PgPool,
     stmt: &'static str,
     queue: Mutex<VecDeque<Pending<C>>>,
-    permits: Arc<Semaphore>,
+    in_flight: Arc<InFlight>,
+    /// This batcher's place among `in_flight`'s lanes.
+    lane: usize,
     /// The batched text for any size: `stmt` over unnested arrays, if it has a shape
     /// [`sql::unnested`] knows (C1's acquire and release, and their broken variants, do).
     unnested: Option<Arc<str>>,
@@ -169,13 +232,21 @@ impl<C: Call> fmt::Debug for Batcher<C> {
 }
 
 impl<C: Call> Batcher<C> {
-    pub(crate) fn new(pool: PgPool, stmt: &'static str, times: BatchTimes) -> Self {
-        Self {
+    /// A batcher whose batches count against `in_flight`'s bound, with the others of its repository.
+    pub(crate) fn new(
+        pool: PgPool,
+        stmt: &'static str,
+        times: BatchTimes,
+        in_flight: &Arc<InFlight>,
+    ) -> Arc<Self> {
+        let mut lanes = in_flight.lanes();
+        let me = Arc::new(Self {
             pool,
             stmt,
             unnested: sql::unnested(stmt, C::TYPES).map(Arc::from),
             queue: Mutex::new(VecDeque::new()),
-            permits: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+            in_flight: in_flight.clone(),
+            lane: lanes.len(),
             texts: (0..=MAX_BATCH).map(|_| OnceLock::new()).collect(),
             statements: AtomicU64::new(0),
             calls: AtomicU64::new(0),
@@ -183,7 +254,11 @@ impl<C: Call> Batcher<C> {
             fallbacks: AtomicU64::new(0),
             unnested_sent: AtomicU64::new(0),
             times,
-        }
+        });
+        let lane: Arc<dyn Lane> = me.clone();
+        lanes.push(Arc::downgrade(&lane));
+        drop(lanes);
+        me
     }
 
     pub(crate) fn stats(&self) -> BatchStats {
@@ -204,12 +279,10 @@ impl<C: Call> Batcher<C> {
             reply,
             queued_at: Instant::now(),
         });
-        // The drain runs in its own task, so a caller that goes away (a dropped HTTP request) never
+        // The batch runs in its own task, so a caller that goes away (a dropped HTTP request) never
         // takes the other callers' statement down with it.
-        if let Ok(permit) = self.permits.clone().try_acquire_owned() {
-            tokio::spawn(self.clone().drain(permit));
-        }
-        // Dropped unanswered only when the runtime running the drain shut down.
+        self.clone().kick();
+        // Dropped unanswered only when the runtime running the batch shut down.
         answer
             .await
             .unwrap_or(Err(Error::Database(sqlx::Error::PoolClosed)))
@@ -220,29 +293,19 @@ impl<C: Call> Batcher<C> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs batches until the queue is empty. A call queued while every permit was taken is picked up
-    /// by a permit holder: each holder, after giving its permit back, looks at the queue once more and
-    /// carries on if it can take a permit again — so no call is ever left queued with nobody to run it.
-    async fn drain(self: Arc<Self>, permit: OwnedSemaphorePermit) {
-        let mut permit = Some(permit);
-        loop {
-            let batch = self.take();
-            if batch.is_empty() {
-                drop(permit.take());
-                if self.queue().is_empty() {
-                    return;
-                }
-                match self.permits.clone().try_acquire_owned() {
-                    Ok(p) => {
-                        permit = Some(p);
-                        continue;
-                    }
-                    // Another holder exists, and it will look again after giving its permit back.
-                    Err(_) => return,
-                }
-            }
+    /// Runs one batch in a slot, then offers the slot to every lane. No call is ever left queued with
+    /// nobody to run it: a call whose own [`Lane::kick`] found no free slot was queued while every
+    /// slot was held, and each holder, after giving its slot back, looks at every queue again.
+    async fn batch(self: Arc<Self>, slot: OwnedSemaphorePermit) {
+        let running = self.in_flight.running.fetch_add(1, Ordering::Relaxed) + 1;
+        self.in_flight.most.fetch_max(running, Ordering::Relaxed);
+        let batch = self.take();
+        if !batch.is_empty() {
             self.run(batch).await;
         }
+        self.in_flight.running.fetch_sub(1, Ordering::Relaxed);
+        drop(slot);
+        self.in_flight.offer(self.lane);
     }
 
     /// The oldest queued calls, at most one per key (the later ones wait for a later batch), callers
@@ -370,6 +433,17 @@ impl<C: Call> Batcher<C> {
             }
         }
         own.iter().map(|row| C::outcome(row.as_ref())).collect()
+    }
+}
+
+impl<C: Call> Lane for Batcher<C> {
+    fn kick(self: Arc<Self>) {
+        if self.queue().is_empty() {
+            return;
+        }
+        if let Ok(slot) = self.in_flight.permits.clone().try_acquire_owned() {
+            tokio::spawn(self.batch(slot));
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{Arguments, FromRow, PgPool};
 use uuid::Uuid;
 
-use crate::batch::{BatchFamilies, BatchStats, Batcher, Call};
+use crate::batch::{BatchFamilies, BatchStats, Batcher, Call, InFlight};
 use crate::error::Error;
 use crate::hub::Hub;
 use crate::sql::{self, Statements};
@@ -114,6 +114,8 @@ pub struct Repo {
     /// from `stmts`, so a negative control's broken statement is what its batches run too.
     acquires: Arc<Batcher<AcquireCall>>,
     releases: Arc<Batcher<ReleaseCall>>,
+    /// The one bound on both batchers' statements in flight.
+    in_flight: Arc<InFlight>,
     /// The histograms both batchers observe into.
     batches: BatchFamilies,
     /// The process's listener (started by the server; a repository used alone never starts it, and
@@ -198,9 +200,11 @@ impl Repo {
     /// For negative controls only: the same repository running a deliberately different statement set.
     pub fn with_statements(pool: PgPool, stmts: Statements) -> Self {
         let batches = BatchFamilies::default();
+        let in_flight = InFlight::new();
         Self {
-            acquires: Arc::new(Batcher::new(pool.clone(), stmts.acquire, batches.of("acquire"))),
-            releases: Arc::new(Batcher::new(pool.clone(), stmts.release, batches.of("release"))),
+            acquires: Batcher::new(pool.clone(), stmts.acquire, batches.of("acquire"), &in_flight),
+            releases: Batcher::new(pool.clone(), stmts.release, batches.of("release"), &in_flight),
+            in_flight,
             batches,
             renew: sql::with_holder(stmts.renew).into(),
             hub: Arc::new(Hub::new(pool.clone())),
@@ -222,6 +226,12 @@ impl Repo {
     /// As [`Repo::acquire_batches`], for releases.
     pub fn release_batches(&self) -> BatchStats {
         self.releases.stats()
+    }
+
+    /// The most acquire and release statements that were in flight at once (bounded together by
+    /// [`crate::batch::MAX_IN_FLIGHT`]), for tests.
+    pub fn most_batches_in_flight(&self) -> usize {
+        self.in_flight.most()
     }
 
     pub fn pool(&self) -> &PgPool {

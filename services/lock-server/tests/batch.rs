@@ -13,7 +13,7 @@ use std::collections::HashSet;
 
 use common::*;
 use futures::future::join_all;
-use lock_server::batch::{BatchStats, MAX_BATCH};
+use lock_server::batch::{BatchStats, MAX_BATCH, MAX_IN_FLIGHT};
 use lock_server::repo::Grant;
 use lock_server::{Error, Repo, Statements};
 use serde_json::json;
@@ -296,6 +296,52 @@ async fn concurrent_releases_each_get_their_own_outcome() {
         grants[3].fencing_token
     );
     assert_eq!(count(&db.app, "SELECT count(*) FROM lock_entry").await, 1);
+}
+
+/// Acquires and releases share one bound on statements in flight. The burst queues every acquire
+/// before any release, so the acquires' first calls take every slot and the releases find none: they
+/// run only because a slot given back is offered to the other kind's queue too (a batcher that looked
+/// only at its own queue would leave them waiting for ever, and this test would time out).
+#[tokio::test]
+async fn releases_queued_while_acquires_hold_every_slot_run_and_both_kinds_share_the_bound() {
+    let (db, repo) = repo(Statements::C1).await;
+    let n = 16;
+    let holders = sessions(&repo, "w", n).await;
+    let held: Vec<String> = (0..n).map(|i| format!("account:held:{i}")).collect();
+    let fresh: Vec<String> = (0..n).map(|i| format!("account:fresh:{i}")).collect();
+    let grants: Vec<Grant> = burst_acquire(&repo, &held, &holders, LONG_TTL_SECS)
+        .await
+        .into_iter()
+        .map(|g| g.unwrap().unwrap())
+        .collect();
+
+    let (acquired, released) = tokio::time::timeout(
+        dlock_testkit::wait::WAIT_LIMIT,
+        futures::future::join(
+            burst_acquire(&repo, &fresh, &holders, LONG_TTL_SECS),
+            join_all(
+                held.iter()
+                    .zip(&grants)
+                    .map(|(k, g)| repo.release(k, g.fencing_token)),
+            ),
+        ),
+    )
+    .await
+    .expect("every call answered");
+
+    for (i, g) in acquired.into_iter().enumerate() {
+        assert!(g.unwrap().is_some(), "{} not granted", fresh[i]);
+    }
+    for (i, r) in released.into_iter().enumerate() {
+        assert!(r.unwrap(), "{} not released", held[i]);
+    }
+    assert_eq!(count(&db.app, "SELECT count(*) FROM lock_entry").await, n as i64);
+    let most = repo.most_batches_in_flight();
+    assert!(
+        (2..=MAX_IN_FLIGHT).contains(&most),
+        "{most} statements in flight at once, bound {MAX_IN_FLIGHT}"
+    );
+    assert!(repo.release_batches().largest > 1, "{:?}", repo.release_batches());
 }
 
 #[tokio::test]
