@@ -54,6 +54,9 @@ pub struct EtcdFaults {
     /// A grant's lease goes to the pool at once, while the grant still holds it: the session's next
     /// grant shares it, and renewing either keeps both alive.
     pub pool_leases_in_use: bool,
+    /// A lease that carried a grant is taken to carry its index entry still: its next grant neither
+    /// checks nor writes it, so a lease whose entry is gone is one that closing the session misses.
+    pub trust_pooled_index: bool,
 }
 
 impl EtcdFaults {
@@ -62,6 +65,7 @@ impl EtcdFaults {
         release_by_key_alone: false,
         renew_ignores_token: false,
         pool_leases_in_use: false,
+        trust_pooled_index: false,
     };
 }
 
@@ -154,10 +158,12 @@ const POOL_MARGIN: std::time::Duration = std::time::Duration::from_secs(1);
 /// The pool is swept of leases past their end every this many returns.
 const SWEEP_EVERY: u64 = 1024;
 
-/// Leases given back by releases, by (session, lease TTL in seconds): each carries only its index
-/// entry `P h/<session>/<lease>`, and is alive until at most its TTL after it was given back (no
-/// one keeps a pooled lease alive). A lease is in at most one pool, or under at most one grant: it
-/// enters only at the release that deleted its one grant, and leaves only to carry one new grant.
+/// Leases carrying no grant, by (session, lease TTL in seconds): given back by the release that
+/// deleted their one grant (they carry its index entry `P h/<session>/<lease>`, and keep it until
+/// they go), or by an acquire that found the key held (a new lease then carries nothing, and says
+/// so). Each is alive until at most its TTL after it was given back (no one keeps a pooled lease
+/// alive). A lease is in at most one pool, or under at most one grant: it leaves only to carry one
+/// new grant.
 ///
 /// The keep-alive stream of each lease that was reused is parked here too, by lease, from the
 /// reuse on (through the grant it carries and back into the pool): the next reuse sends one message
@@ -165,9 +171,17 @@ const SWEEP_EVERY: u64 = 1024;
 /// with its session (closed or reaped), or once it is older than its lease's TTL.
 #[derive(Debug, Default)]
 struct LeasePool {
-    free: HashMap<(Uuid, i64), Vec<(i64, Instant)>>,
+    free: HashMap<(Uuid, i64), Vec<Free>>,
     streams: HashMap<i64, Parked>,
     returns: u64,
+}
+
+/// A pooled lease: when it was given back, and whether it carries its index entry already.
+#[derive(Debug, Clone, Copy)]
+struct Free {
+    lease: i64,
+    at: Instant,
+    indexed: bool,
 }
 
 /// An open keep-alive stream of one lease.
@@ -197,13 +211,13 @@ struct Parked {
 impl LeasePool {
     /// A lease of `session` granted for `secs`, newest first, that cannot have lapsed yet, with its
     /// parked keep-alive stream if it has one.
-    fn take(&mut self, session: Uuid, secs: i64, now: Instant) -> Option<(i64, Option<KeepAlive>)> {
+    fn take(&mut self, session: Uuid, secs: i64, now: Instant) -> Option<(Free, Option<KeepAlive>)> {
         let list = self.free.get_mut(&(session, secs))?;
         let mut found = None;
-        while let Some((lease, at)) = list.pop() {
-            let parked = self.streams.remove(&lease).map(|p| p.keep);
-            if !Self::lapsing(at, secs, now) {
-                found = Some((lease, parked));
+        while let Some(free) = list.pop() {
+            let parked = self.streams.remove(&free.lease).map(|p| p.keep);
+            if !Self::lapsing(free.at, secs, now) {
+                found = Some((free, parked));
                 break;
             }
         }
@@ -227,13 +241,17 @@ impl LeasePool {
         self.tick(now);
     }
 
-    fn give_back(&mut self, session: Uuid, secs: i64, lease: i64, now: Instant) {
+    fn give_back(&mut self, session: Uuid, secs: i64, lease: i64, indexed: bool, now: Instant) {
         let list = self.free.entry((session, secs)).or_default();
         if list.len() >= POOLED_PER_SESSION {
-            let (evicted, _) = list.remove(0);
-            self.streams.remove(&evicted);
+            let evicted = list.remove(0);
+            self.streams.remove(&evicted.lease);
         }
-        list.push((lease, now));
+        list.push(Free {
+            lease,
+            at: now,
+            indexed,
+        });
         self.tick(now);
     }
 
@@ -244,7 +262,7 @@ impl LeasePool {
         self.returns += 1;
         if self.returns.is_multiple_of(SWEEP_EVERY) {
             self.free.retain(|(_, secs), list| {
-                list.retain(|(_, at)| !Self::lapsing(*at, *secs, now));
+                list.retain(|f| !Self::lapsing(f.at, *secs, now));
                 !list.is_empty()
             });
             self.streams.retain(|_, p| !Self::lapsing(p.at, p.secs, now));
@@ -268,6 +286,9 @@ impl LeasePool {
 struct GrantLease {
     id: i64,
     end: DateTime<Utc>,
+    /// It carries the session's index entry for it already (a pooled lease that carried a grant):
+    /// the grant need not write it again.
+    indexed: bool,
 }
 
 impl std::fmt::Debug for EtcdRepo {
@@ -402,9 +423,10 @@ impl EtcdRepo {
     /// (etcd restores its TTL), or a new one.
     async fn lease_for(&self, session_id: Uuid, secs: i64) -> Result<GrantLease, Error> {
         loop {
-            let Some((id, parked)) = self.pool().take(session_id, secs, Instant::now()) else {
+            let Some((free, parked)) = self.pool().take(session_id, secs, Instant::now()) else {
                 break;
             };
+            let id = free.lease;
             let before = Utc::now();
             // Answered only once etcd has renewed the lease: its end is `secs` from then at least.
             // `None`: revoked (its session closed on another replica) or lapsed; try the next.
@@ -414,6 +436,7 @@ impl EtcdRepo {
                 return Ok(GrantLease {
                     id,
                     end: lease_end(before, secs),
+                    indexed: free.indexed,
                 });
             }
         }
@@ -423,6 +446,7 @@ impl EtcdRepo {
         Ok(GrantLease {
             id: lease.id(),
             end: lease_end(before, lease.ttl()),
+            indexed: false,
         })
     }
 
@@ -454,10 +478,12 @@ impl EtcdRepo {
     }
 
     /// A lease whose grant is gone (released, or never written): to the pool, if the grant was
-    /// written with a pooled lease's index (`secs` > 0), else revoked.
-    fn give_back(&self, session_id: Uuid, secs: i64, lease: i64) {
+    /// written with a pooled lease's index (`secs` > 0), else revoked. `indexed`: the lease carries
+    /// its index entry (it carried a grant).
+    fn give_back(&self, session_id: Uuid, secs: i64, lease: i64, indexed: bool) {
         if secs > 0 {
-            self.pool().give_back(session_id, secs, lease, Instant::now());
+            self.pool()
+                .give_back(session_id, secs, lease, indexed, Instant::now());
         } else {
             self.revoke_lease_later(lease);
         }
@@ -629,28 +655,37 @@ impl EtcdRepo {
                 None => Compare::create_revision(lkey.clone(), CompareOp::Equal, 0),
                 Some((rev, _, _)) => Compare::mod_revision(lkey.clone(), CompareOp::Equal, rev),
             };
-            // The index entry is written with every grant: a lease that carried a grant carries it
-            // until the lease goes, so close and the reaper find it, pooled or not.
-            let write = [
-                TxnOp::put(
-                    lkey.clone(),
-                    value.clone(),
-                    Some(PutOptions::new().with_lease(lease.id)),
-                ),
-                TxnOp::put(
-                    self.index_key(session_id, lease.id),
+            // The index entry is written with the first grant a lease carries, and stays on it until
+            // the lease goes, so close and the reaper find the lease, pooled or not; a reused lease
+            // that carried a grant has it already (one put per cycle, as etcd's Mutex does). That is
+            // not taken on trust: the transaction also compares that the entry is there on this very
+            // lease (etcd restored from a snapshot older than the lease's first grant would not have
+            // it), and writes it again, once, if not.
+            let ikey = self.index_key(session_id, lease.id);
+            let mut when = vec![
+                Compare::create_revision(skey.clone(), CompareOp::Greater, 0),
+                key_cmp,
+            ];
+            let mut or_else = vec![TxnOp::get(lkey.clone(), None), TxnOp::get(skey.clone(), None)];
+            if lease.indexed && !self.faults.trust_pooled_index {
+                when.push(Compare::lease(ikey.clone(), CompareOp::Equal, lease.id));
+                or_else.push(TxnOp::get(ikey.clone(), None));
+            }
+            let mut write = vec![TxnOp::put(
+                lkey.clone(),
+                value.clone(),
+                Some(PutOptions::new().with_lease(lease.id)),
+            )];
+            if !lease.indexed {
+                write.push(TxnOp::put(
+                    ikey.clone(),
                     "",
                     Some(PutOptions::new().with_lease(lease.id)),
-                ),
-                TxnOp::get(lkey.clone(), None),
-            ];
-            let txn = Txn::new()
-                .when([
-                    Compare::create_revision(skey.clone(), CompareOp::Greater, 0),
-                    key_cmp,
-                ])
-                .and_then(write)
-                .or_else([TxnOp::get(lkey.clone(), None), TxnOp::get(skey.clone(), None)]);
+                ));
+            }
+            write.push(TxnOp::get(lkey.clone(), None));
+            let written = write.len() - 1;
+            let txn = Txn::new().when(when).and_then(write).or_else(or_else);
             let resp = match self.client().txn(txn).await {
                 Ok(resp) => resp,
                 // The pooled lease went between its keep-alive and the transaction (its session
@@ -667,12 +702,13 @@ impl EtcdRepo {
             if resp.succeeded() {
                 if let Some((_, old, old_secs)) = pinned.filter(|(_, old, _)| *old != lease.id) {
                     // Re-entry moved the grant to the new lease: the old one carries nothing now.
-                    self.give_back(session_id, old_secs, old);
+                    self.give_back(session_id, old_secs, old, true);
                 }
                 if self.faults.pool_leases_in_use {
-                    self.give_back(session_id, secs, lease.id);
+                    self.give_back(session_id, secs, lease.id, true);
                 }
-                let kv = first_get(&ops, 2).ok_or_else(|| Error::Corrupt("acquire wrote nothing".into()))?;
+                let kv =
+                    first_get(&ops, written).ok_or_else(|| Error::Corrupt("acquire wrote nothing".into()))?;
                 let held = ms_to_time(now_ms);
                 return Ok(Some(Grant {
                     fencing_token: self.token_of(&kv),
@@ -686,13 +722,22 @@ impl EtcdRepo {
                 self.revoke_lease_later(lease.id);
                 return Err(Error::SessionGone);
             }
+            if lease.indexed
+                && !self.faults.trust_pooled_index
+                && first_get(&ops, 2).is_none_or(|kv| kv.lease() != lease.id)
+            {
+                // The lease lost its index entry: the same transaction again, writing it.
+                lease.indexed = false;
+                attempts -= 1;
+                continue;
+            }
             pinned = match first_get(&ops, 0) {
                 // Released or lapsed since: the free-key branch again.
                 None => None,
                 Some(current) => {
                     let g: GrantValue = decode(&current)?;
                     if g.session_id != session_id || g.owner_id != owner_id {
-                        self.give_back(session_id, secs, lease.id);
+                        self.give_back(session_id, secs, lease.id, lease.indexed);
                         return Ok(None);
                     }
                     Some((current.mod_revision(), current.lease(), g.lease_secs))
@@ -700,7 +745,7 @@ impl EtcdRepo {
             };
         }
         // The key kept changing hands under us: report it as held by someone else.
-        self.give_back(session_id, secs, lease.id);
+        self.give_back(session_id, secs, lease.id, lease.indexed);
         Ok(None)
     }
 
@@ -767,7 +812,7 @@ impl EtcdRepo {
         if let Some(TxnOpResponse::Delete(d)) = resp.op_responses().first() {
             for kv in d.prev_kvs() {
                 match decode::<GrantValue>(kv) {
-                    Ok(g) => self.give_back(g.session_id, g.lease_secs, kv.lease()),
+                    Ok(g) => self.give_back(g.session_id, g.lease_secs, kv.lease(), true),
                     Err(_) => self.revoke_lease_later(kv.lease()),
                 }
             }

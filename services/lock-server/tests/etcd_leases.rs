@@ -1,8 +1,10 @@
 //! The etcd backend's grant leases: a released grant's lease carries the same session's next grant
 //! (so an acquire/release cycle costs etcd one transaction each way, as its own `concurrency.Mutex`
 //! does), and yet every grant keeps a lease of its own — renewing one never keeps another alive —
-//! and closing the session revokes the leases it had pooled. The negative control pools a grant's
-//! lease while the grant still holds it, and the per-grant lapse must catch it.
+//! and closing the session revokes the leases it had pooled, found by the index entry each lease
+//! gets with its first grant (and again with its next, should etcd have lost it). The negative
+//! controls pool a grant's lease while the grant still holds it (the per-grant lapse must catch it),
+//! and trust a pooled lease's index entry unchecked (closing the session must then miss the grant).
 
 mod common;
 
@@ -11,6 +13,7 @@ use std::time::{Duration, Instant};
 use common::{ADMIN_TOKEN, Api, LONG_TTL_MS};
 use dlock_testkit::etcd::EtcdCluster;
 use dlock_testkit::metrics::{metric_sum, scrape};
+use etcd_client::GetOptions;
 use lock_server::{Backend, Config, EtcdFaults, EtcdRepo, RunningServer};
 use reqwest::StatusCode;
 use uuid::Uuid;
@@ -61,6 +64,21 @@ impl Harness {
         let g = self.api.acquire(key, session, "owner", ttl_ms).await;
         assert_eq!(g.status, StatusCode::OK, "acquire {key}: {g:?}");
         g.token()
+    }
+
+    /// The session's index entries (`P h/<session>/<lease>`): each one's lease and how many times
+    /// it was written (etcd's per-key `version`).
+    async fn index_of(&self, session: Uuid) -> Vec<(i64, i64)> {
+        let r = self
+            .repo
+            .client()
+            .get(
+                format!("{}h/{session}/", self.repo.prefix()),
+                Some(GetOptions::new().with_prefix()),
+            )
+            .await
+            .unwrap();
+        r.kvs().iter().map(|kv| (kv.lease(), kv.version())).collect()
     }
 
     async fn held(&self, key: &str) -> bool {
@@ -202,7 +220,8 @@ async fn closing_the_session_revokes_its_pooled_leases() {
 
 /// The cost in etcd calls: after the session's first grant, each acquire/release cycle is one
 /// keep-alive of the pooled lease and two transactions — no lease granted, none revoked — and the
-/// keep-alives are messages on one stream, opened at the lease's first reuse and kept with it.
+/// keep-alives are messages on one stream, opened at the lease's first reuse and kept with it. The
+/// grant transaction puts the grant alone: the lease's index entry was written with its first grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cycle_is_two_transactions_and_one_keep_alive() {
     const CYCLES: u32 = 20;
@@ -241,5 +260,93 @@ async fn a_cycle_is_two_transactions_and_one_keep_alive() {
         n,
         "one keep-alive message per cycle"
     );
+    assert_eq!(h.lease_of("k").await, None, "released");
+    assert_eq!(
+        h.index_of(s)
+            .await
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect::<Vec<_>>(),
+        vec![1],
+        "the writes of the index entry of the session's one lease, after {CYCLES} grants on it"
+    );
+    h.srv.shutdown().await.unwrap();
+}
+
+/// A lease that an acquire of a held key gave back carries no grant and no index entry: the
+/// session's next grant on it writes the entry, so closing the session still finds and revokes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_pooled_by_a_contended_acquire_is_indexed_by_its_first_grant() {
+    let h = Harness::new(EtcdFaults::NONE).await;
+    let (holder, s) = (
+        h.api.open_session("holder", LONG_TTL_MS).await,
+        h.api.open_session("owner", LONG_TTL_MS).await,
+    );
+    h.grant("a", holder, 60_000).await;
+    let contended = h.api.acquire("a", s, "owner", 60_000).await;
+    assert_eq!(contended.status, StatusCode::CONFLICT, "{contended:?}");
+    assert_eq!(
+        h.index_of(s).await,
+        vec![],
+        "a lease that carried nothing is indexed"
+    );
+    h.grant("z", s, 60_000).await;
+    let lz = h.lease_of("z").await.expect("z's lease");
+    assert_eq!(h.index_of(s).await, vec![(lz, 1)], "z's lease is not indexed");
+    assert_eq!(h.api.close_session(s).await.status, StatusCode::OK);
+    assert!(!h.held("z").await, "z outlived its session's close");
+    h.srv.shutdown().await.unwrap();
+}
+
+/// A session's pooled lease whose index entry is gone (as in an etcd restored from a snapshot taken
+/// before the lease's first grant) carries the session's next grant: that grant writes the entry
+/// again, and closing the session revokes it.
+async fn a_lease_that_lost_its_index_entry_is_indexed_again(h: &Harness) -> Result<(), String> {
+    let s = h.api.open_session("owner", LONG_TTL_MS).await;
+    let t = h.grant("k", s, 60_000).await;
+    let lk = h.lease_of("k").await.expect("k's lease");
+    assert_eq!(h.api.release("k", t).await.body["released"], true);
+    h.repo
+        .client()
+        .delete(
+            format!("{}h/{s}/", h.repo.prefix()),
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    h.grant("j", s, 60_000).await;
+    assert_eq!(h.lease_of("j").await, Some(lk), "j is not on k's pooled lease");
+    let mut v = Vec::new();
+    let index = h.index_of(s).await;
+    if index != vec![(lk, 1)] {
+        v.push(format!(
+            "the session's index is {index:?}, not k's lease written once"
+        ));
+    }
+    assert_eq!(h.api.close_session(s).await.status, StatusCode::OK);
+    if h.held("j").await {
+        v.push("j outlived its session's close".to_owned());
+    }
+    if v.is_empty() { Ok(()) } else { Err(v.join("; ")) }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_lease_that_lost_its_index_entry_is_indexed_by_its_next_grant() {
+    let h = Harness::new(EtcdFaults::NONE).await;
+    a_lease_that_lost_its_index_entry_is_indexed_again(&h)
+        .await
+        .unwrap();
+    h.srv.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_trusting_a_pooled_lease_s_index_entry_lets_its_grant_outlive_the_session() {
+    let h = Harness::new(EtcdFaults {
+        trust_pooled_index: true,
+        ..EtcdFaults::NONE
+    })
+    .await;
+    let r = a_lease_that_lost_its_index_entry_is_indexed_again(&h).await;
+    assert!(r.is_err(), "the trusted index went unnoticed");
     h.srv.shutdown().await.unwrap();
 }
