@@ -149,14 +149,13 @@ pub(crate) struct BatchTimes {
 pub(crate) struct InFlight {
     permits: Arc<Semaphore>,
     lanes: Mutex<Vec<Weak<dyn Lane>>>,
-    running: AtomicUsize,
     most: AtomicUsize,
 }
 
 impl fmt::Debug for InFlight {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InFlight")
-            .field("running", &self.running.load(Ordering::Relaxed))
+            .field("running", &self.running())
             .field("most", &self.most())
             .finish_non_exhaustive()
     }
@@ -173,7 +172,6 @@ impl InFlight {
         Arc::new(Self {
             permits: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
             lanes: Mutex::new(Vec::new()),
-            running: AtomicUsize::new(0),
             most: AtomicUsize::new(0),
         })
     }
@@ -181,6 +179,18 @@ impl InFlight {
     /// The most batches that were in flight at once.
     pub(crate) fn most(&self) -> usize {
         self.most.load(Ordering::Relaxed)
+    }
+
+    /// Batches in flight now: the slots taken.
+    fn running(&self) -> usize {
+        MAX_IN_FLIGHT - self.permits.available_permits()
+    }
+
+    /// A free slot, if there is one.
+    fn try_slot(&self) -> Option<OwnedSemaphorePermit> {
+        let slot = self.permits.clone().try_acquire_owned().ok()?;
+        self.most.fetch_max(self.running(), Ordering::Relaxed);
+        Some(slot)
     }
 
     fn lanes(&self) -> MutexGuard<'_, Vec<Weak<dyn Lane>>> {
@@ -191,12 +201,10 @@ impl InFlight {
     /// slot, the ones after `freed` first, `freed` itself last — so one kind's steady stream of calls
     /// cannot keep the other's queue waiting.
     fn offer(&self, freed: usize) {
-        let lanes: Vec<Arc<dyn Lane>> = {
-            let lanes = self.lanes();
-            let n = lanes.len();
-            (1..=n).filter_map(|i| lanes[(freed + i) % n].upgrade()).collect()
-        };
-        for lane in lanes {
+        // Held while kicking: a kick never waits (it takes a slot only if one is free, and spawns).
+        let lanes = self.lanes();
+        let n = lanes.len();
+        for lane in (1..=n).filter_map(|i| lanes[(freed + i) % n].upgrade()) {
             lane.kick();
         }
     }
@@ -297,13 +305,10 @@ impl<C: Call> Batcher<C> {
     /// nobody to run it: a call whose own [`Lane::kick`] found no free slot was queued while every
     /// slot was held, and each holder, after giving its slot back, looks at every queue again.
     async fn batch(self: Arc<Self>, slot: OwnedSemaphorePermit) {
-        let running = self.in_flight.running.fetch_add(1, Ordering::Relaxed) + 1;
-        self.in_flight.most.fetch_max(running, Ordering::Relaxed);
         let batch = self.take();
         if !batch.is_empty() {
             self.run(batch).await;
         }
-        self.in_flight.running.fetch_sub(1, Ordering::Relaxed);
         drop(slot);
         self.in_flight.offer(self.lane);
     }
@@ -441,7 +446,7 @@ impl<C: Call> Lane for Batcher<C> {
         if self.queue().is_empty() {
             return;
         }
-        if let Ok(slot) = self.in_flight.permits.clone().try_acquire_owned() {
+        if let Some(slot) = self.in_flight.try_slot() {
             tokio::spawn(self.batch(slot));
         }
     }

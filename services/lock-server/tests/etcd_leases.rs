@@ -72,13 +72,15 @@ impl Harness {
         let r = self
             .repo
             .client()
-            .get(
-                format!("{}h/{session}/", self.repo.prefix()),
-                Some(GetOptions::new().with_prefix()),
-            )
+            .get(self.index_prefix(session), Some(GetOptions::new().with_prefix()))
             .await
             .unwrap();
         r.kvs().iter().map(|kv| (kv.lease(), kv.version())).collect()
+    }
+
+    /// Where the session's index entries live.
+    fn index_prefix(&self, session: Uuid) -> String {
+        format!("{}h/{session}/", self.repo.prefix())
     }
 
     async fn held(&self, key: &str) -> bool {
@@ -309,7 +311,7 @@ async fn a_lease_that_lost_its_index_entry_is_indexed_again(h: &Harness) -> Resu
     h.repo
         .client()
         .delete(
-            format!("{}h/{s}/", h.repo.prefix()),
+            h.index_prefix(s),
             Some(etcd_client::DeleteOptions::new().with_prefix()),
         )
         .await
