@@ -379,15 +379,21 @@ fn acquire_breakdown(before: &str, after: &str) -> Option<String> {
     if calls > 0.0 {
         let queue = d("lock_batch_wait_seconds_sum", &acq) / calls * 1e6;
         let lockdb = d("lock_batch_statement_seconds_sum", &acq) / calls * 1e6;
-        let statements = d("lock_batch_calls_count", &acq);
-        let per = if statements > 0.0 {
-            d("lock_batch_calls_sum", &acq) / statements
-        } else {
-            0.0
+        // Calls per statement of each kind: what lockdb's CPU per cycle follows most closely.
+        let per = |kind| {
+            let labels = [("statement", kind)];
+            let statements = d("lock_batch_calls_count", &labels);
+            if statements > 0.0 {
+                d("lock_batch_calls_sum", &labels) / statements
+            } else {
+                0.0
+            }
         };
         return Some(format!(
-            "acquire {http:.0} µs = batch queue {queue:.0} + lockdb {lockdb:.0} + HTTP path {:.0}; {per:.1} calls per statement",
-            http - queue - lockdb
+            "acquire {http:.0} µs = batch queue {queue:.0} + lockdb {lockdb:.0} + HTTP path {:.0}; {:.1} calls per statement ({:.1} per release statement)",
+            http - queue - lockdb,
+            per("acquire"),
+            per("release")
         ));
     }
     let lease = |source| d("lock_etcd_grant_leases_total", &[("source", source)]);

@@ -108,10 +108,10 @@ impl Backend {
         delegate!(self, ping())
     }
 
-    /// Closes the PostgreSQL pool; the etcd channel closes when the last clone drops.
+    /// Closes the PostgreSQL pools; the etcd channel closes when the last clone drops.
     pub async fn close(&self) {
         if let Backend::Postgres(r) = self {
-            r.pool().close().await;
+            r.close().await;
         }
     }
 }

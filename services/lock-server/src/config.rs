@@ -39,7 +39,9 @@ pub struct Config {
     pub admin_token: Option<String>,
     /// How often expired sessions are deleted. `None` disables the reaper.
     pub reaper_interval: Option<Duration>,
-    /// Largest number of lockdb connections.
+    /// Largest number of lockdb connections for sessions, renewals, reads and the admin paths.
+    /// Acquires and releases run on [`crate::batch::MAX_IN_FLIGHT`] connections of their own beside
+    /// these, so a replica opens at most this many plus that.
     pub pool_max_connections: u32,
     /// How long a request waits for a free connection before answering 503.
     pub pool_acquire_timeout: Duration,

@@ -10,7 +10,7 @@ use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{Arguments, FromRow, PgPool};
 use uuid::Uuid;
 
-use crate::batch::{BatchFamilies, BatchStats, Batcher, Call, InFlight};
+use crate::batch::{self, BatchFamilies, BatchStats, Batcher, Call, InFlight};
 use crate::error::Error;
 use crate::hub::Hub;
 use crate::sql::{self, Statements};
@@ -116,6 +116,9 @@ pub struct Repo {
     releases: Arc<Batcher<ReleaseCall>>,
     /// The one bound on both batchers' statements in flight.
     in_flight: Arc<InFlight>,
+    /// The connections both batchers' statements run on, one per slot of `in_flight`
+    /// ([`batch::own_pool`]).
+    batch_pool: PgPool,
     /// The histograms both batchers observe into.
     batches: BatchFamilies,
     /// The process's listener (started by the server; a repository used alone never starts it, and
@@ -201,9 +204,21 @@ impl Repo {
     pub fn with_statements(pool: PgPool, stmts: Statements) -> Self {
         let batches = BatchFamilies::default();
         let in_flight = InFlight::new();
+        let batch_pool = batch::own_pool(&pool);
         Self {
-            acquires: Batcher::new(pool.clone(), stmts.acquire, batches.of("acquire"), &in_flight),
-            releases: Batcher::new(pool.clone(), stmts.release, batches.of("release"), &in_flight),
+            acquires: Batcher::new(
+                batch_pool.clone(),
+                stmts.acquire,
+                batches.of("acquire"),
+                &in_flight,
+            ),
+            releases: Batcher::new(
+                batch_pool.clone(),
+                stmts.release,
+                batches.of("release"),
+                &in_flight,
+            ),
+            batch_pool,
             in_flight,
             batches,
             renew: sql::with_holder(stmts.renew).into(),
@@ -232,6 +247,18 @@ impl Repo {
     /// [`crate::batch::MAX_IN_FLIGHT`]), for tests.
     pub fn most_batches_in_flight(&self) -> usize {
         self.in_flight.most()
+    }
+
+    /// The lockdb connections open now: the shared pool's and the batches' own
+    /// ([`crate::batch::MAX_IN_FLIGHT`] at most), for tests.
+    pub fn connections(&self) -> (u32, u32) {
+        (self.pool.size(), self.batch_pool.size())
+    }
+
+    /// Closes the shared pool and the batches' own connections.
+    pub async fn close(&self) {
+        self.pool.close().await;
+        self.batch_pool.close().await;
     }
 
     pub fn pool(&self) -> &PgPool {

@@ -345,6 +345,59 @@ async fn releases_queued_while_acquires_hold_every_slot_run_and_both_kinds_share
 }
 
 #[tokio::test]
+async fn batches_run_on_connections_of_their_own_while_every_shared_connection_is_taken() {
+    let db = lockdb().await;
+    // A shared pool of one connection, taken for the whole burst below (as by a slow admin read):
+    // acquires and releases must not need it.
+    let shared = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db.db.app_url())
+        .await
+        .unwrap();
+    let repo = Repo::with_statements(shared.clone(), Statements::C1);
+    let n = 16;
+    let holders = sessions(&repo, "w", n).await;
+    let sides: [Vec<String>; 2] =
+        ["a", "b"].map(|side| (0..n).map(|i| format!("account:{side}:{i}")).collect());
+    let taken = shared.acquire().await.unwrap();
+
+    let rounds = async {
+        let mut held: Vec<Grant> = burst_acquire(&repo, &sides[0], &holders, LONG_TTL_SECS)
+            .await
+            .into_iter()
+            .map(|g| g.unwrap().unwrap())
+            .collect();
+        // Each round releases one side's keys while acquiring the other's: an acquire statement
+        // and a release statement in flight at once, on two connections at least.
+        for round in 0..4 {
+            let (from, to) = (&sides[round % 2], &sides[(round + 1) % 2]);
+            let (acquired, released) = futures::future::join(
+                burst_acquire(&repo, to, &holders, LONG_TTL_SECS),
+                join_all(
+                    from.iter()
+                        .zip(&held)
+                        .map(|(k, g)| repo.release(k, g.fencing_token)),
+                ),
+            )
+            .await;
+            assert!(released.into_iter().all(|r| r.unwrap()), "round {round}");
+            held = acquired.into_iter().map(|g| g.unwrap().unwrap()).collect();
+        }
+    };
+    tokio::time::timeout(dlock_testkit::wait::WAIT_LIMIT, rounds)
+        .await
+        .expect("acquires and releases answered while the shared pool had no free connection");
+    drop(taken);
+
+    let (shared_open, own) = repo.connections();
+    assert_eq!(shared_open, 1);
+    assert!(
+        (2..=MAX_IN_FLIGHT as u32).contains(&own),
+        "{own} connections of the batches' own: at least 2 (statements overlapped), at most {MAX_IN_FLIGHT}"
+    );
+}
+
+#[tokio::test]
 async fn concurrent_acquires_over_http_are_each_answered_with_their_own_grant() {
     let db = lockdb().await;
     let server = server(&db.db).await;
