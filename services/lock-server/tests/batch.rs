@@ -50,6 +50,16 @@ async fn burst_acquire(
     .await
 }
 
+/// Releases `keys[i]` with `grants[i]`'s token, all at once.
+async fn burst_release(repo: &Repo, keys: &[String], grants: &[Grant]) -> Vec<Result<bool, Error>> {
+    join_all(
+        keys.iter()
+            .zip(grants)
+            .map(|(k, g)| repo.release(k, g.fencing_token)),
+    )
+    .await
+}
+
 /// The batches between `before` and `after` ran as the `unnest` statement, none refused (a refused
 /// batch is re-run call by call, which would pass every check above without testing the batch).
 fn assert_unnested_without_fallback(before: BatchStats, after: BatchStats) {
@@ -319,11 +329,7 @@ async fn releases_queued_while_acquires_hold_every_slot_run_and_both_kinds_share
         dlock_testkit::wait::WAIT_LIMIT,
         futures::future::join(
             burst_acquire(&repo, &fresh, &holders, LONG_TTL_SECS),
-            join_all(
-                held.iter()
-                    .zip(&grants)
-                    .map(|(k, g)| repo.release(k, g.fencing_token)),
-            ),
+            burst_release(&repo, &held, &grants),
         ),
     )
     .await
@@ -373,11 +379,7 @@ async fn batches_run_on_connections_of_their_own_while_every_shared_connection_i
             let (from, to) = (&sides[round % 2], &sides[(round + 1) % 2]);
             let (acquired, released) = futures::future::join(
                 burst_acquire(&repo, to, &holders, LONG_TTL_SECS),
-                join_all(
-                    from.iter()
-                        .zip(&held)
-                        .map(|(k, g)| repo.release(k, g.fencing_token)),
-                ),
+                burst_release(&repo, from, &held),
             )
             .await;
             assert!(released.into_iter().all(|r| r.unwrap()), "round {round}");
@@ -489,12 +491,7 @@ async fn scenario_batched_stale_release(repo: &Repo, n: usize) -> Result<(), Str
         .map(|g| g.unwrap().expect("taken over"))
         .collect();
     let before = repo.release_batches();
-    let released = join_all(
-        keys.iter()
-            .zip(&old)
-            .map(|(k, g)| repo.release(k, g.fencing_token)),
-    )
-    .await;
+    let released = burst_release(repo, &keys, &old).await;
     let after = repo.release_batches();
     assert!(after.largest > 1, "{}", batched_since(before, after));
     assert_unnested_without_fallback(before, after);
