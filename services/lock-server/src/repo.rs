@@ -534,8 +534,12 @@ impl Repo {
         Ok(done.rows_affected())
     }
 
+    /// Readiness: a statement on the shared pool and one on the batches' own connections, so
+    /// "ready" means acquires and releases can run too. After lockdb restarts, each failed probe
+    /// also drops one dead connection, on both sides, before the first acquire meets it.
     pub async fn ping(&self) -> Result<(), Error> {
         sqlx::query(sql::PING).execute(&self.pool).await?;
+        sqlx::query(sql::PING).execute(&self.batch_pool).await?;
         Ok(())
     }
 }
