@@ -389,11 +389,21 @@ fn acquire_breakdown(before: &str, after: &str) -> Option<String> {
                 0.0
             }
         };
+        // Statements sent: each kind's, less those that carried both (counted under each).
+        let paired = d("lock_batch_paired_total", &[]);
+        let statements = d("lock_batch_calls_count", &acq)
+            + d("lock_batch_calls_count", &[("statement", "release")])
+            - paired;
         return Some(format!(
-            "acquire {http:.0} µs = batch queue {queue:.0} + lockdb {lockdb:.0} + HTTP path {:.0}; {:.1} calls per statement ({:.1} per release statement)",
+            "acquire {http:.0} µs = batch queue {queue:.0} + lockdb {lockdb:.0} + HTTP path {:.0}; {:.1} calls per statement ({:.1} per release statement), {:.0} % of statements carried both",
             http - queue - lockdb,
             per("acquire"),
-            per("release")
+            per("release"),
+            if statements > 0.0 {
+                paired / statements * 100.0
+            } else {
+                0.0
+            }
         ));
     }
     let lease = |source| d("lock_etcd_grant_leases_total", &[("source", source)]);

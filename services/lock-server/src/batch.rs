@@ -11,17 +11,24 @@
 //! offers it to the other kind's queue first, then to its own. So an idle server runs each call alone,
 //! at once (C1's statement as it is), and batches only form while earlier ones are in flight.
 //!
+//! When calls of both kinds are queued, one statement carries a batch of each ([`Pair`],
+//! [`sql::paired`]): one transaction's fixed cost in lockdb instead of two. Such a statement shares no
+//! key with any other in flight (see [`Pair`] for why).
+//!
 //! Each caller's outcome is its own row's: when the statement fails as a whole (one call named an
 //! unknown session, a deadlock, a value PostgreSQL refuses), nothing of it was committed, and every
 //! call of the batch is run again alone, so one bad call is answered with its own error and the
 //! others as if it had not been there.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use sqlx::error::BoxDynError;
@@ -43,9 +50,11 @@ pub const MAX_BATCH: usize = 32;
 /// the queue (and are batched) rather than each taking a connection and a statement of its own; more
 /// than one, so that calls for one contended key (one per batch) still overlap. Shared by both kinds
 /// because what it bounds is lockdb's work at once: fewer busy backends make larger batches and less
-/// switching between PostgreSQL processes on few cores. A shared bound of 2 left cores idle at 16
-/// clients and measured no better than 4 (docs/benchmarks.md).
-pub const MAX_IN_FLIGHT: usize = 4;
+/// switching between PostgreSQL processes on few cores. 3 since acquires and releases share
+/// statements ([`Pair`]): with fewer statements in flight more of them carry both kinds, and lockdb's
+/// CPU per cycle fell by 13 % from 4 with no row worse; 2 cut it further but slowed the contended
+/// one-key rows (docs/benchmarks.md).
+pub const MAX_IN_FLIGHT: usize = 3;
 
 /// The connections a repository's batches run on: [`MAX_IN_FLIGHT`] of their own, opened as `pool`'s
 /// are (same database, options and ping rule), beside `pool`, which keeps serving sessions,
@@ -78,6 +87,21 @@ pub(crate) trait Call: Send + Sync + 'static {
     fn outcome(row: Option<&PgRow>) -> Result<Self::Out, sqlx::Error>;
 }
 
+/// Deliberately broken batching, for the negative controls only. Production is [`BatchFaults::NONE`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchFaults {
+    /// A paired statement ([`Pair`]) starts whatever keys the statements in flight hold, and any
+    /// statement takes keys a paired one in flight holds: the rule that keeps pairs deadlock-free
+    /// is off.
+    pub pair_over_held_keys: bool,
+}
+
+impl BatchFaults {
+    pub const NONE: BatchFaults = BatchFaults {
+        pair_over_held_keys: false,
+    };
+}
+
 /// What a batcher has done, for tests and benchmarks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BatchStats {
@@ -91,6 +115,12 @@ pub struct BatchStats {
     pub fallbacks: u64,
     /// Batches sent as the one `unnest` statement ([`sql::unnested`]) rather than `WITH` copies.
     pub unnested: u64,
+    /// Batches sent in one statement with a batch of the other kind ([`Pair`]); counted in
+    /// `statements` of both kinds.
+    pub paired: u64,
+    /// Slots that found calls queued but none to take: each waited for the keys of a paired
+    /// statement in flight (counted by both kinds' batchers).
+    pub blocked: u64,
 }
 
 struct Pending<C: Call> {
@@ -108,6 +138,8 @@ pub struct BatchFamilies {
     pub waited: HistogramFamily,
     pub statement: HistogramFamily,
     pub calls: HistogramFamily,
+    /// Statements that carried a batch of each kind ([`Pair`]), counted once.
+    pub paired: Counter,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -133,6 +165,7 @@ impl Default for BatchFamilies {
             waited: Family::new_with_constructor(seconds),
             statement: Family::new_with_constructor(seconds),
             calls: Family::new_with_constructor(sizes),
+            paired: Counter::default(),
         }
     }
 }
@@ -147,6 +180,7 @@ impl BatchFamilies {
             waited: self.waited.get_or_create(&labels).clone(),
             statement: self.statement.get_or_create(&labels).clone(),
             calls: self.calls.get_or_create(&labels).clone(),
+            paired: self.paired.clone(),
         }
     }
 }
@@ -156,6 +190,7 @@ pub(crate) struct BatchTimes {
     waited: Histogram,
     statement: Histogram,
     calls: Histogram,
+    paired: Counter,
 }
 
 /// The batches in flight of one repository's batchers, bounded together by [`MAX_IN_FLIGHT`], and the
@@ -241,7 +276,12 @@ pub(crate) struct Batcher<C: Call> {
     largest: AtomicUsize,
     fallbacks: AtomicU64,
     unnested_sent: AtomicU64,
+    paired: AtomicU64,
+    blocked: AtomicU64,
     times: BatchTimes,
+    /// The pair whose batches this batcher's slots run, if its statement pairs with the other
+    /// kind's ([`Pair::join`]).
+    pair: OnceLock<Weak<dyn PairLane>>,
 }
 
 impl<C: Call> fmt::Debug for Batcher<C> {
@@ -275,7 +315,10 @@ impl<C: Call> Batcher<C> {
             largest: AtomicUsize::new(0),
             fallbacks: AtomicU64::new(0),
             unnested_sent: AtomicU64::new(0),
+            paired: AtomicU64::new(0),
+            blocked: AtomicU64::new(0),
             times,
+            pair: OnceLock::new(),
         });
         let lane: Arc<dyn Lane> = me.clone();
         lanes.push(Arc::downgrade(&lane));
@@ -290,6 +333,8 @@ impl<C: Call> Batcher<C> {
             largest: self.largest.load(Ordering::Relaxed),
             fallbacks: self.fallbacks.load(Ordering::Relaxed),
             unnested: self.unnested_sent.load(Ordering::Relaxed),
+            paired: self.paired.load(Ordering::Relaxed),
+            blocked: self.blocked.load(Ordering::Relaxed),
         }
     }
 
@@ -319,25 +364,36 @@ impl<C: Call> Batcher<C> {
     /// nobody to run it: a call whose own [`Lane::kick`] found no free slot was queued while every
     /// slot was held, and each holder, after giving its slot back, looks at every queue again.
     async fn batch(self: Arc<Self>, slot: OwnedSemaphorePermit) {
-        let batch = self.take();
-        if !batch.is_empty() {
-            self.run(batch).await;
-        }
+        let offer = match self.pair.get().and_then(Weak::upgrade) {
+            Some(pair) => pair.batch(self.lane).await,
+            None => {
+                let batch = self.take(&mut |_| true);
+                if !batch.is_empty() {
+                    self.run(batch).await;
+                }
+                true
+            }
+        };
         drop(slot);
-        self.in_flight.offer(self.lane);
+        if offer {
+            self.in_flight.offer(self.lane);
+        }
     }
 
-    /// The oldest queued calls, at most one per key (the later ones wait for a later batch), callers
-    /// that went away left out (their statement is never sent, as when a lone request is dropped).
-    fn take(&self) -> Vec<Pending<C>> {
+    /// The oldest queued calls that `admit` lets in, at most one per key (the later ones wait for a
+    /// later batch), callers that went away left out (their statement is never sent, as when a lone
+    /// request is dropped).
+    fn take(&self, admit: &mut dyn FnMut(&str) -> bool) -> Vec<Pending<C>> {
         let mut queue = self.queue();
         let mut batch = Vec::new();
         let mut keys = HashSet::new();
         let mut i = 0;
         while i < queue.len() && batch.len() < MAX_BATCH {
+            let key = queue[i].call.key();
             if queue[i].reply.is_closed() {
                 queue.remove(i);
-            } else if keys.insert(queue[i].call.key().to_owned()) {
+            } else if !keys.contains(key) && admit(key) {
+                keys.insert(key.to_owned());
                 batch.extend(queue.remove(i));
             } else {
                 i += 1;
@@ -346,20 +402,32 @@ impl<C: Call> Batcher<C> {
         batch
     }
 
-    async fn run(self: &Arc<Self>, mut batch: Vec<Pending<C>>) {
-        // One order in which every batch touches its rows, so two batches in flight cannot deadlock
-        // on each other's keys.
+    /// Whether a call `admit` lets in is queued.
+    fn has(&self, admit: &mut dyn FnMut(&str) -> bool) -> bool {
+        self.queue()
+            .iter()
+            .any(|p| !p.reply.is_closed() && admit(p.call.key()))
+    }
+
+    /// Counts `batch` as taken now (its wait, its size) and sorts it into the one order in which
+    /// every batch touches its rows, so two batches of one kind in flight cannot deadlock on each
+    /// other's keys.
+    fn note(&self, batch: &mut [Pending<C>]) -> Instant {
         batch.sort_by(|a, b| a.call.key().cmp(b.call.key()));
         let taken = Instant::now();
-        for p in &batch {
+        for p in batch.iter() {
             self.times
                 .waited
                 .observe(taken.duration_since(p.queued_at).as_secs_f64());
         }
         self.times.calls.observe(batch.len() as f64);
-        let n = batch.len() as u64;
-        self.calls.fetch_add(n, Ordering::Relaxed);
+        self.calls.fetch_add(batch.len() as u64, Ordering::Relaxed);
         self.largest.fetch_max(batch.len(), Ordering::Relaxed);
+        taken
+    }
+
+    async fn run(self: &Arc<Self>, mut batch: Vec<Pending<C>>) {
+        let taken = self.note(&mut batch);
         if batch.len() == 1 {
             if let Some(p) = batch.pop() {
                 let out = self.single(&p.call).await;
@@ -370,6 +438,17 @@ impl<C: Call> Batcher<C> {
         }
         self.statements.fetch_add(1, Ordering::Relaxed);
         let out = self.batched(&batch).await;
+        self.finish(batch, taken, out).await;
+    }
+
+    /// Hands each caller of a batch sent as one statement its own outcome.
+    async fn finish(
+        self: &Arc<Self>,
+        batch: Vec<Pending<C>>,
+        taken: Instant,
+        out: Result<Vec<C::Out>, sqlx::Error>,
+    ) {
+        let n = batch.len() as u64;
         // Once per call: each call's time in lockdb is its statement's round trip.
         let took = taken.elapsed().as_secs_f64();
         for _ in 0..batch.len() {
@@ -382,27 +461,33 @@ impl<C: Call> Batcher<C> {
                 }
             }
             Err(sqlx::Error::Database(e)) => {
-                // The statement was refused as a whole and rolled back (nothing of it committed):
-                // each call runs alone and gets its own answer, the bad one its own error.
                 tracing::debug!(event = "batch_retried_alone", calls = n, error = %e);
-                self.fallbacks.fetch_add(1, Ordering::Relaxed);
-                let mut alone = JoinSet::new();
-                for p in batch {
-                    let me = self.clone();
-                    alone.spawn(async move {
-                        let out = me.single(&p.call).await;
-                        answer(p.reply, out);
-                    });
-                }
-                while alone.join_next().await.is_some() {}
+                self.alone(batch).await;
             }
-            // Lockdb unreachable or the reply unreadable: every caller gets that error, as it would
-            // have alone. Not run again: the statement may have committed.
-            Err(e) => {
-                for p in batch {
-                    answer(p.reply, Err(Error::from(copy_error(&e))));
-                }
-            }
+            Err(e) => self.fail(batch, &e),
+        }
+    }
+
+    /// After the batch's statement was refused as a whole and rolled back (nothing of it
+    /// committed): each call runs alone and gets its own answer, the bad one its own error.
+    async fn alone(self: &Arc<Self>, batch: Vec<Pending<C>>) {
+        self.fallbacks.fetch_add(1, Ordering::Relaxed);
+        let mut alone = JoinSet::new();
+        for p in batch {
+            let me = self.clone();
+            alone.spawn(async move {
+                let out = me.single(&p.call).await;
+                answer(p.reply, out);
+            });
+        }
+        while alone.join_next().await.is_some() {}
+    }
+
+    /// Lockdb unreachable or the reply unreadable: every caller gets that error, as it would have
+    /// alone. Not run again: the statement may have committed.
+    fn fail(&self, batch: Vec<Pending<C>>, e: &sqlx::Error) {
+        for p in batch {
+            answer(p.reply, Err(Error::from(copy_error(e))));
         }
     }
 
@@ -439,19 +524,257 @@ impl<C: Call> Batcher<C> {
         let rows = sqlx::query_with(AssertSqlSafe(text), args)
             .fetch_all(&self.pool)
             .await?;
-        let mut own: Vec<Option<PgRow>> = (0..n).map(|_| None).collect();
+        let mut own = Own::new(n);
         for row in rows {
-            let i: i32 = row.try_get("batch_index")?;
-            match usize::try_from(i).ok().and_then(|i| own.get_mut(i)) {
-                Some(slot @ None) => *slot = Some(row),
-                _ => {
-                    return Err(sqlx::Error::Protocol(format!(
-                        "batched statement returned an unexpected row for call {i}"
-                    )));
+            own.put(row)?;
+        }
+        own.outcomes::<C>()
+    }
+}
+
+/// The rows of one batch, each at its call's `batch_index`.
+struct Own(Vec<Option<PgRow>>);
+
+impl Own {
+    fn new(n: usize) -> Self {
+        Self((0..n).map(|_| None).collect())
+    }
+
+    fn put(&mut self, row: PgRow) -> Result<(), sqlx::Error> {
+        let i: i32 = row.try_get("batch_index")?;
+        match usize::try_from(i).ok().and_then(|i| self.0.get_mut(i)) {
+            Some(slot @ None) => {
+                *slot = Some(row);
+                Ok(())
+            }
+            _ => Err(sqlx::Error::Protocol(format!(
+                "batched statement returned an unexpected row for call {i}"
+            ))),
+        }
+    }
+
+    fn outcomes<C: Call>(&self) -> Result<Vec<C::Out>, sqlx::Error> {
+        self.0.iter().map(|row| C::outcome(row.as_ref())).collect()
+    }
+}
+
+/// The keys of a pair's statements in flight: every statement's (by how many hold each), and
+/// those of paired statements.
+#[derive(Debug, Default)]
+struct Held {
+    all: HashMap<String, usize>,
+    paired: HashSet<String>,
+}
+
+impl Held {
+    fn hold(&mut self, keys: &[String], paired: bool) {
+        for k in keys {
+            *self.all.entry(k.clone()).or_default() += 1;
+            if paired {
+                self.paired.insert(k.clone());
+            }
+        }
+    }
+
+    fn let_go(&mut self, keys: &[String]) {
+        for k in keys {
+            self.paired.remove(k);
+            if let Some(n) = self.all.get_mut(k) {
+                *n -= 1;
+                if *n == 0 {
+                    self.all.remove(k);
                 }
             }
         }
-        own.iter().map(|row| C::outcome(row.as_ref())).collect()
+    }
+}
+
+/// A [`Pair`] as its batchers see it.
+trait PairLane: Send + Sync {
+    /// Takes and runs one statement's calls of either kind, or both; `false` when it took nothing
+    /// because every queued call's key is in a paired statement in flight (whose end offers its
+    /// slot again, so nobody has to now).
+    fn batch(self: Arc<Self>, lead: usize) -> Pin<Box<dyn Future<Output = bool> + Send>>;
+}
+
+/// An acquire batcher and a release batcher whose batches may share one statement
+/// ([`sql::paired`]): one transaction's fixed cost in lockdb for both, which is most of what a
+/// small batch costs there (docs/benchmarks.md).
+///
+/// The rule that keeps it deadlock-free: the halves of a paired statement lock their rows in two
+/// runs, not in one order (an acquire of B then a release of A can meet another statement's acquire
+/// of A and release of B), so a paired statement starts only when no statement in flight holds any
+/// of its keys, and while it runs no statement takes one of them. Statements of one kind alone
+/// keep sharing keys with each other as before: each locks its rows in key order.
+pub(crate) struct Pair<A: Call, R: Call> {
+    acquires: Arc<Batcher<A>>,
+    releases: Arc<Batcher<R>>,
+    text: Arc<str>,
+    held: Mutex<Held>,
+    faults: BatchFaults,
+}
+
+impl<A: Call, R: Call> Pair<A, R> {
+    /// Pairs the two batchers if their statements pair ([`sql::paired`]); from then on every slot
+    /// either of them takes runs the pair's next statement.
+    pub(crate) fn join(
+        acquires: &Arc<Batcher<A>>,
+        releases: &Arc<Batcher<R>>,
+        faults: BatchFaults,
+    ) -> Option<Arc<Self>> {
+        let text = sql::paired(acquires.stmt, A::TYPES, releases.stmt, R::TYPES)?;
+        let me = Arc::new(Self {
+            acquires: acquires.clone(),
+            releases: releases.clone(),
+            text: text.into(),
+            held: Mutex::new(Held::default()),
+            faults,
+        });
+        let lane: Arc<dyn PairLane> = me.clone();
+        let _ = acquires.pair.set(Arc::downgrade(&lane));
+        let _ = releases.pair.set(Arc::downgrade(&lane));
+        Some(me)
+    }
+
+    fn held(&self) -> MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The next statement's calls, and their keys now held: both kinds, if calls of both are queued
+    /// whose keys no statement in flight holds; else one kind's, whose keys no paired statement in
+    /// flight holds: the kind of the lane whose slot this is (`lead`) first, so that, as
+    /// [`InFlight::offer`] turns slots from lane to lane, a steady stream of one kind (acquires of a
+    /// contended key) cannot keep the other (the release that frees it) waiting.
+    fn take(&self, lead: usize) -> (Vec<Pending<A>>, Vec<Pending<R>>, Vec<String>) {
+        let mut held = self.held();
+        let rule = !self.faults.pair_over_held_keys;
+        let free = |held: &Held, k: &str| !rule || !held.all.contains_key(k);
+        let mut taken = HashSet::new();
+        let (a, r) =
+            if self.acquires.has(&mut |k| free(&held, k)) && self.releases.has(&mut |k| free(&held, k)) {
+                let a = self
+                    .acquires
+                    .take(&mut |k| free(&held, k) && taken.insert(k.to_owned()));
+                let r = self
+                    .releases
+                    .take(&mut |k| free(&held, k) && taken.insert(k.to_owned()));
+                (a, r)
+            } else {
+                let unpaired = |k: &str| !rule || !held.paired.contains(k);
+                if lead == self.releases.lane {
+                    let r = self.releases.take(&mut |k| unpaired(k));
+                    let a = match r.is_empty() {
+                        true => self.acquires.take(&mut |k| unpaired(k)),
+                        false => Vec::new(),
+                    };
+                    (a, r)
+                } else {
+                    let a = self.acquires.take(&mut |k| unpaired(k));
+                    let r = match a.is_empty() {
+                        true => self.releases.take(&mut |k| unpaired(k)),
+                        false => Vec::new(),
+                    };
+                    (a, r)
+                }
+            };
+        let keys: Vec<String> = (a.iter().map(|p| p.call.key()))
+            .chain(r.iter().map(|p| p.call.key()))
+            .map(str::to_owned)
+            .collect();
+        held.hold(&keys, !a.is_empty() && !r.is_empty());
+        (a, r, keys)
+    }
+
+    async fn run(self: Arc<Self>, lead: usize) -> bool {
+        let (a, r, keys) = self.take(lead);
+        match (a.is_empty(), r.is_empty()) {
+            (true, true) => {
+                // Nothing runnable: either nothing is queued (offering is harmless), or every queued
+                // call waits for a paired statement, whose end offers (offering now would only
+                // start this empty batch again until then).
+                let blocked = self.acquires.has(&mut |_| true) || self.releases.has(&mut |_| true);
+                if blocked {
+                    for b in [&self.acquires.blocked, &self.releases.blocked] {
+                        b.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                return !blocked;
+            }
+            (false, true) => self.acquires.run(a).await,
+            (true, false) => self.releases.run(r).await,
+            (false, false) => self.both(a, r).await,
+        }
+        self.held().let_go(&keys);
+        true
+    }
+
+    /// One statement for a batch of each kind, each caller answered as its own batch would be.
+    async fn both(&self, mut a: Vec<Pending<A>>, mut r: Vec<Pending<R>>) {
+        let taken = self.acquires.note(&mut a);
+        self.releases.note(&mut r);
+        for b in [&self.acquires.statements, &self.releases.statements] {
+            b.fetch_add(1, Ordering::Relaxed);
+        }
+        for b in [&self.acquires.paired, &self.releases.paired] {
+            b.fetch_add(1, Ordering::Relaxed);
+        }
+        for b in [&self.acquires.unnested_sent, &self.releases.unnested_sent] {
+            b.fetch_add(1, Ordering::Relaxed);
+        }
+        self.acquires.times.paired.inc();
+        match self.statement(&a, &r).await {
+            Ok((aa, rr)) => {
+                tokio::join!(
+                    self.acquires.finish(a, taken, Ok(aa)),
+                    self.releases.finish(r, taken, Ok(rr))
+                );
+            }
+            Err(sqlx::Error::Database(e)) => {
+                tracing::debug!(event = "batch_retried_alone", calls = a.len() + r.len(), error = %e);
+                tokio::join!(self.acquires.alone(a), self.releases.alone(r));
+            }
+            Err(e) => {
+                self.acquires.fail(a, &e);
+                self.releases.fail(r, &e);
+            }
+        }
+    }
+
+    async fn statement(
+        &self,
+        a: &[Pending<A>],
+        r: &[Pending<R>],
+    ) -> Result<(Vec<A::Out>, Vec<R::Out>), sqlx::Error> {
+        let mut args = PgArguments::default();
+        let calls: Vec<&A> = a.iter().map(|p| &p.call).collect();
+        A::bind_columns(&calls, &mut args).map_err(sqlx::Error::Encode)?;
+        let calls: Vec<&R> = r.iter().map(|p| &p.call).collect();
+        R::bind_columns(&calls, &mut args).map_err(sqlx::Error::Encode)?;
+        let rows = sqlx::query_with(AssertSqlSafe(self.text.clone()), args)
+            .fetch_all(&self.acquires.pool)
+            .await?;
+        let (mut own_a, mut own_r) = (Own::new(a.len()), Own::new(r.len()));
+        for row in rows {
+            match row.try_get::<i32, _>("batch_statement")? {
+                0 => own_a.put(row)?,
+                _ => own_r.put(row)?,
+            }
+        }
+        Ok((own_a.outcomes::<A>()?, own_r.outcomes::<R>()?))
+    }
+}
+
+impl<A: Call, R: Call> fmt::Debug for Pair<A, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pair")
+            .field("held", &*self.held())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<A: Call, R: Call> PairLane for Pair<A, R> {
+    fn batch(self: Arc<Self>, lead: usize) -> Pin<Box<dyn Future<Output = bool> + Send>> {
+        Box::pin(self.run(lead))
     }
 }
 

@@ -123,7 +123,8 @@ fn http_histogram() -> Histogram {
 ///   `lock_batch_wait_seconds` (a call's wait in the queue until a batch takes it),
 ///   `lock_batch_statement_seconds` (per call, the round trip of the statement that carried it) and
 ///   `lock_batch_calls` (calls per statement) — where an acquire's time goes, next to
-///   `http_request_duration_seconds`;
+///   `http_request_duration_seconds` — and `lock_batch_paired_total` (statements that carried
+///   both kinds at once, counted under both in `lock_batch_calls`);
 /// - etcd: `lock_etcd_grant_leases_total{source="granted"|"reused"}` (a new lease from etcd, or a
 ///   released grant's lease kept alive for the session's next grant).
 fn register_store(registry: &mut Registry, store: &Backend) {
@@ -144,6 +145,11 @@ fn register_store(registry: &mut Registry, store: &Backend) {
                 "lock_batch_calls",
                 "Calls carried by one statement to lockdb, by statement",
                 b.calls.clone(),
+            );
+            registry.register(
+                "lock_batch_paired",
+                "Statements to lockdb that carried a batch of acquires and a batch of releases together (counted in lock_batch_calls under both)",
+                b.paired.clone(),
             );
         }
         Backend::Etcd(repo) => registry.register(

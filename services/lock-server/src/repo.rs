@@ -10,7 +10,7 @@ use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{Arguments, FromRow, PgPool};
 use uuid::Uuid;
 
-use crate::batch::{self, BatchFamilies, BatchStats, Batcher, Call, InFlight};
+use crate::batch::{self, BatchFamilies, BatchFaults, BatchStats, Batcher, Call, InFlight, Pair};
 use crate::error::Error;
 use crate::hub::Hub;
 use crate::sql::{self, Statements};
@@ -114,6 +114,9 @@ pub struct Repo {
     /// from `stmts`, so a negative control's broken statement is what its batches run too.
     acquires: Arc<Batcher<AcquireCall>>,
     releases: Arc<Batcher<ReleaseCall>>,
+    /// The two batchers' batches as one statement when both kinds are queued; held here, the
+    /// batchers hold it weakly.
+    pair: Option<Arc<Pair<AcquireCall, ReleaseCall>>>,
     /// The one bound on both batchers' statements in flight.
     in_flight: Arc<InFlight>,
     /// The connections both batchers' statements run on, one per slot of `in_flight`
@@ -202,22 +205,37 @@ impl Repo {
 
     /// For negative controls only: the same repository running a deliberately different statement set.
     pub fn with_statements(pool: PgPool, stmts: Statements) -> Self {
+        Self::with_faults(pool, stmts, BatchFaults::NONE)
+    }
+
+    /// For negative controls only: the repository with deliberately broken batching.
+    pub fn with_batch_faults(pool: PgPool, faults: BatchFaults) -> Self {
+        Self::with_faults(pool, Statements::C1, faults)
+    }
+
+    fn with_faults(pool: PgPool, stmts: Statements, faults: BatchFaults) -> Self {
         let batches = BatchFamilies::default();
         let in_flight = InFlight::new();
         let batch_pool = batch::own_pool(&pool);
+        let acquires = Batcher::new(
+            batch_pool.clone(),
+            stmts.acquire,
+            batches.of("acquire"),
+            &in_flight,
+        );
+        let releases = Batcher::new(
+            batch_pool.clone(),
+            stmts.release,
+            batches.of("release"),
+            &in_flight,
+        );
+        // Their batches share statements from now on (`None`: a negative control's statement of
+        // another shape, whose batches run apart).
+        let pair = Pair::join(&acquires, &releases, faults);
         Self {
-            acquires: Batcher::new(
-                batch_pool.clone(),
-                stmts.acquire,
-                batches.of("acquire"),
-                &in_flight,
-            ),
-            releases: Batcher::new(
-                batch_pool.clone(),
-                stmts.release,
-                batches.of("release"),
-                &in_flight,
-            ),
+            acquires,
+            releases,
+            pair,
             batch_pool,
             in_flight,
             batches,
@@ -231,6 +249,12 @@ impl Repo {
     /// How acquires were sent to lockdb (statements, calls, largest batch), for tests and benchmarks.
     pub fn acquire_batches(&self) -> BatchStats {
         self.acquires.stats()
+    }
+
+    /// Whether acquire and release batches share statements ([`crate::batch::Pair`]): always with
+    /// C1's statements; for tests.
+    pub fn pairs_batches(&self) -> bool {
+        self.pair.is_some()
     }
 
     /// Where batched calls' time goes, per statement (exported by [`crate::metrics`]).

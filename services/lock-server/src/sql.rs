@@ -357,6 +357,59 @@ pub fn unnested(stmt: &str, types: &[&str]) -> Option<String> {
     ))
 }
 
+/// One round trip for a batch of `insert`'s calls *and* a batch of `delete`'s, as one statement
+/// (one transaction): `insert`'s [`unnested`] text with `delete`'s [`unnested`] text as one more
+/// `WITH` item, `d` (a data-modifying `WITH` must be at the top level), placeholders renumbered
+/// after `insert`'s (`delete`'s `$j` is `$(j + insert_types.len())`). Both texts are kept character
+/// for character but for that; each half is the same mechanical batch form as when it runs alone.
+///
+/// Every row carries `batch_statement` (0: a row of `insert`'s batch, 1: of `delete`'s) and
+/// `batch_index` (within its own batch), then `insert`'s columns; a `delete` row has its own columns
+/// under the same names and NULL in the others. `None` unless `insert` is the `INSERT … ON
+/// CONFLICT` shape and `delete` the `DELETE` shape, and every column `delete` returns is one
+/// `insert` returns too.
+///
+/// The two halves see one snapshot and must name keys that neither half nor any other statement in
+/// flight touches (the caller's rule, [`crate::batch`]): their rows are locked in two runs, not in
+/// one order, so they could deadlock with a statement holding one of their keys.
+pub fn paired(insert: &str, insert_types: &[&str], delete: &str, delete_types: &[&str]) -> Option<String> {
+    let first = unnested(insert, insert_types)?;
+    let second = unnested(delete, delete_types)?;
+    if !insert.starts_with("INSERT INTO ") || !delete.starts_with("DELETE FROM ") {
+        return None;
+    }
+    let at = first.rfind("\nSELECT ")?;
+    let (with, select) = first.split_at(at);
+    let select = select.strip_prefix("\nSELECT ")?;
+    let names = |returning: &str| -> Vec<String> {
+        split_top_level(returning)
+            .iter()
+            .filter_map(|c| c.split_whitespace().last().map(str::to_owned))
+            .collect()
+    };
+    // `insert`'s row: batch_index, its conflict column as batch_key, then its RETURNING list.
+    let first_columns = names(insert.rsplit("RETURNING ").next()?);
+    let second_columns = names(delete.rsplit("RETURNING ").next()?);
+    if !second_columns.iter().all(|c| first_columns.contains(c)) {
+        return None;
+    }
+    let from_d = first_columns
+        .iter()
+        .map(|c| match second_columns.contains(c) {
+            true => format!("d.{c}"),
+            false => "NULL".to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut renumbered = String::new();
+    renumber(&second, insert_types.len(), &mut renumbered);
+    Some(format!(
+        "{with},\nd AS (\n{renumbered}\n)\n\
+         SELECT 0 AS batch_statement, {select}\n\
+         UNION ALL SELECT 1, d.batch_index, NULL, {from_d} FROM d"
+    ))
+}
+
 /// The index of the `)` closing an already opened `(` in `s`.
 fn matching_paren(s: &str) -> Option<usize> {
     let mut depth = 0usize;
@@ -522,6 +575,59 @@ RETURNING (b.batch_index - 1)::int4 AS batch_index, fencing_token"
         let text = unnested(&by_key, &["text", "int8"]).unwrap();
         assert!(!text.contains("fencing_token ="), "{text}");
         assert!(text.contains("WHERE lock_key      = b.p1\nRETURNING"), "{text}");
+    }
+
+    #[test]
+    fn a_paired_statement_is_both_unnested_texts_with_the_release_renumbered() {
+        let acquire = unnested(ACQUIRE, &["text", "text", "uuid", "float8"]).unwrap();
+        let release = unnested(RELEASE, &["text", "int8"]).unwrap();
+        let text = paired(
+            ACQUIRE,
+            &["text", "text", "uuid", "float8"],
+            RELEASE,
+            &["text", "int8"],
+        )
+        .unwrap();
+        // The acquire's batch form up to its last SELECT, unchanged.
+        let with = &acquire[..acquire.rfind("\nSELECT ").unwrap()];
+        assert!(text.starts_with(with), "{text}");
+        // The release's batch form, with $1, $2 moved to $5, $6 and nothing else changed.
+        let moved = release.replace("$1::", "$5::").replace("$2::", "$6::");
+        assert!(text.contains(&format!("d AS (\n{moved}\n)")), "{text}");
+        assert!(!text.contains("$7"));
+        assert!(text.ends_with(
+            "SELECT 0 AS batch_statement, (b.batch_index - 1)::int4 AS batch_index, c.* FROM c JOIN b ON b.p1 = c.batch_key\n\
+             UNION ALL SELECT 1, d.batch_index, NULL, d.fencing_token, NULL, NULL, NULL, NULL FROM d"
+        ), "{text}");
+        // A broken release pairs to the same breakage.
+        let by_key = RELEASE.replacen("\n   AND fencing_token = $2", "", 1);
+        let broken = paired(
+            ACQUIRE,
+            &["text", "text", "uuid", "float8"],
+            &by_key,
+            &["text", "int8"],
+        )
+        .unwrap();
+        assert!(!broken.contains("fencing_token = b.p2"), "{broken}");
+        // Only an INSERT batch followed by a DELETE batch pairs.
+        assert_eq!(
+            paired(
+                RELEASE,
+                &["text", "int8"],
+                ACQUIRE,
+                &["text", "text", "uuid", "float8"]
+            ),
+            None
+        );
+        assert_eq!(
+            paired(
+                ACQUIRE,
+                &["text", "text", "uuid", "float8"],
+                RENEW,
+                &["text", "int8", "float8"]
+            ),
+            None
+        );
     }
 
     #[test]

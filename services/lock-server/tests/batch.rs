@@ -13,7 +13,7 @@ use std::collections::HashSet;
 
 use common::*;
 use futures::future::join_all;
-use lock_server::batch::{BatchStats, MAX_BATCH, MAX_IN_FLIGHT};
+use lock_server::batch::{BatchFaults, BatchStats, MAX_BATCH, MAX_IN_FLIGHT};
 use lock_server::repo::Grant;
 use lock_server::{Error, Repo, Statements};
 use serde_json::json;
@@ -58,6 +58,31 @@ async fn burst_release(repo: &Repo, keys: &[String], grants: &[Grant]) -> Vec<Re
             .map(|(k, g)| repo.release(k, g.fencing_token)),
     )
     .await
+}
+
+/// `n` sessions, each holding one of `held` (its grant in `grants`), and `n` keys nobody holds.
+struct HeldAndFresh {
+    holders: Vec<(String, Uuid)>,
+    held: Vec<String>,
+    fresh: Vec<String>,
+    grants: Vec<Grant>,
+}
+
+async fn held_and_fresh(repo: &Repo, n: usize) -> HeldAndFresh {
+    let holders = sessions(repo, "w", n).await;
+    let held: Vec<String> = (0..n).map(|i| format!("account:held:{i}")).collect();
+    let fresh: Vec<String> = (0..n).map(|i| format!("account:fresh:{i}")).collect();
+    let grants: Vec<Grant> = burst_acquire(repo, &held, &holders, LONG_TTL_SECS)
+        .await
+        .into_iter()
+        .map(|g| g.unwrap().unwrap())
+        .collect();
+    HeldAndFresh {
+        holders,
+        held,
+        fresh,
+        grants,
+    }
 }
 
 /// The batches between `before` and `after` ran as the `unnest` statement, none refused (a refused
@@ -309,21 +334,20 @@ async fn concurrent_releases_each_get_their_own_outcome() {
 }
 
 /// Acquires and releases share one bound on statements in flight. The burst queues every acquire
-/// before any release, so the acquires' first calls take every slot and the releases find none: they
-/// run only because a slot given back is offered to the other kind's queue too (a batcher that looked
-/// only at its own queue would leave them waiting for ever, and this test would time out).
+/// before any release, so the acquires' first calls take every slot and the releases' calls find
+/// none: they run only because a slot taken for one kind also serves the other's queue (in a paired
+/// statement, or offered on when given back); a batcher that looked only at its own queue would
+/// leave them waiting for ever, and this test would time out.
 #[tokio::test]
 async fn releases_queued_while_acquires_hold_every_slot_run_and_both_kinds_share_the_bound() {
     let (db, repo) = repo(Statements::C1).await;
     let n = 16;
-    let holders = sessions(&repo, "w", n).await;
-    let held: Vec<String> = (0..n).map(|i| format!("account:held:{i}")).collect();
-    let fresh: Vec<String> = (0..n).map(|i| format!("account:fresh:{i}")).collect();
-    let grants: Vec<Grant> = burst_acquire(&repo, &held, &holders, LONG_TTL_SECS)
-        .await
-        .into_iter()
-        .map(|g| g.unwrap().unwrap())
-        .collect();
+    let HeldAndFresh {
+        holders,
+        held,
+        fresh,
+        grants,
+    } = held_and_fresh(&repo, n).await;
 
     let (acquired, released) = tokio::time::timeout(
         dlock_testkit::wait::WAIT_LIMIT,
@@ -433,6 +457,204 @@ async fn concurrent_acquires_over_http_are_each_answered_with_their_own_grant() 
     server.shutdown().await.unwrap();
 }
 
+/// Releases and acquires queued together go to lockdb as one statement (`batch::Pair`), and each
+/// caller still gets exactly its own outcome: a stale release is refused, a contended acquire is not
+/// granted, and lockdb ends as the calls run one by one would leave it.
+#[tokio::test]
+async fn releases_and_acquires_queued_together_share_statements_and_each_gets_its_own_outcome() {
+    let (db, repo) = repo(Statements::C1).await;
+    assert!(repo.pairs_batches());
+    let n = 16;
+    let HeldAndFresh {
+        holders,
+        held,
+        fresh,
+        grants,
+    } = held_and_fresh(&repo, n).await;
+    // fresh[5] is held by another session: its acquire in the burst is contended.
+    let other = sessions(&repo, "other", 1).await;
+    let blocker = repo
+        .acquire(&fresh[5], &other[0].0, other[0].1, LONG_TTL_SECS)
+        .await
+        .unwrap()
+        .unwrap();
+    // held[3] is released with held[4]'s token: stale, and held[3]'s grant stays.
+    let mut tokens = grants.clone();
+    tokens[3] = grants[4].clone();
+
+    let (before_a, before_r) = (repo.acquire_batches(), repo.release_batches());
+    let (released, acquired) = futures::future::join(
+        burst_release(&repo, &held, &tokens),
+        burst_acquire(&repo, &fresh, &holders, LONG_TTL_SECS),
+    )
+    .await;
+    let (after_a, after_r) = (repo.acquire_batches(), repo.release_batches());
+    assert!(
+        after_r.paired > before_r.paired,
+        "no paired statement: {after_r:?}"
+    );
+    assert_eq!(after_a.paired - before_a.paired, after_r.paired - before_r.paired);
+    assert_unnested_without_fallback(before_a, after_a);
+    assert_unnested_without_fallback(before_r, after_r);
+
+    for (i, r) in released.into_iter().enumerate() {
+        assert_eq!(r.unwrap(), i != 3, "{}", held[i]);
+    }
+    let mut tokens_seen = HashSet::new();
+    for (i, g) in acquired.into_iter().enumerate() {
+        match g.unwrap() {
+            None => assert_eq!(i, 5, "{} not granted", fresh[i]),
+            Some(g) => {
+                assert_ne!(i, 5, "{} granted over a live holder", fresh[i]);
+                assert_eq!(
+                    (g.owner_id.as_str(), g.session_id),
+                    (holders[i].0.as_str(), holders[i].1)
+                );
+                assert!(g.fencing_token > blocker.fencing_token);
+                assert!(
+                    tokens_seen.insert(g.fencing_token),
+                    "token {} twice",
+                    g.fencing_token
+                );
+                let row = entry(&db.app, &fresh[i]).await.unwrap();
+                assert_eq!(row.fencing_token, g.fencing_token, "{}", fresh[i]);
+            }
+        }
+    }
+    assert_eq!(
+        entry(&db.app, &held[3]).await.unwrap().fencing_token,
+        grants[3].fencing_token
+    );
+    assert_eq!(
+        entry(&db.app, &fresh[5]).await.unwrap().fencing_token,
+        blocker.fencing_token
+    );
+    // held[3], fresh[5] (the other session's) and the 15 fresh keys granted.
+    assert_eq!(
+        count(&db.app, "SELECT count(*) FROM lock_entry").await,
+        1 + 1 + 15
+    );
+}
+
+/// Backends of this test's lockdb waiting for a row lock.
+async fn lock_waits(db: &Db) -> i64 {
+    count(
+        &db.admin,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .await
+}
+
+/// Two paired statements whose keys cross: the first acquires B and C and releases A, and stops in
+/// flight after it took B's row (C's row is locked from outside); then an acquire of A and a release
+/// of B are queued. Paired at once, they would take A's row and wait for B's, while the first, once
+/// C is let go, waits for A's: a deadlock, which PostgreSQL breaks after `deadlock_timeout` by
+/// refusing one statement (its calls are then run alone, a fallback). The rule — a paired
+/// statement never shares a key with a statement in flight — keeps the second burst queued until
+/// the first statement ends. `Err` names the deadlock.
+async fn scenario_crossing_pairs(db: &Db, repo: &Repo) -> Result<(), String> {
+    let s = sessions(repo, "x", 5).await;
+    let [a, b, c] = ["account:a", "account:b", "account:c"].map(str::to_owned);
+    let mut grants = Vec::new();
+    for (key, (owner, session)) in [&a, &b, &c].into_iter().zip(&s) {
+        grants.push(
+            repo.acquire(key, owner, *session, LONG_TTL_SECS)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let mut outside = db.app.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM lock_entry WHERE lock_key = $1 FOR UPDATE")
+        .bind(&c)
+        .execute(&mut *outside)
+        .await
+        .unwrap();
+
+    let before = repo.release_batches();
+    let (r, (b1, c1, s3)) = (repo.clone(), (b.clone(), c.clone(), s[3].clone()));
+    let (a1, token_a) = (a.clone(), grants[0].fencing_token);
+    let first = tokio::spawn(async move {
+        futures::future::join3(
+            r.acquire(&b1, &s3.0, s3.1, LONG_TTL_SECS),
+            r.acquire(&c1, &s3.0, s3.1, LONG_TTL_SECS),
+            r.release(&a1, token_a),
+        )
+        .await
+    });
+    dlock_testkit::wait::wait_until("the first paired statement waiting for C's row", || async {
+        lock_waits(db).await == 1
+    })
+    .await;
+    assert_eq!(repo.release_batches().paired, before.paired + 1);
+
+    let queued = repo.acquire_batches();
+    let (r, (a2, b2, s4)) = (repo.clone(), (a.clone(), b.clone(), s[4].clone()));
+    let token_b = grants[1].fencing_token;
+    let second = tokio::spawn(async move {
+        futures::future::join(
+            r.acquire(&a2, &s4.0, s4.1, LONG_TTL_SECS),
+            r.release(&b2, token_b),
+        )
+        .await
+    });
+    // Either a slot took the second burst (into a statement of its own), or it found its keys held
+    // and left it queued.
+    dlock_testkit::wait::wait_until("the second burst taken or left queued", || async {
+        let now = repo.acquire_batches();
+        now.calls > queued.calls || now.blocked > queued.blocked
+    })
+    .await;
+    if repo.acquire_batches().calls > queued.calls {
+        dlock_testkit::wait::wait_until("the second statement waiting for B's row", || async {
+            lock_waits(db).await == 2
+        })
+        .await;
+    }
+    outside.rollback().await.unwrap();
+
+    let (acquired_b, acquired_c, released_a) = first.await.unwrap();
+    let (acquired_a, released_b) = second.await.unwrap();
+    let after = repo.release_batches();
+    if after.fallbacks > before.fallbacks {
+        // The refused statement's calls ran after the other's: another order, as valid, so its
+        // outcomes are not checked below.
+        return Err(format!(
+            "deadlock: {} statement(s) refused and run again call by call ({after:?})",
+            after.fallbacks - before.fallbacks
+        ));
+    }
+    // The first statement, then the second: B and C held by others when acquired, A released;
+    // then A free and B released by its holder.
+    assert!(acquired_b.unwrap().is_none() && acquired_c.unwrap().is_none());
+    assert!(released_a.unwrap() && released_b.unwrap());
+    assert!(acquired_a.unwrap().is_some());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_paired_statement_never_shares_a_key_with_a_statement_in_flight() {
+    let (db, repo) = repo(Statements::C1).await;
+    scenario_crossing_pairs(&db, &repo).await.expect("no deadlock");
+    assert!(repo.acquire_batches().blocked > 0, "{:?}", repo.acquire_batches());
+}
+
+#[tokio::test]
+async fn control_pairs_over_held_keys_deadlock() {
+    let db = lockdb().await;
+    let bad = Repo::with_batch_faults(
+        db.app.clone(),
+        BatchFaults {
+            pair_over_held_keys: true,
+        },
+    );
+    let violation = scenario_crossing_pairs(&db, &bad)
+        .await
+        .expect_err("paired statements over held keys must deadlock");
+    eprintln!("negative control reported: {violation}");
+    assert!(violation.contains("deadlock"), "{violation}");
+}
+
 // ---- negative controls, batched ----------------------------------------------------------------
 
 /// `n` keys held with a short lease by one set of sessions, lapsed by the database clock, then taken
@@ -472,8 +694,9 @@ async fn scenario_batched_takeover(repo: &Repo, n: usize) -> Result<(), String> 
 }
 
 /// As [`scenario_batched_takeover`], then the dead holders release in one burst: every release must
-/// be stale and every live grant intact.
-async fn scenario_batched_stale_release(repo: &Repo, n: usize) -> Result<(), String> {
+/// be stale and every live grant intact. `alongside`: the live holders acquire as many other keys in
+/// the same burst, so that the releases run in statements paired with acquires.
+async fn scenario_batched_stale_release(repo: &Repo, n: usize, alongside: bool) -> Result<(), String> {
     let dead = sessions(repo, "dead", n).await;
     let live = sessions(repo, "live", n).await;
     let keys: Vec<String> = (0..n).map(|i| format!("account:{i}")).collect();
@@ -491,7 +714,20 @@ async fn scenario_batched_stale_release(repo: &Repo, n: usize) -> Result<(), Str
         .map(|g| g.unwrap().expect("taken over"))
         .collect();
     let before = repo.release_batches();
-    let released = burst_release(repo, &keys, &old).await;
+    let released = if alongside {
+        let others: Vec<String> = (0..n).map(|i| format!("account:other:{i}")).collect();
+        let (released, acquired) = futures::future::join(
+            burst_release(repo, &keys, &old),
+            burst_acquire(repo, &others, &live, LONG_TTL_SECS),
+        )
+        .await;
+        assert!(acquired.into_iter().all(|g| g.unwrap().is_some()));
+        let after = repo.release_batches();
+        assert!(after.paired > before.paired, "no paired statement: {after:?}");
+        released
+    } else {
+        burst_release(repo, &keys, &old).await
+    };
     let after = repo.release_batches();
     assert!(after.largest > 1, "{}", batched_since(before, after));
     assert_unnested_without_fallback(before, after);
@@ -532,17 +768,19 @@ async fn control_batched_acquire_without_nextval_in_do_update_breaks_strictly_hi
 
 #[tokio::test]
 async fn control_batched_release_by_key_alone_deletes_the_live_grants() {
-    let (_db, good) = repo(Statements::C1).await;
-    scenario_batched_stale_release(&good, 8)
-        .await
-        .expect("C1 holds batched");
-    let (_db, bad) = repo(release_by_key_alone()).await;
-    let violation = scenario_batched_stale_release(&bad, 8)
-        .await
-        .expect_err("the broken release must delete the live grants when batched");
-    eprintln!("negative control reported: {violation}");
-    assert!(
-        violation.contains("released=true") && violation.contains("None"),
-        "{violation}"
-    );
+    for alongside in [false, true] {
+        let (_db, good) = repo(Statements::C1).await;
+        scenario_batched_stale_release(&good, 8, alongside)
+            .await
+            .expect("C1 holds batched");
+        let (_db, bad) = repo(release_by_key_alone()).await;
+        let violation = scenario_batched_stale_release(&bad, 8, alongside)
+            .await
+            .expect_err("the broken release must delete the live grants when batched");
+        eprintln!("negative control reported (paired with acquires: {alongside}): {violation}");
+        assert!(
+            violation.contains("released=true") && violation.contains("None"),
+            "{violation}"
+        );
+    }
 }
