@@ -519,3 +519,48 @@ async fn read_reports_expired_rows_by_the_database_clock() {
     assert!(!row.expired);
     assert_eq!(row.fencing_token, live.fencing_token);
 }
+
+// ---- lockdb going away -------------------------------------------------------------------------
+
+/// A connection an administrator terminated (as a restore's `DROP DATABASE … WITH (FORCE)` does)
+/// answers its next statement with SQLSTATE 57P01: lockdb is unavailable — 503, for the client to
+/// retry — not an internal error.
+#[tokio::test]
+async fn a_statement_on_a_connection_an_administrator_terminated_is_answered_unavailable() {
+    let db = lockdb().await;
+    // One connection, handed out without a ping: the next statement meets the terminated backend.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .connect(&db.db.app_url())
+        .await
+        .unwrap();
+    let repo = Repo::new(pool);
+    let s = session(&repo, "w1").await;
+    let terminated: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity
+          WHERE datname = current_database() AND usename = 'lockapp'",
+    )
+    .fetch_all(&db.admin)
+    .await
+    .unwrap();
+    // The repository's one connection among them (the test's own lockapp pool may hold another).
+    assert!(
+        !terminated.is_empty() && terminated.iter().all(|t| *t),
+        "{terminated:?}"
+    );
+
+    let err = repo.heartbeat(s, LONG_TTL_SECS).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Database(sqlx::Error::Database(e)) if e.code().as_deref() == Some("57P01")),
+        "{err:?}"
+    );
+    let answer = dlock_common::ApiError::from(err);
+    assert_eq!(
+        answer.status,
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        answer.message
+    );
+    assert_eq!(answer.code, "UNAVAILABLE");
+}
