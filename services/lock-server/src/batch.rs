@@ -276,7 +276,6 @@ pub(crate) struct Batcher<C: Call> {
     largest: AtomicUsize,
     fallbacks: AtomicU64,
     unnested_sent: AtomicU64,
-    paired: AtomicU64,
     blocked: AtomicU64,
     times: BatchTimes,
     /// The pair whose batches this batcher's slots run, if its statement pairs with the other
@@ -315,7 +314,6 @@ impl<C: Call> Batcher<C> {
             largest: AtomicUsize::new(0),
             fallbacks: AtomicU64::new(0),
             unnested_sent: AtomicU64::new(0),
-            paired: AtomicU64::new(0),
             blocked: AtomicU64::new(0),
             times,
             pair: OnceLock::new(),
@@ -333,7 +331,8 @@ impl<C: Call> Batcher<C> {
             largest: self.largest.load(Ordering::Relaxed),
             fallbacks: self.fallbacks.load(Ordering::Relaxed),
             unnested: self.unnested_sent.load(Ordering::Relaxed),
-            paired: self.paired.load(Ordering::Relaxed),
+            // One counter for both kinds (what `lock_batch_paired_total` exports).
+            paired: self.times.paired.get(),
             blocked: self.blocked.load(Ordering::Relaxed),
         }
     }
@@ -660,22 +659,20 @@ impl<A: Call, R: Call> Pair<A, R> {
                     .take(&mut |k| free(&held, k) && taken.insert(k.to_owned()));
                 (a, r)
             } else {
-                let unpaired = |k: &str| !rule || !held.paired.contains(k);
-                if lead == self.releases.lane {
-                    let r = self.releases.take(&mut |k| unpaired(k));
-                    let a = match r.is_empty() {
-                        true => self.acquires.take(&mut |k| unpaired(k)),
-                        false => Vec::new(),
-                    };
-                    (a, r)
-                } else {
-                    let a = self.acquires.take(&mut |k| unpaired(k));
-                    let r = match a.is_empty() {
-                        true => self.releases.take(&mut |k| unpaired(k)),
-                        false => Vec::new(),
-                    };
-                    (a, r)
+                let mut unpaired = |k: &str| !rule || !held.paired.contains(k);
+                let releases_first = lead == self.releases.lane;
+                let mut r = Vec::new();
+                if releases_first {
+                    r = self.releases.take(&mut unpaired);
                 }
+                let mut a = Vec::new();
+                if r.is_empty() {
+                    a = self.acquires.take(&mut unpaired);
+                }
+                if a.is_empty() && !releases_first {
+                    r = self.releases.take(&mut unpaired);
+                }
+                (a, r)
             };
         let keys: Vec<String> = (a.iter().map(|p| p.call.key()))
             .chain(r.iter().map(|p| p.call.key()))
@@ -713,9 +710,6 @@ impl<A: Call, R: Call> Pair<A, R> {
         let taken = self.acquires.note(&mut a);
         self.releases.note(&mut r);
         for b in [&self.acquires.statements, &self.releases.statements] {
-            b.fetch_add(1, Ordering::Relaxed);
-        }
-        for b in [&self.acquires.paired, &self.releases.paired] {
             b.fetch_add(1, Ordering::Relaxed);
         }
         for b in [&self.acquires.unnested_sent, &self.releases.unnested_sent] {
