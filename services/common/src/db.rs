@@ -120,6 +120,26 @@ pub fn lazy_pool(
 /// A pooled connection idle longer than this is pinged before it is handed out.
 pub const PING_WHEN_IDLE_FOR: Duration = Duration::from_millis(500);
 
+/// The database (or the way to it) is going or gone, rather than the statement being wrong: no
+/// connection to be had (`PoolTimedOut`, `PoolClosed`), the connection broke (`Io`), or the server
+/// said so itself ([`unavailable_sqlstate`]). Every service answers these 503 `UNAVAILABLE`, for
+/// the client to retry; any other database error is a 500.
+pub fn unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
+        sqlx::Error::Database(db) => unavailable_sqlstate(db.code().as_deref()),
+        _ => false,
+    }
+}
+
+/// SQLSTATE classes 08 (connection exception) and 57P (operator intervention: the server shutting
+/// down, a connection an administrator terminated — as a restore's `DROP DATABASE … WITH (FORCE)`
+/// does —, the database starting up). Not the rest of class 57 (`57014`, a cancelled statement),
+/// not a deadlock (`40P01`), not a constraint.
+pub fn unavailable_sqlstate(code: Option<&str>) -> bool {
+    code.is_some_and(|c| c.starts_with("08") || c.starts_with("57P"))
+}
+
 /// `url` without its password (`postgres://***@host/db`), for messages and logs.
 pub fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
@@ -178,5 +198,18 @@ mod tests {
         assert!(!e.to_string().contains("hunter2"), "{e}");
         let pool = lazy_pool("postgres://u@127.0.0.1:1/db", "t", 1, Duration::from_secs(1)).unwrap();
         assert_eq!(pool.size(), 0, "lazy: nothing connected yet");
+    }
+
+    #[test]
+    fn a_terminated_or_shutting_down_database_is_unavailable_and_a_bad_statement_is_not() {
+        for code in ["57P01", "57P02", "57P03", "08006", "08003"] {
+            assert!(unavailable_sqlstate(Some(code)), "{code}");
+        }
+        for code in ["23503", "23505", "40P01", "42601", "57014"] {
+            assert!(!unavailable_sqlstate(Some(code)), "{code}");
+        }
+        assert!(!unavailable_sqlstate(None));
+        assert!(unavailable(&sqlx::Error::PoolTimedOut));
+        assert!(!unavailable(&sqlx::Error::RowNotFound));
     }
 }

@@ -67,12 +67,7 @@ impl From<Error> for ApiError {
             Error::AdminDisabled => ApiError::new(StatusCode::FORBIDDEN, "ADMIN_DISABLED", message),
             Error::Unauthorized => ApiError::new(StatusCode::UNAUTHORIZED, "UNAUTHORIZED", message),
             // Connection trouble is the database being unavailable, not a bug of ours.
-            Error::Database(
-                e @ (sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_)),
-            ) => ApiError::unavailable(e),
-            Error::Database(sqlx::Error::Database(e)) if database_unavailable(e.code().as_deref()) => {
-                ApiError::unavailable(e)
-            }
+            Error::Database(e) if dlock_common::db::unavailable(&e) => ApiError::unavailable(e),
             Error::Database(e) => ApiError::internal(e),
             // etcd unreachable, or no leader (during an election): the store is unavailable.
             Error::Etcd(e) if etcd_unavailable(&e) => ApiError::unavailable(e),
@@ -82,14 +77,6 @@ impl From<Error> for ApiError {
             Error::Cancelled => ApiError::unavailable("the request was cancelled"),
         }
     }
-}
-
-/// SQLSTATE classes that mean lockdb (or the connection to it) is going or gone, not that the
-/// statement was wrong: 08 (connection exception) and 57P (operator intervention: the server
-/// shutting down, a connection terminated by an administrator — as a restore's `DROP DATABASE …
-/// WITH (FORCE)` does —, the database starting up). A client should retry, so 503.
-fn database_unavailable(code: Option<&str>) -> bool {
-    code.is_some_and(|c| c.starts_with("08") || c.starts_with("57P"))
 }
 
 fn etcd_unavailable(e: &etcd_client::Error) -> bool {
@@ -109,21 +96,5 @@ fn etcd_unavailable(e: &etcd_client::Error) -> bool {
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
         ApiError::from(self).into_response()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::database_unavailable;
-
-    #[test]
-    fn a_terminated_or_shutting_down_lockdb_is_unavailable_and_a_bad_statement_is_not() {
-        for code in ["57P01", "57P02", "57P03", "08006", "08003"] {
-            assert!(database_unavailable(Some(code)), "{code}");
-        }
-        for code in ["23503", "23505", "40P01", "42601", "57014"] {
-            assert!(!database_unavailable(Some(code)), "{code}");
-        }
-        assert!(!database_unavailable(None));
     }
 }

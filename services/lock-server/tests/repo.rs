@@ -528,27 +528,9 @@ async fn read_reports_expired_rows_by_the_database_clock() {
 #[tokio::test]
 async fn a_statement_on_a_connection_an_administrator_terminated_is_answered_unavailable() {
     let db = lockdb().await;
-    // One connection, handed out without a ping: the next statement meets the terminated backend.
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .test_before_acquire(false)
-        .connect(&db.db.app_url())
-        .await
-        .unwrap();
-    let repo = Repo::new(pool);
+    let repo = Repo::new(db.db.one_unpinged_app_connection().await);
     let s = session(&repo, "w1").await;
-    let terminated: Vec<bool> = sqlx::query_scalar(
-        "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity
-          WHERE datname = current_database() AND usename = 'lockapp'",
-    )
-    .fetch_all(&db.admin)
-    .await
-    .unwrap();
-    // The repository's one connection among them (the test's own lockapp pool may hold another).
-    assert!(
-        !terminated.is_empty() && terminated.iter().all(|t| *t),
-        "{terminated:?}"
-    );
+    db.db.terminate_app_connections().await;
 
     let err = repo.heartbeat(s, LONG_TTL_SECS).await.unwrap_err();
     assert!(

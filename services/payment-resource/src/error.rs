@@ -198,12 +198,8 @@ impl From<PaymentError> for ApiError {
             PaymentError::SettlementExists(_) => ApiError::conflict("SETTLEMENT_EXISTS", message),
             PaymentError::Invalid { code, message } => ApiError::bad_request(code, message),
             PaymentError::GrantRefused(r) => ApiError::from(r),
-            PaymentError::Database(db) => match db {
-                sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed => {
-                    ApiError::unavailable(db)
-                }
-                other => ApiError::internal(other),
-            },
+            PaymentError::Database(db) if dlock_common::db::unavailable(&db) => ApiError::unavailable(db),
+            PaymentError::Database(db) => ApiError::internal(db),
         }
     }
 }

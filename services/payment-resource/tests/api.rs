@@ -7,7 +7,10 @@ mod common;
 use std::collections::BTreeSet;
 
 use common::{EUR_SETTLEMENT, Fixture, fixture};
+use dlock_common::ApiError;
+use payment_resource::accounts::Accounts;
 use payment_resource::api::{OPENAPI_YAML, ROUTES};
+use payment_resource::error::PaymentError;
 use payment_resource::{Config, Fencing, RunningServer};
 use reqwest::{Client, Method};
 use serde_json::{Value, json};
@@ -296,6 +299,31 @@ async fn health_readiness_and_metrics_are_served() {
     .get("/readyz")
     .await;
     assert_eq!((s, v["code"].as_str()), (503, Some("UNAVAILABLE")));
+}
+
+/// A connection paydb's administrator terminated (as a restore's `DROP DATABASE … WITH (FORCE)`
+/// or a failover does) answers its next statement with SQLSTATE 57P01: paydb is unavailable — 503,
+/// for the client to retry — not an internal error.
+#[tokio::test]
+async fn a_statement_on_a_connection_an_administrator_terminated_is_answered_unavailable() {
+    let f = fixture().await;
+    let account = f.customer(1_000).await;
+    let accounts = Accounts::new(f.db.one_unpinged_app_connection().await);
+    accounts.get(account).await.expect("read before");
+    f.db.terminate_app_connections().await;
+
+    let err = accounts.get(account).await.unwrap_err();
+    assert!(
+        matches!(&err, PaymentError::Database(sqlx::Error::Database(e)) if e.code().as_deref() == Some("57P01")),
+        "{err:?}"
+    );
+    let answer = ApiError::from(err);
+    assert_eq!(
+        (answer.status.as_u16(), answer.code),
+        (503, "UNAVAILABLE"),
+        "{}",
+        answer.message
+    );
 }
 
 #[tokio::test]

@@ -83,9 +83,7 @@ impl From<ProxyError> for ApiError {
             ProxyError::RailUnavailable(_) => {
                 ApiError::new(StatusCode::BAD_GATEWAY, "RAIL_UNAVAILABLE", message)
             }
-            ProxyError::Db(
-                e @ (sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed),
-            ) => ApiError::unavailable(e),
+            ProxyError::Db(e) if dlock_common::db::unavailable(&e) => ApiError::unavailable(e),
             ProxyError::Db(e) => ApiError::internal(e),
         }
     }

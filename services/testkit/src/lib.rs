@@ -138,6 +138,38 @@ impl TestDb {
         pool(&self.app_url()).await
     }
 
+    /// One application connection, handed out without a ping: after
+    /// [`TestDb::terminate_app_connections`] the next statement on it meets the terminated backend,
+    /// as a service's steadily used connection does.
+    pub async fn one_unpinged_app_connection(&self) -> PgPool {
+        PgPoolOptions::new()
+            .max_connections(1)
+            .test_before_acquire(false)
+            .connect(&self.app_url())
+            .await
+            .unwrap_or_else(|e| panic!("connect {}: {e}", self.app_url()))
+    }
+
+    /// Terminates every connection of the application role to this database, as an administrator
+    /// (or a restore's `DROP DATABASE … WITH (FORCE)`) does; panics unless there was one and each
+    /// went.
+    pub async fn terminate_app_connections(&self) {
+        let admin = self.admin_pool().await;
+        let terminated: Vec<bool> = sqlx::query_scalar(
+            "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity
+              WHERE datname = current_database() AND usename = $1",
+        )
+        .bind(self.history.app_role())
+        .fetch_all(&admin)
+        .await
+        .unwrap_or_else(|e| panic!("terminate {}'s connections: {e}", self.history.app_role()));
+        admin.close().await;
+        assert!(
+            !terminated.is_empty() && terminated.iter().all(|t| *t),
+            "terminated {terminated:?}"
+        );
+    }
+
     /// One digest per table (every row, ordered) and per sequence (its last value), as
     /// `(name, digest)`: two equal digests mean nothing in the database changed (what a refused
     /// request must leave behind).
