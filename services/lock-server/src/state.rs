@@ -15,8 +15,13 @@ use crate::signing::Signer;
 use crate::sql::Statements;
 use crate::watch::Feeds;
 
+/// Cloned for every request (axum's `State`, the middleware): one reference count, not one per
+/// field.
 #[derive(Debug, Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+#[derive(Debug, Clone)]
+struct Shared {
     repo: Backend,
     metrics: Arc<Metrics>,
     admin_token: Option<Arc<str>>,
@@ -43,7 +48,7 @@ impl AppState {
 
     /// A state over any backend (etcd, or a deliberately broken one for negative controls).
     pub fn with_backend(backend: Backend, admin_token: Option<String>) -> Self {
-        Self {
+        Self(Arc::new(Shared {
             metrics: Arc::new(Metrics::with_store(Some(&backend))),
             repo: backend,
             // An empty token is never a valid credential; treat it as "not configured".
@@ -54,66 +59,72 @@ impl AppState {
             queue_faults: QueueFaults::NONE,
             feeds: Arc::new(Feeds::default()),
             closing: CancellationToken::new(),
-        }
+        }))
+    }
+
+    /// For the builders below: the state is built before the server shares it.
+    fn shared(&mut self) -> &mut Shared {
+        Arc::make_mut(&mut self.0)
     }
 
     /// Waits and watches end when `closing` fires (the server's shutdown).
     pub fn with_closing(mut self, closing: CancellationToken) -> Self {
-        self.closing = closing;
+        self.shared().closing = closing;
         self
     }
 
     pub fn closing(&self) -> &CancellationToken {
-        &self.closing
+        &self.0.closing
     }
 
     /// The configured limits of waits and watches (and a negative control's broken queue).
     pub fn with_config(mut self, config: &Config) -> Self {
-        self.max_wait = config.max_wait;
-        self.watch_max = config.watch_max;
-        self.queue_faults = config.queue_faults;
+        let shared = self.shared();
+        shared.max_wait = config.max_wait;
+        shared.watch_max = config.watch_max;
+        shared.queue_faults = config.queue_faults;
         self
     }
 
     /// The longest a blocking acquire waits here.
     pub fn max_wait(&self) -> Duration {
-        self.max_wait
+        self.0.max_wait
     }
 
     /// How long one watch stream stays open.
     pub fn watch_max(&self) -> Duration {
-        self.watch_max
+        self.0.watch_max
     }
 
     pub fn queue_faults(&self) -> QueueFaults {
-        self.queue_faults
+        self.0.queue_faults
     }
 
     /// The watch feeds of this process (PostgreSQL backend).
     pub fn feeds(&self) -> &Arc<Feeds> {
-        &self.feeds
+        &self.0.feeds
     }
 
     /// Signs every grant with `signer` (`None`: grants go out unsigned).
     pub fn with_signer(mut self, signer: Option<Signer>) -> Self {
-        self.signer = signer.map(Arc::new);
+        self.shared().signer = signer.map(Arc::new);
         self
     }
 
     pub fn signer(&self) -> Option<&Signer> {
-        self.signer.as_deref()
+        self.0.signer.as_deref()
     }
 
     /// The store the handlers use (PostgreSQL or etcd).
     pub fn repo(&self) -> &Backend {
-        &self.repo
+        &self.0.repo
     }
 
     pub fn metrics(&self) -> &Metrics {
-        &self.metrics
+        &self.0.metrics
     }
 
     pub fn admin_token(&self) -> Option<&str> {
-        self.admin_token.as_deref()
+        self.0.admin_token.as_deref()
     }
 }
