@@ -50,6 +50,19 @@ async fn burst_acquire(
     .await
 }
 
+/// The grants of a burst in which every acquire must be granted; panics naming the first that was
+/// not.
+fn all_granted(outcomes: Vec<Result<Option<Grant>, Error>>) -> Vec<Grant> {
+    outcomes
+        .into_iter()
+        .enumerate()
+        .map(|(i, g)| match g {
+            Ok(Some(g)) => g,
+            other => panic!("acquire {i} of the burst: {other:?}"),
+        })
+        .collect()
+}
+
 /// Releases `keys[i]` with `grants[i]`'s token, all at once.
 async fn burst_release(repo: &Repo, keys: &[String], grants: &[Grant]) -> Vec<Result<bool, Error>> {
     join_all(
@@ -72,11 +85,7 @@ async fn held_and_fresh(repo: &Repo, n: usize) -> HeldAndFresh {
     let holders = sessions(repo, "w", n).await;
     let held: Vec<String> = (0..n).map(|i| format!("account:held:{i}")).collect();
     let fresh: Vec<String> = (0..n).map(|i| format!("account:fresh:{i}")).collect();
-    let grants: Vec<Grant> = burst_acquire(repo, &held, &holders, LONG_TTL_SECS)
-        .await
-        .into_iter()
-        .map(|g| g.unwrap().unwrap())
-        .collect();
+    let grants: Vec<Grant> = all_granted(burst_acquire(repo, &held, &holders, LONG_TTL_SECS).await);
     HeldAndFresh {
         holders,
         held,
@@ -309,11 +318,7 @@ async fn concurrent_releases_each_get_their_own_outcome() {
     let (db, repo) = repo(Statements::C1).await;
     let holders = sessions(&repo, "w", 16).await;
     let keys: Vec<String> = (0..16).map(|i| format!("account:{i}")).collect();
-    let grants: Vec<Grant> = burst_acquire(&repo, &keys, &holders, LONG_TTL_SECS)
-        .await
-        .into_iter()
-        .map(|g| g.unwrap().unwrap())
-        .collect();
+    let grants: Vec<Grant> = all_granted(burst_acquire(&repo, &keys, &holders, LONG_TTL_SECS).await);
     // Key 3 is released with key 4's token: stale, and key 3's grant stays.
     let tokens: Vec<i64> = (0..16)
         .map(|i| grants[if i == 3 { 4 } else { i }].fencing_token)
@@ -392,11 +397,8 @@ async fn batches_run_on_connections_of_their_own_while_every_shared_connection_i
     let taken = shared.acquire().await.unwrap();
 
     let rounds = async {
-        let mut held: Vec<Grant> = burst_acquire(&repo, &sides[0], &holders, LONG_TTL_SECS)
-            .await
-            .into_iter()
-            .map(|g| g.unwrap().unwrap())
-            .collect();
+        let mut held: Vec<Grant> =
+            all_granted(burst_acquire(&repo, &sides[0], &holders, LONG_TTL_SECS).await);
         // Each round releases one side's keys while acquiring the other's: an acquire statement
         // and a release statement in flight at once, on two connections at least.
         for round in 0..4 {
@@ -407,7 +409,7 @@ async fn batches_run_on_connections_of_their_own_while_every_shared_connection_i
             )
             .await;
             assert!(released.into_iter().all(|r| r.unwrap()), "round {round}");
-            held = acquired.into_iter().map(|g| g.unwrap().unwrap()).collect();
+            held = all_granted(acquired);
         }
     };
     tokio::time::timeout(dlock_testkit::wait::WAIT_LIMIT, rounds)

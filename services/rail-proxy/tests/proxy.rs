@@ -817,6 +817,32 @@ async fn bad_input_is_a_4xx_with_a_code_and_writes_nothing() {
     h.stop().await;
 }
 
+/// A connection paydb's administrator terminated (as a restore's `DROP DATABASE … WITH (FORCE)` or a
+/// failover does) answers its next statement with SQLSTATE 57P01: paydb is unavailable — 503, for
+/// the executor to retry — not an internal error.
+#[tokio::test]
+async fn a_statement_on_a_connection_an_administrator_terminated_is_answered_unavailable() {
+    let db = dlock_testkit::paydb().await;
+    let pool = db.one_unpinged_app_connection().await;
+    let payout = Uuid::new_v4();
+    let before = rail_proxy::sql::select_payout(&pool, payout).await;
+    assert!(matches!(before, Ok(None)), "{before:?}");
+    db.terminate_app_connections().await;
+
+    let err = rail_proxy::sql::select_payout(&pool, payout).await.unwrap_err();
+    assert!(
+        matches!(&err, sqlx::Error::Database(e) if e.code().as_deref() == Some("57P01")),
+        "{err:?}"
+    );
+    let answer = dlock_common::ApiError::from(rail_proxy::error::ProxyError::Db(err));
+    assert_eq!(
+        (answer.status, answer.code),
+        (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE"),
+        "{}",
+        answer.message
+    );
+}
+
 #[tokio::test]
 async fn health_readiness_and_an_unreachable_paydb() {
     let h = Harness::start(RailFence::from_flag(true)).await;
