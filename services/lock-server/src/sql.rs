@@ -395,9 +395,12 @@ pub fn paired(insert: &str, insert_types: &[&str], delete: &str, delete_types: &
     }
     let from_d = first_columns
         .iter()
-        .map(|c| match second_columns.contains(c) {
-            true => format!("d.{c}"),
-            false => "NULL".to_owned(),
+        .map(|c| {
+            if second_columns.contains(c) {
+                format!("d.{c}")
+            } else {
+                "NULL".to_owned()
+            }
         })
         .collect::<Vec<_>>()
         .join(", ");
@@ -476,6 +479,13 @@ impl Default for Statements {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::batch::Call;
+    use crate::repo::{AcquireCall, ReleaseCall};
+
+    /// The bind types the batches use (the calls' own).
+    const ACQUIRE_TYPES: &[&str] = AcquireCall::TYPES;
+    const RELEASE_TYPES: &[&str] = ReleaseCall::TYPES;
+    const RENEW_TYPES: &[&str] = &["text", "int8", "float8"];
 
     #[test]
     fn a_batch_is_the_statement_once_per_call_with_only_its_placeholders_renumbered() {
@@ -518,7 +528,7 @@ mod tests {
 
     #[test]
     fn the_unnested_acquire_is_c1s_acquire_with_its_values_row_from_the_arrays() {
-        let text = unnested(ACQUIRE, &["text", "text", "uuid", "float8"]).unwrap();
+        let text = unnested(ACQUIRE, ACQUIRE_TYPES).unwrap();
         let expected = "\
 WITH b AS (SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::float8[]) WITH ORDINALITY AS b(p1, p2, p3, p4, batch_index)),
 c AS (
@@ -550,7 +560,7 @@ SELECT (b.batch_index - 1)::int4 AS batch_index, c.* FROM c JOIN b ON b.p1 = c.b
 
     #[test]
     fn the_unnested_release_is_c1s_compare_and_delete_row_by_row() {
-        let text = unnested(RELEASE, &["text", "int8"]).unwrap();
+        let text = unnested(RELEASE, RELEASE_TYPES).unwrap();
         assert_eq!(
             text,
             "DELETE FROM lock_entry
@@ -568,26 +578,20 @@ RETURNING (b.batch_index - 1)::int4 AS batch_index, fencing_token"
     fn a_broken_statement_unnests_to_the_same_breakage() {
         // The clause a negative control deletes from C1's text is absent from its batched text too.
         let no_nextval = ACQUIRE.replacen("       fencing_token = nextval('fencing_token_seq'),\n", "", 1);
-        let text = unnested(&no_nextval, &["text", "text", "uuid", "float8"]).unwrap();
+        let text = unnested(&no_nextval, ACQUIRE_TYPES).unwrap();
         assert_eq!(text.matches("nextval('fencing_token_seq')").count(), 1);
         assert!(!text.contains("fencing_token = nextval"));
         let by_key = RELEASE.replacen("\n   AND fencing_token = $2", "", 1);
-        let text = unnested(&by_key, &["text", "int8"]).unwrap();
+        let text = unnested(&by_key, RELEASE_TYPES).unwrap();
         assert!(!text.contains("fencing_token ="), "{text}");
         assert!(text.contains("WHERE lock_key      = b.p1\nRETURNING"), "{text}");
     }
 
     #[test]
     fn a_paired_statement_is_both_unnested_texts_with_the_release_renumbered() {
-        let acquire = unnested(ACQUIRE, &["text", "text", "uuid", "float8"]).unwrap();
-        let release = unnested(RELEASE, &["text", "int8"]).unwrap();
-        let text = paired(
-            ACQUIRE,
-            &["text", "text", "uuid", "float8"],
-            RELEASE,
-            &["text", "int8"],
-        )
-        .unwrap();
+        let acquire = unnested(ACQUIRE, ACQUIRE_TYPES).unwrap();
+        let release = unnested(RELEASE, RELEASE_TYPES).unwrap();
+        let text = paired(ACQUIRE, ACQUIRE_TYPES, RELEASE, RELEASE_TYPES).unwrap();
         // The acquire's batch form up to its last SELECT, unchanged.
         let with = &acquire[..acquire.rfind("\nSELECT ").unwrap()];
         assert!(text.starts_with(with), "{text}");
@@ -601,38 +605,16 @@ RETURNING (b.batch_index - 1)::int4 AS batch_index, fencing_token"
         ), "{text}");
         // A broken release pairs to the same breakage.
         let by_key = RELEASE.replacen("\n   AND fencing_token = $2", "", 1);
-        let broken = paired(
-            ACQUIRE,
-            &["text", "text", "uuid", "float8"],
-            &by_key,
-            &["text", "int8"],
-        )
-        .unwrap();
+        let broken = paired(ACQUIRE, ACQUIRE_TYPES, &by_key, RELEASE_TYPES).unwrap();
         assert!(!broken.contains("fencing_token = b.p2"), "{broken}");
         // Only an INSERT batch followed by a DELETE batch pairs.
-        assert_eq!(
-            paired(
-                RELEASE,
-                &["text", "int8"],
-                ACQUIRE,
-                &["text", "text", "uuid", "float8"]
-            ),
-            None
-        );
-        assert_eq!(
-            paired(
-                ACQUIRE,
-                &["text", "text", "uuid", "float8"],
-                RENEW,
-                &["text", "int8", "float8"]
-            ),
-            None
-        );
+        assert_eq!(paired(RELEASE, RELEASE_TYPES, ACQUIRE, ACQUIRE_TYPES), None);
+        assert_eq!(paired(ACQUIRE, ACQUIRE_TYPES, RENEW, RENEW_TYPES), None);
     }
 
     #[test]
     fn statements_of_other_shapes_are_not_unnested() {
-        assert_eq!(unnested(RENEW, &["text", "int8", "float8"]), None);
+        assert_eq!(unnested(RENEW, RENEW_TYPES), None);
         assert_eq!(unnested(PING, &[]), None);
         // A bind past the arrays, or a key column the row does not fill from a bind.
         assert_eq!(unnested(RELEASE, &["text"]), None);

@@ -73,25 +73,17 @@ async fn burst_release(repo: &Repo, keys: &[String], grants: &[Grant]) -> Vec<Re
     .await
 }
 
-/// `n` sessions, each holding one of `held` (its grant in `grants`), and `n` keys nobody holds.
-struct HeldAndFresh {
-    holders: Vec<(String, Uuid)>,
-    held: Vec<String>,
-    fresh: Vec<String>,
-    grants: Vec<Grant>,
-}
-
-async fn held_and_fresh(repo: &Repo, n: usize) -> HeldAndFresh {
+/// `n` sessions (`holders`), each holding one of the keys `held` (its grant in `grants`), and `n`
+/// keys nobody holds (`fresh`): `(holders, held, fresh, grants)`.
+async fn held_and_fresh(
+    repo: &Repo,
+    n: usize,
+) -> (Vec<(String, Uuid)>, Vec<String>, Vec<String>, Vec<Grant>) {
     let holders = sessions(repo, "w", n).await;
     let held: Vec<String> = (0..n).map(|i| format!("account:held:{i}")).collect();
     let fresh: Vec<String> = (0..n).map(|i| format!("account:fresh:{i}")).collect();
-    let grants: Vec<Grant> = all_granted(burst_acquire(repo, &held, &holders, LONG_TTL_SECS).await);
-    HeldAndFresh {
-        holders,
-        held,
-        fresh,
-        grants,
-    }
+    let grants = all_granted(burst_acquire(repo, &held, &holders, LONG_TTL_SECS).await);
+    (holders, held, fresh, grants)
 }
 
 /// The batches between `before` and `after` ran as the `unnest` statement, none refused (a refused
@@ -347,12 +339,7 @@ async fn concurrent_releases_each_get_their_own_outcome() {
 async fn releases_queued_while_acquires_hold_every_slot_run_and_both_kinds_share_the_bound() {
     let (db, repo) = repo(Statements::C1).await;
     let n = 16;
-    let HeldAndFresh {
-        holders,
-        held,
-        fresh,
-        grants,
-    } = held_and_fresh(&repo, n).await;
+    let (holders, held, fresh, grants) = held_and_fresh(&repo, n).await;
 
     let (acquired, released) = tokio::time::timeout(
         dlock_testkit::wait::WAIT_LIMIT,
@@ -467,12 +454,7 @@ async fn releases_and_acquires_queued_together_share_statements_and_each_gets_it
     let (db, repo) = repo(Statements::C1).await;
     assert!(repo.pairs_batches());
     let n = 16;
-    let HeldAndFresh {
-        holders,
-        held,
-        fresh,
-        grants,
-    } = held_and_fresh(&repo, n).await;
+    let (holders, held, fresh, grants) = held_and_fresh(&repo, n).await;
     // fresh[5] is held by another session: its acquire in the burst is contended.
     let other = sessions(&repo, "other", 1).await;
     let blocker = repo
@@ -665,11 +647,7 @@ async fn scenario_batched_takeover(repo: &Repo, n: usize) -> Result<(), String> 
     let dead = sessions(repo, "dead", n).await;
     let live = sessions(repo, "live", n).await;
     let keys: Vec<String> = (0..n).map(|i| format!("account:{i}")).collect();
-    let old: Vec<Grant> = burst_acquire(repo, &keys, &dead, SHORT_TTL_SECS)
-        .await
-        .into_iter()
-        .map(|g| g.unwrap().expect("granted"))
-        .collect();
+    let old: Vec<Grant> = all_granted(burst_acquire(repo, &keys, &dead, SHORT_TTL_SECS).await);
     for k in &keys {
         await_lease_lapsed(repo.pool(), k).await;
     }
@@ -702,11 +680,7 @@ async fn scenario_batched_stale_release(repo: &Repo, n: usize, alongside: bool) 
     let dead = sessions(repo, "dead", n).await;
     let live = sessions(repo, "live", n).await;
     let keys: Vec<String> = (0..n).map(|i| format!("account:{i}")).collect();
-    let old: Vec<Grant> = burst_acquire(repo, &keys, &dead, SHORT_TTL_SECS)
-        .await
-        .into_iter()
-        .map(|g| g.unwrap().expect("granted"))
-        .collect();
+    let old: Vec<Grant> = all_granted(burst_acquire(repo, &keys, &dead, SHORT_TTL_SECS).await);
     for k in &keys {
         await_lease_lapsed(repo.pool(), k).await;
     }
