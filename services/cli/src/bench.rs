@@ -38,6 +38,10 @@ pub enum BenchCommand {
     Lock(LockArgs),
     /// Payouts per second end to end, fencing on and off in the same run.
     Payouts(PayoutArgs),
+    /// The HTTP hop alone (`dlock bench lock` starts it): the routes of a bench cycle answered
+    /// with no store behind them.
+    #[command(hide = true)]
+    HopServer(crate::hop::HopServerArgs),
 }
 
 #[derive(Debug, Args)]
@@ -123,14 +127,14 @@ pub fn grant_cost(n: u32) -> Result<(f64, f64)> {
     Ok((sign_us, verify_us))
 }
 
-/// Prints [`grant_cost`]'s line.
-pub fn print_grant_cost() -> Result<()> {
+/// Prints [`grant_cost`]'s line and returns it (µs to sign, µs to verify).
+pub fn print_grant_cost() -> Result<(f64, f64)> {
     let (sign, verify) = grant_cost(GRANT_COST_N)?;
     println!(
         "signed grants (Ed25519, this process, {GRANT_COST_N} each): sign {sign:.1} µs/grant (lock-server, per acquire and renew), \
          verify {verify:.1} µs/write (payment-resource, rail-proxy, per fenced write)"
     );
-    Ok(())
+    Ok((sign, verify))
 }
 
 /// A grant as lock-server signs it, for the bench's owner on lock service "bench".
@@ -230,6 +234,7 @@ pub struct LockArgs {
 pub async fn run(cmd: BenchCommand, run_dir: &RunDir) -> Result<bool> {
     match cmd {
         BenchCommand::Lock(args) => lock(args, run_dir).await,
+        BenchCommand::HopServer(args) => crate::hop::serve(args).await,
         BenchCommand::Payouts(args) if !args.backlog.is_empty() => {
             crate::paybench::backlog(
                 &args.backlog,
@@ -433,6 +438,18 @@ const BENCH_WAIT_MS: i64 = 30_000;
 const BENCH_TTL_MS: i64 = 30_000;
 
 impl Phase {
+    /// CPU-seconds per cycle of one role, or of every process measured (`None`).
+    fn cpu_per_cycle(&self, role: Option<&str>) -> Option<f64> {
+        let secs: Vec<f64> = self
+            .cost
+            .cpu
+            .iter()
+            .filter(|(r, _)| role.is_none_or(|want| *r == want))
+            .map(|(_, s)| *s)
+            .collect();
+        (!secs.is_empty() && self.cycles > 0).then(|| secs.iter().sum::<f64>() / self.cycles as f64)
+    }
+
     fn per_sec(&self) -> f64 {
         self.cycles as f64 / self.secs
     }
@@ -514,8 +531,21 @@ async fn lock(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
     ];
     let mutex_bin = if etcd { Some(mutex_bench_bin()?) } else { None };
 
+    let hop = Service::start(
+        Spec::new("hop-server", "dlock")?.args(["bench", "hop-server", "--listen", "127.0.0.1:{port}"]),
+        run_dir.path(),
+    )
+    .await?;
+    step(format!("the HTTP hop alone on {} (pid {})", hop.url(), hop.pid()));
+
     let mut rows: Vec<(u32, Phase)> = Vec::new();
     for &clients in &args.clients {
+        step(format!("{HOP_ROW}, {clients} clients …"));
+        let meter = Meter::here(Some(&hop));
+        rows.push((
+            clients,
+            http_phase(HOP_ROW, &hop.url(), clients, Mode::Distinct, measure, meter).await?,
+        ));
         if let Some(db) = &db {
             for (signed, server) in &pg_servers {
                 for (shape, mode) in SHAPES {
@@ -606,11 +636,123 @@ async fn lock(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
         }
     }
     println!();
-    print_grant_cost()?;
+    let (sign_us, _) = print_grant_cost()?;
     print_json_cost()?;
+    println!();
+    // The floors are for the first signing setting asked for (a deployment's: signed).
+    let signed = signings.first().copied().unwrap_or(true);
+    let sign_secs = if signed { sign_us * 1e-6 } else { 0.0 };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let dlock_rows = [
+        name("postgres", signed, "distinct"),
+        name("etcd", signed, "distinct"),
+    ];
+    println!(
+        "floors: the least CPU a dlock cycle on distinct keys can cost on {cores} cores, from parts measured above \
+         (needs the Mutex rows: --backend all)"
+    );
+    for line in floors(&rows, [&dlock_rows[0], &dlock_rows[1]], sign_secs, cores) {
+        println!("  {line}");
+    }
     println!();
     println!("goal: dlock (either backend) at 16 clients ≥ etcd Mutex cycles/s at 16 clients, p99 no worse");
     Ok(true)
+}
+
+/// The row of the HTTP hop alone ([`crate::hop`]).
+const HOP_ROW: &str = "HTTP hop alone (no store), distinct";
+
+/// For each client count with a Mutex row: the fewest CPU-seconds a dlock cycle on distinct keys
+/// can cost, and so the most cycles/s `cores` allow, against the Mutex's rate; then what the dlock
+/// row spent above its floor, by process. A floor is a sum of parts measured in the same run, each
+/// one a dlock cycle cannot do without: the HTTP hop alone (its generator and its server), one
+/// signature (`sign_secs`), and the store's work — on PostgreSQL what lockdb spent per dlock cycle,
+/// on etcd what etcd spent per Mutex cycle (the least a grant and a release can cost it). No row
+/// keeps every core busy, so the real bound is lower still.
+fn floors(rows: &[(u32, Phase)], dlock_rows: [&str; 2], sign_secs: f64, cores: f64) -> Vec<String> {
+    let find = |clients: u32, name: &str| {
+        rows.iter()
+            .find(|(c, p)| *c == clients && p.name == name)
+            .map(|(_, p)| p)
+    };
+    let ms = |secs: f64| secs * 1e3;
+    let mut counts: Vec<u32> = rows.iter().map(|(c, _)| *c).collect();
+    counts.dedup();
+    let mut lines = Vec::new();
+    for clients in counts {
+        let (Some(hop), Some(mutex)) = (find(clients, HOP_ROW), find(clients, "etcd Mutex, distinct")) else {
+            continue;
+        };
+        let (Some(hop_cpu), Some(mutex_cpu)) = (hop.cpu_per_cycle(None), mutex.cpu_per_cycle(None)) else {
+            continue;
+        };
+        let hop_part = hop_cpu + sign_secs;
+        lines.push(format!(
+            "{clients} clients: the Mutex {:.0} cycles/s at {:.3} ms CPU per cycle; the HTTP hop and a signature {:.3} ms",
+            mutex.per_sec(),
+            ms(mutex_cpu),
+            ms(hop_part)
+        ));
+        // The store's part: lockdb as the dlock row measured it; etcd as the Mutex row did.
+        let pg = find(clients, dlock_rows[0]);
+        let stores = [
+            (
+                "postgres",
+                pg,
+                pg.and_then(|p| p.cpu_per_cycle(Some("postgres"))),
+                "lockdb per dlock cycle",
+            ),
+            (
+                "etcd",
+                find(clients, dlock_rows[1]),
+                mutex.cpu_per_cycle(Some("etcd")),
+                "etcd per Mutex cycle",
+            ),
+        ];
+        for (store, dlock, store_cpu, what) in stores {
+            let (Some(dlock), Some(store_cpu)) = (dlock, store_cpu) else {
+                continue;
+            };
+            let floor = hop_part + store_cpu;
+            let most = cores / floor;
+            lines.push(format!(
+                "  dlock/{store}: floor {:.3} ms (+ {what} {:.3}) → at most {most:.0} cycles/s = {:.2}× the Mutex",
+                ms(floor),
+                ms(store_cpu),
+                most / mutex.per_sec()
+            ));
+            // Above the floor, by process: lock-server against the hop's server and a signature,
+            // the generator against the hop's, the store against its part of the floor.
+            let above = |role: &str, base: f64| dlock.cpu_per_cycle(Some(role)).map(|c| ms(c - base));
+            let parts = [
+                (
+                    "lock-server",
+                    above(
+                        "lock-server",
+                        hop.cpu_per_cycle(Some("lock-server")).unwrap_or(0.0) + sign_secs,
+                    ),
+                ),
+                (
+                    "generator",
+                    above("generator", hop.cpu_per_cycle(Some("generator")).unwrap_or(0.0)),
+                ),
+                (store, above(store, store_cpu)),
+            ];
+            let parts: Vec<String> = parts
+                .iter()
+                .filter_map(|(role, d)| d.map(|d| format!("{role} {d:+.3}")))
+                .collect();
+            if let Some(all) = dlock.cpu_per_cycle(None) {
+                lines.push(format!(
+                    "    measured {:.3} ms per cycle ({:.0} cycles/s), above the floor: {}",
+                    ms(all),
+                    dlock.per_sec(),
+                    parts.join(", ")
+                ));
+            }
+        }
+    }
+    lines
 }
 
 /// lock-server as a process with `--backend etcd`, signing grants with `signing` if given.
@@ -855,6 +997,66 @@ async fn collect(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn phase(name: &str, cycles: u64, cpu: &[(&'static str, f64)]) -> (u32, Phase) {
+        let phase = Phase {
+            name: name.to_owned(),
+            cycles,
+            grants: cycles,
+            secs: 1.0,
+            acquire: histogram().unwrap(),
+            cost: Cost {
+                cpu: cpu.to_vec(),
+                ..Cost::default()
+            },
+        };
+        (16, phase)
+    }
+
+    /// 1,000 cycles each: CPU-seconds read as ms per cycle. The floor on PostgreSQL is the hop
+    /// (0.03 + 0.05) + a signature (0.02) + lockdb's 0.2 = 0.3 ms, so 2 cores do at most 6,667
+    /// cycles/s, 1.33× the Mutex's 5,000; what the dlock row spent above it is lock-server's 0.15
+    /// against 0.03 + 0.02 and the generator's 0.08 against 0.05.
+    #[test]
+    fn floors_add_the_hop_a_signature_and_the_store_and_say_what_a_row_spent_above() {
+        let rows = [
+            phase(HOP_ROW, 1_000, &[("generator", 0.05), ("lock-server", 0.03)]),
+            phase(
+                "dlock/postgres, distinct",
+                1_000,
+                &[("generator", 0.08), ("lock-server", 0.15), ("postgres", 0.2)],
+            ),
+            phase(
+                "etcd Mutex, distinct",
+                5_000,
+                &[("generator", 0.5), ("etcd", 1.0)],
+            ),
+        ];
+        let lines = floors(
+            &rows,
+            ["dlock/postgres, distinct", "dlock/etcd, distinct"],
+            0.000_02,
+            2.0,
+        );
+        assert_eq!(
+            lines,
+            [
+                "16 clients: the Mutex 5000 cycles/s at 0.300 ms CPU per cycle; the HTTP hop and a signature 0.100 ms",
+                "  dlock/postgres: floor 0.300 ms (+ lockdb per dlock cycle 0.200) → at most 6667 cycles/s = 1.33× the Mutex",
+                "    measured 0.430 ms per cycle (1000 cycles/s), above the floor: lock-server +0.100, generator +0.030, postgres +0.000",
+            ]
+        );
+        // Without the hop's row there is no floor to state.
+        assert!(
+            floors(
+                &rows[1..],
+                ["dlock/postgres, distinct", "dlock/etcd, distinct"],
+                0.0,
+                2.0
+            )
+            .is_empty()
+        );
+    }
 
     #[test]
     fn json_cost_reads_a_cycle_back_with_and_without_a_signed_grant() {

@@ -3,6 +3,7 @@
 mod bench;
 mod chaos;
 mod drill;
+mod hop;
 mod lockcmd;
 mod lockdemo;
 mod paybench;
@@ -77,18 +78,11 @@ async fn main() -> ExitCode {
     // The demo narrates on stdout; the services' own JSON logs go to their log files.
     tracing_subscriber_init();
     let cli = Cli::parse();
-    // Talking to a running lock-server needs no run folder.
+    // Talking to a running lock-server, or serving the bench's HTTP hop, needs no run folder.
     let command = match cli.command {
         Command::Lock(args) => return lockcmd::lock(args).await,
-        Command::Locks(lockcmd::LocksCommand::List(args)) => {
-            return match lockcmd::list(args).await {
-                Ok(_) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("dlock: {e:#}");
-                    ExitCode::FAILURE
-                }
-            };
-        }
+        Command::Bench(bench::BenchCommand::HopServer(args)) => return done(hop::serve(args).await),
+        Command::Locks(lockcmd::LocksCommand::List(args)) => return done(lockcmd::list(args).await),
         other => other,
     };
     let run_dir = match stack::RunDir::new(cli.run_dir) {
@@ -115,6 +109,17 @@ async fn main() -> ExitCode {
             eprintln!("dlock: {e:#}");
             eprintln!("dlock: logs are in {}", run_dir.path().display());
             run_dir.keep();
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The exit of a command that runs without a run folder: 0, or 1 with the error.
+fn done<T>(result: anyhow::Result<T>) -> ExitCode {
+    match result {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dlock: {e:#}");
             ExitCode::FAILURE
         }
     }
