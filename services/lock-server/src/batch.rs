@@ -38,6 +38,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::conns::Conns;
 use crate::error::Error;
 use crate::sql;
 
@@ -62,12 +63,15 @@ pub const MAX_IN_FLIGHT: usize = 3;
 /// statement goes to one of a few PostgreSQL backends, where out of the shared pool consecutive
 /// batches went round all of its backends (docs/benchmarks.md: up to 40 % less lockdb CPU per
 /// cycle in some runs, no difference in others).
-pub(crate) fn own_pool(pool: &PgPool) -> PgPool {
-    pool.options()
-        .clone()
-        .max_connections(MAX_IN_FLIGHT as u32)
-        .min_connections(0)
-        .connect_lazy_with((*pool.connect_options()).clone())
+/// Kept between statements ([`Conns`]).
+pub(crate) fn own_pool(pool: &PgPool) -> Arc<Conns> {
+    Arc::new(Conns::new(
+        pool.options()
+            .clone()
+            .max_connections(MAX_IN_FLIGHT as u32)
+            .min_connections(0)
+            .connect_lazy_with((*pool.connect_options()).clone()),
+    ))
 }
 
 /// One call of a batchable statement: its binds, in the order the statement documents, and how its
@@ -260,7 +264,7 @@ impl InFlight {
 }
 
 pub(crate) struct Batcher<C: Call> {
-    pool: PgPool,
+    conns: Arc<Conns>,
     stmt: &'static str,
     queue: Mutex<VecDeque<Pending<C>>>,
     in_flight: Arc<InFlight>,
@@ -295,14 +299,14 @@ impl<C: Call> fmt::Debug for Batcher<C> {
 impl<C: Call> Batcher<C> {
     /// A batcher whose batches count against `in_flight`'s bound, with the others of its repository.
     pub(crate) fn new(
-        pool: PgPool,
+        conns: Arc<Conns>,
         stmt: &'static str,
         times: BatchTimes,
         in_flight: &Arc<InFlight>,
     ) -> Arc<Self> {
         let mut lanes = in_flight.lanes();
         let me = Arc::new(Self {
-            pool,
+            conns,
             stmt,
             unnested: sql::unnested(stmt, C::TYPES).map(Arc::from),
             queue: Mutex::new(VecDeque::new()),
@@ -495,9 +499,11 @@ impl<C: Call> Batcher<C> {
         self.statements.fetch_add(1, Ordering::Relaxed);
         let mut args = PgArguments::default();
         call.bind(&mut args).map_err(sqlx::Error::Encode)?;
+        let mut taken = self.conns.take().await?;
         let row = sqlx::query_with(self.stmt, args)
-            .fetch_optional(&self.pool)
+            .fetch_optional(taken.conn())
             .await?;
+        self.conns.give_back(taken);
         Ok(C::outcome(row.as_ref())?)
     }
 
@@ -520,9 +526,11 @@ impl<C: Call> Batcher<C> {
                     .clone()
             }
         };
+        let mut taken = self.conns.take().await?;
         let rows = sqlx::query_with(AssertSqlSafe(text), args)
-            .fetch_all(&self.pool)
+            .fetch_all(taken.conn())
             .await?;
+        self.conns.give_back(taken);
         let mut own = Own::new(n);
         for row in rows {
             own.put(row)?;
@@ -744,9 +752,12 @@ impl<A: Call, R: Call> Pair<A, R> {
         A::bind_columns(&calls, &mut args).map_err(sqlx::Error::Encode)?;
         let calls: Vec<&R> = r.iter().map(|p| &p.call).collect();
         R::bind_columns(&calls, &mut args).map_err(sqlx::Error::Encode)?;
+        let conns = &self.acquires.conns;
+        let mut taken = conns.take().await?;
         let rows = sqlx::query_with(AssertSqlSafe(self.text.clone()), args)
-            .fetch_all(&self.acquires.pool)
+            .fetch_all(taken.conn())
             .await?;
+        conns.give_back(taken);
         let (mut own_a, mut own_r) = (Own::new(a.len()), Own::new(r.len()));
         for row in rows {
             match row.try_get::<i32, _>("batch_statement")? {

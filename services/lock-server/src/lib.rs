@@ -20,6 +20,7 @@ pub mod auth;
 pub mod backend;
 pub mod batch;
 pub mod config;
+pub mod conns;
 pub mod error;
 pub mod etcd;
 pub mod hub;

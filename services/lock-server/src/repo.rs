@@ -121,7 +121,7 @@ pub struct Repo {
     in_flight: Arc<InFlight>,
     /// The connections both batchers' statements run on, one per slot of `in_flight`
     /// ([`batch::own_pool`]).
-    batch_pool: PgPool,
+    batch_pool: Arc<crate::conns::Conns>,
     /// The histograms both batchers observe into.
     batches: BatchFamilies,
     /// The process's listener (started by the server; a repository used alone never starts it, and
@@ -563,7 +563,9 @@ impl Repo {
     /// also drops one dead connection, on both sides, before the first acquire meets it.
     pub async fn ping(&self) -> Result<(), Error> {
         sqlx::query(sql::PING).execute(&self.pool).await?;
-        sqlx::query(sql::PING).execute(&self.batch_pool).await?;
+        let mut taken = self.batch_pool.take().await?;
+        sqlx::query(sql::PING).execute(taken.conn()).await?;
+        self.batch_pool.give_back(taken);
         Ok(())
     }
 }
