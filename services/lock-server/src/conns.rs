@@ -5,9 +5,9 @@
 //! trips and lock-server two writes and their reads (docs/benchmarks.md counts them). A batch's
 //! connection is instead handed here after a statement that went through, and the next statement
 //! takes it back without the pool, while it is fresh:
-//! - given back less than [`crate::db`]'s ping window ago ([`PING_WHEN_IDLE_FOR`]), the span in which
-//!   the pool itself hands a connection out unpinged, so no connection skips a test the pool would
-//!   have made;
+//! - given back less than [`PING_WHEN_IDLE_FOR`] ago (`dlock_common::db`'s ping window), the span in
+//!   which the pool itself hands a connection out unpinged, so no connection skips a test the pool
+//!   would have made;
 //! - first taken from the pool less than [`HOLD_FOR`] ago, so a connection in constant use still goes
 //!   back to the pool once in a while, for its test and its lifetime limit.
 //!
