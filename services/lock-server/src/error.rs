@@ -55,6 +55,23 @@ impl Error {
     pub fn etcd(e: etcd_client::Error) -> Self {
         Error::Etcd(Box::new(e))
     }
+
+    /// The same failure for another caller of one batched request (the etcd backend's release
+    /// batches): the same message and the same answer at the edge (503 or 500), whatever it was.
+    pub fn shared(&self) -> Self {
+        use etcd_client::Error as E;
+        match self {
+            Error::Etcd(e) => Error::etcd(match &**e {
+                E::GRpcStatus(s) => E::GRpcStatus(s.clone()),
+                e if etcd_unavailable(e) => E::IoError(std::io::Error::other(e.to_string())),
+                // No other shape comes from a transaction that reached etcd-client's channel.
+                e => E::InvalidArgs(e.to_string()),
+            }),
+            Error::Unavailable(m) => Error::Unavailable(m),
+            Error::Cancelled => Error::Cancelled,
+            other => Error::Corrupt(other.to_string()),
+        }
+    }
 }
 
 impl From<Error> for ApiError {

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, KeyValue,
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, KeyValue, KvClient,
     LeaseKeepAliveStream, LeaseKeeper, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
     WatchOptions, WatchStream,
 };
@@ -37,8 +37,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::batch::BatchFamilies;
 use crate::config::QueueFaults;
 use crate::error::Error;
+use crate::etcd_batch::{ReleaseCall, ReleaseStats, Releases};
 use crate::metrics::{Metrics, WakeReason};
 use crate::repo::{Grant, ListedRow, LockRow, Renewed, Revocation, Revoked, Session};
 
@@ -135,6 +137,10 @@ pub struct EtcdRepo {
     pool: Arc<Mutex<LeasePool>>,
     /// Where this replica's grant leases came from (`lock_etcd_grant_leases_total{source}`).
     leases: Family<LeaseLabels, Counter>,
+    /// Concurrent releases, sent as one transaction ([`crate::etcd_batch`]).
+    releases: Arc<Releases>,
+    /// What the release batches observe (`lock_batch_*{statement="release"}`).
+    batches: BatchFamilies,
 }
 
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -389,7 +395,10 @@ impl EtcdRepo {
 
     /// For negative controls only: the same backend with a deliberate fault.
     pub fn with_client(client: Client, prefix: &str, faults: EtcdFaults) -> Self {
+        let batches = BatchFamilies::default();
         Self {
+            releases: Releases::new(&batches),
+            batches,
             client: Box::new(client),
             prefix: prefix.to_owned(),
             faults,
@@ -403,6 +412,16 @@ impl EtcdRepo {
                 f
             },
         }
+    }
+
+    /// The histograms of the release batches (exported by [`crate::metrics`]).
+    pub fn batch_families(&self) -> &BatchFamilies {
+        &self.batches
+    }
+
+    /// What the release batcher has done.
+    pub fn release_batches(&self) -> ReleaseStats {
+        self.releases.stats()
     }
 
     /// Where this replica's grant leases came from (exported by [`crate::metrics`]).
@@ -493,6 +512,12 @@ impl EtcdRepo {
         (*self.client).clone()
     }
 
+    /// The KV service alone, for the calls of every cycle: a clone of one channel where cloning
+    /// the whole client clones eight and its options.
+    fn kv(&self) -> KvClient {
+        self.client.kv_client()
+    }
+
     pub fn prefix(&self) -> &str {
         &self.prefix
     }
@@ -554,7 +579,7 @@ impl EtcdRepo {
     }
 
     async fn get_one(&self, key: String) -> Result<Option<KeyValue>, Error> {
-        let r = self.client().get(key, None).await.map_err(Error::etcd)?;
+        let r = self.kv().get(key, None).await.map_err(Error::etcd)?;
         Ok(r.kvs().first().cloned())
     }
 
@@ -686,7 +711,7 @@ impl EtcdRepo {
             write.push(TxnOp::get(lkey.clone(), None));
             let written = write.len() - 1;
             let txn = Txn::new().when(when).and_then(write).or_else(or_else);
-            let resp = match self.client().txn(txn).await {
+            let resp = match self.kv().txn(txn).await {
                 Ok(resp) => resp,
                 // The pooled lease went between its keep-alive and the transaction (its session
                 // was closed on another replica): nothing was written; a new lease, once.
@@ -786,30 +811,75 @@ impl EtcdRepo {
     }
 
     /// C1 §1.4 release: compare-and-delete on key + token (`mod_revision`). `false`: stale.
+    /// Concurrent releases share one request ([`crate::etcd_batch`]).
     pub async fn release(&self, key: &str, token: i64) -> Result<bool, Error> {
-        let lkey = self.lock_key(key);
-        let compare = if self.faults.release_by_key_alone {
-            Compare::create_revision(lkey.clone(), CompareOp::Greater, 0)
-        } else if self.faults.token_from_version {
-            Compare::version(lkey.clone(), CompareOp::Equal, token)
-        } else {
-            Compare::mod_revision(lkey.clone(), CompareOp::Equal, token)
+        let call = ReleaseCall {
+            lkey: self.lock_key(key),
+            token,
         };
+        self.releases.call(self, call).await
+    }
+
+    /// The releases of `calls` (distinct keys) in one request, each call's outcome its own. One
+    /// call is sent as it always was: its compare-and-delete as the transaction. Several are each
+    /// their own transaction nested in one, which etcd applies as one: each nested compare decides
+    /// its own delete only.
+    pub(crate) async fn release_batch(&self, calls: &[ReleaseCall]) -> Result<Vec<bool>, Error> {
+        let txn = |c: &ReleaseCall| {
+            Txn::new()
+                .when([self.release_compare(c)])
+                .and_then([TxnOp::delete(
+                    c.lkey.clone(),
+                    Some(DeleteOptions::new().with_prev_key()),
+                )])
+        };
+        if let [call] = calls {
+            let resp = self.kv().txn(txn(call)).await.map_err(Error::etcd)?;
+            return Ok(vec![self.released(resp.succeeded(), resp.op_responses())]);
+        }
         let resp = self
-            .client()
-            .txn(
-                Txn::new()
-                    .when([compare])
-                    .and_then([TxnOp::delete(lkey, Some(DeleteOptions::new().with_prev_key()))]),
-            )
+            .kv()
+            .txn(Txn::new().and_then(calls.iter().map(|c| TxnOp::txn(txn(c))).collect::<Vec<_>>()))
             .await
             .map_err(Error::etcd)?;
-        if !resp.succeeded() {
-            return Ok(false);
+        let outs: Vec<bool> = resp
+            .op_responses()
+            .into_iter()
+            .filter_map(|op| match op {
+                TxnOpResponse::Txn(t) => Some(self.released(t.succeeded(), t.op_responses())),
+                _ => None,
+            })
+            .collect();
+        if outs.len() != calls.len() {
+            return Err(Error::Corrupt(format!(
+                "etcd answered {} of {} nested releases",
+                outs.len(),
+                calls.len()
+            )));
         }
-        // The grant is gone and its lease carries nothing else of it: the lease waits for the
-        // session's next grant (a grant written before pooling has its lease revoked).
-        if let Some(TxnOpResponse::Delete(d)) = resp.op_responses().first() {
+        Ok(outs)
+    }
+
+    /// What a release compares: the key still at the call's token (`mod_revision`).
+    fn release_compare(&self, c: &ReleaseCall) -> Compare {
+        let lkey = c.lkey.clone();
+        if self.faults.release_by_key_alone {
+            Compare::create_revision(lkey, CompareOp::Greater, 0)
+        } else if self.faults.token_from_version {
+            Compare::version(lkey, CompareOp::Equal, c.token)
+        } else {
+            Compare::mod_revision(lkey, CompareOp::Equal, c.token)
+        }
+    }
+
+    /// A release's outcome from its transaction's answer: released if the compare held. The grant is
+    /// gone and its lease carries nothing else of it: the lease waits for the session's next grant
+    /// (a grant written before pooling has its lease revoked).
+    fn released(&self, succeeded: bool, ops: Vec<TxnOpResponse>) -> bool {
+        if !succeeded {
+            return false;
+        }
+        if let Some(TxnOpResponse::Delete(d)) = ops.first() {
             for kv in d.prev_kvs() {
                 match decode::<GrantValue>(kv) {
                     Ok(g) => self.give_back(g.session_id, g.lease_secs, kv.lease(), true),
@@ -817,7 +887,7 @@ impl EtcdRepo {
                 }
             }
         }
-        Ok(true)
+        true
     }
 
     pub async fn read(&self, key: &str) -> Result<Option<LockRow>, Error> {

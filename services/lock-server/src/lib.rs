@@ -3,7 +3,7 @@
 //! - [`sql`]: every lockdb statement, C1's text; [`sql::Statements`] is the swappable safety set;
 //! - [`repo`]: one method per statement, zero rows as `None`/`false`, concurrent acquires and
 //!   releases batched into one statement per round trip ([`batch`]); [`etcd`]: the same operations
-//!   on etcd (`--backend etcd`); [`backend`]: the one the server runs;
+//!   on etcd (`--backend etcd`), concurrent releases in one transaction ([`etcd_batch`]); [`backend`]: the one the server runs;
 //! - [`api`]: the HTTP handlers; [`routes`]: the router and its route table;
 //! - [`error`]: the one error enum, mapped to HTTP; [`auth`]: the admin bearer token;
 //! - [`signing`]: the signed grant of every acquire and renew (`LockGrant.grant`);
@@ -23,6 +23,7 @@ pub mod config;
 pub mod conns;
 pub mod error;
 pub mod etcd;
+pub mod etcd_batch;
 pub mod hub;
 pub mod metrics;
 pub mod queue;

@@ -12,6 +12,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::backend::Backend;
+use crate::batch::BatchFamilies;
 
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
@@ -125,39 +126,48 @@ fn http_histogram() -> Histogram {
 ///   `lock_batch_calls` (calls per statement) — where an acquire's time goes, next to
 ///   `http_request_duration_seconds` — and `lock_batch_paired_total` (statements that carried
 ///   both kinds at once, counted under both in `lock_batch_calls`);
-/// - etcd: `lock_etcd_grant_leases_total{source="granted"|"reused"}` (a new lease from etcd, or a
-///   released grant's lease kept alive for the session's next grant).
+/// - etcd: the same three histograms for `statement="release"`, whose concurrent calls share one
+///   transaction ([`crate::etcd_batch`]), and `lock_etcd_grant_leases_total{source="granted"|"reused"}`
+///   (a new lease from etcd, or a released grant's lease kept alive for the session's next grant).
 fn register_store(registry: &mut Registry, store: &Backend) {
     match store {
         Backend::Postgres(repo) => {
             let b = repo.batch_families();
-            registry.register(
-                "lock_batch_wait_seconds",
-                "A batched call's wait in the queue until a batch takes it, by statement",
-                b.waited.clone(),
-            );
-            registry.register(
-                "lock_batch_statement_seconds",
-                "Per call: the round trip to lockdb of the statement that carried it (a batch, or the call alone), by statement",
-                b.statement.clone(),
-            );
-            registry.register(
-                "lock_batch_calls",
-                "Calls carried by one statement to lockdb, by statement",
-                b.calls.clone(),
-            );
+            register_batches(registry, b);
             registry.register(
                 "lock_batch_paired",
                 "Statements to lockdb that carried a batch of acquires and a batch of releases together (counted in lock_batch_calls under both)",
                 b.paired.clone(),
             );
         }
-        Backend::Etcd(repo) => registry.register(
-            "lock_etcd_grant_leases",
-            "Grant leases by where they came from: granted (a new lease from etcd) or reused (a released grant's lease, kept alive for its session's next grant)",
-            repo.lease_sources().clone(),
-        ),
+        Backend::Etcd(repo) => {
+            register_batches(registry, repo.batch_families());
+            registry.register(
+                "lock_etcd_grant_leases",
+                "Grant leases by where they came from: granted (a new lease from etcd) or reused (a released grant's lease, kept alive for its session's next grant)",
+                repo.lease_sources().clone(),
+            );
+        }
     }
+}
+
+/// The batches' histograms: lockdb's statements, or etcd's release transactions.
+fn register_batches(registry: &mut Registry, b: &BatchFamilies) {
+    registry.register(
+        "lock_batch_wait_seconds",
+        "A batched call's wait in the queue until a batch takes it, by statement",
+        b.waited.clone(),
+    );
+    registry.register(
+        "lock_batch_statement_seconds",
+        "Per call: the round trip to the store of the statement (etcd: transaction) that carried it (a batch, or the call alone), by statement",
+        b.statement.clone(),
+    );
+    registry.register(
+        "lock_batch_calls",
+        "Calls carried by one statement to lockdb (etcd: one transaction), by statement",
+        b.calls.clone(),
+    );
 }
 
 impl Metrics {
