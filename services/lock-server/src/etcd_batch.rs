@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use prometheus_client::metrics::histogram::Histogram;
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::Instant;
 
 use crate::batch::{BatchFamilies, StatementLabels};
@@ -112,8 +112,27 @@ impl Releases {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs `call` on `repo` in the next batch and returns its own outcome.
+    /// Runs `call` on `repo` and returns its own outcome: at once in the caller's own task when
+    /// nothing is queued and no batch is running (a lone release, as it always was, without a
+    /// hand-off to a batch task and back: lock-server's lightest case stays its cheapest), else in
+    /// the next batch.
     pub(crate) async fn call(self: &Arc<Self>, repo: &EtcdRepo, call: ReleaseCall) -> Result<bool, Error> {
+        if self.queue().is_empty()
+            && let Ok(slot) = self.slots.clone().try_acquire_owned()
+        {
+            // Kicks the queue when this call is done or dropped: calls queued meanwhile found the
+            // slot taken.
+            let _alone = Alone {
+                releases: self,
+                repo,
+                slot: Some(slot),
+            };
+            let out = self.send(repo, &[call], &[Instant::now()]).await?;
+            return out
+                .first()
+                .copied()
+                .ok_or_else(|| Error::Corrupt("etcd answered no release".into()));
+        }
         let (reply, answer) = oneshot::channel();
         self.queue().push_back(Pending {
             call,
@@ -127,18 +146,22 @@ impl Releases {
     }
 
     /// Starts a batch task if calls are queued and a slot is free. No call is left queued with nobody
-    /// to run it: a call whose own kick found no slot was queued while every slot was held, and each
-    /// holder, after giving its slot back, kicks again.
+    /// to run it: a call whose own kick found no slot was queued while the slot was held, and its
+    /// holder (a batch task, or a lone call's [`Alone`]), after giving the slot back, kicks again.
     fn kick(self: &Arc<Self>, repo: &EtcdRepo) {
         if self.queue().is_empty() {
             return;
         }
+        // Outside a runtime (one shutting down drops its tasks' futures) nobody is left to answer.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         let Ok(slot) = self.slots.clone().try_acquire_owned() else {
             return;
         };
         let me = self.clone();
         let repo = repo.clone();
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             loop {
                 let batch = me.take();
                 if batch.is_empty() {
@@ -170,22 +193,34 @@ impl Releases {
         batch
     }
 
-    async fn run(&self, repo: &EtcdRepo, batch: Vec<Pending>) {
+    /// Sends `calls` as one request and counts it (`queued`: when each call was queued).
+    async fn send(
+        &self,
+        repo: &EtcdRepo,
+        calls: &[ReleaseCall],
+        queued: &[Instant],
+    ) -> Result<Vec<bool>, Error> {
         let taken = Instant::now();
-        for p in &batch {
-            self.waited
-                .observe(taken.duration_since(p.queued_at).as_secs_f64());
+        for at in queued {
+            self.waited.observe(taken.duration_since(*at).as_secs_f64());
         }
-        self.sizes.observe(batch.len() as f64);
+        self.sizes.observe(calls.len() as f64);
         self.transactions.fetch_add(1, Ordering::Relaxed);
-        self.calls.fetch_add(batch.len() as u64, Ordering::Relaxed);
-        self.largest.fetch_max(batch.len(), Ordering::Relaxed);
-        let calls: Vec<ReleaseCall> = batch.iter().map(|p| p.call.clone()).collect();
-        let out = repo.release_batch(&calls).await;
+        self.calls.fetch_add(calls.len() as u64, Ordering::Relaxed);
+        self.largest.fetch_max(calls.len(), Ordering::Relaxed);
+        let out = repo.release_batch(calls).await;
         let took = taken.elapsed().as_secs_f64();
-        for _ in 0..batch.len() {
+        for _ in calls {
             self.round_trip.observe(took);
         }
+        out
+    }
+
+    /// Sends a batch taken from the queue and answers each caller.
+    async fn run(&self, repo: &EtcdRepo, batch: Vec<Pending>) {
+        let calls: Vec<ReleaseCall> = batch.iter().map(|p| p.call.clone()).collect();
+        let queued: Vec<Instant> = batch.iter().map(|p| p.queued_at).collect();
+        let out = self.send(repo, &calls, &queued).await;
         match out {
             Ok(outs) => {
                 for (p, released) in batch.into_iter().zip(outs) {
@@ -202,5 +237,20 @@ impl Releases {
                 }
             }
         }
+    }
+}
+
+/// The slot a lone call runs in, from the caller's own task: given back, and the queue kicked, when
+/// the call is done or its caller goes away.
+struct Alone<'a> {
+    releases: &'a Arc<Releases>,
+    repo: &'a EtcdRepo,
+    slot: Option<OwnedSemaphorePermit>,
+}
+
+impl Drop for Alone<'_> {
+    fn drop(&mut self) {
+        drop(self.slot.take());
+        self.releases.kick(self.repo);
     }
 }
