@@ -6,11 +6,12 @@
 //! batched on etcd: every key a transaction writes gets that transaction's one revision, and C1
 //! §1.4 gives each grant a token of its own (docs/benchmarks.md).
 //!
-//! The shape is lockdb's batches' ([`crate::batch`]), smaller: a call is queued; if no batch is
-//! running ([`MAX_IN_FLIGHT`]), a batch task starts and takes whatever is queued (oldest first, at
-//! most [`MAX_BATCH`], never two calls for one key), and goes on with the next batch while calls are
-//! queued. So a lone release is sent alone, at once, as it always was; batches form only while an
-//! earlier one is in flight.
+//! The shape is lockdb's batches' ([`crate::batch`]), smaller. A call that finds nothing queued and
+//! nothing in flight ([`MAX_IN_FLIGHT`]) is sent at once from its caller's own task, alone, as a
+//! release always was. Any other call is queued, and a batch task (started when the slot is free)
+//! takes whatever is queued (oldest first, at most [`MAX_BATCH`], never two calls for one key) and
+//! goes on with the next batch while calls are queued. So batches form only while an earlier
+//! request is in flight.
 //!
 //! Each call's outcome is its own nested transaction's. A batch that etcd did not answer (or
 //! refused as a whole) answers every caller with that error, as a lone release would: whether a
