@@ -64,8 +64,8 @@ pub const MAX_IN_FLIGHT: usize = 3;
 /// runnable on the runtime's workers (their bodies read, their JSON parsed): yielding lets them queue
 /// first and ride in this statement instead of the next one — fewer statements per call, more of them
 /// carrying both kinds, and a statement costs lockdb about as much as the calls it carries
-/// (docs/benchmarks.md: at 16 clients 3.6 calls per statement instead of 1.8, lockdb's CPU per cycle
-/// 40 % lower; more yields did not make the batches larger). With nothing else in flight there is no
+/// (docs/benchmarks.md: at 16 clients 3.2 calls per statement instead of 1.8, lockdb's CPU per cycle
+/// 36 % lower; more yields did not make the batches larger). With nothing else in flight there is no
 /// load to gather from, and the yields would only cost a lone call a wake-up of the runtime.
 const GATHER_YIELDS: usize = 3;
 
@@ -379,8 +379,7 @@ impl<C: Call> Batcher<C> {
     /// nobody to run it: a call whose own [`Lane::kick`] found no free slot was queued while every
     /// slot was held, and each holder, after giving its slot back, looks at every queue again.
     async fn batch(self: Arc<Self>, slot: OwnedSemaphorePermit) {
-        // Only while another statement is in flight: alone, there is no load to gather from, and
-        // each yield would cost an idle server's lone call a wake-up of the runtime.
+        // This slot counts as one: gather only beside another statement ([`GATHER_YIELDS`]).
         if self.in_flight.running() > 1 {
             for _ in 0..GATHER_YIELDS {
                 tokio::task::yield_now().await;
