@@ -32,7 +32,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked \
         -p lock-server -p payment-resource -p rail-proxy -p rail-stub -p payout-executor \
-        -p dlock-migrate -p dlock-fastforward -p dlock-operator -p kubectl-dlock \
+        -p dlock-migrate -p dlock-fastforward -p dlock-operator -p kubectl-dlock -p dlock-cli \
         --bin lock-server \
         --bin payment-resource \
         --bin rail-proxy \
@@ -42,10 +42,12 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
         --bin dlock-fastforward \
         --bin dlock-operator \
         --bin kubectl-dlock \
+        --bin dlock \
     && mkdir -p /out \
     && cp target/release/lock-server target/release/payment-resource target/release/rail-proxy \
           target/release/rail-stub target/release/payout-executor target/release/dlock-migrate \
-          target/release/dlock-fastforward target/release/dlock-operator target/release/kubectl-dlock /out/
+          target/release/dlock-fastforward target/release/dlock-operator target/release/kubectl-dlock \
+          target/release/dlock /out/
 
 # Same Debian release as the builder, so the glibc the binaries link against is present.
 FROM gcr.io/distroless/cc-debian12:nonroot AS runtime

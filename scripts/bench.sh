@@ -16,4 +16,4 @@ if [ "${1:-}" = lock ]; then
     GOMODCACHE="$DLOCK_TOOLS_DIR/go/mod" GOCACHE="$DLOCK_TOOLS_DIR/go/cache" GOPATH="$DLOCK_TOOLS_DIR/go/path" \
       GOFLAGS=-mod=readonly go build -o "$DLOCK_TOOLS_DIR/bin/etcd-mutex-bench" .)
 fi
-exec "$CARGO_TARGET_DIR/release/dlock" bench "$@"
+exec "$CARGO_TARGET_DIR/release/dlock-dev" bench "$@"

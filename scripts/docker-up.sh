@@ -44,8 +44,10 @@ start() {
 }
 JSON
     log "starting dockerd (log: $STATE/dockerd.log)"
+    # 9>&-: the kind tier holds its run lock on fd 9 (e2e/kind/run.sh); a dockerd that inherited it
+    # would hold the lock for as long as it runs, and the next run would wait for it in vain.
     setsid nohup dockerd --config-file "$STATE/daemon.json" --pidfile "$STATE/dockerd.run.pid" \
-        >"$STATE/dockerd.log" 2>&1 </dev/null &
+        >"$STATE/dockerd.log" 2>&1 </dev/null 9>&- &
     echo $! >"$PIDFILE"
     local deadline=$((SECONDS + 60))
     until answers; do

@@ -15,13 +15,19 @@
 #   kind-aux/kube-router + image     the NetworkPolicy enforcer of the kind tier: kube-router's network
 #                                    policy controller (github.com/cloudnativelabs/kube-router, Go),
 #                                    on the Debian base with iptables and ipset: dlock-local/kube-router
+#   cnpg/manager + image + manifest  CloudNativePG (github.com/cloudnative-pg/cloudnative-pg, Go):
+#                                    the operator image dlock-local/cloudnative-pg:1.27.1 and its
+#                                    release manifest (CRDs, RBAC, webhooks, Deployment) rewritten
+#                                    for that image: cnpg/cnpg-1.27.1.yaml. Its PostgreSQL operand
+#                                    is the postgres step's image, also tagged with the full
+#                                    version (dlock-local/postgres:16.15)
 #
 # Each step leaves a stamp naming what it was built from; a rerun skips what is current. Go builds
 # run under `nice` with bounded parallelism (the machine has two cores shared with cargo).
 #
 # Usage: scripts/kind-tools.sh [--check] [STEP...]
 #   --check   build nothing; exit 1 naming what is not built yet
-#   steps (default: all, in this order): kind k8s apiserver aux debian base node postgres netpol
+#   steps (default: all, in this order): kind k8s apiserver aux debian base node postgres cnpg netpol
 # Needs a Docker daemon (scripts/docker-up.sh starts one).
 set -euo pipefail
 
@@ -264,15 +270,20 @@ save_archive() { # save_archive OUT IMAGE...
 }
 
 PG_IMAGE="${DLOCK_KIND_PG_IMAGE:-dlock-local/postgres:16}"
+# The image carries the complete PostgreSQL 16 build scripts/setup.sh installs ($TOOLS/pg16: the
+# server, psql, pg_isready, pg_basebackup, …); an older install (server binaries only) is replaced
+# by setup.sh first.
 need_postgres() {
     local pg="$TOOLS/pg16" h
-    if [[ ! -x "$pg/bin/postgres" ]]; then
+    if ! (source "$ROOT/scripts/lib.sh" && pg16_current "$pg"); then
         missing_in_check pg16 && return
         "$ROOT/scripts/setup.sh"
     fi
     h="$(recipe_hash images/postgres)-$("$pg/bin/postgres" --version | awk '{print $3}')"
     if have_image "$PG_IMAGE" && [[ "$(docker image inspect -f '{{index .Config.Labels "dlock.recipe"}}' "$PG_IMAGE")" == "$h" ]]; then
-        log "$PG_IMAGE: present"; return
+        log "$PG_IMAGE: present"
+        ((CHECK_ONLY)) || pg_operand_tag
+        return
     fi
     missing_in_check "${FUNCNAME[0]}" && return
     local ctx
@@ -281,6 +292,96 @@ need_postgres() {
     cp -a "$pg" "$ctx/pg16"
     log "building $PG_IMAGE"
     dbuild --label "dlock.recipe=$h" -t "$PG_IMAGE" "$ctx" || die "building the PostgreSQL image failed"
+    pg_operand_tag
+}
+# CloudNativePG's operand name for the same image: its tag must start with the major version, and the
+# full version (16.15) says which build it is.
+pg_operand_image() { echo "${PG_IMAGE%:*}:$("$TOOLS/pg16/bin/postgres" --version | awk '{print $3}')"; }
+pg_operand_tag() {
+    local operand
+    operand="$(pg_operand_image)"
+    if [[ "$(docker image inspect -f '{{.Id}}' "$operand" 2>/dev/null)" != \
+        "$(docker image inspect -f '{{.Id}}' "$PG_IMAGE")" ]]; then
+        docker tag "$PG_IMAGE" "$operand"
+        log "$operand: tagged"
+    fi
+}
+
+# CloudNativePG: the PostgreSQL operator the operator's highly available lockdb/paydb run on. The
+# release manifest names ghcr.io's image, pulled Always; the kind tier has no registry, so the
+# manifest is rewritten for the local image, pulled IfNotPresent (kind load puts it on the node).
+# OPERATOR_IMAGE_NAME must name that same image: every instance pod's bootstrap-controller init
+# container copies the manager out of it.
+CNPG_VERSION="${DLOCK_CNPG_VERSION:-1.27.1}"
+CNPG_IMAGE="dlock-local/cloudnative-pg:$CNPG_VERSION"
+CNPG_DIR="$TOOLS/cnpg"
+CNPG_MANIFEST="$CNPG_DIR/cnpg-$CNPG_VERSION.yaml"
+cnpg_src() {
+    (cd / && go mod download -json "github.com/cloudnative-pg/cloudnative-pg@v$CNPG_VERSION" |
+        sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+}
+need_cnpg() {
+    local src
+    if [[ -x "$CNPG_DIR/manager" ]] && stamp_ok cnpg-manager "$CNPG_VERSION"; then
+        log "cloudnative-pg manager $CNPG_VERSION: cached"
+    else
+        missing_in_check cnpg-manager && return
+        src="$(cnpg_src)"
+        [[ -d "$src/cmd/manager" ]] || die "could not download github.com/cloudnative-pg/cloudnative-pg@v$CNPG_VERSION"
+        # Built inside a copy of the module, with its own go.mod and go.sum, rather than by
+        # `go install ...@v$CNPG_VERSION`: that looks up the module's deprecation in its version
+        # list, which the proxy refuses for this module (403), and fails on it.
+        local work
+        work="$(workdir)"
+        cp -r "$src/." "$work/"
+        chmod -R u+w "$work"
+        mkdir -p "$CNPG_DIR"
+        log "cloudnative-pg manager $CNPG_VERSION: building (about 5 min on a quiet 2-core machine)"
+        (cd "$work" && gentle go build -trimpath \
+            -ldflags "-s -w -X github.com/cloudnative-pg/cloudnative-pg/pkg/versions.buildVersion=$CNPG_VERSION" \
+            -o "$CNPG_DIR/manager.tmp" ./cmd/manager) || die "go build of the cloudnative-pg manager failed"
+        mv "$CNPG_DIR/manager.tmp" "$CNPG_DIR/manager"
+        write_stamp cnpg-manager "$CNPG_VERSION"
+    fi
+
+    local h
+    h="$(recipe_hash images/cloudnative-pg)-$CNPG_VERSION"
+    if have_image "$CNPG_IMAGE" && [[ "$(docker image inspect -f '{{index .Config.Labels "dlock.recipe"}}' "$CNPG_IMAGE")" == "$h" ]]; then
+        log "$CNPG_IMAGE: present"
+    else
+        missing_in_check cnpg-image && return
+        local ctx
+        ctx="$(workdir)"
+        cp "$ROOT"/images/cloudnative-pg/* "$ctx/"
+        cp "$CNPG_DIR/manager" "$ctx/manager"
+        log "building $CNPG_IMAGE"
+        dbuild --label "dlock.recipe=$h" --build-arg "CNPG_VERSION=$CNPG_VERSION" -t "$CNPG_IMAGE" "$ctx" ||
+            die "building the cloudnative-pg image failed"
+    fi
+
+    # The manifest is derived on every run (a sed over the release file): it is always the one for
+    # the current image name.
+    if ((CHECK_ONLY)); then
+        [[ -s "$CNPG_MANIFEST" ]] || missing_in_check cnpg-manifest
+    else
+        src="${src:-$(cnpg_src)}"
+        local release="$src/releases/cnpg-$CNPG_VERSION.yaml"
+        local upstream="ghcr.io/cloudnative-pg/cloudnative-pg:$CNPG_VERSION"
+        [[ -f "$release" ]] || die "$release is missing"
+        # Exactly the two image references (the Deployment's image and OPERATOR_IMAGE_NAME) and
+        # the one pull policy: a release that grew another would need a look before it is rewritten.
+        [[ "$(grep -cF "$upstream" "$release")" == 2 && "$(grep -c 'imagePullPolicy: Always$' "$release")" == 1 ]] ||
+            die "$release does not name $upstream twice and pull it Always once; review the rewrite"
+        sed -e "s#$upstream#$CNPG_IMAGE#" -e 's#imagePullPolicy: Always$#imagePullPolicy: IfNotPresent#' \
+            "$release" >"$CNPG_MANIFEST.tmp"
+        mv "$CNPG_MANIFEST.tmp" "$CNPG_MANIFEST"
+        log "cloudnative-pg manifest: $CNPG_MANIFEST"
+    fi
+
+    if ! have_image "$(pg_operand_image)"; then
+        missing_in_check cnpg-operand && return
+        die "the operand image $(pg_operand_image) is missing: run the postgres step first"
+    fi
 }
 
 # NetworkPolicy enforcement: NetworkPolicies are only objects until a network plugin filters packets
@@ -383,7 +484,7 @@ missing_in_check() { # in --check mode: records the step as missing, returns 0 (
 }
 if [[ "${1:-}" == "--check" ]]; then CHECK_ONLY=1; shift; fi
 STEPS=("$@")
-((${#STEPS[@]})) || STEPS=(kind k8s apiserver aux debian base node postgres netpol)
+((${#STEPS[@]})) || STEPS=(kind k8s apiserver aux debian base node postgres cnpg netpol)
 for s in "${STEPS[@]}"; do
     case "$s" in
     kind) timed kind need_kind ;;
@@ -395,6 +496,7 @@ for s in "${STEPS[@]}"; do
     base) timed kind-base-image need_base ;;
     node) timed kind-node-image need_node ;;
     postgres) timed postgres-image need_postgres ;;
+    cnpg) timed cloudnative-pg need_cnpg ;;
     netpol) timed kube-router need_netpol ;;
     *) die "unknown step $s" ;;
     esac

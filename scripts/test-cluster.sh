@@ -12,8 +12,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$DLOCK_ROOT"
 
 "$DLOCK_ROOT/scripts/cluster-tools.sh"
-if [ -z "${DLOCK_PG_BIN:-}" ] && [ ! -x "$DLOCK_TOOLS_DIR/pg16/bin/postgres" ]; then
-  say "PostgreSQL 16 is missing: running scripts/setup.sh"
+if [ -z "${DLOCK_PG_BIN:-}" ] && ! pg16_current "$DLOCK_TOOLS_DIR/pg16"; then
+  say "PostgreSQL $PG_VERSION is missing: running scripts/setup.sh"
   "$DLOCK_ROOT/scripts/setup.sh"
 fi
 

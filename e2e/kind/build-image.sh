@@ -26,7 +26,7 @@ while (($#)); do
     esac
 done
 target="${CARGO_TARGET_DIR:-/var/tmp/dlock-cache/target}/$profile"
-bins=(lock-server payment-resource rail-proxy rail-stub payout-executor dlock-migrate dlock-operator dlock-fastforward kubectl-dlock)
+bins=(lock-server payment-resource rail-proxy rail-stub payout-executor dlock-migrate dlock-operator dlock-fastforward kubectl-dlock dlock)
 
 ctx="$(mktemp -d "${TMPDIR:-/tmp}/dlock-image.XXXXXX")"
 trap 'rm -rf "$ctx"' EXIT

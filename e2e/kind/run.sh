@@ -4,13 +4,19 @@
 #
 #   1. docker      a Docker daemon (scripts/docker-up.sh starts one if none answers, stops it after)
 #   2. tools       kind, the kind base and node images (Kubernetes $DLOCK_K8S_VERSION), the
-#                  PostgreSQL 16 image, kube-router's image: built once into $DLOCK_TOOLS_DIR
-#                  (scripts/kind-tools.sh); helm (scripts/cluster-tools.sh)
+#                  PostgreSQL 16 image, kube-router's image, CloudNativePG's operator image and
+#                  manifest: built once into $DLOCK_TOOLS_DIR (scripts/kind-tools.sh); helm
+#                  (scripts/cluster-tools.sh)
 #   3. image       the dlock image from the workspace's binaries (Dockerfile.prebuilt), and the
 #                  upgrade image of step 13: the next patch version, with one more paydb migration
 #                  (e2e/kind/upgrade/)
-#   4. cluster     kind create cluster, kind load the dlock, PostgreSQL and kube-router images;
-#                  kube-router's policy controller (e2e/kind/kube-router.yaml) enforces NetworkPolicies
+#   4. cluster     kind create cluster, kind load the dlock, PostgreSQL, kube-router and CloudNativePG
+#                  images; kube-router's policy controller (e2e/kind/kube-router.yaml) enforces
+#                  NetworkPolicies
+#      cnpg        CloudNativePG, the PostgreSQL operator under the highly available lockdb/paydb
+#                  (postgresql.cnpg.io/v1 Clusters): its release manifest rewritten for the local
+#                  image (scripts/kind-tools.sh) applied server-side into cnpg-system; its Deployment
+#                  Available and its admission webhook answering (a server-side dry run of a Cluster)
 #   5. operator    helm install charts/dlock-operator (2 replicas, leader-elected, its NetworkPolicy on)
 #   6. stack       apply a LockService and a PaymentStack (e2e/kind/samples: the managed samples with
 #                  the local PostgreSQL image); wait for Ready: real migration Jobs, Deployments,
@@ -36,8 +42,11 @@
 # Steps 1-6 are this script; steps 7-14 are `cargo test -p dlock-e2e --test kind` (e2e/tests/kind.rs),
 # handed the cluster by DLOCK_KIND_KUBECONFIG, DLOCK_KIND_NAMESPACE, DLOCK_KIND_OPERATOR_NAMESPACE,
 # DLOCK_KIND_LOCKSERVICE, DLOCK_KIND_PAYMENTSTACK, DLOCK_KIND_ETCD_LOCKSERVICE, DLOCK_KIND_RELEASE,
-# DLOCK_KIND_CHART, DLOCK_KIND_IMAGE, DLOCK_KIND_UPGRADE_IMAGE, DLOCK_KIND_PAYOUTS and
-# DLOCK_KIND_TIMEOUT (without DLOCK_KIND_KUBECONFIG that test says it is not in a kind run).
+# DLOCK_KIND_CHART, DLOCK_KIND_IMAGE, DLOCK_KIND_UPGRADE_IMAGE, DLOCK_KIND_PAYOUTS,
+# DLOCK_KIND_TIMEOUT, DLOCK_KIND_CNPG_NAMESPACE, DLOCK_KIND_CNPG_IMAGE (CloudNativePG's operator
+# image) and DLOCK_KIND_CNPG_PG_IMAGE (a Cluster's imageName: the PostgreSQL image under its
+# full-version tag, e.g. dlock-local/postgres:16.15, which CNPG reads the major version from)
+# (without DLOCK_KIND_KUBECONFIG that test says it is not in a kind run).
 #
 # Where no Docker daemon can run it prints why and the word "skipped", and exits 0 — unless CI is set
 # (to anything but "" / "false" / "0"): then it fails, so that CI never passes a tier it did not run.
@@ -72,6 +81,9 @@ upgrade_image=dlock-local/dlock:kind-e2e-next
 # The upgrade image's one more paydb migration; e2e/kind/upgrade/breaking/ holds the negative control's.
 upgrade_migration="${DLOCK_KIND_UPGRADE_MIGRATION:-$root/e2e/kind/upgrade/kind_upgrade_payout_note.sql}"
 kube_router_image=dlock-local/kube-router:v2.1.0
+cnpg_version="${DLOCK_CNPG_VERSION:-1.27.1}"
+cnpg_image="dlock-local/cloudnative-pg:$cnpg_version"
+cnpg_ns=cnpg-system
 release=dlock-operator
 ns=dlock-e2e
 op_ns=dlock-system
@@ -129,7 +141,7 @@ created=0
 # Logs of every pod of the stack and the operator, and of any kube-system pod not Running.
 dump_state_logs() {
     local n p
-    for n in "$ns" "$op_ns" kube-system local-path-storage; do
+    for n in "$ns" "$op_ns" "$cnpg_ns" kube-system local-path-storage; do
         for p in $(kubectl get pods -n "$n" -o name 2>/dev/null); do
             if [[ "$(kubectl get -n "$n" "$p" -o jsonpath='{.status.phase}')" != Running ]] || [[ "$n" != kube-system ]]; then
                 echo "--- logs $n/$p"
@@ -143,6 +155,7 @@ dump_state() {
     {
         kubectl get nodes -o wide
         kubectl get lsvc,pstack -A -o yaml | grep -A60 '^  status:' | head -n 160
+        kubectl get clusters.postgresql.cnpg.io -A -o wide 2>/dev/null
         kubectl get deploy,sts,jobs,pods,pvc,svc -A -o wide
         kubectl get events -A --sort-by=.lastTimestamp | tail -n 60
         dump_state_logs
@@ -183,6 +196,11 @@ fi
 "$root/scripts/kind-tools.sh"
 "$root/scripts/cluster-tools.sh" helm
 command -v kubectl >/dev/null || die "kubectl is required"
+# CloudNativePG's name for the PostgreSQL image: the same image under its full-version tag
+# (scripts/kind-tools.sh tags it).
+cnpg_pg_image="${DLOCK_KIND_CNPG_PG_IMAGE:-${pg_image%:*}:$("$tools/pg16/bin/postgres" --version | awk '{print $3}')}"
+cnpg_manifest="$tools/cnpg/cnpg-$cnpg_version.yaml"
+[[ -s "$cnpg_manifest" ]] || die "$cnpg_manifest is missing (scripts/kind-tools.sh cnpg writes it)"
 
 # ---------------------------------------------------------------- 3. image
 step image
@@ -192,6 +210,9 @@ step image
 version="$(sed -n '/^\[workspace.package\]/,/^\[/ s/^version = "\(.*\)"/\1/p' "$root/Cargo.toml")"
 "$root/e2e/kind/build-image.sh" "$upgrade_image" debug --version "${version%.*}.$((${version##*.} + 1))" \
     --paydb-migration "$upgrade_migration"
+# Each run rebuilds the two images under the same tags: the previous ones, now untagged, would fill
+# the disk run after run.
+docker image prune -f >/dev/null
 # The checks of steps 7-14 (e2e/tests/kind.rs), compiled now rather than once the cluster runs.
 cargo test -q --manifest-path "$root/Cargo.toml" -p dlock-e2e --test kind --no-run >&2
 
@@ -204,11 +225,47 @@ fi
 created=1
 kind create cluster --name "$cluster" --image "$node_image" --config "$root/e2e/kind/cluster.yaml" \
     --kubeconfig "$kubeconfig" --wait "${timeout}s" >&2
-kind load docker-image "$image" "$upgrade_image" "$pg_image" "$kube_router_image" --name "$cluster" >&2
+# The PostgreSQL image under both its names in one archive: kind would skip the second name of an
+# image whose ID is already on the node.
+kind load docker-image "$image" "$upgrade_image" "$pg_image" "$cnpg_pg_image" "$kube_router_image" "$cnpg_image" \
+    --name "$cluster" >&2
 kubectl apply -f "$root/e2e/kind/kube-router.yaml" >&2
 kubectl -n kube-system rollout status ds/kube-router --timeout="${timeout}s" >&2
 kubectl -n kube-system rollout status deploy/coredns --timeout="${timeout}s" >&2
 kubectl -n local-path-storage rollout status deploy/local-path-provisioner --timeout="${timeout}s" >&2
+
+# ---------------------------------------------------------------- 4. cluster: CloudNativePG
+step cnpg
+log "installing CloudNativePG $cnpg_version ($cnpg_image) into $cnpg_ns"
+# Server-side: the CRDs are too large for client-side apply's last-applied annotation.
+kubectl apply --server-side -f "$cnpg_manifest" >/dev/null
+kubectl wait --for=condition=Established --timeout=60s \
+    crd/clusters.postgresql.cnpg.io crd/poolers.postgresql.cnpg.io crd/imagecatalogs.postgresql.cnpg.io >&2
+kubectl -n "$cnpg_ns" wait --for=condition=Available deploy/cnpg-controller-manager --timeout="${timeout}s" >&2
+# Available is the manager's readiness; a Cluster is admitted only once the API server reaches its
+# webhooks (the manager writes their certificate and CA bundle after it starts): a server-side dry
+# run of a minimal Cluster goes through both.
+cnpg_webhook_answers() {
+    kubectl apply --dry-run=server -f - >/dev/null 2>"$workdir/cnpg-webhook.err" <<YAML
+apiVersion: postgresql.cnpg.io/v1
+kind: Cluster
+metadata:
+  name: webhook-probe
+  namespace: default
+spec:
+  instances: 1
+  imageName: $cnpg_pg_image
+  storage:
+    size: 1Gi
+YAML
+}
+cnpg_deadline=$((SECONDS + 300))
+until cnpg_webhook_answers; do
+    ((SECONDS < cnpg_deadline)) ||
+        die "CloudNativePG's webhook did not admit a Cluster within 300s: $(cat "$workdir/cnpg-webhook.err")"
+    sleep 2
+done
+log "CloudNativePG $cnpg_version: Available, webhook answering"
 
 # ---------------------------------------------------------------- 5. operator
 step operator
@@ -222,6 +279,10 @@ kubectl wait --for=condition=Established crd/lockservices.dlock.dev crd/payments
 # ---------------------------------------------------------------- 6. the stack
 step stack
 kubectl create namespace "$ns" >&2
+# The Pod Security Standard "restricted", enforced by the API server's own admission: every pod of
+# the stack (the operator's, CloudNativePG's, the checks' own) must meet it, or is refused.
+kubectl label namespace "$ns" pod-security.kubernetes.io/enforce=restricted \
+    pod-security.kubernetes.io/enforce-version=latest >&2
 kubectl -n "$ns" apply -f "$root/e2e/kind/samples/lockservice.yaml" -f "$root/e2e/kind/samples/paymentstack.yaml" >&2
 # The etcd LockService of step 11 starts now, in parallel with the stack.
 kubectl -n "$ns" apply -f "$root/e2e/kind/samples/lockservice-etcd.yaml" >&2
@@ -254,6 +315,7 @@ DLOCK_KIND_KUBECONFIG="$kubeconfig" DLOCK_KIND_NAMESPACE="$ns" DLOCK_KIND_OPERAT
     DLOCK_KIND_RELEASE="$release" DLOCK_KIND_CHART="$root/charts/dlock-operator" \
     DLOCK_KIND_IMAGE="$image" DLOCK_KIND_UPGRADE_IMAGE="$upgrade_image" \
     DLOCK_KIND_PAYOUTS="$payouts" DLOCK_KIND_TIMEOUT="$timeout" DLOCK_KIND_STEPS="${DLOCK_KIND_STEPS:-}" \
+    DLOCK_KIND_CNPG_NAMESPACE="$cnpg_ns" DLOCK_KIND_CNPG_IMAGE="$cnpg_image" DLOCK_KIND_CNPG_PG_IMAGE="$cnpg_pg_image" \
     cargo test -q --manifest-path "$root/Cargo.toml" -p dlock-e2e --test kind -- --nocapture --test-threads=1 >&2 ||
     die "the kind tier's checks failed (output above)"
 

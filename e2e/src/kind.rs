@@ -3,10 +3,12 @@
 //! `kube::Client`, waits on watches (`await_condition`), the ledger over sqlx and the services' HTTP
 //! APIs over reqwest, all through `kubectl port-forward` to loopback ports.
 //!
+//! - [`ha`]: the HA step's CloudNativePG Clusters, steady payouts and checks across failovers.
 //! - [`netpol`]: TCP connections opened from inside pods, for the packet-level NetworkPolicy checks.
 //! - [`upgrade`]: the rolling upgrade's parts: `helm upgrade`, the migration Jobs, a watch on the old
 //!   version's pods.
 
+pub mod ha;
 pub mod netpol;
 pub mod upgrade;
 
@@ -296,15 +298,37 @@ fn run_pattern(run: &str) -> String {
 }
 
 impl Payments {
-    /// Connects to the PaymentStack `pstack`'s paydb and services in `env.ns`.
+    /// Connects to the PaymentStack `pstack`'s paydb (a StatefulSet's) and services in `env.ns`.
     pub async fn connect(env: &KindEnv, client: &Client, pstack: &str) -> Self {
-        let paydb = forward(env, &format!("{pstack}-paydb"), 5432).await;
+        Self::connect_to(env, client, pstack, None).await
+    }
+
+    /// The same, with paydb on the CloudNativePG Cluster `cluster`: reached through its `-rw`
+    /// Service (the primary when the forward starts: after a failover, connect again), over TLS
+    /// verified against the Cluster's CA (`verify-ca`: the forward's 127.0.0.1 is not a name the
+    /// server's certificate carries).
+    pub async fn connect_cnpg(env: &KindEnv, client: &Client, pstack: &str, cluster: &str) -> Self {
+        Self::connect_to(env, client, pstack, Some(cluster)).await
+    }
+
+    async fn connect_to(env: &KindEnv, client: &Client, pstack: &str, cluster: Option<&str>) -> Self {
+        let service = cluster.map_or_else(|| format!("{pstack}-paydb"), |c| format!("{c}-rw"));
+        let paydb = forward(env, &service, 5432).await;
         let admin_url = secret_value(client, &env.ns, &format!("{pstack}-paydb-conn"), "admin-url").await;
         let mut url = url::Url::parse(admin_url.trim()).expect("the paydb admin URL parses");
         url.set_host(Some("127.0.0.1"))
             .expect("a postgres URL takes a host");
         url.set_port(Some(paydb.port))
             .expect("a postgres URL takes a port");
+        if let Some(cluster) = cluster {
+            let ca = secret_value(client, &env.ns, &format!("{cluster}-ca"), "ca.crt").await;
+            let path = std::env::temp_dir().join(format!("dlock-kind-{}-{cluster}-ca.crt", env.ns));
+            std::fs::write(&path, ca).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+            url.query_pairs_mut()
+                .clear()
+                .append_pair("sslmode", "verify-ca")
+                .append_pair("sslrootcert", &path.to_string_lossy());
+        }
         let db = PgPoolOptions::new()
             .max_connections(2)
             .acquire_timeout(Duration::from_secs(30))

@@ -33,6 +33,7 @@ pub mod lockapi;
 pub mod lockdb;
 pub mod monitoring;
 pub mod operator;
+pub mod payouts;
 pub mod proxy;
 pub mod rbac;
 pub mod specs;

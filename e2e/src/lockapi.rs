@@ -5,7 +5,14 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
+use dlock_operator::actions::sequence::SequenceView;
+use dlock_operator::crd::sequence::SequenceJump;
 use serde_json::{Value, json};
+
+/// How far a jump moves `fencing_token_seq` above what it finds, at least (lock-server's
+/// `epoch::JUMP`; docs/design.md, "Never a reused token: every promotion is a restore"). Tokens are
+/// therefore never 1, 2, 3: the first grant of a fresh lockdb is already above 2^48.
+pub const JUMP: i64 = 1 << 32;
 
 /// lock-server on a loopback port.
 #[derive(Debug, Clone, Copy)]
@@ -102,6 +109,25 @@ impl LockApi {
         );
         assert_eq!(st, 200, "release: {body}");
         body
+    }
+
+    /// `GET /v1/sequence`: this process's last jump of the sequence, read with the operator's own
+    /// type (what the operator puts in `status.sequence`).
+    pub fn sequence(&self) -> SequenceView {
+        let (st, body) = self.call("GET", "/v1/sequence", None, &[]);
+        assert_eq!(st, 200, "GET /v1/sequence: {body}");
+        serde_json::from_value(body.clone()).unwrap_or_else(|e| panic!("GET /v1/sequence: {e}: {body}"))
+    }
+
+    /// The last jump this process made, which must exist (on PostgreSQL every lock-server jumps
+    /// before its first grant, and its readiness probe opens a granting connection).
+    pub fn last_jump(&self) -> SequenceJump {
+        let view = self.sequence();
+        assert!(view.jumps_enabled, "lock-server runs with the jump off: {view:?}");
+        match view.last_jump {
+            Some(j) => j,
+            None => panic!("lock-server reports no jump: backend {}", view.backend),
+        }
     }
 
     /// `GET /v1/locks/{key}`.

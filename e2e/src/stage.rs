@@ -191,13 +191,23 @@ impl Stage {
             .collect()
     }
 
-    /// The reasons of the Events about the object named `name`.
-    pub async fn event_reasons(&self, name: &str) -> Vec<String> {
-        self.events(name)
-            .await
-            .into_iter()
-            .filter_map(|e| e.reason)
-            .collect()
+    /// Waits until every one of `reasons` is among the Events about the object named `name`. The
+    /// operator publishes a reconcile's Events after it writes that reconcile's status, so a test
+    /// that has just seen the status must still wait for them.
+    pub async fn wait_events(&mut self, name: &str, reasons: &[&str]) {
+        self.wait(&format!("Events {reasons:?} about {name}"), false, async |st| {
+            let seen: Vec<String> = st
+                .events(name)
+                .await
+                .into_iter()
+                .filter_map(|e| e.reason)
+                .collect();
+            match reasons.iter().find(|r| !seen.iter().any(|s| s == *r)) {
+                None => Ok(()),
+                Some(r) => Err(format!("no {r} Event among {seen:?}")),
+            }
+        })
+        .await;
     }
 
     /// Probes until `probe` returns `Ok` (at most [`TIMEOUT`]), running a pass of the stand-in

@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 
 use dlock_e2e::{crds, env, helm, k8s, rbac, require_cluster};
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 /// Runs without a cluster: the chart's copy of the CRDs must be byte-identical to `crds/`.
 #[test]
@@ -109,6 +111,240 @@ fn chart_refuses_two_active_replicas() {
     assert!(stderr.contains("two active reconcilers"), "{stderr}");
 }
 
+/// `helm lint --strict` of the chart with `values` (YAML text) as a values file: (passed, the
+/// output, stdout and stderr together).
+fn lint_with_values(helm_bin: &std::path::Path, values: &str) -> (bool, String) {
+    let scratch = env::Scratch::new("values");
+    let file = scratch.path().join("values.yaml");
+    std::fs::write(&file, values).unwrap_or_else(|e| panic!("write {}: {e}", file.display()));
+    let chart = helm::chart_dir();
+    let (ok, stdout, stderr) = helm::run(
+        helm_bin,
+        &[
+            "lint",
+            "--strict",
+            &chart.to_string_lossy(),
+            "-f",
+            &file.to_string_lossy(),
+        ],
+    );
+    (ok, format!("{stdout}\n{stderr}"))
+}
+
+/// values.schema.json refuses a misspelt key, at the top level and inside an object, and names it;
+/// the same files with the key spelt right pass (so the failure is the typo, not the file).
+#[test]
+fn values_schema_refuses_misspelt_keys() {
+    let Some(helm_bin) = helm::helm("values_schema_refuses_misspelt_keys") else {
+        return;
+    };
+    for (typo, key, right) in [
+        ("replicaCont: 3\n", "replicaCont", "replicaCount: 3\n"),
+        (
+            "image:\n  tagg: \"1.2.3\"\n",
+            "tagg",
+            "image:\n  tag: \"1.2.3\"\n",
+        ),
+        (
+            "podDisruptionBudget:\n  enable: false\n",
+            "enable",
+            "podDisruptionBudget:\n  enabled: false\n",
+        ),
+        (
+            "networkPolicy:\n  egress:\n    apiServerPort: [443]\n",
+            "apiServerPort",
+            "networkPolicy:\n  egress:\n    apiServerPorts: [443]\n",
+        ),
+    ] {
+        let (ok, out) = lint_with_values(&helm_bin, typo);
+        assert!(!ok, "a values file with {key:?} must fail helm lint:\n{out}");
+        assert!(
+            out.contains(&format!("'{key}' not allowed")),
+            "the error names {key:?}:\n{out}"
+        );
+        let (ok, out) = lint_with_values(&helm_bin, right);
+        assert!(ok, "the same file spelt right must pass:\n{right}\n{out}");
+    }
+}
+
+/// values.schema.json checks types, enums and bounds; the default values (an empty values file)
+/// pass.
+#[test]
+fn values_schema_refuses_wrong_types_and_bounds() {
+    let Some(helm_bin) = helm::helm("values_schema_refuses_wrong_types_and_bounds") else {
+        return;
+    };
+    let (ok, out) = lint_with_values(&helm_bin, "");
+    assert!(ok, "the default values must pass:\n{out}");
+    for (bad, at) in [
+        ("replicaCount: \"two\"\n", "/replicaCount"),
+        ("replicaCount: 0\n", "/replicaCount"),
+        ("image:\n  pullPolicy: Sometimes\n", "/image/pullPolicy"),
+        ("image:\n  digest: \"@sha256:abc\"\n", "/image/digest"),
+        ("metrics:\n  port: 70000\n", "/metrics/port"),
+        (
+            "serviceAccount:\n  tokenExpirationSeconds: 60\n",
+            "/serviceAccount/tokenExpirationSeconds",
+        ),
+        (
+            "podDisruptionBudget:\n  enabled: \"yes\"\n",
+            "/podDisruptionBudget/enabled",
+        ),
+    ] {
+        let (ok, out) = lint_with_values(&helm_bin, bad);
+        assert!(!ok, "{bad:?} must fail helm lint:\n{out}");
+        assert!(
+            out.contains(&format!("at '{at}'")),
+            "the error points at {at}:\n{out}"
+        );
+    }
+}
+
+/// The PodDisruptionBudget: rendered for two replicas (one may be evicted at a time, selecting the
+/// operator pods), not for one (it would block every drain of the node), not when switched off.
+#[test]
+fn chart_renders_pdb_only_for_several_replicas() {
+    let Some(helm_bin) = helm::helm("chart_renders_pdb_only_for_several_replicas") else {
+        return;
+    };
+    let pdbs = |sets: &[(&str, &str)]| {
+        let yaml = helm::template(&helm_bin, "dlock-operator", "dlock-system", sets, &[]);
+        helm::rendered::<PodDisruptionBudget>(&yaml)
+    };
+    let two = pdbs(&[("replicaCount", "2")]);
+    assert_eq!(two.len(), 1, "replicaCount 2 renders one PodDisruptionBudget");
+    let spec = two[0].spec.as_ref().expect("the PodDisruptionBudget has a spec");
+    assert_eq!(spec.max_unavailable, Some(IntOrString::Int(1)));
+    assert_eq!(spec.min_available, None);
+    let selected = spec
+        .selector
+        .as_ref()
+        .and_then(|s| s.match_labels.clone())
+        .unwrap_or_default();
+    let deployment = helm::template(
+        &helm_bin,
+        "dlock-operator",
+        "dlock-system",
+        &[],
+        &["--show-only", "templates/deployment.yaml"],
+    );
+    let deps = helm::rendered::<Deployment>(&deployment);
+    let pod_labels = deps
+        .first()
+        .and_then(|d| d.spec.as_ref())
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default();
+    assert!(!selected.is_empty(), "the budget selects by labels");
+    for (k, v) in &selected {
+        assert_eq!(pod_labels.get(k), Some(v), "the operator pods carry {k}={v}");
+    }
+
+    assert!(
+        pdbs(&[("replicaCount", "1")]).is_empty(),
+        "no budget for one replica"
+    );
+    assert!(
+        pdbs(&[("replicaCount", "3"), ("podDisruptionBudget.enabled", "false")]).is_empty(),
+        "no budget when switched off"
+    );
+}
+
+/// The operator container by default: CPU and memory requests and limits, no automounted token
+/// but a projected one with a bounded lifetime at the path the in-cluster client reads, and the
+/// image by tag, or by digest when one is given.
+#[test]
+fn chart_deployment_is_hardened_by_default() {
+    let Some(helm_bin) = helm::helm("chart_deployment_is_hardened_by_default") else {
+        return;
+    };
+    let deployment = |sets: &[(&str, &str)]| {
+        let yaml = helm::template(
+            &helm_bin,
+            "dlock-operator",
+            "dlock-system",
+            sets,
+            &["--show-only", "templates/deployment.yaml"],
+        );
+        let mut deps = helm::rendered::<Deployment>(&yaml);
+        assert_eq!(deps.len(), 1, "the chart renders one Deployment");
+        deps.remove(0)
+    };
+    let dep = deployment(&[]);
+    let template = &dep.spec.as_ref().expect("the Deployment has a spec").template;
+    let c = k8s::container(template, "the chart's Deployment");
+    let resources = c.resources.as_ref().expect("the container has resources");
+    for (what, map) in [("requests", &resources.requests), ("limits", &resources.limits)] {
+        let map = map.clone().unwrap_or_default();
+        for r in ["cpu", "memory"] {
+            assert!(map.contains_key(r), "no {r} in {what}: {resources:?}");
+        }
+    }
+
+    let pod = template.spec.as_ref().expect("the pod template has a spec");
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let mount = c
+        .volume_mounts
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .find(|m| m.mount_path == "/var/run/secrets/kubernetes.io/serviceaccount")
+        .expect("the API credentials are mounted where the in-cluster client reads them");
+    let volume = pod
+        .volumes
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .find(|v| v.name == mount.name)
+        .expect("the mounted volume exists");
+    let sources = volume
+        .projected
+        .as_ref()
+        .and_then(|p| p.sources.clone())
+        .unwrap_or_default();
+    let token = sources
+        .iter()
+        .find_map(|s| s.service_account_token.as_ref())
+        .expect("a projected service account token");
+    assert_eq!(token.path, "token");
+    assert_eq!(token.expiration_seconds, Some(3600));
+    assert!(
+        sources.iter().any(|s| s
+            .config_map
+            .as_ref()
+            .is_some_and(|m| m.name == "kube-root-ca.crt")),
+        "the cluster CA is projected next to the token"
+    );
+    assert!(
+        sources.iter().any(|s| s.downward_api.is_some()),
+        "the namespace file is projected"
+    );
+
+    // By tag, the chart's appVersion by default; by digest when one is given, for the children too.
+    let chart_yaml = std::fs::read_to_string(helm::chart_dir().join("Chart.yaml"))
+        .unwrap_or_else(|e| panic!("read Chart.yaml: {e}"));
+    let chart_yaml: serde_yaml::Value =
+        serde_yaml::from_str(&chart_yaml).unwrap_or_else(|e| panic!("parse Chart.yaml: {e}"));
+    let app_version = chart_yaml
+        .get("appVersion")
+        .and_then(serde_yaml::Value::as_str)
+        .expect("Chart.yaml has an appVersion");
+    assert_eq!(
+        c.image.as_deref(),
+        Some(format!("ghcr.io/dlock-dev/dlock:{app_version}").as_str())
+    );
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    let pinned = deployment(&[("image.digest", &digest), ("image.tag", "ignored")]);
+    let c = k8s::container(
+        &pinned.spec.as_ref().expect("a spec").template,
+        "the chart's Deployment",
+    );
+    let expected = format!("ghcr.io/dlock-dev/dlock@{digest}");
+    assert_eq!(c.image.as_deref(), Some(expected.as_str()));
+    let args = c.args.clone().unwrap_or_default();
+    assert!(args.contains(&format!("--image={expected}")), "{args:?}");
+}
+
 /// The rendered chart (CRDs included) passes the API server's own validation and admission with
 /// `kubectl apply --dry-run=server`, for the default values and for the all-options variant.
 /// (kubectl: `helm template | kubectl apply` is how the chart reaches a cluster without helm.)
@@ -136,6 +372,8 @@ async fn rendered_chart_applies_with_server_dry_run() {
             "clusterrole",
             "deployment",
             "service",
+            // Two replicas by default, so the PodDisruptionBudget is rendered and validated too.
+            "poddisruptionbudget",
         ] {
             assert!(
                 out.stdout.contains(&format!("{kind}.")) || out.stdout.contains(&format!("{kind}/")),
@@ -243,6 +481,10 @@ async fn chart_rbac_is_least_privilege() {
         ("create", "poddisruptionbudgets.policy"),
         ("delete", "poddisruptionbudgets.policy"),
         ("watch", "poddisruptionbudgets.policy"),
+        // CloudNativePG Clusters (database.managed.engine: CloudNativePG).
+        ("create", "clusters.postgresql.cnpg.io"),
+        ("patch", "clusters.postgresql.cnpg.io"),
+        ("watch", "clusters.postgresql.cnpg.io"),
         ("create", "secrets"),
         ("get", "secrets"),
         ("patch", "secrets"),
@@ -285,6 +527,9 @@ async fn chart_rbac_is_least_privilege() {
         ("delete", "secrets", Some(ns.as_str())),
         ("delete", "configmaps", Some(ns.as_str())),
         ("create", "persistentvolumeclaims", Some(ns.as_str())),
+        // A CloudNativePG Cluster goes with its owner (garbage collection), never by the operator.
+        ("delete", "clusters.postgresql.cnpg.io", Some(ns.as_str())),
+        ("update", "clusters.postgresql.cnpg.io#status", Some(ns.as_str())),
         ("create", "pods#exec", Some(ns.as_str())),
         ("update", "deployments.apps#status", Some(ns.as_str())),
         ("create", "lockservices.dlock.dev", Some(ns.as_str())),

@@ -7,8 +7,8 @@ use dlock_e2e::k8s::{self, Kind};
 use dlock_e2e::specs::{etcd_lockservice, lockservice, paymentstack, stack_spec};
 use dlock_e2e::{crds, env, require_cluster};
 use dlock_operator::crd::{
-    Backend, DatabaseSpec, EtcdSpec, EtcdStorage, ExternalDatabase, LockService, ManagedDatabase,
-    ManagedEtcd, PaymentStack,
+    Backend, DatabaseEngine, DatabaseSpec, EtcdSpec, EtcdStorage, ExternalDatabase, LockService,
+    ManagedDatabase, ManagedEtcd, PaymentStack, Synchronous,
 };
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Secret;
@@ -109,6 +109,20 @@ async fn samples_apply() {
             .any(|l| database(l).is_some_and(|d| d.external.is_some())),
         "{seen:?}"
     );
+    // A highly available database (engine CloudNativePG) is covered, for both kinds.
+    let on_cnpg = |d: Option<&DatabaseSpec>| {
+        d.and_then(|d| d.managed.as_ref()).is_some_and(|m| {
+            m.engine == DatabaseEngine::CloudNativePg && m.instances > 1 && m.synchronous.is_some()
+        })
+    };
+    assert!(
+        lsvcs.iter().any(|l| on_cnpg(l.spec.database.as_ref())),
+        "{seen:?}"
+    );
+    assert!(
+        pstacks.iter().any(|p| on_cnpg(Some(&p.spec.database))),
+        "{seen:?}"
+    );
     // Both etcd modes are covered, and an external etcd's Secret ships with it.
     assert!(
         lsvcs
@@ -145,11 +159,18 @@ async fn samples_apply() {
                 .map(|p| (k8s::describe(p), p.spec.database.clone())),
         );
     for (owner, database) in databases {
-        if let Some(ExternalDatabase { secret_ref: r }) = database.external {
-            let s = k8s::get(&secrets_api, &r.name)
-                .await
-                .unwrap_or_else(|| panic!("{owner} references missing Secret {}", r.name));
-            assert!(has_key(&s, &r.key), "Secret {} lacks key {}", r.name, r.key);
+        if let Some(ExternalDatabase {
+            secret_ref: r,
+            ca_secret_ref,
+        }) = database.external
+        {
+            let refs = std::iter::once((r.name, r.key)).chain(ca_secret_ref.map(|ca| (ca.name, ca.key)));
+            for (name, key) in refs {
+                let s = k8s::get(&secrets_api, &name)
+                    .await
+                    .unwrap_or_else(|| panic!("{owner} references missing Secret {name}"));
+                assert!(has_key(&s, &key), "Secret {name} lacks key {key}");
+            }
         }
     }
     // Every PaymentStack references a LockService the samples ship.
@@ -268,6 +289,45 @@ async fn invalid_objects_are_refused_with_cel_messages() {
         &ls(sized("2Gi")),
         &ls(sized("plenty")),
         "storageSize must be a quantity such as 1Gi",
+    )
+    .await;
+    let engine = |engine: DatabaseEngine, instances: i32, number: Option<i32>| DatabaseSpec {
+        managed: Some(ManagedDatabase {
+            engine,
+            instances,
+            synchronous: number.map(|number| Synchronous {
+                number,
+                ..Synchronous::default()
+            }),
+            ..ManagedDatabase::default()
+        }),
+        external: None,
+    };
+    refused(
+        k,
+        &ns,
+        "instances on the StatefulSet engine",
+        &ls(engine(DatabaseEngine::CloudNativePg, 2, None)),
+        &ls(engine(DatabaseEngine::StatefulSet, 2, None)),
+        "database.managed.instances above 1 needs engine: CloudNativePG",
+    )
+    .await;
+    refused(
+        k,
+        &ns,
+        "more synchronous standbys than standbys",
+        &ls(engine(DatabaseEngine::CloudNativePg, 3, Some(2))),
+        &ls(engine(DatabaseEngine::CloudNativePg, 2, Some(2))),
+        "synchronous.number must be below instances",
+    )
+    .await;
+    refused(
+        k,
+        &ns,
+        "no instance",
+        &ls(engine(DatabaseEngine::CloudNativePg, 1, None)),
+        &ls(engine(DatabaseEngine::CloudNativePg, 0, None)),
+        "greater than or equal to 1",
     )
     .await;
     refused(
@@ -454,6 +514,50 @@ async fn immutable_fields_are_refused_on_update() {
         "switching the database mode",
         json!({"spec": {"database": {"managed": null, "external": {"secretRef": {"name": "db"}}}}}),
         "database mode (managed vs external) is immutable after creation",
+    )
+    .await;
+    refused_patch(
+        &lsvcs,
+        "ls",
+        "switching the database engine",
+        json!({"spec": {"database": {"managed": {"engine": "CloudNativePG"}}}}),
+        "database.managed.engine is immutable after creation",
+    )
+    .await;
+    // On CloudNativePG, instances scale (a change of the field) within what synchronous needs.
+    let ha = DatabaseSpec {
+        managed: Some(ManagedDatabase {
+            engine: DatabaseEngine::CloudNativePg,
+            instances: 2,
+            synchronous: Some(Synchronous::default()),
+            ..ManagedDatabase::default()
+        }),
+        external: None,
+    };
+    k8s::apply(&lsvcs, &lockservice("ha", ha, DEFAULT_REPLICAS)).await;
+    if let Err(e) = k8s::patch(
+        &lsvcs,
+        "ha",
+        &json!({"spec": {"database": {"managed": {"instances": 3}}}}),
+    )
+    .await
+    {
+        panic!("adding an instance is allowed: {e}");
+    }
+    refused_patch(
+        &lsvcs,
+        "ha",
+        "dropping below the synchronous standbys",
+        json!({"spec": {"database": {"managed": {"instances": 1}}}}),
+        "synchronous.number must be below instances",
+    )
+    .await;
+    refused_patch(
+        &lsvcs,
+        "ha",
+        "back to the StatefulSet engine",
+        json!({"spec": {"database": {"managed": {"engine": "StatefulSet", "instances": 1, "synchronous": null}}}}),
+        "database.managed.engine is immutable after creation",
     )
     .await;
 

@@ -18,7 +18,6 @@ use dlock_operator::crd::actions::{ANNOTATION_GRANT_KEYS, GrantKeyAction, GrantK
 use dlock_operator::crd::{DatabaseSpec, GrantStatus, LockService, PaymentStack};
 use dlock_testkit::History;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Secret;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
@@ -113,12 +112,6 @@ async fn lock_server_signs_with(st: &Stage) -> Option<String> {
         .cloned()
 }
 
-async fn secret_text(st: &Stage, name: &str, key: &str) -> Option<String> {
-    let s: Secret = st.must_get(name).await;
-    let bytes = s.data?.get(key)?.0.clone();
-    String::from_utf8(bytes).ok()
-}
-
 /// Creates payouts through payment-resource's Service URL (so through the proxy, to whichever
 /// process serves it now) until `stop` is set, counting them in `created`; a creation that meets a
 /// rolling pod is retried with the same idempotency key, so each number is one payout.
@@ -133,35 +126,7 @@ async fn create_payouts(
     let mut i = 0u32;
     while !stop.load(Ordering::SeqCst) {
         i += 1;
-        let body = json!({
-            "accountId": format!("00000000-0000-4000-8000-0000000000{:02}", 1 + i % 10),
-            "amountMinor": 100 + i64::from(i),
-            "currency": "EUR",
-            "idempotencyKey": format!("{run}-{i}"),
-        });
-        let outcome =
-            dlock_testkit::wait::poll(Duration::from_secs(60), Duration::from_millis(100), async || {
-                let resp = http
-                    .post(url)
-                    .bearer_auth(token)
-                    .json(&body)
-                    .send()
-                    .await
-                    .map_err(|e| e.to_string())?;
-                match resp.status().as_u16() {
-                    200 | 201 => Ok(()),
-                    // A pod rolling (the proxy has no endpoint for a moment) or not ready yet.
-                    502 | 503 => Err(format!("{}", resp.status())),
-                    code => panic!(
-                        "create payout {run}-{i}: {code}: {}",
-                        resp.text().await.unwrap_or_default()
-                    ),
-                }
-            })
-            .await;
-        if let Err(last) = outcome {
-            panic!("payout {run}-{i} could not be created within 60 s: {last}");
-        }
+        dlock_e2e::payouts::create_payout(http, url, token, run, i).await;
         created.store(i, Ordering::SeqCst);
         tokio::time::sleep(CREATE_EVERY).await;
     }
@@ -218,16 +183,7 @@ async fn grant_key_rotation_with_payouts_flowing_loses_nothing_and_refuses_the_r
     let paydb = st.kubelet.databases[&History::Paydb].admin_pool().await;
 
     let ns = st.ns.clone();
-    let proxy = st.proxy.clone().expect("this stage runs the proxy");
-    let http = reqwest::Client::builder()
-        .proxy(reqwest::Proxy::http(proxy.url()).expect("the proxy URL"))
-        .timeout(Duration::from_secs(10))
-        .build()
-        .expect("an HTTP client");
-    let token = secret_text(&st, &format!("{PS}-payment-credentials"), "client")
-        .await
-        .expect("the stack's client credential");
-    let payments = format!("http://{PS}-payment-resource.{ns}.svc:8080");
+    let (http, token, payments) = dlock_e2e::payouts::stack_client(&st, PS).await;
     let run = "rot";
     let (stop, created) = (AtomicBool::new(false), AtomicU32::new(0));
     let create_url = format!("{payments}/v1/payouts");
@@ -247,7 +203,7 @@ async fn grant_key_rotation_with_payouts_flowing_loses_nothing_and_refuses_the_r
         .await;
 
         // 1. Add a key: the resources roll to verify k1 and k2, then lock-server rolls to sign with k2.
-        let old = secret_text(&st, &format!("{LS}-grant-signing-keys"), "k1")
+        let old = dlock_e2e::payouts::secret_text(&st, &format!("{LS}-grant-signing-keys"), "k1")
             .await
             .expect("k1 in the signing Secret");
         let old = SigningKey::parse(&old).expect("k1 parses");
@@ -290,7 +246,7 @@ async fn grant_key_rotation_with_payouts_flowing_loses_nothing_and_refuses_the_r
         request(&st, "rot-retire", GrantKeyAction::Retire, Some("k1")).await;
         rotated_to(&mut st, "k2", &["k2"], Some("rot-retire")).await;
         assert_eq!(
-            secret_text(&st, &format!("{LS}-grant-signing-keys"), "k1").await,
+            dlock_e2e::payouts::secret_text(&st, &format!("{LS}-grant-signing-keys"), "k1").await,
             None,
             "the retired private key is gone from the Secret"
         );
@@ -379,7 +335,7 @@ async fn grant_key_rotation_with_payouts_flowing_loses_nothing_and_refuses_the_r
             session_id: uuid::Uuid::new_v4(),
         })
         .expect("k1 signs");
-    let executor = secret_text(&st, &format!("{PS}-payment-credentials"), "executor")
+    let executor = dlock_e2e::payouts::secret_text(&st, &format!("{PS}-payment-credentials"), "executor")
         .await
         .expect("the stack's executor credential");
     let resp = http

@@ -3,6 +3,9 @@
 //! cluster and each builds on the state the previous one left. (A second test, which needs no
 //! cluster, checks run.sh's rule for a machine without Docker.)
 //!
+//! - 6b, restricted: the stack's namespace enforces the Pod Security Standard "restricted", every pod
+//!   of the stack was admitted; negative control: a pod without the settings is refused (and, after
+//!   every step, no Event says a pod was refused)
 //! - 7, batch: payouts through payment-resource's API; the in-cluster executors post them; every
 //!   payout POSTED once, legs balanced, the rail-stub's ground truth without a duplicate
 //! - 8, chaos: a second batch while a lock-server pod and an executor pod are killed
@@ -11,6 +14,12 @@
 //!   fast-forward (gate, read and advance Jobs, resume); a third batch is paid
 //! - 11, etcd: the LockService with backend etcd: two grants whose tokens are the etcd revisions of
 //!   their keys, read back from etcd itself, strictly increasing
+//! - 11b, ha: a LockService and a PaymentStack whose lockdb and paydb run on CloudNativePG (two
+//!   instances each, synchronous): while payouts flow, the lockdb primary's pod killed, the paydb
+//!   primary's, then a switchover of each; every payout POSTED once, the fences of every account
+//!   strictly increasing across the four events, lock-server's grants above its jump on each new
+//!   timeline, each event in status and Events, the time without grants and postings measured;
+//!   negative control: asynchronous, the standby held behind, the jump off, and the check fails
 //! - 12, netpol: the NetworkPolicies as packet filters (kube-router enforces them): TCP connections
 //!   from a pod without the stack's labels, from an executor, rail-proxy, the operator and the etcd
 //!   LockService's lock-server to each policed Service, each let through or refused as the policies
@@ -26,6 +35,7 @@
 
 use base64::Engine as _;
 use dlock_e2e::k8s;
+use dlock_e2e::kind::ha::{self, Cnpg};
 use dlock_e2e::kind::netpol::{self, Expect, Source, Target};
 use dlock_e2e::kind::upgrade;
 use dlock_e2e::kind::{
@@ -41,6 +51,7 @@ use dlock_operator::builders::{
     RAIL_STUB,
 };
 use dlock_operator::crd::actions::{ANNOTATION_RESTORE, ANNOTATION_REVOKE, RestoreRequest, RevokeRequest};
+use dlock_operator::crd::sequence::{JumpCause, SequenceJump};
 use dlock_operator::crd::{ActionStatus, LockService, PaymentStack, Phase};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
@@ -164,6 +175,10 @@ async fn kind_tier_steps() {
         run
     };
 
+    if runs("restricted") {
+        steps.step("restricted");
+        restricted(&c).await;
+    }
     let mut run1 = None;
     if runs("batch") {
         steps.step("batch");
@@ -185,6 +200,10 @@ async fn kind_tier_steps() {
         steps.step("etcd");
         etcd(&c).await;
     }
+    if runs("ha") {
+        steps.step("ha");
+        ha(&c).await;
+    }
     if runs("netpol") {
         steps.step("netpol");
         netpol(&c).await;
@@ -193,12 +212,102 @@ async fn kind_tier_steps() {
         steps.step("upgrade");
         upgrade(&c, &pay).await;
     }
+    // Whatever ran, no pod was refused by the namespace's "restricted" admission.
+    if runs("restricted") {
+        steps.step("restricted-after");
+        nothing_refused(&c).await;
+    }
     // The negative control spoils a batch of step 7's.
     if let Some(run1) = run1.filter(|_| runs("negative-control")) {
         steps.step("negative-control");
         negative_control(&pay, &run1).await;
     }
     steps.close();
+}
+
+/// What the API server says when the Pod Security admission refuses a pod.
+const POD_SECURITY_REFUSAL: &str = "violates PodSecurity \"restricted";
+
+/// Step 6b: the stack's namespace enforces the Pod Security Standard "restricted" (run.sh labels
+/// it before the stack is applied), and every pod of the stack was admitted: the operator's
+/// Deployments, Jobs and StatefulSets, run and Ready by now. Negative control: a pod without the
+/// standard's settings is refused there, by the API server's own admission.
+async fn restricted(c: &Cluster) {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(c.client.clone());
+    let ns = namespaces.get(&c.env.ns).await.expect("the stack's namespace");
+    let enforce = ns
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("pod-security.kubernetes.io/enforce"))
+        .cloned();
+    assert_eq!(enforce.as_deref(), Some("restricted"), "namespace {}", c.env.ns);
+    let bare = Pod {
+        metadata: kube::api::ObjectMeta {
+            name: Some("unrestricted".into()),
+            ..Default::default()
+        },
+        spec: Some(k8s_openapi::api::core::v1::PodSpec {
+            containers: vec![k8s_openapi::api::core::v1::Container {
+                name: "c".into(),
+                image: Some(c.env.image.clone()),
+                image_pull_policy: Some("Never".into()),
+                command: Some(vec!["sleep".into(), "60".into()]),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Pod::default()
+    };
+    match c.pods.create(&kube::api::PostParams::default(), &bare).await {
+        Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains(POD_SECURITY_REFUSAL) => {
+            log(format!(
+                "negative control: a pod without the standard's settings is refused: {}",
+                e.message
+            ));
+        }
+        Ok(_) => {
+            let _ = c
+                .pods
+                .delete("unrestricted", &DeleteParams::default().grace_period(0))
+                .await;
+            panic!(
+                "a pod without securityContext was admitted to namespace {}: nothing enforces \"restricted\"",
+                c.env.ns
+            );
+        }
+        Err(e) => panic!("creating the unrestricted pod failed otherwise: {e}"),
+    }
+    nothing_refused(c).await;
+    let pods = c.pods.list(&ListParams::default()).await.expect("list pods");
+    log(format!(
+        "{} pods of the stack admitted under \"restricted\"",
+        pods.items.len()
+    ));
+}
+
+/// No Event of the namespace says a pod was refused by the "restricted" admission (a ReplicaSet,
+/// a StatefulSet or a Job records `FailedCreate` with the API server's words).
+async fn nothing_refused(c: &Cluster) {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(c.client.clone(), &c.env.ns);
+    let refused: Vec<String> = events
+        .list(&ListParams::default())
+        .await
+        .expect("list events")
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.message
+                .as_deref()
+                .is_some_and(|m| m.contains(POD_SECURITY_REFUSAL))
+        })
+        .map(|e| format!("{:?}: {}", e.involved_object.name, e.message.unwrap_or_default()))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "pods refused by the restricted admission:\n{}",
+        refused.join("\n")
+    );
 }
 
 /// Step 7: A payout batch, posted by the in-cluster executors, checked in the ledger and at the rail.
@@ -522,6 +631,614 @@ async fn etcd(c: &Cluster) {
     log(format!(
         "etcd: tokens {tokens:?} are etcd revisions, strictly increasing; the release removed the key"
     ));
+}
+
+/// One acquire, its failure returned rather than asserted (a failover is under way).
+fn try_acquire(locks: &LockApi, session: &str, owner: &str, key: &str) -> Result<Grant, String> {
+    let (status, body) = locks.call(
+        "POST",
+        &format!("/v1/locks/{key}/acquire"),
+        Some(&json!({"sessionId": session, "ownerId": owner, "ttlMs": 600_000})),
+        &[],
+    );
+    match (status, body["fencingToken"].as_i64()) {
+        (200, Some(token)) => Ok(Grant {
+            key: key.to_owned(),
+            owner: owner.to_owned(),
+            session: session.to_owned(),
+            token,
+        }),
+        _ => Err(format!("{status}: {body}")),
+    }
+}
+
+/// The LockService and the PaymentStack of step 11b: lockdb and paydb on CloudNativePG, each a
+/// primary and one synchronous standby.
+const HA_LSVC: &str = "ha-locks";
+const HA_PSTACK: &str = "ha-payments";
+
+/// `database.managed` of the step's two objects: two instances, synchronous or not.
+fn ha_database(synchronous: bool) -> Value {
+    let image =
+        std::env::var("DLOCK_KIND_CNPG_PG_IMAGE").unwrap_or_else(|_| "dlock-local/postgres:16.15".to_owned());
+    let mut managed =
+        json!({"engine": "CloudNativePG", "instances": 2, "storageSize": "1Gi", "image": image});
+    if synchronous {
+        managed["synchronous"] = json!({"number": 1, "dataDurability": "Required"});
+    }
+    json!({"managed": managed})
+}
+
+async fn apply_ha_lsvc(c: &Cluster, synchronous: bool) {
+    let ls: LockService = serde_json::from_value(json!({
+        "apiVersion": "dlock.dev/v1alpha1", "kind": "LockService",
+        "metadata": {"name": HA_LSVC, "namespace": c.env.ns},
+        "spec": {"backend": "postgres", "database": ha_database(synchronous), "lockServer": {"replicas": 1}},
+    }))
+    .expect("a LockService");
+    c.lsvcs
+        .patch(
+            HA_LSVC,
+            &PatchParams::apply("kind-tier").force(),
+            &Patch::Apply(&ls),
+        )
+        .await
+        .expect("apply the HA LockService");
+}
+
+/// Lock grants taken by the step itself, one session, every token kept in the order granted.
+struct Grants {
+    locks: LockApi,
+    session: String,
+    owner: &'static str,
+    /// Keys are `PREFIX:N`: each session's own, so none waits on another's.
+    prefix: &'static str,
+    n: u32,
+}
+
+impl Grants {
+    fn open(locks: LockApi, prefix: &'static str) -> Self {
+        let owner = "kind-ha-worker";
+        let (st, session) = tokio::task::block_in_place(|| {
+            locks.call(
+                "POST",
+                "/v1/sessions",
+                Some(&json!({"ownerId": owner, "ttlMs": 600_000})),
+                &[],
+            )
+        });
+        assert_eq!(st, 201, "session: {session}");
+        Grants {
+            locks,
+            session: session["sessionId"].as_str().unwrap_or_default().to_owned(),
+            owner,
+            prefix,
+            n: 0,
+        }
+    }
+
+    fn try_one(&mut self) -> Result<i64, String> {
+        self.n += 1;
+        let key = format!("{}:{}", self.prefix, self.n);
+        tokio::task::block_in_place(|| try_acquire(&self.locks, &self.session, self.owner, &key))
+            .map(|g| g.token)
+    }
+
+    fn take(&mut self, count: u32) -> Vec<i64> {
+        (0..count)
+            .map(|_| self.try_one().unwrap_or_else(|e| panic!("grant {}: {e}", self.n)))
+            .collect()
+    }
+
+    /// Acquires on, through a change of lockdb's primary, until a grant lands on a timeline above
+    /// `timeline` (lock-server's last jump says which): the tokens granted meanwhile (the dying
+    /// primary may grant for a moment: its container outlives the pod object), and that jump.
+    async fn across(&mut self, timeline: i64, timeout: std::time::Duration) -> (Vec<i64>, SequenceJump) {
+        let mut tokens = Vec::new();
+        let jump = poll(
+            "a grant on the promoted standby's timeline",
+            timeout,
+            async || {
+                tokens.push(self.try_one()?);
+                let jump = tokio::task::block_in_place(|| self.locks.last_jump());
+                if jump.timeline > timeline {
+                    Ok(jump)
+                } else {
+                    Err(format!("granted, still on timeline {}", jump.timeline))
+                }
+            },
+        )
+        .await;
+        (tokens, jump)
+    }
+}
+
+/// Which database an event of step 11b hits, and how.
+#[derive(Clone, Copy, PartialEq)]
+enum Db {
+    Lockdb,
+    Paydb,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Move {
+    /// The primary's pod deleted without grace, as a node lost.
+    Kill,
+    /// A planned switchover to the standby.
+    Switchover,
+}
+
+/// The step's state across its four events.
+struct Ha<'a> {
+    c: &'a Cluster,
+    cnpg: Cnpg,
+    grants: Grants,
+    /// Every token the step was granted, in order.
+    tokens: Vec<i64>,
+    events: Vec<ha::Event>,
+    /// Per event: (what, time without grants or postings as the holders saw it, seconds until the
+    /// operator recorded it).
+    measured: Vec<String>,
+}
+
+impl Ha<'_> {
+    fn owner(db: Db) -> (&'static str, String, &'static str) {
+        match db {
+            Db::Lockdb => (HA_LSVC, format!("{HA_LSVC}-lockdb"), "lockdb"),
+            Db::Paydb => (HA_PSTACK, format!("{HA_PSTACK}-paydb"), "paydb"),
+        }
+    }
+
+    /// `status.database` of the LockService or PaymentStack that owns `db`, once `ok` holds of it.
+    async fn database_until(
+        &self,
+        db: Db,
+        what: &str,
+        ok: impl Fn(&dlock_operator::crd::status::DatabaseStatus) -> bool,
+    ) -> dlock_operator::crd::status::DatabaseStatus {
+        let (owner, _, _) = Self::owner(db);
+        let found = |s: Option<&dlock_operator::crd::status::DlockStatus>| {
+            s.and_then(|s| s.database.clone()).filter(|d| ok(d))
+        };
+        let status = match db {
+            Db::Lockdb => {
+                wait_until(
+                    &self.c.lsvcs,
+                    owner,
+                    what,
+                    self.c.env.timeout,
+                    |o: Option<&LockService>| found(o.and_then(|l| l.status.as_ref())).is_some(),
+                )
+                .await
+                .status
+            }
+            Db::Paydb => {
+                wait_until(
+                    &self.c.pstacks,
+                    owner,
+                    what,
+                    self.c.env.timeout,
+                    |o: Option<&PaymentStack>| found(o.and_then(|p| p.status.as_ref())).is_some(),
+                )
+                .await
+                .status
+            }
+        };
+        found(status.as_ref()).expect("the status it was awaited in")
+    }
+
+    /// One event: `mv` on `db`'s primary while payouts flow and the step keeps taking grants.
+    async fn event(&mut self, db: Db, mv: Move) {
+        let (owner, cluster, _) = Self::owner(db);
+        let kind = if mv == Move::Kill {
+            "Failover"
+        } else {
+            "Switchover"
+        };
+        let what = format!(
+            "{} of {cluster}",
+            if mv == Move::Kill {
+                "the primary's kill"
+            } else {
+                "a switchover"
+            }
+        );
+        // Both instances ready first: the synchronous standby is the one promoted, and commits
+        // wait while it is missing.
+        let ready = self
+            .database_until(db, &format!("{cluster} 2/2 ready before {what}"), |d| {
+                d.ready == "2/2"
+            })
+            .await;
+        let old = ready.primary.clone().expect("a primary");
+        let timeline = ready.timeline.unwrap_or(1);
+        let lock_timeline = tokio::task::block_in_place(|| self.grants.locks.last_jump()).timeline;
+        self.tokens.extend(self.grants.take(5));
+        let at = chrono::Utc::now();
+        let started = std::time::Instant::now();
+        match mv {
+            Move::Kill => {
+                log(format!("{what}: deleting pod {old} without grace"));
+                self.c
+                    .pods
+                    .delete(&old, &DeleteParams::default().grace_period(0))
+                    .await
+                    .unwrap_or_else(|e| panic!("delete pod {old}: {e}"));
+            }
+            Move::Switchover => {
+                let to = self.cnpg.standby(&cluster).await;
+                log(format!(
+                    "{what}: {old} to {to}, as `kubectl cnpg promote {cluster} {to}` asks"
+                ));
+                self.cnpg.switchover(&cluster, &to).await;
+            }
+        }
+        let over = match db {
+            // lock-server's next connection finds the new timeline and jumps before it grants.
+            Db::Lockdb => {
+                let (tokens, jump) = self.grants.across(lock_timeline, self.c.env.timeout).await;
+                let first = *tokens.last().expect("the grant the poll ended on");
+                assert_eq!(jump.cause, JumpCause::NewTimeline, "{jump:?}");
+                assert!(
+                    first > jump.jumped_to,
+                    "the first grant on the new timeline ({first}) is not above the jump ({})",
+                    jump.jumped_to
+                );
+                self.measured.push(format!(
+                    "{what}: {} grants on the dying primary, first grant on timeline {} {:.1}s after it (jump found {}, set {})",
+                    tokens.len() - 1,
+                    jump.timeline,
+                    started.elapsed().as_secs_f64(),
+                    jump.found,
+                    jump.jumped_to
+                ));
+                self.tokens.extend(tokens);
+                chrono::Utc::now()
+            }
+            // Tokens do not come from paydb: the holders are over it once its new primary serves.
+            Db::Paydb => {
+                self.database_until(db, &format!("{cluster}'s new primary"), |d| {
+                    d.primary.as_deref().is_some_and(|p| p != old) && d.ready != "0/2"
+                })
+                .await;
+                chrono::Utc::now()
+            }
+        };
+        // The operator's record: the change, on a later timeline, and its Event.
+        let recorded = self
+            .database_until(
+                db,
+                &format!("status.database of {owner} to record the {kind}"),
+                |d| {
+                    d.last_primary_change.as_ref().is_some_and(|ch| {
+                        ch.kind == kind && ch.from == old && ch.timeline.is_some_and(|t| t > timeline)
+                    })
+                },
+            )
+            .await;
+        let recorded_after = started.elapsed().as_secs_f64();
+        self.event_published(owner, &format!("Database{kind}"), at).await;
+        log(format!(
+            "{what}: recorded {recorded_after:.0}s after it: {}",
+            json!(recorded)
+        ));
+        self.measured.push(format!(
+            "{what}: the {kind} recorded in status {recorded_after:.0}s after it"
+        ));
+        self.events.push(ha::Event { what, at, over });
+        self.tokens.extend(self.grants.take(5));
+    }
+
+    /// Waits for the Event `reason` about `owner`, published at or after `at`.
+    async fn event_published(&self, owner: &str, reason: &str, at: chrono::DateTime<chrono::Utc>) {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.c.client.clone(), &self.c.env.ns);
+        poll(
+            &format!("the {reason} Event of {owner}"),
+            self.c.env.timeout,
+            async || {
+                let list = events
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                list.items
+                    .iter()
+                    .find(|e| {
+                        let when = e
+                            .series
+                            .as_ref()
+                            .map(|s| s.last_observed_time.0)
+                            .or(e.event_time.as_ref().map(|t| t.0))
+                            .or(e.deprecated_last_timestamp.as_ref().map(|t| t.0));
+                        e.reason.as_deref() == Some(reason)
+                            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(owner)
+                            && when.is_some_and(|w| w.as_second() >= at.timestamp())
+                    })
+                    .map(|e| log(format!("Event {reason}: {}", e.note.clone().unwrap_or_default())))
+                    .ok_or_else(|| "not yet".to_owned())
+            },
+        )
+        .await;
+    }
+}
+
+/// Step 11b: lockdb and paydb highly available on CloudNativePG (installed by run.sh), failed over
+/// and switched over in real pods while payouts flow. The operator writes both Clusters (two
+/// instances, synchronous `any 1`, `required`); their status shows the primary, 2/2 ready and
+/// timeline 1. Payouts are created at a steady pace through payment-resource while, in turn, the
+/// lockdb primary's pod is killed, the paydb primary's pod is killed, and each database is switched
+/// over to its standby. At each lockdb event lock-server's next connection finds the new timeline
+/// and jumps the sequence before it grants again; each event is recorded by the operator in status
+/// with its Event. Checked from the record at the end: every payout POSTED once (the ledger and the
+/// rail's ground truth), the fences each account accepted strictly increasing across every event,
+/// every token the step was granted above the one before it; the time without grants and without
+/// postings is measured and printed. Then the negative control ([`ha_negative_control`]).
+async fn ha(c: &Cluster) {
+    let paydb_cluster = format!("{HA_PSTACK}-paydb");
+    // A cluster kept from an earlier run (DLOCK_KIND_KEEP=1) may still hold the step's objects.
+    if c.pstacks.get_opt(HA_PSTACK).await.ok().flatten().is_some() {
+        delete_and_wait(&c.pstacks, HA_PSTACK, c.env.timeout).await;
+    }
+    if c.lsvcs.get_opt(HA_LSVC).await.ok().flatten().is_some() {
+        delete_and_wait(&c.lsvcs, HA_LSVC, c.env.timeout).await;
+    }
+    apply_ha_lsvc(c, true).await;
+    let ps: PaymentStack = serde_json::from_value(json!({
+        "apiVersion": "dlock.dev/v1alpha1", "kind": "PaymentStack",
+        "metadata": {"name": HA_PSTACK, "namespace": c.env.ns},
+        "spec": {
+            "lockServiceRef": {"name": HA_LSVC},
+            "demoData": true,
+            "database": ha_database(true),
+            "payoutExecutor": {"replicas": 2, "workers": 2},
+            "railStub": {"enabled": true, "mode": "ack", "image": c.env.image},
+        }
+    }))
+    .expect("a PaymentStack");
+    c.pstacks
+        .patch(
+            HA_PSTACK,
+            &PatchParams::apply("kind-tier").force(),
+            &Patch::Apply(&ps),
+        )
+        .await
+        .expect("apply the HA PaymentStack");
+    let created = std::time::Instant::now();
+    let ready = c.lsvc_ready(HA_LSVC).await;
+    log(format!(
+        "lsvc/{HA_LSVC} Ready in {}s on CloudNativePG: {}",
+        created.elapsed().as_secs(),
+        json!(ready.status.as_ref().and_then(|s| s.database.as_ref()))
+    ));
+    let pstack = wait_until(
+        &c.pstacks,
+        HA_PSTACK,
+        &format!("paymentstack/{HA_PSTACK} to be Ready"),
+        c.env.timeout,
+        |o: Option<&PaymentStack>| o.and_then(|p| p.status.as_ref()).is_some_and(|s| s.is_ready()),
+    )
+    .await;
+    log(format!(
+        "paymentstack/{HA_PSTACK} Ready in {}s on CloudNativePG: {}",
+        created.elapsed().as_secs(),
+        json!(pstack.status.as_ref().and_then(|s| s.database.as_ref()))
+    ));
+    for (status, cluster) in [
+        (ready.status, format!("{HA_LSVC}-lockdb")),
+        (pstack.status, paydb_cluster.clone()),
+    ] {
+        let db = status
+            .and_then(|s| s.database)
+            .expect("status.database of a CloudNativePG database");
+        assert_eq!(db.cluster, cluster);
+        assert!(db.primary.is_some(), "{db:?}");
+        assert_eq!(
+            (db.ready.as_str(), db.synchronous.as_str(), db.timeline),
+            ("2/2", "any 1 (required)", Some(1)),
+            "{db:?}"
+        );
+    }
+    c.rolled_out(&format!("{HA_LSVC}-lock-server")).await;
+    c.rolled_out(&format!("{HA_PSTACK}-payout-executor")).await;
+
+    let fwd = forward(&c.env, &format!("{HA_LSVC}-lock-server"), 8080).await;
+    let mut grants = Grants::open(LockApi { port: fwd.port }, "kind:ha");
+    let tokens = grants.take(20);
+    let pay = std::sync::Arc::new(Payments::connect_cnpg(&c.env, &c.client, HA_PSTACK, &paydb_cluster).await);
+    let run = run_name("ha");
+    let started = chrono::Utc::now();
+    let producer = ha::Producer::start(pay.clone(), run.clone(), std::time::Duration::from_millis(200));
+    poll(
+        &format!("the first payouts of {run} posted"),
+        c.env.timeout,
+        async || {
+            let n = pay.counts(&run).await?;
+            if n.posted >= 5 { Ok(()) } else { Err(n.to_string()) }
+        },
+    )
+    .await;
+
+    let mut h = Ha {
+        c,
+        cnpg: Cnpg::new(&c.env, &c.client),
+        grants,
+        tokens,
+        events: Vec::new(),
+        measured: Vec::new(),
+    };
+    h.event(Db::Lockdb, Move::Kill).await;
+    h.event(Db::Paydb, Move::Kill).await;
+    h.event(Db::Lockdb, Move::Switchover).await;
+    h.event(Db::Paydb, Move::Switchover).await;
+    let created_n = producer.stop().await;
+    let ended = chrono::Utc::now();
+    log(format!("{created_n} payouts created through the four events"));
+
+    // The record. paydb's forward reached its first primary: a new one reaches the current.
+    drop(pay);
+    let pay = Payments::connect_cnpg(&c.env, &c.client, HA_PSTACK, &paydb_cluster).await;
+    pay.await_posted(&run, created_n, c.env.timeout).await;
+    pay.check_batch(&run).await.unwrap_or_else(|e| panic!("{e}"));
+    ha::tokens_increase(&h.tokens, &[]).unwrap_or_else(|e| panic!("the step's grants: {e}"));
+    let fenced = ha::fences(&pay, &run).await.unwrap_or_else(|e| panic!("{e}"));
+    let across = ha::fences_across(&fenced, &h.events).unwrap_or_else(|e| panic!("{e}"));
+    log(format!("{run}: {across}"));
+    let postings: Vec<chrono::DateTime<chrono::Utc>> = fenced.iter().map(|f| f.at).collect();
+    let mut edges: Vec<_> = h.events.iter().map(|e| e.at).collect();
+    edges.push(ended);
+    for (e, next) in h.events.iter().zip(edges.iter().skip(1)) {
+        h.measured.push(format!(
+            "{}: the longest time without a posting from it to the next event {:.1}s (holders over it {:.1}s after it)",
+            e.what,
+            ha::longest_pause(&postings, e.at, *next).as_secs_f64(),
+            (e.over - e.at).to_std().unwrap_or_default().as_secs_f64()
+        ));
+    }
+    log(format!(
+        "measured, {} payouts from {} to {}:\n  {}",
+        created_n,
+        started.format("%H:%M:%S"),
+        ended.format("%H:%M:%S"),
+        h.measured.join("\n  ")
+    ));
+
+    delete_and_wait(&c.pstacks, HA_PSTACK, c.env.timeout).await;
+    ha_negative_control(c, &h.cnpg).await;
+    delete_and_wait(&c.lsvcs, HA_LSVC, c.env.timeout).await;
+    // The garbage collector removes the children after their owner: the step ends with their pods
+    // gone, as run.sh's last check finds every remaining pod Running.
+    for selector in [
+        format!("{LABEL_INSTANCE} in ({HA_LSVC},{HA_PSTACK})"),
+        format!("cnpg.io/cluster in ({HA_LSVC}-lockdb,{paydb_cluster})"),
+    ] {
+        let lp = ListParams::default().labels(&selector);
+        poll(
+            &format!("the pods of {selector} to be gone"),
+            c.env.timeout,
+            async || {
+                let left = c.pods.list(&lp).await.map_err(|e| e.to_string())?.items.len();
+                if left == 0 {
+                    Ok(())
+                } else {
+                    Err(format!("{left} left"))
+                }
+            },
+        )
+        .await;
+    }
+}
+
+/// Step 11b's negative control, in the same shape: lockdb's replication made asynchronous, its
+/// standby held behind the primary (the replication role refused, as a lagging link would leave
+/// it), lock-server's jump switched off (its negative-control flag, set on the Deployment beside
+/// the operator's fields), grants on the primary alone, the primary killed: the promoted standby
+/// hands out tokens again, and the check of the step ([`ha::tokens_increase`]) must fail.
+async fn ha_negative_control(c: &Cluster, cnpg: &Cnpg) {
+    let cluster = format!("{HA_LSVC}-lockdb");
+    apply_ha_lsvc(c, false).await;
+    let primary = cnpg.primary(&cluster).await;
+    poll(
+        &format!("{primary} to replicate asynchronously"),
+        c.env.timeout,
+        async || {
+            let names = cnpg
+                .psql(&primary, "lockdb", "SHOW synchronous_standby_names")
+                .await?;
+            if names.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("synchronous_standby_names = {names}"))
+            }
+        },
+    )
+    .await;
+    let deployment = format!("{HA_LSVC}-lock-server");
+    let unsafe_env = json!({"spec": {"template": {"spec": {"containers": [
+        {"name": LOCK_SERVER, "env": [{"name": "DLOCK_UNSAFE_NO_SEQUENCE_JUMP", "value": "true"}]}
+    ]}}}});
+    c.deployments
+        .patch(
+            &deployment,
+            &PatchParams::default(),
+            &Patch::Strategic(&unsafe_env),
+        )
+        .await
+        .expect("switch lock-server's jump off");
+    c.rolled_out(&deployment).await;
+    let fwd = forward(&c.env, &deployment, 8080).await;
+    let locks = LockApi { port: fwd.port };
+    let view = tokio::task::block_in_place(|| locks.sequence());
+    assert!(!view.jumps_enabled, "lock-server still jumps: {view:?}");
+    let mut grants = Grants::open(locks, "kind:ha:control");
+    let mut before = grants.take(5);
+    cnpg.hold_standby_behind(&cluster, "lockdb").await;
+    // More grants than the 32 sequence values a WAL record covers, on the primary alone.
+    before.extend(grants.take(100));
+    let lag = cnpg
+        .lag_bytes(&cluster, "lockdb")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    log(format!(
+        "negative control: standby held {lag} bytes of WAL behind; {} grants, highest token {}; killing {primary}",
+        before.len(),
+        before.last().copied().unwrap_or_default()
+    ));
+    assert!(lag > 0, "the standby is not behind");
+    c.pods
+        .delete(&primary, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap_or_else(|e| panic!("delete pod {primary}: {e}"));
+    let after = poll("a grant on the promoted standby", c.env.timeout, async || {
+        let now = cnpg.status(&cluster).await;
+        if now["currentPrimary"].as_str().is_none_or(|p| p == primary) {
+            return Err(format!("the primary is still {primary}"));
+        }
+        grants.try_one()
+    })
+    .await;
+    let after = [after, grants.take(1)[0]];
+    match ha::tokens_increase(&before, &after) {
+        Err(e) => log(format!("negative control: the check fails as it must: {e}")),
+        Ok(()) => panic!(
+            "negative control: tokens {after:?} after an asynchronous failover without the jump are above every \
+             token before it (highest {:?}): the standby was not behind, or the check cannot fail",
+            before.last()
+        ),
+    }
+}
+
+/// Deletes `name` and waits until it is gone (its children, the Clusters and their volumes, go with
+/// it by owner reference).
+async fn delete_and_wait<K>(api: &Api<K>, name: &str, timeout: std::time::Duration)
+where
+    K: Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + kube::Resource<DynamicType = ()>
+        + Send
+        + 'static,
+{
+    let uid = api
+        .get(name)
+        .await
+        .unwrap_or_else(|e| panic!("get {name}: {e}"))
+        .meta()
+        .uid
+        .clone()
+        .unwrap_or_default();
+    api.delete(name, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("delete {name}: {e}"));
+    let gone = kube::runtime::wait::await_condition(
+        api.clone(),
+        name,
+        kube::runtime::wait::conditions::is_deleted(&uid),
+    );
+    match tokio::time::timeout(timeout, gone).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => panic!("watching {name} go: {e}"),
+        Err(_) => panic!("{name} still there {}s after its deletion", timeout.as_secs()),
+    }
 }
 
 /// The Services the NetworkPolicies guard, the connections expected of each source, and where the

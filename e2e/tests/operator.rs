@@ -12,7 +12,8 @@ use dlock_operator::builders::HTTP_PORT;
 use dlock_operator::builders::network_policies::Scraper;
 use dlock_operator::crd::status::ActionPhase;
 use dlock_operator::crd::{
-    DatabaseSpec, DlockStatus, EtcdSpec, LockService, ManagedEtcd, PaymentStack, Phase,
+    CaSecretRef, DatabaseEngine, DatabaseSpec, DlockStatus, EtcdSpec, LockService, ManagedDatabase,
+    ManagedEtcd, PaymentStack, Phase, Synchronous,
 };
 use dlock_testkit::History;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
@@ -234,27 +235,35 @@ async fn lockservice_managed_migrates_before_serving_then_follows_spec_changes()
         "metrics: {metrics}"
     );
 
-    // 5. Spec changes: more replicas updates the Deployment; a new lease default reaches lock-server.
+    // 5. Spec changes: more replicas updates the Deployment. A new lease is not lock-server's
+    //    setting (every acquire names its own TTL): it reaches the PaymentStacks' executors
+    //    (tests/settings.rs), and nothing of this LockService carries it.
     st.patch::<LockService>(
         name,
         &json!({"spec": {"lockServer": {"replicas": 3}, "lease": {"defaultTtlMs": 4321}}}),
     )
     .await;
     let dep = deployments[0].clone();
-    st.wait(
-        "lock-server scaled to 3 with the new lease TTL",
-        true,
-        async |st| {
-            let d: Deployment = st.must_get(&dep).await;
-            let ls = st.lsvc(name).await;
-            let wired = st.children(&ls).await.iter().any(|c| c.text.contains("4321"));
-            match (k8s::replicas(&d), wired) {
-                (3, true) => Ok(()),
-                (r, has) => Err(format!("replicas {r}, lease TTL visible in children: {has}")),
-            }
-        },
-    )
+    st.wait("lock-server scaled to 3", true, async |st| {
+        let d: Deployment = st.must_get(&dep).await;
+        match k8s::replicas(&d) {
+            3 => Ok(()),
+            r => Err(format!("replicas {r}")),
+        }
+    })
     .await;
+    let ls = st.lsvc(name).await;
+    let carrying: Vec<String> = st
+        .children(&ls)
+        .await
+        .into_iter()
+        .filter(|c| c.text.contains("4321"))
+        .map(|c| c.text.chars().take(80).collect())
+        .collect();
+    assert!(
+        carrying.is_empty(),
+        "the lease reached children that read none: {carrying:?}"
+    );
     st.wait_ready::<LockService>(name).await;
     st.op.assert_healthy();
 }
@@ -494,6 +503,125 @@ async fn external_lockdb_is_migrated_from_the_secret_url() {
     st.op.assert_healthy();
 }
 
+/// An external lockdb that requires TLS, its CA given by `caSecretRef`: refused while the CA
+/// Secret lacks its key (Degraded, nothing of the CA written); then the operator copies the CA into
+/// `<owner>-lockdb-ca`, makes both URLs it hands out verify against the mounted file, and the
+/// migration Job reads the owner URL from the connection Secret with the CA mounted beside it. (The
+/// binaries' TLS itself, and a refused certificate's message, are tested against a TLS-only
+/// PostgreSQL in dlock-migrate's and lock-server's own tests; the Job here runs against the local
+/// plain server, so it is not waited for.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn external_lockdb_with_a_ca_secret_is_verified_against_it() {
+    let Some(mut st) = stage("external_lockdb_with_a_ca_secret_is_verified_against_it", &[]).await else {
+        return;
+    };
+    let name = "tlsext";
+    st.apply(&secret(
+        "tls-lockdb",
+        "url",
+        "postgres://dlock_owner:FAKE@lockdb.example.internal:5432/lockdb",
+    ))
+    .await;
+    st.apply(&secret("tls-lockdb-ca", "wrong-key", "nothing")).await;
+    let mut spec = DatabaseSpec::external("tls-lockdb");
+    if let Some(external) = spec.external.as_mut() {
+        external.ca_secret_ref = Some(CaSecretRef {
+            name: "tls-lockdb-ca".into(),
+            key: "ca.crt".into(),
+        });
+    }
+    st.apply(&lockservice(name, spec, 1)).await;
+    let ls = st
+        .wait("ExternalSecretMissing for the CA", false, async |st| {
+            let ls = st.lsvc(name).await;
+            if ready_reason(&ls).as_deref() == Some("ExternalSecretMissing") {
+                Ok(ls)
+            } else {
+                Err(format!("status {}", status(&ls)))
+            }
+        })
+        .await;
+    let message = ready_message(&ls);
+    assert!(
+        message.contains("caSecretRef") && message.contains("tls-lockdb-ca"),
+        "{message}"
+    );
+    assert!(st.get::<Secret>(&format!("{name}-lockdb-ca")).await.is_none());
+    assert!(
+        st.owned::<Job, _>(&ls).await.is_empty(),
+        "no migration before the CA is usable"
+    );
+
+    let pem = "-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n";
+    st.apply(&secret("tls-lockdb-ca", "ca.crt", pem)).await;
+    nudge(&st, name, 1).await;
+    let copy: Secret = st
+        .wait("the CA's copy", false, async |st| {
+            st.get::<Secret>(&format!("{name}-lockdb-ca"))
+                .await
+                .ok_or_else(|| "not yet".to_owned())
+        })
+        .await;
+    let data = copy.data.clone().unwrap_or_default();
+    assert_eq!(data.get("ca.crt").map(|v| v.0.as_slice()), Some(pem.as_bytes()));
+    let conn: Secret = st.must_get(&format!("{name}-lockdb-conn")).await;
+    let conn = conn.data.unwrap_or_default();
+    let tail = format!("sslmode=verify-full&sslrootcert=%2Fetc%2Fdlock%2Ftls%2F{name}-lockdb%2Fca.crt");
+    for key in ["url", "admin-url"] {
+        let url =
+            String::from_utf8(conn.get(key).map(|v| v.0.clone()).unwrap_or_default()).unwrap_or_default();
+        assert!(
+            url.ends_with(&tail) && url.contains("@lockdb.example.internal:5432/lockdb"),
+            "{key}: {}",
+            url.split('@').nth(1).unwrap_or_default()
+        );
+    }
+    let job = st
+        .wait("the migration Job", false, async |st| {
+            let ls = st.lsvc(name).await;
+            st.owned::<Job, _>(&ls)
+                .await
+                .into_iter()
+                .next()
+                .ok_or_else(|| format!("no Job yet: {}", status(&ls)))
+        })
+        .await;
+    let pod = job.spec.and_then(|s| s.template.spec).expect("a pod template");
+    let c = &pod.containers[0];
+    let url = c
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "DATABASE_URL")
+        .expect("DATABASE_URL");
+    let from = url
+        .value_from
+        .as_ref()
+        .and_then(|v| v.secret_key_ref.as_ref())
+        .expect("from a Secret");
+    assert_eq!(
+        (from.name.as_str(), from.key.as_str()),
+        (format!("{name}-lockdb-conn").as_str(), "admin-url")
+    );
+    let mount = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.mount_path == format!("/etc/dlock/tls/{name}-lockdb"))
+        .expect("the CA mounted in the Job");
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == mount.name)
+        .expect("its volume");
+    assert_eq!(
+        volume.secret.as_ref().and_then(|s| s.secret_name.clone()),
+        Some(format!("{name}-lockdb-ca"))
+    );
+    st.op.assert_healthy();
+}
+
 /// Negative control for the gating: a migration that really fails (dlock-migrate refuses a database
 /// whose applied V1 was edited) leaves lock-server not running and the LockService not Ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -597,6 +725,15 @@ async fn nudge(st: &Stage, name: &str, n: u32) {
 /// The Ready condition's reason, when there is one.
 fn ready_reason(ls: &LockService) -> Option<String> {
     Some(ls.status.as_ref()?.condition("Ready")?.reason.clone())
+}
+
+/// The Ready condition's message, or "" without one.
+fn ready_message(ls: &LockService) -> String {
+    ls.status
+        .as_ref()
+        .and_then(|s| s.condition("Ready"))
+        .map(|c| c.message.clone())
+        .unwrap_or_default()
 }
 
 /// `status.etcd.ready`.
@@ -838,6 +975,63 @@ async fn etcd_lockservice_managed_runs_members_then_lock_server_at_a_quorum() {
     st.op.assert_healthy();
 }
 
+/// A managed lockdb on engine CloudNativePG where CloudNativePG is not installed (this API server
+/// serves no `postgresql.cnpg.io`): Degraded with a reason that says so, and nothing half-applied —
+/// no database of the other engine, no Job, no lock-server, no superuser Secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudnativepg_engine_without_cloudnativepg_is_reported_and_nothing_is_created() {
+    let Some(mut st) = stage(
+        "cloudnativepg_engine_without_cloudnativepg_is_reported_and_nothing_is_created",
+        &[],
+    )
+    .await
+    else {
+        return;
+    };
+    let name = "halocks";
+    let db = DatabaseSpec {
+        managed: Some(ManagedDatabase {
+            engine: DatabaseEngine::CloudNativePg,
+            instances: 2,
+            synchronous: Some(Synchronous::default()),
+            ..ManagedDatabase::default()
+        }),
+        external: None,
+    };
+    st.apply(&lockservice(name, db, 1)).await;
+    let ls = st
+        .wait("DatabaseEngineMissing", false, async |st: &mut Stage| {
+            let ls = st.lsvc(name).await;
+            let is_degraded = ls.status.as_ref().is_some_and(|s| s.phase == Phase::Degraded);
+            if ready_reason(&ls).as_deref() == Some("DatabaseEngineMissing") && is_degraded {
+                Ok(ls)
+            } else {
+                Err(format!("status {}", status(&ls)))
+            }
+        })
+        .await;
+    let message = ready_message(&ls);
+    assert!(message.contains("install CloudNativePG"), "{message}");
+    assert!(
+        st.owned::<StatefulSet, _>(&ls).await.is_empty(),
+        "no StatefulSet instead"
+    );
+    assert!(st.owned::<Service, _>(&ls).await.is_empty());
+    assert!(st.owned::<Job, _>(&ls).await.is_empty(), "no migration Job");
+    assert!(
+        st.get::<Deployment>(&format!("{name}-lock-server"))
+            .await
+            .is_none()
+    );
+    assert!(
+        st.get::<Secret>(&format!("{name}-lockdb-superuser"))
+            .await
+            .is_none(),
+        "the superuser Secret is written only where a Cluster can be"
+    );
+    st.op.assert_healthy();
+}
+
 /// backend etcd, external: no member is run; the Secret is checked first (missing, then unusable
 /// URLs: Degraded with the reason), then lock-server reads the URLs from it (secretKeyRef) and
 /// restarts when it changes.
@@ -872,12 +1066,7 @@ async fn etcd_lockservice_external_reads_the_endpoints_secret() {
         .wait("EtcdEndpointsInvalid", false, degraded("EtcdEndpointsInvalid"))
         .await;
     assert!(st.get::<Deployment>("xlocks-lock-server").await.is_none());
-    let message = ls
-        .status
-        .as_ref()
-        .and_then(|s| s.condition("Ready"))
-        .map(|c| c.message.clone())
-        .unwrap_or_default();
+    let message = ready_message(&ls);
     assert!(
         message.contains("entry 1") && !message.contains("etcd-0.example"),
         "{message}"

@@ -14,24 +14,29 @@ use std::collections::BTreeSet;
 
 use dlock_e2e::kubectl::{Out, Running};
 use dlock_e2e::lockdb::{holder, revocations, sequence};
-use dlock_e2e::specs::lockservice;
+use dlock_e2e::specs::{lockservice, paymentstack, stack_spec};
 use dlock_e2e::stage::{Options, Stage};
 use dlock_e2e::{Kubectl, env, helm, monitoring};
 use dlock_operator::crd::actions::ANNOTATION_REVOKE;
 use dlock_operator::crd::status::ActionPhase;
-use dlock_operator::crd::{ActionStatus, DatabaseSpec, LockService};
-use dlock_testkit::History;
+use dlock_operator::crd::{ActionStatus, DatabaseSpec, LockService, PaymentStack};
+use dlock_testkit::{History, TestDb};
 
 const LS: &str = "locks";
 
 /// A stage whose operator reaches lock-server through the proxy, the stand-in kubelet running
 /// lock-server's pod as a local process, and a LockService Ready on a managed lockdb.
 async fn stage(test: &str) -> Option<Stage> {
+    stage_with(test, &[History::Lockdb]).await
+}
+
+/// As [`stage`], with a local database for each of `histories`.
+async fn stage_with(test: &str, histories: &[History]) -> Option<Stage> {
     let options = Options {
         proxy: true,
         ..Options::default()
     };
-    let mut st = Stage::start(test, "plugin", &[History::Lockdb], options).await?;
+    let mut st = Stage::start(test, "plugin", histories, options).await?;
     st.serve_lock_server(LS);
     st.apply(&lockservice(LS, DatabaseSpec::managed(), 1)).await;
     st.wait_ready::<LockService>(LS).await;
@@ -322,19 +327,47 @@ async fn kubectl_dlock_revoke_waits_for_the_outcome_and_exits_by_it() {
     st.op.assert_healthy();
 }
 
+/// A PaymentStack fenced by the stage's LockService, on a paydb of its own seeded with the demo
+/// accounts (so a test can write a high-water mark for one), Ready.
+async fn payment_stack(st: &mut Stage, name: &str) -> TestDb {
+    let paydb = dlock_testkit::blank(History::Paydb).await;
+    let ns = st.ns.clone();
+    st.kubelet
+        .use_database_for_host(&format!("{name}-paydb.{ns}.svc"), paydb.clone());
+    let mut spec = stack_spec(LS);
+    spec.demo_data = true;
+    st.apply(&paymentstack(name, spec)).await;
+    st.wait_ready::<PaymentStack>(name).await;
+    paydb
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_dlock_restore_waits_through_gate_read_advance_and_resume() {
     let test = "kubectl_dlock_restore_waits_through_gate_read_advance_and_resume";
-    let Some(mut st) = stage(test).await else {
+    let Some(mut st) = stage_with(test, &[History::Lockdb, History::Paydb]).await else {
         return;
     };
+    let paydb = payment_stack(&mut st, "pay-a").await;
     let api = st.lock_api(LS);
+    let mut last = 0;
     for i in 0..3 {
         let g = api.acquire("worker", &format!("account:{i}"), 600_000);
         api.release(&g);
+        last = g.token;
     }
+    // The paydb has seen a token 2^40 above the last grant: more than lock-server's jumps reach
+    // meanwhile, so the fast-forward really moves the sequence, to exactly high + the margin.
+    let high = last + (1 << 40);
+    sqlx::query(
+        "INSERT INTO rail_high_water (account_id, highest_token) VALUES ('00000000-0000-4000-8000-000000000001', $1)",
+    )
+    .bind(high)
+    .execute(&paydb.admin_pool().await)
+    .await
+    .unwrap_or_else(|e| panic!("write the high-water: {e}"));
     let db = st.lockdb();
     let before = sequence(&db).await;
+    assert_eq!(before, last, "no grant since");
     let starts = st.kubelet.served_starts(&format!("{LS}-lock-server"));
 
     // --wait runs out while no kubelet runs the read Job: exit 3, and the action goes on.
@@ -374,11 +407,18 @@ async fn kubectl_dlock_restore_waits_through_gate_read_advance_and_resume() {
     .await;
     assert_eq!(r.code, Some(0), "stdout: {}\nstderr: {}", r.stdout, r.stderr);
     assert!(r.stdout.starts_with("ff-1 Restore Succeeded"), "{}", r.stdout);
-    let after = sequence(&db).await;
-    assert!(after >= 50 && after > before, "sequence {before} -> {after}");
+    let done = action(&st.lsvc(LS).await, "ff-1").expect("status.actions[ff-1]");
+    let after = high + 50;
+    assert_eq!(done.sequence_before, Some(before), "{done:?}");
+    assert_eq!(done.sequence_after, Some(after), "{done:?}");
     assert!(
-        r.stdout.contains(&format!("-> {after}")),
-        "the sequence after the advance is printed: {}",
+        r.stdout.contains(&format!("{before} -> {after}")),
+        "the sequence before and after the advance is printed: {}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains(&format!("paydb of pay-a: high-water {high}")),
+        "the high-water read is printed: {}",
         r.stdout
     );
     st.wait_ready::<LockService>(LS).await;
@@ -387,7 +427,13 @@ async fn kubectl_dlock_restore_waits_through_gate_read_advance_and_resume() {
         starts + 1,
         "lock-server was gated (its process stopped) and resumed"
     );
-    let g = st.lock_api(LS).acquire("worker", "account:after", 600_000);
+    // The new lock-server process jumped at its start, from exactly where the advance left the
+    // sequence (nothing was granted while gated), and its first grant is past it.
+    let api = st.lock_api(LS);
+    let g = api.acquire("worker", "account:after", 600_000);
+    let j = api.last_jump();
+    assert_eq!(j.found, after + 1, "{j:?}");
+    assert_eq!(g.token, j.jumped_to + 1, "{j:?}");
     assert!(g.token > after, "the next grant is past the advanced sequence");
 
     // The operator's metrics the chart's alerts and dashboard read, from the running operator: its

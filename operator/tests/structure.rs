@@ -1,8 +1,9 @@
 //! The module structure stays a hierarchy: no module imports, directly or through others, a module
-//! that imports it back. Checked for the operator's crate and for payment-resource (whose
-//! `payouts` and `posting` once imported each other), over every module file's `use` trees and
-//! the `crate::…` / `super::…` paths its code names (test modules excluded: they may look at
-//! anything). Paths through a re-export (`pub use`) count as edges to where the item lives. A
+//! that imports it back. Checked for every crate of the workspace (the members of the root
+//! `Cargo.toml`, so that a new crate is checked from the day it joins; payment-resource's `payouts`
+//! and `posting`, lock-server's backends and lock-client's handles and sessions once imported each
+//! other), over every module file's `use` trees and the `crate::…` / `super::…` paths its code
+//! names (test modules excluded: they may look at anything). Paths through a re-export (`pub use`) count as edges to where the item lives. A
 //! submodule naming what its own parent (or any ancestor) declares is inside that module, not a
 //! dependency of it, and is not an edge; everything else is.
 //!
@@ -59,8 +60,9 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<Module>) {
             }
             _ => {}
         }
-        // Test-only modules (`mod tests;`, `mod testing;`) may use anything.
-        if path.last().is_some_and(|n| n == "tests" || n == "testing") {
+        // Test-only modules (`mod tests;`, `mod testing;`) may use anything, and so may the modules
+        // inside them (a `tests/` folder split by concern).
+        if path.iter().any(|n| n == "tests" || n == "testing") {
             continue;
         }
         let text = fs::read_to_string(&p).expect("read module");
@@ -381,11 +383,76 @@ fn the_operators_top_modules_import_no_circle() {
     assert_eq!(cycles(&top), Vec::<Vec<String>>::new());
 }
 
+/// The workspace's crates: the `members` of the `[workspace]` table of the manifest at `root`, a
+/// member ending in `/*` standing for every folder under it that holds a `Cargo.toml`.
+fn workspace_members(root: &Path) -> Vec<String> {
+    let manifest = fs::read_to_string(root.join("Cargo.toml")).expect("read the workspace manifest");
+    let start = manifest.find("members").expect("a members list");
+    let list = &manifest[start..];
+    let list = &list[list.find('[').expect("members = [") + 1..list.find(']').expect("]")];
+    let mut out = Vec::new();
+    for entry in list.lines().map(|l| l.split('#').next().unwrap_or_default()) {
+        for quoted in entry.split('"').skip(1).step_by(2) {
+            match quoted.strip_suffix("/*") {
+                None => out.push(quoted.to_owned()),
+                Some(parent) => {
+                    let mut found: Vec<String> = fs::read_dir(root.join(parent))
+                        .expect("read a members glob's folder")
+                        .map(|e| e.expect("dir entry").path())
+                        .filter(|p| p.join("Cargo.toml").is_file())
+                        .filter_map(|p| Some(format!("{parent}/{}", p.file_name()?.to_str()?)))
+                        .collect();
+                    found.sort();
+                    out.extend(found);
+                }
+            }
+        }
+    }
+    out
+}
+
 #[test]
-fn payment_resource_modules_import_no_circle() {
-    let graph = edges(&src("../services/payment-resource"));
-    assert!(graph.keys().any(|m| name(m) == "posting"), "{:?}", graph.keys());
-    assert_eq!(cycles(&graph), Vec::<Vec<String>>::new());
+fn no_crate_of_the_workspace_imports_a_circle() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let members = workspace_members(&root);
+    for expected in ["operator", "services/lock-server", "services/payment-resource"] {
+        assert!(
+            members.iter().any(|m| m == expected),
+            "{expected} not in {members:?}"
+        );
+    }
+    let mut circles = BTreeMap::new();
+    for member in &members {
+        let src = root.join(member).join("src");
+        assert!(
+            src.join("lib.rs").is_file() || src.join("main.rs").is_file(),
+            "{member}: no crate root in src/"
+        );
+        let graph = edges(&src);
+        let found = cycles(&graph);
+        if !found.is_empty() {
+            circles.insert(member.clone(), found);
+        }
+    }
+    assert_eq!(circles, BTreeMap::new());
+}
+
+/// The members are read as cargo reads them: listed ones, and the crates under a glob (a new crate
+/// there is checked without being named anywhere).
+#[test]
+fn the_workspace_members_are_all_found() {
+    let dir = std::env::temp_dir().join(format!("dlock-members-{}", std::process::id()));
+    fs::create_dir_all(dir.join("tools/new-crate")).unwrap();
+    fs::create_dir_all(dir.join("tools/not-a-crate")).unwrap();
+    fs::write(dir.join("tools/new-crate/Cargo.toml"), "[package]\n").unwrap();
+    fs::write(
+        dir.join("Cargo.toml"),
+        "[workspace]\nresolver = \"3\"\nmembers = [\n    \"a\", # the first\n    \"b/c\",\n    \"tools/*\",\n]\n\n[workspace.dependencies]\nx = { path = \"x\" }\n",
+    )
+    .unwrap();
+    let members = workspace_members(&dir);
+    fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(members, vec!["a", "b/c", "tools/new-crate"]);
 }
 
 /// Negative control: the check sees a circle, through a `use` tree and through an inline path.

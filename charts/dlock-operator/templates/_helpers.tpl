@@ -44,8 +44,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
+{{/* The operator image: repository@digest when a digest is given (the tag is then ignored, so
+what runs cannot change under a moved tag), else repository:tag. */}}
 {{- define "dlock-operator.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (toString (default .Chart.AppVersion .Values.image.tag)) }}
+{{- end }}
 {{- end }}
 
 {{- define "dlock-operator.workloadImage" -}}

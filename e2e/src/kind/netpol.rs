@@ -203,7 +203,7 @@ pub async fn start_outsider(
     image: &str,
     timeout: std::time::Duration,
 ) -> Source {
-    let pod = Pod {
+    let mut pod = Pod {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
             labels: Some(BTreeMap::from([(
@@ -227,6 +227,11 @@ pub async fn start_outsider(
         }),
         ..Pod::default()
     };
+    // The namespace enforces the "restricted" standard, for the checks' pods too: the same
+    // settings the operator gives its own pods.
+    if let Some(spec) = pod.spec.as_mut() {
+        dlock_operator::builders::security::restrict(spec);
+    }
     pods.create(&PostParams::default(), &pod)
         .await
         .unwrap_or_else(|e| panic!("create pod {name}: {e}"));

@@ -24,19 +24,35 @@ use super::{KindEnv, log};
 /// (`e2e/kind/upgrade/`; `e2e/kind/build-image.sh --paydb-migration` makes it `V<n>__` + this).
 pub const FIXTURE_SCRIPT: &str = "kind_upgrade_payout_note.sql";
 
-/// `helm upgrade` of the operator's release to `image` (repository and tag), the other values kept,
-/// `--wait`: returns once the operator's Deployment has rolled out.
+/// The upgrade as docs/operations.md tells it: the chart's CRDs applied first (`helm upgrade`
+/// never updates `crds/`), then `helm upgrade` of the operator's release to `image` (repository
+/// and tag), the values given at install kept on the new chart's defaults
+/// (`--reset-then-reuse-values`), `--wait`: returns once the operator's Deployment has rolled out.
 pub async fn helm_upgrade(env: &KindEnv, image: &str) {
     let (repository, tag) = image
         .rsplit_once(':')
         .unwrap_or_else(|| panic!("image {image} has no tag"));
+    let kubectl = crate::env::tool("kubectl").expect("kubectl on PATH or in the tools dir");
+    let out = Command::new(kubectl)
+        .arg("--kubeconfig")
+        .arg(&env.kubeconfig)
+        .args(["apply", "--server-side", "--force-conflicts", "-f"])
+        .arg(env.chart.join("crds"))
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("start kubectl apply of the CRDs: {e}"));
+    assert!(
+        out.status.success(),
+        "kubectl apply --server-side of the chart's CRDs failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let helm = crate::env::tool("helm").expect("helm on PATH or in the tools dir");
     let out = Command::new(helm)
         .arg("--kubeconfig")
         .arg(&env.kubeconfig)
         .args(["upgrade", &env.release])
         .arg(&env.chart)
-        .args(["--namespace", &env.op_ns, "--reuse-values"])
+        .args(["--namespace", &env.op_ns, "--reset-then-reuse-values"])
         .args(["--set", &format!("image.repository={repository}")])
         .args(["--set", &format!("image.tag={tag}")])
         .args(["--wait", "--timeout", &format!("{}s", env.timeout.as_secs())])

@@ -1,6 +1,6 @@
 //! `kubectl dlock status`: what the operator reports about one LockService or PaymentStack, read
 //! from its status — conditions, the last actions, the fencing sequence against the paydbs'
-//! high-water (a PaymentStack shows its LockService's).
+//! high-water (a PaymentStack shows its LockService's), lock-server's last jump of the sequence.
 
 use std::fmt::Write;
 
@@ -66,6 +66,36 @@ pub fn render(
             }
         }
     }
+    if let Some(q) = &s.sequence {
+        match &q.last_jump {
+            Some(j) => {
+                let _ = writeln!(
+                    out,
+                    "Sequence jump: {} on timeline {} at {}: found {} -> {} (system {}, postmaster started {}){}",
+                    j.cause,
+                    j.timeline,
+                    j.at,
+                    j.found,
+                    j.jumped_to,
+                    j.system_identifier,
+                    j.postmaster_started,
+                    q.fencing_check
+                        .as_deref()
+                        .map(|c| format!("; fencing check {c} running"))
+                        .unwrap_or_default(),
+                );
+            }
+            None => {
+                let _ = writeln!(out, "Sequence jump: none reported yet");
+            }
+        }
+        if !q.jumps_enabled {
+            let _ = writeln!(
+                out,
+                "Sequence jump: DISABLED in lock-server (a negative control): a promoted or restored lockdb can reuse tokens"
+            );
+        }
+    }
     if let Some(m) = &s.migration {
         let _ = writeln!(
             out,
@@ -100,6 +130,7 @@ pub fn render(
 mod tests {
     use super::*;
     use dlock_operator::crd::actions::{ActionPhase, ActionStatus, ActionType, FencingStatus};
+    use dlock_operator::crd::{JumpCause, SequenceJump, SequenceStatus};
 
     fn status() -> DlockStatus {
         serde_json::from_value(serde_json::json!({
@@ -121,6 +152,20 @@ mod tests {
             checked_at: "2026-03-01T10:00:00Z".into(),
             job_name: None,
         });
+        s.sequence = Some(SequenceStatus {
+            jumps_enabled: true,
+            last_jump: Some(SequenceJump {
+                at: "2026-03-01T09:59:00Z".into(),
+                cause: JumpCause::NewTimeline,
+                found: 41,
+                jumped_to: 562_949_953_421_312,
+                system_identifier: "7345".into(),
+                timeline: 2,
+                postmaster_started: "2026-03-01T09:58:00Z".into(),
+            }),
+            fencing_check: Some("locks-fencing-check-1a2b".into()),
+            restore: None,
+        });
         let mut a = ActionStatus::new("ff-1", ActionType::Restore, ActionPhase::Succeeded);
         a.sequence_before = Some(3);
         a.sequence_after = Some(1009);
@@ -134,6 +179,8 @@ mod tests {
             "Endpoint lockServer: http://locks-lock-server.pay.svc:8080",
             "ff-1 Restore Succeeded",
             "sequence 3 -> 1009",
+            "Sequence jump: new_timeline on timeline 2 at 2026-03-01T09:59:00Z: found 41 -> 562949953421312",
+            "fencing check locks-fencing-check-1a2b running",
         ] {
             assert!(text.contains(want), "{want:?} in\n{text}");
         }
@@ -150,5 +197,59 @@ mod tests {
             unchecked.contains("Fencing (LockService locks): not checked yet"),
             "{unchecked}"
         );
+    }
+
+    /// What lock-server serializes (`dlock_wire`) is what the operator reads into status and this
+    /// command prints: the operator keeps its own mirror of the answer, held to the wire type here.
+    #[test]
+    fn lock_servers_sequence_answer_reads_into_the_status_and_prints() {
+        use chrono::{TimeZone, Utc};
+        use dlock_wire::lock as wire;
+        let answer = wire::SequenceView {
+            backend: "postgres".into(),
+            jumps_enabled: true,
+            last_jump: Some(wire::SequenceJump {
+                at: Utc.with_ymd_and_hms(2026, 3, 1, 10, 0, 20).unwrap()
+                    + chrono::Duration::nanoseconds(412_000_123),
+                cause: wire::JumpCause::PostmasterRestart,
+                found: 285_928_147_929_390,
+                jumped_to: 568_206_780_723_200,
+                system_identifier: "7345123456789012345".into(),
+                timeline: 2,
+                postmaster_started: Utc.with_ymd_and_hms(2026, 3, 1, 9, 59, 58).unwrap(),
+            }),
+        };
+        let body = serde_json::to_string(&answer).unwrap();
+        let read: dlock_operator::actions::sequence::SequenceView = serde_json::from_str(&body).unwrap();
+        assert!(read.jumps_enabled && read.backend == "postgres");
+        let j = read.last_jump.clone().unwrap();
+        assert_eq!(j.cause, JumpCause::PostmasterRestart);
+        assert_eq!(j.cause.as_str(), "postmaster_restart");
+        assert_eq!(j.at, "2026-03-01T10:00:20.412000123Z");
+        assert_eq!(j.postmaster_started, "2026-03-01T09:59:58Z");
+        // Every cause lock-server can send has its counterpart.
+        for cause in [
+            wire::JumpCause::Start,
+            wire::JumpCause::NewSystem,
+            wire::JumpCause::NewTimeline,
+            wire::JumpCause::PostmasterRestart,
+        ] {
+            let text = serde_json::to_value(cause).unwrap();
+            let mine: JumpCause = serde_json::from_value(text.clone()).unwrap();
+            assert_eq!(text, mine.as_str());
+        }
+        let mut s = status();
+        s.sequence = Some(SequenceStatus {
+            jumps_enabled: read.jumps_enabled,
+            last_jump: read.last_jump,
+            fencing_check: None,
+            restore: None,
+        });
+        let text = render("LockService", "pay", "locks", Some(&s), None);
+        assert!(
+            text.contains("Sequence jump: postmaster_restart on timeline 2 at 2026-03-01T10:00:20.412000123Z: found 285928147929390 -> 568206780723200"),
+            "{text}"
+        );
+        assert!(!text.contains("fencing check"), "{text}");
     }
 }

@@ -1,6 +1,7 @@
 //! The periodic fencing check: a `dlock-fastforward read` Job every interval compares
 //! `fencing_token_seq` with the highest token any paydb has seen, so a rewound sequence is found
-//! without being asked (`status.fencing`, `Degraded/FencingSequenceBehind`).
+//! without being asked (`status.fencing`, `Degraded/FencingSequenceBehind`), and at once when
+//! lock-server reports a jump on a new lockdb history ([`super::sequence`]).
 
 use std::str::FromStr;
 
@@ -33,14 +34,25 @@ pub(super) fn plan(inputs: &ActionInputs, jobs: &RestoreJobs<'_>, out: &mut Acti
             Reported::Running | Reported::Absent => out.keep_check = Some(name.clone()),
         },
         None => {
+            let ready = !restoring
+                && inputs.schema_ready
+                && inputs.stacks.iter().all(|st| st.migrated && st.connection_ready)
+                && !inputs.stacks.is_empty();
+            // A jump on a new lockdb history asked for a check (`status.sequence.fencingCheck`):
+            // now, whatever the interval, under the name it recorded.
+            if let Some(name) = out.sequence.as_ref().and_then(|s| s.fencing_check.clone()) {
+                if ready {
+                    out.check_job = Some(jobs::read_job(jobs, name, CHECK_COMPONENT, &inputs.stacks));
+                }
+                return;
+            }
             let last = out
                 .fencing
                 .as_ref()
                 .and_then(|f| k8s_openapi::jiff::Timestamp::from_str(&f.checked_at).ok())
                 .map(|t| t.as_second());
             let due = last.is_none_or(|t| inputs.now_secs - t >= interval);
-            let migrated = inputs.stacks.iter().all(|st| st.migrated && st.connection_ready);
-            if due && !restoring && inputs.schema_ready && migrated && !inputs.stacks.is_empty() {
+            if due && ready {
                 let bucket = inputs.now_secs / interval;
                 let name = jobs.owner.child(&format!(
                     "fencing-check-{}",

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use super::StackRef;
-use crate::builders::postgres::{History, KEY_URL, names};
+use crate::builders::postgres::{History, KEY_URL, mount_database_cas, names};
 use crate::builders::{Owner, env, secret_env, short_hash};
 use crate::crd::SecretKeyRef;
 use crate::crd::actions::StackHighWater;
@@ -101,6 +101,14 @@ fn job(j: &RestoreJobs<'_>, name: String, component: &str, args: Vec<String>, mu
         termination_message_path: Some(REPORT_PATH.into()),
         ..Container::default()
     };
+    let mut pod = PodSpec {
+        containers: vec![container],
+        restart_policy: Some("Never".into()),
+        ..PodSpec::default()
+    };
+    // Each database's CA where its URL names it (lockdb's and every paydb's).
+    mount_database_cas(&mut pod);
+    crate::builders::security::restrict(&mut pod);
     Job {
         metadata: j.owner.meta(name, component),
         spec: Some(JobSpec {
@@ -111,11 +119,7 @@ fn job(j: &RestoreJobs<'_>, name: String, component: &str, args: Vec<String>, mu
                     labels: Some(j.owner.labels(component)),
                     ..ObjectMeta::default()
                 }),
-                spec: Some(PodSpec {
-                    containers: vec![container],
-                    restart_policy: Some("Never".into()),
-                    ..PodSpec::default()
-                }),
+                spec: Some(pod),
             },
             ..JobSpec::default()
         }),

@@ -1,9 +1,11 @@
 //! The LockService actions, as a state machine planned purely: from the request (annotation), what
 //! status says about it, and what was observed, the next step — a status transition, a pinned
 //! revoke call, or the Jobs of a restore fast-forward. [`plan`] decides both requests and the
-//! periodic check; each has its module ([`revoke`], [`restore`], [`check`]); [`jobs`] builds the
-//! fast-forward Jobs and reads their reports. The I/O around it: [`observe`] reads what the planning
-//! needs, [`client`] is lock-server's API (the one write outside Kubernetes, the pinned revoke).
+//! periodic check; each has its module ([`revoke`], [`restore`], [`check`]); [`sequence`] records
+//! lock-server's jumps of the sequence and asks for the check at once when one shows a new lockdb
+//! history; [`jobs`] builds the fast-forward Jobs and reads their reports. The I/O around it:
+//! [`observe`] reads what the planning needs, [`client`] is lock-server's API (the one write outside
+//! Kubernetes, the pinned revoke).
 //!
 //! Crash safety rests on one rule: every step is decided from persisted status alone, and a step
 //! that acts is only planned once the status naming its target has been written by an earlier
@@ -17,6 +19,7 @@ pub mod jobs;
 pub mod observe;
 pub mod restore;
 pub mod revoke;
+pub mod sequence;
 
 use k8s_openapi::api::batch::v1::Job;
 
@@ -24,6 +27,7 @@ use crate::crd::actions::{
     ACTION_HISTORY, ActionPhase, ActionStatus, ActionType, FencingStatus, GateStatus, RequestError,
     RestoreRequest, RevokeRequest,
 };
+use crate::crd::sequence::SequenceStatus;
 use crate::reasons::{EventNote, Reason};
 use jobs::{JobRun, RestoreJobs};
 use revoke::{LockView, RevokeCall};
@@ -80,6 +84,11 @@ pub struct ActionInputs {
     /// Backend etcd: a restore is refused (its fast-forward is the etcd-bump runbook, not lockdb's
     /// sequence), and `check_interval_secs` is `None`.
     pub etcd_backend: bool,
+    /// `status.sequence` as last written.
+    pub sequence: Option<SequenceStatus>,
+    /// What `GET /v1/sequence` answered this time; `None` when it was not asked (etcd, no
+    /// lock-server pod available) or did not answer: the status stays as it is.
+    pub sequence_read: Option<sequence::SequenceView>,
 }
 
 /// The next step of the actions, as decided from the inputs.
@@ -104,6 +113,8 @@ pub struct ActionPlan {
     pub keep_check: Option<String>,
     /// Restore Jobs that are running and stay (besides those in `jobs`).
     pub keep_jobs: Vec<String>,
+    /// `status.sequence` after this step.
+    pub sequence: Option<SequenceStatus>,
 }
 
 impl ActionPlan {
@@ -148,6 +159,7 @@ pub fn plan(inputs: &ActionInputs, jobs: &RestoreJobs<'_>) -> ActionPlan {
         fencing: inputs.fencing.clone(),
         ..ActionPlan::default()
     };
+    sequence::plan(inputs, jobs, &mut out);
     match &inputs.revoke {
         Some(Request::Valid(r)) => revoke::plan(inputs, r, &mut out),
         Some(Request::Invalid { id, error }) => {
@@ -155,7 +167,11 @@ pub fn plan(inputs: &ActionInputs, jobs: &RestoreJobs<'_>) -> ActionPlan {
         }
         None => {}
     }
-    match &inputs.restore {
+    // A promotion whose check found the sequence behind its paydbs starts the same fast-forward.
+    let restore = sequence::auto_restore(inputs)
+        .map(Request::Valid)
+        .or_else(|| inputs.restore.clone());
+    match &restore {
         Some(Request::Valid(r)) if inputs.etcd_backend => restore::refuse(inputs, r, &mut out),
         Some(Request::Valid(r)) => restore::plan(inputs, r, jobs, &mut out),
         Some(Request::Invalid { id, error }) => {
@@ -169,13 +185,14 @@ pub fn plan(inputs: &ActionInputs, jobs: &RestoreJobs<'_>) -> ActionPlan {
         Some(Request::Invalid { id: Some(id), .. }) => keep.push(id.clone()),
         _ => {}
     }
-    match &inputs.restore {
+    match &restore {
         Some(Request::Valid(r)) => keep.push(r.id.clone()),
         Some(Request::Invalid { id: Some(id), .. }) => keep.push(id.clone()),
         _ => {}
     }
     out.actions = bounded(std::mem::take(&mut out.actions), &keep);
     check::plan(inputs, jobs, &mut out);
+    sequence::settle(inputs, &mut out);
     out
 }
 

@@ -1,6 +1,6 @@
 //! What the action planning needs, read from the cluster: the requests, lock-server's view of the
-//! key to revoke (through [`super::client`]), lock-server's pods, the restore and check Jobs and
-//! their reports, the PaymentStacks that use this LockService.
+//! key to revoke and its last jump of the sequence (through [`super::client`]), lock-server's pods,
+//! the restore and check Jobs and their reports, the PaymentStacks that use this LockService.
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
@@ -72,10 +72,23 @@ pub async fn observe(
         .get_opt(&owner.child(LOCK_SERVER))
         .await
         .map_err(|e| Error::step("observe lock-server Deployment", e))?;
+    let mut serving = false;
     if let Some(d) = &deployment {
         let health = DeploymentHealth::of(d);
         inputs.lock_server_available = health.desired > 0 && health.is_available();
         inputs.lock_server_replicas = d.status.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+        serving = health.available > 0;
+    }
+    // lock-server's last jump of the sequence (backend postgres: etcd's revision never jumps). Only
+    // shown: without an answer the status keeps what it had and the reconcile goes on.
+    inputs.sequence = status.and_then(|s| s.sequence.clone());
+    if !etcd && serving {
+        match client::read_sequence(&ctx.http, lock_server_url).await {
+            Ok(view) => inputs.sequence_read = Some(view),
+            Err(e) => {
+                tracing::debug!(event = "sequence_not_read", namespace = %ns, name = %owner.name, error = %e, "lock-server did not answer GET /v1/sequence; status.sequence is kept");
+            }
+        }
     }
     let active = |id: &str| {
         inputs
@@ -93,7 +106,16 @@ pub async fn observe(
         }
     }
 
-    let restore_active = !etcd && matches!(&restore, Some(Request::Valid(r)) if active(&r.id));
+    // The restore whose pods and Jobs to observe: the one the planning runs (a requested one while
+    // it is not finished, else the one the operator started itself after a promotion).
+    let observed = {
+        let mut probe = inputs.clone();
+        probe.restore = restore.clone();
+        super::sequence::auto_restore(&probe)
+            .map(Request::Valid)
+            .or_else(|| restore.clone())
+    };
+    let restore_active = !etcd && matches!(&observed, Some(Request::Valid(r)) if active(&r.id));
     if restore_active || inputs.check_interval_secs.is_some() {
         inputs.stacks = stacks_of(ctx, ls, owner).await?;
     }
@@ -109,7 +131,7 @@ pub async fn observe(
             inputs.check_job = Some((name, run));
         }
     }
-    if let Some(Request::Valid(r)) = &restore
+    if let Some(Request::Valid(r)) = &observed
         && restore_active
     {
         let step = inputs.actions.iter().find(|a| a.id == r.id).and_then(|a| a.step);

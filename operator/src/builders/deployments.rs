@@ -22,9 +22,11 @@ use crate::crd::{KillSwitches, LeaseSpec, RailStubMode};
 /// Env keys of the contracts' kill switches (`payment.fencing.enabled`, `rail.proxy.fencing.enabled`).
 pub const PAYMENT_FENCING_ENV: &str = "PAYMENT_FENCING_ENABLED";
 pub const RAIL_PROXY_FENCING_ENV: &str = "RAIL_PROXY_FENCING_ENABLED";
-/// Lease defaults from the LockService, for the lock server and its clients.
-pub const LEASE_TTL_ENV: &str = "DLOCK_LEASE_TTL_MS";
-pub const SESSION_TTL_ENV: &str = "DLOCK_SESSION_TTL_MS";
+/// The LockService's `spec.lease`, as payout-executor reads it (services/payout-executor/src/config.rs):
+/// the lease of each account lock and the TTL of each worker's session. lock-server itself has no
+/// lease setting (every acquire and session names its own TTL), so only its clients are told.
+pub const EXECUTOR_LEASE_TTL_ENV: &str = "PAYOUT_EXECUTOR_LEASE_TTL_MS";
+pub const EXECUTOR_SESSION_TTL_ENV: &str = "PAYOUT_EXECUTOR_SESSION_TTL_MS";
 /// lock-server reads its admin bearer token from here (services/lock-server/src/config.rs).
 pub const ADMIN_TOKEN_ENV: &str = "DLOCK_ADMIN_TOKEN";
 /// Signed grants (services' config.rs, dlock_common::grant): lock-server's signing key and the lock
@@ -164,18 +166,20 @@ pub const ETCD_ENDPOINTS_ENV: &str = "DLOCK_ETCD_ENDPOINTS";
 /// Pod-template annotation carrying the external etcd Secret's resourceVersion.
 pub const ETCD_SECRET_VERSION_ANNOTATION: &str = "dlock.dev/etcd-secret-version";
 
+/// `_lease` is not passed on: lock-server reads no lease setting (each acquire and session carries
+/// its TTL), and an env var it never reads would only pretend the spec reaches it. The lease
+/// reaches the clients instead ([`payout_executor`]).
 pub fn lock_server(
     owner: &Owner,
     image: String,
     replicas: i32,
     resources: Option<ResourceRequirements>,
-    lease: &LeaseSpec,
+    _lease: &LeaseSpec,
     store: &LockServerStore<'_>,
     admin_secret: &str,
 ) -> Workload {
-    let mut env = lease_env(lease);
     // The admin token (force-revoke) from its Secret: never a flag, never a plain value.
-    env.push(secret_env(ADMIN_TOKEN_ENV, admin_secret, "token"));
+    let mut env = vec![secret_env(ADMIN_TOKEN_ENV, admin_secret, "token")];
     let mut args: Vec<String> = vec!["--listen".into(), LISTEN_ADDR.into()];
     let mut annotations = BTreeMap::new();
     let etcd_args = |prefix: &str| {
@@ -337,8 +341,9 @@ pub fn payout_executor(
     lease: &LeaseSpec,
     credentials_secret: &str,
 ) -> Workload {
-    // The executor presents its own credentials: the executor role of each resource.
+    // Its LockService's lease governs every account lock and session it takes.
     let mut env = lease_env(lease);
+    // The executor presents its own credentials: the executor role of each resource.
     env.push(secret_env(
         "PAYOUT_EXECUTOR_PAYMENT_RESOURCE_TOKEN",
         credentials_secret,
@@ -375,10 +380,11 @@ pub fn payout_executor(
     }
 }
 
+/// The LockService's lease, under the names payout-executor reads.
 fn lease_env(lease: &LeaseSpec) -> Vec<EnvVar> {
     vec![
-        env(LEASE_TTL_ENV, lease.default_ttl_ms.to_string()),
-        env(SESSION_TTL_ENV, lease.session_ttl_ms.to_string()),
+        env(EXECUTOR_LEASE_TTL_ENV, lease.default_ttl_ms.to_string()),
+        env(EXECUTOR_SESSION_TTL_ENV, lease.session_ttl_ms.to_string()),
     ]
 }
 

@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector,
-    PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSpec, PodTemplateSpec, Probe, Service, ServicePort,
-    ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    Service, ServicePort, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec,
@@ -24,6 +24,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::network_policies::Scraper;
+use super::security::NONROOT_UID;
 use super::{LOCK_SERVER, Owner};
 use crate::crd::ManagedEtcd;
 
@@ -255,6 +256,15 @@ pub fn statefulset(owner: &Owner, spec: &ManagedEtcd) -> StatefulSet {
                     containers: vec![container],
                     volumes,
                     termination_grace_period_seconds: Some(30),
+                    // etcd's image runs as root unless told: the restricted standard admits no
+                    // root, and etcd needs none (it writes only its data directory, which the
+                    // fsGroup makes its own).
+                    security_context: Some(PodSecurityContext {
+                        run_as_user: Some(NONROOT_UID),
+                        run_as_group: Some(NONROOT_UID),
+                        fs_group: Some(NONROOT_UID),
+                        ..PodSecurityContext::default()
+                    }),
                     ..PodSpec::default()
                 }),
             },

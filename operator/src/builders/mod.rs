@@ -5,6 +5,7 @@
 //! [`grant_keys`] a LockService's grant signing keys and their public ConfigMap. No
 //! I/O here; which of them a kind asks for is the kind's plan (`controller::<kind>::children`).
 
+pub mod cnpg;
 pub mod credentials;
 pub mod deployments;
 pub mod etcd_members;
@@ -12,6 +13,7 @@ pub mod grant_keys;
 pub mod migration_job;
 pub mod network_policies;
 pub mod postgres;
+pub mod security;
 
 use std::collections::BTreeMap;
 
@@ -190,6 +192,8 @@ pub enum Child {
     Deployment(Deployment),
     NetworkPolicy(NetworkPolicy),
     PodDisruptionBudget(PodDisruptionBudget),
+    /// A CloudNativePG Cluster (`database.managed.engine: CloudNativePG`).
+    PostgresCluster(Box<cnpg::Cluster>),
 }
 
 impl Child {
@@ -201,6 +205,7 @@ impl Child {
             Child::Deployment(_) => ChildKind::Deployment,
             Child::NetworkPolicy(_) => ChildKind::NetworkPolicy,
             Child::PodDisruptionBudget(_) => ChildKind::PodDisruptionBudget,
+            Child::PostgresCluster(_) => ChildKind::PostgresCluster,
         }
     }
 
@@ -212,6 +217,7 @@ impl Child {
             Child::Deployment(o) => &o.metadata,
             Child::NetworkPolicy(o) => &o.metadata,
             Child::PodDisruptionBudget(o) => &o.metadata,
+            Child::PostgresCluster(o) => &o.metadata,
         };
         meta.name.as_deref().unwrap_or_default()
     }
@@ -225,6 +231,10 @@ pub enum ChildKind {
     Deployment,
     NetworkPolicy,
     PodDisruptionBudget,
+    /// Never swept: the engine is immutable, so a Cluster never turns into an orphan while its
+    /// owner lives (owner references delete it with the owner), and listing it would fail where
+    /// CloudNativePG is not installed.
+    PostgresCluster,
 }
 
 impl ChildKind {
@@ -238,6 +248,24 @@ impl ChildKind {
         ChildKind::Service,
         ChildKind::StatefulSet,
     ];
+}
+
+/// The children that run a managed database: the StatefulSet engine's headless Service and
+/// StatefulSet, or CloudNativePG's Cluster (which makes its own Services).
+pub fn database_children(
+    owner: &Owner,
+    history: postgres::History,
+    spec: &crate::crd::ManagedDatabase,
+) -> Vec<Child> {
+    match spec.engine {
+        crate::crd::DatabaseEngine::StatefulSet => vec![
+            Child::Service(postgres::service(owner, history)),
+            Child::StatefulSet(postgres::statefulset(owner, history, spec)),
+        ],
+        crate::crd::DatabaseEngine::CloudNativePg => vec![Child::PostgresCluster(Box::new(cnpg::cluster(
+            owner, history, spec,
+        )))],
+    }
 }
 
 /// A child named without its body: one the spec still asks for but this reconcile leaves as it is.
@@ -281,6 +309,39 @@ impl Desired {
 
     /// A workload held behind a gate: its existing Deployment and Service stay as they are
     /// (nothing new is created before the gate opens).
+    /// Each database's CA mounted where its URLs look for it ([`postgres::mount_database_cas`]),
+    /// in every Deployment and Job of the set.
+    pub fn with_database_cas(mut self) -> Self {
+        for child in &mut self.apply {
+            let pod = match child {
+                Child::Deployment(d) => d.spec.as_mut().and_then(|s| s.template.spec.as_mut()),
+                Child::Job(j) => j.spec.as_mut().and_then(|s| s.template.spec.as_mut()),
+                _ => None,
+            };
+            if let Some(pod) = pod {
+                postgres::mount_database_cas(pod);
+            }
+        }
+        self
+    }
+
+    /// Every pod of the set (Deployments, Jobs, StatefulSets) made to meet the Pod Security
+    /// Standard "restricted" ([`security::restrict`]).
+    pub fn restricted(mut self) -> Self {
+        for child in &mut self.apply {
+            let pod = match child {
+                Child::Deployment(d) => d.spec.as_mut().and_then(|s| s.template.spec.as_mut()),
+                Child::Job(j) => j.spec.as_mut().and_then(|s| s.template.spec.as_mut()),
+                Child::StatefulSet(s) => s.spec.as_mut().and_then(|s| s.template.spec.as_mut()),
+                _ => None,
+            };
+            if let Some(pod) = pod {
+                security::restrict(pod);
+            }
+        }
+        self
+    }
+
     pub fn hold_workload(&mut self, owner: &Owner, component: &str) {
         for kind in [ChildKind::Deployment, ChildKind::Service] {
             self.hold.push(ChildRef {

@@ -11,9 +11,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, ExecAction, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, Secret, Service, ServicePort, ServiceSpec,
-    VolumeMount, VolumeResourceRequirements,
+    Container, ContainerPort, ExecAction, KeyToPath, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, Secret, SecretVolumeSource, Service, ServicePort,
+    ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -21,7 +21,7 @@ use rand::Rng;
 use rand::distr::Alphanumeric;
 
 use super::{Owner, POSTGRES_PORT, env, secret_env};
-use crate::crd::{ManagedDatabase, SecretKeyRef};
+use crate::crd::{DatabaseEngine, ManagedDatabase, SecretKeyRef};
 
 pub const KEY_APP_PASSWORD: &str = "app-password";
 pub const KEY_POSTGRES_PASSWORD: &str = "postgres-password";
@@ -53,11 +53,14 @@ pub struct DbNames {
     pub connection_secret: String,
 }
 
+/// The suffix of a connection Secret's name (`<owner>-<db>-conn`).
+const CONN_SUFFIX: &str = "-conn";
+
 pub fn names(owner: &Owner, history: History) -> DbNames {
     DbNames {
         server: owner.child(history.name()),
         credentials_secret: owner.child(&format!("{}-credentials", history.name())),
-        connection_secret: owner.child(&format!("{}-conn", history.name())),
+        connection_secret: owner.child(&format!("{}{CONN_SUFFIX}", history.name())),
     }
 }
 
@@ -149,20 +152,124 @@ impl std::fmt::Debug for ConnectionUrls {
     }
 }
 
-/// URLs of a managed database, through its headless Service.
-pub fn managed_urls(owner: &Owner, history: History, credentials: &Credentials) -> ConnectionUrls {
-    let host = format!("{}.{}.svc", names(owner, history).server, owner.namespace);
+/// The Service CloudNativePG keeps pointed at the primary of the Cluster `<owner>-<db>`.
+pub fn primary_service(owner: &Owner, history: History) -> String {
+    format!("{}-rw", names(owner, history).server)
+}
+
+/// The host a managed database is reached at: the StatefulSet's headless Service, or the Service
+/// CloudNativePG keeps pointed at the primary.
+pub fn managed_host(owner: &Owner, history: History, engine: DatabaseEngine) -> String {
+    let service = match engine {
+        DatabaseEngine::StatefulSet => names(owner, history).server,
+        DatabaseEngine::CloudNativePg => primary_service(owner, history),
+    };
+    format!("{service}.{}.svc", owner.namespace)
+}
+
+/// Where a pod finds the CA of the CloudNativePG Cluster `<cluster>`: the `ca.crt` of its
+/// `<cluster>-ca` Secret, mounted by [`mount_database_cas`].
+pub fn ca_file(cluster: &str) -> String {
+    format!("{TLS_DIR}/{cluster}/ca.crt")
+}
+
+/// The uid and gid of the postgres user in the official image and in images/postgres.
+pub const POSTGRES_UID: i64 = 999;
+
+/// The emptyDir of PostgreSQL's socket directory, `/var/run/postgresql`.
+const SOCKET_VOLUME: &str = "run";
+
+/// The folder the databases' CA files are mounted under, one folder per database.
+pub const TLS_DIR: &str = "/etc/dlock/tls";
+
+/// Mounts, into every container that reads a database's connection Secret (`<owner>-<db>-conn`),
+/// that database's CA (`<owner>-<db>-ca`, written by CloudNativePG) at [`ca_file`]. The Secret is
+/// optional: a database on the StatefulSet engine has none, and the mount is an empty folder its
+/// URLs never name. One rule for the Deployments, the migration Jobs and the restore Jobs (which
+/// read several paydbs at once), so no container reaches a database over TLS without its CA.
+pub fn mount_database_cas(pod: &mut PodSpec) {
+    let mut databases: Vec<String> = pod
+        .containers
+        .iter()
+        .chain(pod.init_containers.iter().flatten())
+        .flat_map(|c| c.env.iter().flatten())
+        .filter_map(|e| e.value_from.as_ref()?.secret_key_ref.as_ref())
+        .filter_map(|r| r.name.strip_suffix(CONN_SUFFIX).map(str::to_owned))
+        .collect();
+    databases.sort();
+    databases.dedup();
+    for db in databases {
+        let volume = format!("tls-{db}");
+        let volumes = pod.volumes.get_or_insert_with(Vec::new);
+        if volumes.iter().any(|v| v.name == volume) {
+            continue;
+        }
+        volumes.push(Volume {
+            name: volume.clone(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(format!("{db}-ca")),
+                items: Some(vec![KeyToPath {
+                    key: "ca.crt".into(),
+                    path: "ca.crt".into(),
+                    ..KeyToPath::default()
+                }]),
+                optional: Some(true),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+        let conn = format!("{db}{CONN_SUFFIX}");
+        for c in pod
+            .containers
+            .iter_mut()
+            .chain(pod.init_containers.iter_mut().flatten())
+        {
+            let reads = c.env.iter().flatten().any(|e| {
+                e.value_from
+                    .as_ref()
+                    .and_then(|v| v.secret_key_ref.as_ref())
+                    .is_some_and(|r| r.name == conn)
+            });
+            if reads {
+                c.volume_mounts.get_or_insert_with(Vec::new).push(VolumeMount {
+                    name: volume.clone(),
+                    mount_path: format!("{TLS_DIR}/{db}"),
+                    read_only: Some(true),
+                    ..VolumeMount::default()
+                });
+            }
+        }
+    }
+}
+
+/// URLs of a managed database, through the Service that leads to its primary.
+pub fn managed_urls(
+    owner: &Owner,
+    history: History,
+    engine: DatabaseEngine,
+    credentials: &Credentials,
+) -> ConnectionUrls {
+    let host = managed_host(owner, history, engine);
     let db = history.name();
+    // CloudNativePG serves TLS only (its Cluster refuses other connections) with a certificate for
+    // the `-rw` Service from the Cluster's own CA: verified in full, name included.
+    let tls = match engine {
+        DatabaseEngine::StatefulSet => String::new(),
+        DatabaseEngine::CloudNativePg => format!(
+            "?sslmode=verify-full&sslrootcert={}",
+            ca_file(&names(owner, history).server)
+        ),
+    };
     ConnectionUrls {
         app_url: format!(
-            "postgres://{}:{}@{host}:{POSTGRES_PORT}/{db}",
+            "postgres://{}:{}@{host}:{POSTGRES_PORT}/{db}{tls}",
             history.app_role(),
             credentials.app_password
         ),
         admin_url: credentials
             .postgres_password
             .as_ref()
-            .map(|pw| format!("postgres://postgres:{pw}@{host}:{POSTGRES_PORT}/{db}")),
+            .map(|pw| format!("postgres://postgres:{pw}@{host}:{POSTGRES_PORT}/{db}{tls}")),
     }
 }
 
@@ -171,26 +278,90 @@ pub fn managed_urls(owner: &Owner, history: History, credentials: &Credentials) 
 pub enum ExternalUrlError {
     #[error("the URL in the referenced Secret is not a postgres:// or postgresql:// URL with a host")]
     NotPostgresUrl,
+    #[error(
+        "the URL names its own sslrootcert, and spec.database.external.caSecretRef names a CA too: leave sslrootcert out of the URL (the operator mounts the CA and names it)"
+    )]
+    RootCertTwice,
+    #[error(
+        "the URL says sslmode={0}, which does not check the server's certificate against caSecretRef's CA: use verify-full (or verify-ca), or leave sslmode out"
+    )]
+    CaUnchecked(String),
 }
 
-/// The application-role URL of an external database: the owner URL with its user and password
-/// replaced by the app role and the generated password (host, port, database, parameters kept).
-pub fn external_app_url(
+/// The URLs of an external database: the application role's is the owner URL with its user and
+/// password replaced by the app role and the generated password (host, port, database, parameters
+/// kept). With a CA (`ca_file`, where [`mount_database_cas`] puts it), both URLs name it as
+/// `sslrootcert` and verify the server (`sslmode=verify-full` unless the URL says `verify-ca`),
+/// and the owner URL is handed out too (`admin-url`), for the Jobs, which then read it from the
+/// connection Secret (so that they get the CA mounted) instead of the user's.
+pub fn external_urls(
     owner_url: &str,
     history: History,
     credentials: &Credentials,
+    ca_file: Option<&str>,
 ) -> Result<ConnectionUrls, ExternalUrlError> {
     let mut url = url::Url::parse(owner_url.trim()).map_err(|_| ExternalUrlError::NotPostgresUrl)?;
     if !matches!(url.scheme(), "postgres" | "postgresql") || url.host_str().is_none_or(str::is_empty) {
         return Err(ExternalUrlError::NotPostgresUrl);
+    }
+    let mut admin_url = None;
+    if let Some(ca_file) = ca_file {
+        verify_with_ca(&mut url, ca_file)?;
+        admin_url = Some(String::from(url.clone()));
     }
     url.set_username(history.app_role())
         .and_then(|()| url.set_password(Some(&credentials.app_password)))
         .map_err(|()| ExternalUrlError::NotPostgresUrl)?;
     Ok(ConnectionUrls {
         app_url: url.into(),
-        admin_url: None,
+        admin_url,
     })
+}
+
+/// `sslrootcert=<ca_file>`, and `sslmode=verify-full` unless the URL asks for `verify-ca`; a URL
+/// with its own `sslrootcert`, or with a mode that checks no certificate, is refused.
+fn verify_with_ca(url: &mut url::Url, ca_file: &str) -> Result<(), ExternalUrlError> {
+    let mut mode = None;
+    for (k, v) in url.query_pairs() {
+        match k.as_ref() {
+            "sslrootcert" => return Err(ExternalUrlError::RootCertTwice),
+            "sslmode" => mode = Some(v.into_owned()),
+            _ => {}
+        }
+    }
+    match mode.as_deref() {
+        Some("verify-full" | "verify-ca") => {}
+        Some(other) => return Err(ExternalUrlError::CaUnchecked(other.to_owned())),
+        None => {
+            url.query_pairs_mut().append_pair("sslmode", "verify-full");
+        }
+    }
+    url.query_pairs_mut().append_pair("sslrootcert", ca_file);
+    Ok(())
+}
+
+/// The copy of an external database's CA that [`mount_database_cas`] mounts: `<owner>-<db>-ca`,
+/// key `ca.crt` (the name CloudNativePG gives its own CA Secret, so one rule mounts both).
+pub fn external_ca_secret(owner: &Owner, history: History, pem: &str) -> Secret {
+    Secret {
+        metadata: owner.meta(ca_secret_name(owner, history), history.name()),
+        type_: Some("Opaque".into()),
+        data: Some(BTreeMap::from([(
+            "ca.crt".to_owned(),
+            ByteString(pem.as_bytes().to_vec()),
+        )])),
+        ..Secret::default()
+    }
+}
+
+/// `<owner>-<db>-ca`: the Secret whose `ca.crt` is mounted for the database.
+pub fn ca_secret_name(owner: &Owner, history: History) -> String {
+    format!("{}-ca", names(owner, history).server)
+}
+
+/// A CA Secret's text is PEM with at least one certificate.
+pub fn is_pem_certificate(text: &str) -> bool {
+    text.contains("-----BEGIN CERTIFICATE-----") && text.contains("-----END CERTIFICATE-----")
 }
 
 /// The connection Secret, applied on every reconcile.
@@ -283,11 +454,18 @@ pub fn statefulset(owner: &Owner, history: History, spec: &ManagedDatabase) -> S
             failure_threshold: Some(6),
             ..pg_isready
         }),
-        volume_mounts: Some(vec![VolumeMount {
-            name: "data".into(),
-            mount_path: DATA_MOUNT.into(),
-            ..VolumeMount::default()
-        }]),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: "data".into(),
+                mount_path: DATA_MOUNT.into(),
+                ..VolumeMount::default()
+            },
+            VolumeMount {
+                name: SOCKET_VOLUME.into(),
+                mount_path: "/var/run/postgresql".into(),
+                ..VolumeMount::default()
+            },
+        ]),
         resources: spec.resources.clone(),
         ..Container::default()
     };
@@ -327,11 +505,17 @@ pub fn statefulset(owner: &Owner, history: History, spec: &ManagedDatabase) -> S
                 }),
                 spec: Some(PodSpec {
                     containers: vec![container],
-                    // The postgres image's uid/gid: lets it own the volume.
+                    // The postgres image's uid/gid (the official image's and images/postgres'):
+                    // it runs as that user from the start (the restricted standard admits no
+                    // root), and owns the volume through the fsGroup. Its socket directory is an
+                    // emptyDir: the root filesystem is read-only.
                     security_context: Some(PodSecurityContext {
-                        fs_group: Some(999),
+                        run_as_user: Some(POSTGRES_UID),
+                        run_as_group: Some(POSTGRES_UID),
+                        fs_group: Some(POSTGRES_UID),
                         ..PodSecurityContext::default()
                     }),
+                    volumes: Some(vec![super::security::empty_dir(SOCKET_VOLUME)]),
                     ..PodSpec::default()
                 }),
             },

@@ -12,6 +12,7 @@ use kube::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::builders::cnpg::Cluster;
 use crate::builders::{Child, ChildKind, ChildRef, Desired, FIELD_MANAGER, Owner};
 use crate::error::{Error, Result};
 
@@ -47,6 +48,9 @@ pub async fn apply_child(client: &Client, namespace: &str, child: &Child) -> Res
         Child::Deployment(o) => Applied::Deployment(Box::new(apply(client, namespace, o).await?)),
         Child::NetworkPolicy(o) => apply(client, namespace, o).await.map(|_| Applied::Other)?,
         Child::PodDisruptionBudget(o) => apply(client, namespace, o).await.map(|_| Applied::Other)?,
+        Child::PostgresCluster(o) => apply(client, namespace, o.as_ref())
+            .await
+            .map(|_| Applied::Other)?,
     })
 }
 
@@ -60,6 +64,7 @@ pub async fn delete_child(client: &Client, namespace: &str, child: &ChildRef) ->
         ChildKind::Deployment => delete::<Deployment>(client, namespace, &child.name).await,
         ChildKind::NetworkPolicy => delete::<NetworkPolicy>(client, namespace, &child.name).await,
         ChildKind::PodDisruptionBudget => delete::<PodDisruptionBudget>(client, namespace, &child.name).await,
+        ChildKind::PostgresCluster => delete::<Cluster>(client, namespace, &child.name).await,
     }
 }
 
@@ -101,7 +106,7 @@ pub async fn orphans(client: &Client, owner: &Owner, desired: &Desired) -> Resul
             ChildKind::Service => children_of::<Service>(client, owner).await?,
             ChildKind::StatefulSet => children_of::<StatefulSet>(client, owner).await?,
             ChildKind::PodDisruptionBudget => children_of::<PodDisruptionBudget>(client, owner).await?,
-            ChildKind::Job => continue,
+            ChildKind::Job | ChildKind::PostgresCluster => continue,
         };
         out.extend(
             names

@@ -35,6 +35,7 @@ use kube::{Client, Resource, ResourceExt};
 pub use crate::context::{Context, Settings};
 pub use crate::error::{Error, Result};
 
+use crate::builders::cnpg::Cluster;
 use crate::builders::{LABEL_MANAGED_BY, MANAGED_BY};
 use crate::crd::{LockService, PaymentStack};
 use crate::metrics::{LOCK_SERVICE, ObjectKey, PAYMENT_STACK};
@@ -187,6 +188,18 @@ fn object_keys<K: Resource<DynamicType = ()>>(
         .into_iter()
 }
 
+/// Whether this API server serves CloudNativePG's Clusters (and the operator may list them).
+async fn cnpg_served(client: &Client, ns: Option<&str>) -> bool {
+    let served = api::<Cluster>(client, ns)
+        .list(&kube::api::ListParams::default().limit(1))
+        .await;
+    match &served {
+        Ok(_) => tracing::info!(event = "cloudnativepg_detected", watched = true),
+        Err(e) => tracing::info!(event = "cloudnativepg_detected", watched = false, reason = %e),
+    }
+    served.is_ok()
+}
+
 /// Runs both controllers until `shutdown` resolves.
 pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
     let client = ctx.client.clone();
@@ -197,11 +210,20 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         let _ = rx.wait_for(|s| *s).await;
     };
 
+    // CloudNativePG's Clusters are watched where CloudNativePG is installed (a watch on a type the
+    // API server does not serve would only fail, for ever). Installed later: restart the operator;
+    // until then the Clusters it creates are still looked at by the periodic requeue.
+    let cnpg = cnpg_served(&client, ns).await;
     let lock_services = Controller::new(
         api::<DeserializeGuard<LockService>>(&client, ns),
         watcher::Config::default(),
     );
     let lock_service_store = lock_services.store();
+    let lock_services = if cnpg {
+        lock_services.owns(api::<Cluster>(&client, ns), children())
+    } else {
+        lock_services
+    };
     let lock_services = lock_services
         .owns(api::<StatefulSet>(&client, ns), children())
         .owns(api::<Service>(&client, ns), children())
@@ -239,6 +261,11 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     );
     let store = stacks.store();
     let stack_store = store.clone();
+    let stacks = if cnpg {
+        stacks.owns(api::<Cluster>(&client, ns), children())
+    } else {
+        stacks
+    };
     let stacks = stacks
         .owns(api::<StatefulSet>(&client, ns), children())
         .owns(api::<Service>(&client, ns), children())

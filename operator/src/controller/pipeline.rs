@@ -129,6 +129,7 @@ async fn run<K: Reconciled>(obj: &K, ctx: &Context, owner: &Owner) -> Result<Rec
     Ok(Reconciliation::Applied(Applied {
         database_ready: prepared.db.ready,
         etcd: prepared.etcd.clone(),
+        cluster: prepared.db.cluster.clone().map(Box::new),
         migration: prepared.schema.then(|| MigrationRun {
             job_name: plan.desired.migration_job.clone(),
             state: prepared.job_state.clone(),

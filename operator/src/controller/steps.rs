@@ -103,6 +103,7 @@ pub async fn prepare(
                     ready: state.health.has_quorum(),
                     secret_version: state.secret_version,
                     credentials_created: false,
+                    cluster: None,
                 },
                 etcd: Some(state.health),
                 job_name: String::new(),
@@ -305,6 +306,61 @@ where
             format!("etcd members ready: {}", e.ready),
         )
         .await;
+    }
+    // Each change of the database's primary (CloudNativePG), and each change in how many of its
+    // instances are ready, as it happens.
+    if let Some(d) = new.database.as_ref() {
+        let before = previous.and_then(|p| p.database.as_ref());
+        if let Some(change) = d
+            .last_primary_change
+            .as_ref()
+            // A new change, not the timeline filled in on one already told.
+            .filter(|c| {
+                before
+                    .and_then(|b| b.last_primary_change.as_ref())
+                    .is_none_or(|b| (&b.from, &b.to, &b.seen_at) != (&c.from, &c.to, &c.seen_at))
+            })
+        {
+            let (reason, type_) = if change.kind == "Switchover" {
+                (Reason::DatabaseSwitchover, EventType::Normal)
+            } else {
+                (Reason::DatabaseFailover, EventType::Warning)
+            };
+            let timeline = change
+                .timeline
+                .map(|t| format!(", on timeline {t}"))
+                .unwrap_or_default();
+            tracing::warn!(event = "database_primary_changed", namespace = %ns, name = %name, kind = %change.kind, from = %change.from, to = %change.to, timeline = ?change.timeline);
+            // lockdb's new history makes lock-server jump; paydb's only moves the connections.
+            let then = if regarding.kind.as_deref() == Some("LockService") {
+                "lock-server jumps its token sequence on the new timeline"
+            } else {
+                "the services reconnect to it through the -rw Service"
+            };
+            ctx.publish(
+                regarding,
+                type_,
+                reason,
+                format!(
+                    "{}: {} is the primary of {} in place of {}{timeline}; {then}",
+                    change.kind, change.to, d.cluster, change.from
+                ),
+            )
+            .await;
+        }
+        if before.map(|b| &b.ready) != Some(&d.ready) {
+            tracing::info!(event = "database_instances_ready", namespace = %ns, name = %name, ready = %d.ready);
+            ctx.publish(
+                regarding,
+                EventType::Normal,
+                Reason::DatabaseInstancesReady,
+                format!(
+                    "database instances ready: {} (synchronous: {})",
+                    d.ready, d.synchronous
+                ),
+            )
+            .await;
+        }
     }
     let after = match assessment.phase {
         Phase::Ready => REQUEUE_READY,

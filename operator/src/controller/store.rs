@@ -7,15 +7,16 @@
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::Api;
+use kube::api::{Api, ListParams};
 
 use super::apply;
 use super::verdict::{Blocked, EtcdHealth};
 use crate::builders::Owner;
+use crate::builders::cnpg::{self, Cluster, ClusterHealth};
 use crate::builders::etcd_members::{self, parse_endpoints};
 use crate::builders::postgres::{self, Credentials, History};
 use crate::context::Context;
-use crate::crd::{DatabaseMode, DatabaseSpec, EtcdMode, EtcdSpec};
+use crate::crd::{DatabaseEngine, DatabaseMode, DatabaseSpec, EtcdMode, EtcdSpec};
 use crate::error::Result;
 use crate::reasons::Reason;
 
@@ -28,6 +29,8 @@ pub struct DatabaseState {
     pub secret_version: Option<String>,
     /// The credentials Secret was created by this reconcile.
     pub credentials_created: bool,
+    /// Engine CloudNativePG: its Cluster as read.
+    pub cluster: Option<ClusterHealth>,
 }
 
 /// `Ok(Err(blocked))` for problems a human must fix; `Err` for API failures worth a retry.
@@ -61,7 +64,7 @@ pub async fn resolve_database(
     };
 
     let urls = match mode {
-        DatabaseMode::Managed(_) => postgres::managed_urls(owner, history, &credentials),
+        DatabaseMode::Managed(m) => postgres::managed_urls(owner, history, m.engine, &credentials),
         DatabaseMode::External(external) => {
             let r = &external.secret_ref;
             let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
@@ -85,7 +88,38 @@ pub async fn resolve_database(
                     format!("Secret {} has no UTF-8 key {:?}", r.name, r.key),
                 )));
             };
-            match postgres::external_app_url(&owner_url, history, &credentials) {
+            let ca_file = match &external.ca_secret_ref {
+                None => None,
+                Some(ca) => {
+                    let Some(pem) = secrets
+                        .get_opt(&ca.name)
+                        .await?
+                        .and_then(|s| s.data?.remove(&ca.key))
+                        .and_then(|v| String::from_utf8(v.0).ok())
+                    else {
+                        return Ok(Err(Blocked::new(
+                            Reason::ExternalSecretMissing,
+                            format!(
+                                "spec.database.external.caSecretRef: Secret {} has no key {:?} (the PEM CA that signed the database server's certificate)",
+                                ca.name, ca.key
+                            ),
+                        )));
+                    };
+                    if !postgres::is_pem_certificate(&pem) {
+                        return Ok(Err(Blocked::new(
+                            Reason::ExternalSecretInvalid,
+                            format!(
+                                "spec.database.external.caSecretRef: Secret {} key {:?} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+                                ca.name, ca.key
+                            ),
+                        )));
+                    }
+                    // The copy the pods mount, beside the connection Secret that names it.
+                    apply::apply(client, ns, &postgres::external_ca_secret(owner, history, &pem)).await?;
+                    Some(postgres::ca_file(&names.server))
+                }
+            };
+            match postgres::external_urls(&owner_url, history, &credentials, ca_file.as_deref()) {
                 Ok(urls) => urls,
                 Err(e) => {
                     return Ok(Err(Blocked::new(
@@ -98,23 +132,62 @@ pub async fn resolve_database(
     };
     let conn = apply::apply(client, ns, &postgres::connection_secret(owner, history, &urls)).await?;
 
-    let ready = match mode {
-        DatabaseMode::External(_) => true,
+    let (ready, cluster) = match mode {
+        DatabaseMode::External(_) => (true, None),
+        DatabaseMode::Managed(m) if m.engine == DatabaseEngine::CloudNativePg => {
+            let clusters: Api<Cluster> = Api::namespaced(client.clone(), ns);
+            // A type the API server does not serve answers a bare 404 ("page not found"), which
+            // `get_opt` returns as an error; a missing object of a served type is `None`.
+            let found = match clusters.get_opt(&names.server).await {
+                Ok(found) => found,
+                Err(e) => return Ok(Err(engine_missing(e)?)),
+            };
+            // No Cluster yet: is the type served at all? (Some API servers answer a missing type
+            // with a NotFound status, which `get_opt` reads as a missing object.)
+            if found.is_none()
+                && let Err(e) = clusters.list(&ListParams::default().limit(1)).await
+            {
+                return Ok(Err(engine_missing(e)?));
+            }
+            if let Some(secret) = cnpg::superuser_secret(owner, history, &credentials) {
+                apply::apply(client, ns, &secret).await?;
+            }
+            let health = ClusterHealth::of(&names.server, m, found.as_ref());
+            (health.has_primary(), Some(health))
+        }
         DatabaseMode::Managed(_) => {
             let sts: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
-            sts.get_opt(&names.server)
+            let ready = sts
+                .get_opt(&names.server)
                 .await?
                 .and_then(|s| s.status)
                 .and_then(|s| s.ready_replicas)
                 .unwrap_or(0)
-                >= 1
+                >= 1;
+            (ready, None)
         }
     };
     Ok(Ok(DatabaseState {
         ready,
         secret_version: conn.metadata.resource_version,
         credentials_created: created,
+        cluster,
     }))
+}
+
+/// A failed read of Clusters: CloudNativePG not installed (no such resource: 404) is for a human to
+/// fix; anything else is retried.
+fn engine_missing(e: kube::Error) -> Result<Blocked> {
+    match &e {
+        kube::Error::Api(s) if s.code == 404 => Ok(Blocked::new(
+            Reason::DatabaseEngineMissing,
+            format!(
+                "database.managed.engine is CloudNativePG, but this cluster does not serve {}/v1 clusters: install CloudNativePG (docs/operations.md, \"Highly available databases\")",
+                cnpg::GROUP
+            ),
+        )),
+        _ => Err(e.into()),
+    }
 }
 
 /// What the etcd step found.

@@ -593,7 +593,7 @@ async fn a_stack_waits_for_its_lock_service_then_drops_the_stub_when_asked() {
             .as_array()
             .unwrap()
             .iter()
-            .any(|e| e["name"] == "DLOCK_LEASE_TTL_MS" && e["value"] == "4000")
+            .any(|e| e["name"] == "PAYOUT_EXECUTOR_LEASE_TTL_MS" && e["value"] == "4000")
     );
     let pr = api.get(&format!("{DEPLOYMENTS}shop-payment-resource")).unwrap();
     let env = &pr["spec"]["template"]["spec"]["containers"][0]["env"];

@@ -9,6 +9,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
+use crate::builders::cnpg::ClusterHealth;
 use crate::builders::postgres::History;
 use crate::crd::status::{CONDITION_DEGRADED, CONDITION_PROGRESSING, CONDITION_READY};
 use crate::crd::{DlockStatus, EtcdStatus, MigrationStatus, Phase};
@@ -130,6 +131,8 @@ pub struct Applied<O> {
     pub database_ready: bool,
     /// Backend etcd: the cluster (in place of the database's schema, which it has not).
     pub etcd: Option<EtcdHealth>,
+    /// A managed database on CloudNativePG: its Cluster (boxed: most reconciles have none).
+    pub cluster: Option<Box<ClusterHealth>>,
     /// `None` without a schema (etcd).
     pub migration: Option<MigrationRun>,
     /// Deployments applied (empty while a gate holds them back).
@@ -168,6 +171,7 @@ impl<O: KindOutcome> Reconciliation<O> {
                     expected_deployments: a.expected_deployments,
                     gated: kind.gated,
                     etcd: a.etcd.clone(),
+                    cluster: a.cluster.as_deref().cloned(),
                 }
             }
         }
@@ -218,6 +222,11 @@ pub fn status_of<O: KindOutcome>(
     if let Some(etcd) = &obs.etcd {
         new.etcd = Some(etcd.status());
     }
+    // Carried over while a stop hides the Cluster (the change of primary stays recorded).
+    new.database = match &obs.cluster {
+        Some(c) => Some(c.status(previous.and_then(|p| p.database.as_ref()), &now.to_string())),
+        None => previous.and_then(|p| p.database.clone()),
+    };
     if let Some(kind) = r.kind() {
         kind.write_status(&mut new);
     }
@@ -241,6 +250,8 @@ pub struct Observation {
     pub gated: Option<Blocked>,
     /// Backend etcd: the cluster (in place of the database and its migration, which it has not).
     pub etcd: Option<EtcdHealth>,
+    /// A managed database on CloudNativePG: its Cluster.
+    pub cluster: Option<ClusterHealth>,
 }
 
 /// The verdict: phase plus one (status, reason, message) per condition.
@@ -316,6 +327,20 @@ pub fn assess(obs: &Observation) -> Assessment {
             Phase::Pending,
             Reason::WaitingForEtcd,
             format!("lock-server is available; etcd members ready: {ready}/{members}"),
+        );
+    }
+    if let Some(c) = obs.cluster.as_ref().filter(|c| !c.all_ready()) {
+        let sync = match &c.synchronous {
+            Some(s) => format!("; synchronous {s}"),
+            None => String::new(),
+        };
+        return Assessment::new(
+            Phase::Pending,
+            Reason::WaitingForDatabaseInstances,
+            format!(
+                "the services are available; database instances ready: {}/{}{sync}",
+                c.ready, c.instances
+            ),
         );
     }
     Assessment::new(Phase::Ready, Reason::Ready, "all components are available")
@@ -425,7 +450,9 @@ pub fn build(
         actions: previous.map(|p| p.actions.clone()).unwrap_or_default(),
         gate: previous.and_then(|p| p.gate.clone()),
         fencing: previous.and_then(|p| p.fencing.clone()),
+        sequence: previous.and_then(|p| p.sequence.clone()),
         etcd: previous.and_then(|p| p.etcd.clone()),
+        database: previous.and_then(|p| p.database.clone()),
         last_action: previous.and_then(|p| p.last_action.clone()),
         grants: previous.and_then(|p| p.grants.clone()),
     }

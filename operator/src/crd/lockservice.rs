@@ -34,10 +34,16 @@ pub const MAX_REPLICAS: i32 = 20;
     printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.lockServer.replicas"),
     printcolumn(name = "Schema", type_ = "integer", json_path = ".status.migration.appliedVersion"),
     printcolumn(name = "Etcd-Ready", type_ = "string", json_path = ".status.etcd.ready"),
+    printcolumn(name = "DB-Ready", type_ = "string", json_path = ".status.database.ready"),
+    printcolumn(name = "Primary", type_ = "string", json_path = ".status.database.primary", priority = "1"),
+    printcolumn(name = "Sync", type_ = "string", json_path = ".status.database.synchronous", priority = "1"),
+    printcolumn(name = "DB-Timeline", type_ = "integer", json_path = ".status.database.timeline", priority = "1"),
     printcolumn(name = "Endpoint", type_ = "string", json_path = ".status.endpoints.lockServer", priority = "1"),
     printcolumn(name = "Last-Action", type_ = "string", json_path = ".status.lastAction"),
     printcolumn(name = "Sequence", type_ = "integer", json_path = ".status.fencing.sequence"),
     printcolumn(name = "High-Water", type_ = "integer", json_path = ".status.fencing.highWater"),
+    printcolumn(name = "Timeline", type_ = "integer", json_path = ".status.sequence.lastJump.timeline"),
+    printcolumn(name = "Last-Jump", type_ = "string", json_path = ".status.sequence.lastJump.cause", priority = "1"),
     printcolumn(name = "Gated-By", type_ = "string", json_path = ".status.gate.actionId", priority = "1"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("self.metadata.name.size() <= 36")
@@ -118,15 +124,17 @@ impl Default for LockServerSpec {
     }
 }
 
-/// Lease defaults handed to the lock service and its clients.
+/// The leases the payout executors of every PaymentStack on this LockService take (lock-server
+/// itself has none: each acquire and session names its TTL). The range is within what the executor
+/// accepts (10..=86400000).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LeaseSpec {
-    /// TTL of a lock lease, in milliseconds.
+    /// TTL of each account lock an executor takes, in milliseconds (renewed every third of it).
     #[serde(default = "default_lease_ttl_ms")]
     #[schemars(range(min = 100, max = 86_400_000))]
     pub default_ttl_ms: i64,
-    /// TTL of a client session (renewed by heartbeats), in milliseconds.
+    /// TTL of each executor worker's session (a heartbeat every third of it), in milliseconds.
     #[serde(default = "default_session_ttl_ms")]
     #[schemars(range(min = 100, max = 86_400_000))]
     pub session_ttl_ms: i64,

@@ -6,18 +6,23 @@ pub mod database;
 pub mod etcd;
 pub mod lockservice;
 pub mod paymentstack;
+pub mod sequence;
 pub mod status;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-pub use database::{DatabaseMode, DatabaseSpec, ExternalDatabase, ManagedDatabase, SecretKeyRef};
+pub use database::{
+    CaSecretRef, DataDurability, DatabaseEngine, DatabaseMode, DatabaseSpec, ExternalDatabase,
+    ManagedDatabase, SecretKeyRef, Synchronous,
+};
 pub use etcd::{EndpointsSecretRef, EtcdMode, EtcdSpec, EtcdStorage, ExternalEtcd, ManagedEtcd};
 pub use lockservice::{Backend, LeaseSpec, LockServerSpec, LockService, LockServiceSpec, LockStore};
 pub use paymentstack::{
     KillSwitches, LocalObjectRef, PaymentStack, PaymentStackSpec, PayoutExecutorSpec, RailProxySpec,
     RailStubMode, RailStubSpec, WorkloadSpec,
 };
+pub use sequence::{JumpCause, SequenceJump, SequenceStatus};
 pub use status::{ActionStatus, DlockStatus, EtcdStatus, GrantStatus, MigrationStatus, Phase};
 
 /// Every CRD the operator serves, with the file name `crdgen` writes it to.

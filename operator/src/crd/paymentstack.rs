@@ -25,6 +25,10 @@ use super::status::DlockStatus;
     printcolumn(name = "LockService", type_ = "string", json_path = ".spec.lockServiceRef.name"),
     printcolumn(name = "Fencing", type_ = "boolean", json_path = ".spec.killSwitches.paymentFencingEnabled"),
     printcolumn(name = "Schema", type_ = "integer", json_path = ".status.migration.appliedVersion"),
+    printcolumn(name = "DB-Ready", type_ = "string", json_path = ".status.database.ready"),
+    printcolumn(name = "Primary", type_ = "string", json_path = ".status.database.primary", priority = "1"),
+    printcolumn(name = "Sync", type_ = "string", json_path = ".status.database.synchronous", priority = "1"),
+    printcolumn(name = "DB-Timeline", type_ = "integer", json_path = ".status.database.timeline", priority = "1"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("self.metadata.name.size() <= 36")
         .message("metadata.name must be at most 36 characters: child names add suffixes such as -paydb-migrate-<hash>")

@@ -68,6 +68,48 @@ pub struct EtcdStatus {
     pub ready: String,
 }
 
+/// A managed database on CloudNativePG (`database.managed.engine: CloudNativePG`), as its Cluster
+/// reports it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseStatus {
+    /// The CloudNativePG Cluster's name.
+    pub cluster: String,
+    /// The instance (pod) that is primary; absent while none is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary: Option<String>,
+    /// For `kubectl get`: `ready/instances`.
+    pub ready: String,
+    pub instances: i32,
+    pub ready_instances: i32,
+    /// `any N (required|preferred)`, or `async`.
+    pub synchronous: String,
+    /// The PostgreSQL timeline of the primary: it goes up by one at each promotion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<i64>,
+    /// CloudNativePG's phase (e.g. `Cluster in healthy state`, `Failing over`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_phase: Option<String>,
+    /// The last change of primary the operator saw.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_primary_change: Option<PrimaryChange>,
+}
+
+/// One change of primary: a failover (CloudNativePG promoted a standby after losing the primary) or
+/// a switchover (one asked for).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PrimaryChange {
+    /// `Failover` or `Switchover`.
+    pub kind: String,
+    pub from: String,
+    pub to: String,
+    /// When the operator saw it (RFC 3339).
+    pub seen_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<i64>,
+}
+
 /// What the controller last saw and did. Identical for both kinds.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema, Default)]
 #[serde(rename_all = "camelCase")]
@@ -95,9 +137,16 @@ pub struct DlockStatus {
     /// LockService: the last comparison of the fencing sequence with the resources' high-water.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fencing: Option<FencingStatus>,
+    /// LockService with backend postgres: lock-server's last jump of `fencing_token_seq` (a new
+    /// lockdb history: its start, a promotion, a restore, a restart).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<super::sequence::SequenceStatus>,
     /// LockService with backend etcd: its members' readiness.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd: Option<EtcdStatus>,
+    /// A managed database on CloudNativePG: its primary, instances, replication and timeline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub database: Option<DatabaseStatus>,
     /// LockService: id of the most recent action, and its phase (for `kubectl get`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_action: Option<String>,

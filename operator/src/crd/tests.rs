@@ -104,6 +104,8 @@ fn names_scope_subresource_and_columns() {
         ".status.lastAction",
         ".status.fencing.sequence",
         ".status.fencing.highWater",
+        ".status.sequence.lastJump.timeline",
+        ".status.sequence.lastJump.cause",
     ] {
         assert!(ls_columns.contains(path), "{path} missing from {ls_columns}");
     }
@@ -216,6 +218,93 @@ fn managed_volume_is_immutable_and_a_quantity() {
     rejects(&s, &classed, Some(&small), "immutable");
     let junk = lock_service("locks", json!({"database": {"managed": {"storageSize": "lots"}}}));
     rejects(&s, &junk, None, "quantity");
+}
+
+#[test]
+fn highly_available_databases_need_the_engine_and_standbys_for_their_synchronous_settings() {
+    let s = schema::<LockService>();
+    let managed = |m: Value| lock_service("locks", json!({"database": {"managed": m}}));
+    let ha = managed(json!({"engine": "CloudNativePG", "instances": 3, "synchronous": {"number": 2}}));
+    check(&s, &ha, None).unwrap();
+    check(&s, &managed(json!({"engine": "CloudNativePG"})), None).unwrap();
+    check(
+        &s,
+        &managed(json!({"engine": "CloudNativePG", "instances": 2, "synchronous": {}})),
+        None,
+    )
+    .unwrap();
+    check(
+        &s,
+        &managed(json!({"engine": "CloudNativePG", "instances": 2, "synchronous": {"dataDurability": "Preferred"}})),
+        None,
+    )
+    .unwrap();
+    // Scaling the instances is a change of the field.
+    let two = managed(json!({"engine": "CloudNativePG", "instances": 2, "synchronous": {"number": 1}}));
+    check(&s, &ha, Some(&two)).unwrap();
+
+    rejects(
+        &s,
+        &managed(json!({"instances": 2})),
+        None,
+        "needs engine: CloudNativePG",
+    );
+    rejects(
+        &s,
+        &managed(json!({"engine": "StatefulSet", "instances": 3})),
+        None,
+        "needs engine: CloudNativePG",
+    );
+    rejects(
+        &s,
+        &managed(json!({"synchronous": {"number": 1}})),
+        None,
+        "synchronous needs engine: CloudNativePG",
+    );
+    // More synchronous standbys than there are standbys: no commit could ever return.
+    for (instances, number) in [(1, 1), (2, 2), (3, 5)] {
+        rejects(
+            &s,
+            &managed(
+                json!({"engine": "CloudNativePG", "instances": instances, "synchronous": {"number": number}}),
+            ),
+            None,
+            "must be below instances",
+        );
+    }
+    rejects(
+        &s,
+        &managed(json!({"engine": "CloudNativePG", "synchronous": {}})),
+        None,
+        "must be below instances",
+    );
+    // No change of engine after creation, either way (the default counts as StatefulSet).
+    let plain = managed(json!({}));
+    rejects(
+        &s,
+        &managed(json!({"engine": "CloudNativePG"})),
+        Some(&plain),
+        "engine is immutable",
+    );
+    rejects(
+        &s,
+        &managed(json!({})),
+        Some(&managed(json!({"engine": "CloudNativePG"}))),
+        "engine is immutable",
+    );
+    check(&s, &managed(json!({"engine": "StatefulSet"})), Some(&plain)).unwrap();
+    // Bounds of the schema itself (instances >= 1, the enums) are the API server's to enforce:
+    // e2e/tests/crds.rs checks them on a real one.
+    // The same rules guard a PaymentStack's paydb.
+    let p = schema::<PaymentStack>();
+    let stack = json!({"lockServiceRef": {"name": "locks"}, "railStub": {"enabled": true},
+        "database": {"managed": {"instances": 2}}});
+    rejects(
+        &p,
+        &payment_stack("pay", stack),
+        None,
+        "needs engine: CloudNativePG",
+    );
 }
 
 #[test]

@@ -24,16 +24,22 @@ pub enum Nemesis {
     Clock,
     /// The rail times out, answers slowly, rejects, answers "unknown", or pays without answering.
     Rail,
+    /// lockdb on PostgreSQL (or paydb, `--failover-on`, on either backend) runs as a primary with a
+    /// streaming standby; the primary is killed, the standby promoted, the clients follow it, and a
+    /// new standby is built from the new primary. With asynchronous replication the standby is first
+    /// held behind, so acknowledged transactions are lost.
+    Failover,
 }
 
 impl Nemesis {
-    pub const ALL: [Nemesis; 6] = [
+    pub const ALL: [Nemesis; 7] = [
         Nemesis::Pause,
         Nemesis::Kill,
         Nemesis::Database,
         Nemesis::Partition,
         Nemesis::Clock,
         Nemesis::Rail,
+        Nemesis::Failover,
     ];
 
     pub fn name(self) -> &'static str {
@@ -44,6 +50,64 @@ impl Nemesis {
             Nemesis::Partition => "partition",
             Nemesis::Clock => "clock",
             Nemesis::Rail => "rail",
+            Nemesis::Failover => "failover",
+        }
+    }
+}
+
+/// How a replicated database's standby follows its primary (`--replication`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Replication {
+    /// `synchronous_commit=on` and `synchronous_standby_names` naming the standby: a commit is
+    /// acknowledged once the standby has it.
+    #[default]
+    Sync,
+    /// The standby streams without the primary waiting for it; the failover nemesis holds it
+    /// behind (it stops receiving WAL) before it kills the primary.
+    Async,
+}
+
+impl Replication {
+    pub fn name(self) -> &'static str {
+        match self {
+            Replication::Sync => "sync",
+            Replication::Async => "async",
+        }
+    }
+}
+
+impl std::fmt::Display for Replication {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Which PostgreSQL databases the failover nemesis fails over (`--failover-on`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum FailoverOn {
+    /// lockdb (postgres backend).
+    #[default]
+    Lockdb,
+    /// paydb (either backend).
+    Paydb,
+    /// Either, half of the failovers each.
+    Both,
+}
+
+impl FailoverOn {
+    pub fn lockdb(self) -> bool {
+        matches!(self, FailoverOn::Lockdb | FailoverOn::Both)
+    }
+
+    pub fn paydb(self) -> bool {
+        matches!(self, FailoverOn::Paydb | FailoverOn::Both)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FailoverOn::Lockdb => "lockdb",
+            FailoverOn::Paydb => "paydb",
+            FailoverOn::Both => "both",
         }
     }
 }
@@ -165,7 +229,23 @@ pub enum Fault {
         fault: RailFault,
         hold: Duration,
     },
+    /// Kill `db`'s primary, promote its standby, point the clients at it `down` after the kill
+    /// (longer than a lease), build a new standby. `lag`: asynchronous replication — the standby is
+    /// held behind this long (and until the record shows writes it lacks) before the kill.
+    Failover {
+        db: Db,
+        lag: Option<Duration>,
+        down: Duration,
+    },
 }
+
+/// What the schedule allows for building a new standby after a failover (pg_basebackup of a small
+/// database on loopback); the run waits for the real thing, the schedule only spaces faults.
+pub const REBUILD_ALLOWANCE: Duration = Duration::from_secs(3);
+
+/// What the schedule allows, beyond `lag`, for an asynchronous failover's wait on the record (until
+/// it shows writes the held standby lacks: some 64 grants on lockdb).
+pub const RECORD_ALLOWANCE: Duration = Duration::from_secs(6);
 
 impl Fault {
     pub fn nemesis(&self) -> Nemesis {
@@ -176,6 +256,7 @@ impl Fault {
             Fault::Partition { .. } => Nemesis::Partition,
             Fault::Clock { .. } => Nemesis::Clock,
             Fault::Rail { .. } => Nemesis::Rail,
+            Fault::Failover { .. } => Nemesis::Failover,
         }
     }
 
@@ -187,13 +268,16 @@ impl Fault {
             | Fault::Clock { hold, .. }
             | Fault::Rail { hold, .. } => *hold,
             Fault::Kill { down, .. } | Fault::Database { down, .. } => *down,
+            Fault::Failover { lag, down, .. } => {
+                lag.map_or(Duration::ZERO, |l| l + RECORD_ALLOWANCE) + *down + REBUILD_ALLOWANCE
+            }
         }
     }
 
     pub fn target(&self) -> String {
         match self {
             Fault::Pause { target, .. } | Fault::Kill { target, .. } => target.to_string(),
-            Fault::Database { db, .. } => match db {
+            Fault::Database { db, .. } | Fault::Failover { db, .. } => match db {
                 Db::Paydb => "paydb".into(),
                 Db::Lockdb => "lockdb".into(),
                 Db::EtcdMember { leader: true } => "etcd leader".into(),
@@ -264,6 +348,22 @@ impl std::fmt::Display for Fault {
                 };
                 write!(f, "the rail {what} for {secs:.1} s")
             }
+            Fault::Failover { lag, down, .. } => {
+                let db = self.target();
+                match lag {
+                    None => write!(f, "fail {db} over to its synchronous standby"),
+                    Some(l) => write!(
+                        f,
+                        "hold {db}'s asynchronous standby behind for {:.1} s (and until the record shows writes it lacks), then fail over to it",
+                        l.as_secs_f64()
+                    ),
+                }?;
+                write!(
+                    f,
+                    ": kill the primary, promote the standby, clients follow {:.1} s after the kill, a new standby",
+                    down.as_secs_f64()
+                )
+            }
         }
     }
 }
@@ -285,6 +385,24 @@ pub struct Shape {
     pub lease: Duration,
     /// The executors' session TTL: some pauses outlast the session too.
     pub session: Duration,
+    /// The replicated databases' mode (the failover nemesis).
+    pub replication: Replication,
+    /// What the failover nemesis fails over; on etcd only paydb can be.
+    pub failover_on: FailoverOn,
+}
+
+impl Shape {
+    /// The databases the failover nemesis can fail over in this stack.
+    pub fn failover_targets(&self) -> Vec<Db> {
+        let mut out = Vec::new();
+        if self.failover_on.lockdb() && !self.etcd {
+            out.push(Db::Lockdb);
+        }
+        if self.failover_on.paydb() {
+            out.push(Db::Paydb);
+        }
+        out
+    }
 }
 
 fn ms(rng: &mut StdRng, lo: u64, hi: u64) -> Duration {
@@ -296,6 +414,13 @@ fn ms(rng: &mut StdRng, lo: u64, hi: u64) -> Duration {
 pub fn schedule(seed: u64, window: Duration, nemeses: &[Nemesis], shape: Shape) -> Vec<Scheduled> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut out = Vec::new();
+    // No database to fail over (etcd holds the locks and paydb is not chosen): the failover
+    // nemesis sits out, and the others' schedule is the one they would have without it.
+    let nemeses: Vec<Nemesis> = nemeses
+        .iter()
+        .copied()
+        .filter(|n| *n != Nemesis::Failover || !shape.failover_targets().is_empty())
+        .collect();
     if nemeses.is_empty() {
         return out;
     }
@@ -413,6 +538,23 @@ fn pick(rng: &mut StdRng, nemesis: Nemesis, s: Shape) -> Fault {
                 hold: ms(rng, 500, 2_500),
             }
         }
+        Nemesis::Failover => {
+            // Not empty: `schedule` leaves the nemesis out when there is nothing to fail over.
+            let targets = s.failover_targets();
+            let db = targets[rng.random_range(0..targets.len())];
+            let lag = match s.replication {
+                Replication::Sync => None,
+                Replication::Async => Some(ms(rng, 500, 2_000)),
+            };
+            // The clients reach the new primary only after a lease has run out: a failover takes
+            // longer than that in practice (detection, promotion), and a grant the promoted
+            // standby never saw must have lapsed before its key can be granted again.
+            Fault::Failover {
+                db,
+                lag,
+                down: ms(rng, lease + 500, lease + 2_000),
+            }
+        }
     }
 }
 
@@ -427,6 +569,8 @@ mod tests {
             etcd: false,
             lease: Duration::from_secs(1),
             session: Duration::from_secs(3),
+            replication: Replication::Sync,
+            failover_on: FailoverOn::Lockdb,
         }
     }
 
@@ -449,6 +593,55 @@ mod tests {
                 assert!(f.at >= free_at, "seed {seed}: overlap at {:?}", f.at);
                 free_at = f.at + f.fault.hold();
                 assert!(free_at + Duration::from_secs(2) <= w, "seed {seed}");
+            }
+        }
+    }
+
+    #[test]
+    fn on_etcd_without_paydb_failover_sits_out_and_changes_nothing() {
+        let etcd = Shape {
+            etcd: true,
+            ..shape()
+        };
+        let w = Duration::from_secs(60);
+        let without: Vec<Nemesis> = Nemesis::ALL
+            .iter()
+            .copied()
+            .filter(|n| *n != Nemesis::Failover)
+            .collect();
+        assert_eq!(
+            schedule(5, w, &Nemesis::ALL, etcd),
+            schedule(5, w, &without, etcd)
+        );
+        assert!(schedule(5, w, &[Nemesis::Failover], etcd).is_empty());
+        let paydb = Shape {
+            failover_on: FailoverOn::Paydb,
+            ..etcd
+        };
+        assert!(!schedule(5, w, &[Nemesis::Failover], paydb).is_empty());
+    }
+
+    #[test]
+    fn failovers_outlast_a_lease_and_lag_only_when_asynchronous() {
+        let w = Duration::from_secs(120);
+        for replication in [Replication::Sync, Replication::Async] {
+            let s = schedule(
+                11,
+                w,
+                &[Nemesis::Failover],
+                Shape {
+                    replication,
+                    ..shape()
+                },
+            );
+            assert!(s.len() > 3, "{}", s.len());
+            for f in &s {
+                let Fault::Failover { db, lag, down } = f.fault else {
+                    panic!("{:?}", f.fault)
+                };
+                assert_eq!(db, Db::Lockdb);
+                assert!(down > Duration::from_secs(1), "{down:?}");
+                assert_eq!(lag.is_some(), replication == Replication::Async);
             }
         }
     }

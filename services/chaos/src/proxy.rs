@@ -45,6 +45,21 @@ pub struct Recorder {
     start: Instant,
     next_op: AtomicU64,
     inner: Mutex<RecorderInner>,
+    /// What the failover nemesis waits on: the highest token an `ok` acquire answered, and the
+    /// `ok` posts, so far (signalled on every event).
+    seen: Mutex<Seen>,
+    changed: tokio::sync::Notify,
+}
+
+/// What the record has shown so far, for a nemesis that waits on the record.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Seen {
+    /// The highest fencing token an `ok` acquire was answered.
+    pub highest_grant: Option<i64>,
+    /// `ok` acquires.
+    pub grants: u64,
+    /// `ok` posts that wrote (not idempotent answers).
+    pub posts: u64,
 }
 
 struct RecorderInner {
@@ -65,7 +80,31 @@ impl Recorder {
                 index: 0,
                 events: Vec::new(),
             }),
+            seen: Mutex::new(Seen::default()),
+            changed: tokio::sync::Notify::new(),
         })
+    }
+
+    /// What the record has shown so far.
+    pub fn seen(&self) -> Seen {
+        *self.seen.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits until the record shows what `cond` asks for, at most `limit`; what it shows then,
+    /// and whether `cond` holds.
+    pub async fn wait_for(&self, limit: Duration, cond: impl Fn(&Seen) -> bool) -> (Seen, bool) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.changed.notified();
+            let seen = self.seen();
+            if cond(&seen) {
+                return (seen, true);
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                let seen = self.seen();
+                return (seen, cond(&seen));
+            }
+        }
     }
 
     /// Nanoseconds since the run began.
@@ -96,7 +135,25 @@ impl Recorder {
                 tracing::error!(event = "history_write_failed", error = %e);
             }
         }
+        let (ok_grant, ok_post) = (
+            event.kind == Type::Ok && event.f == F::Acquire,
+            event.kind == Type::Ok && event.f == F::Post && event.value.idempotent != Some(true),
+        );
+        let token = event.value.token;
         inner.events.push(event);
+        drop(inner);
+        if ok_grant || ok_post {
+            let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+            if ok_grant {
+                seen.grants += 1;
+                seen.highest_grant = seen.highest_grant.max(token);
+            }
+            if ok_post {
+                seen.posts += 1;
+            }
+            drop(seen);
+            self.changed.notify_waiters();
+        }
     }
 
     /// Flushes the file and hands out the events recorded so far.

@@ -33,10 +33,22 @@ pub fn row(o: &Outcome) -> String {
     if !o.state.run.payment_fencing || !o.state.run.rail_fencing {
         verdict.push_str(" · kill switches off");
     }
+    if !o.state.run.sequence_jump {
+        verdict.push_str(" · no sequence jump (negative control)");
+    }
+    // The databases that ran with a standby, and how it replicated.
+    let backend = match (&o.state.run.replication, o.state.run.replicated.is_empty()) {
+        (Some(mode), false) => format!(
+            "{} ({} {mode} standby)",
+            o.state.run.backend,
+            o.state.run.replicated.join("+")
+        ),
+        _ => o.state.run.backend.clone(),
+    };
     format!(
         "| {} | {} | {} | {} | {:.0} | {} / {} / {} | {} / {} / {} | {}, {}, {}, {} ({} FENCED rows) | {} | {} | {} | {} | {} |",
         o.state.run.seed,
-        o.state.run.backend,
+        backend,
         faults,
         o.state.payouts.len(),
         o.duration.as_secs_f64(),

@@ -72,7 +72,7 @@ pub struct HighWaterRow {
 /// One fault the nemesis applied, as scheduled from the seed and as it actually ran.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FaultRecord {
-    /// `pause`, `kill`, `database`, `partition`, `clock`, `rail`.
+    /// `pause`, `kill`, `database`, `partition`, `clock`, `rail`, `failover`.
     pub nemesis: String,
     /// What exactly (`SIGSTOP executor-2 for 2.4 s`, `pg_ctl stop -m immediate paydb`, …).
     pub what: String,
@@ -98,6 +98,20 @@ pub struct RunInfo {
     /// The kill switches, as the stack ran (a positive control turns them off).
     pub payment_fencing: bool,
     pub rail_fencing: bool,
+    /// The replicated databases (`lockdb`, `paydb`: a primary with a streaming standby, for the
+    /// failover nemesis) and their mode (`sync`, `async`); empty when none was.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicated: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<String>,
+    /// False when lock-server ran with `DLOCK_UNSAFE_NO_SEQUENCE_JUMP=true` (a negative control: no
+    /// sequence jump on a lockdb history it cannot vouch for).
+    #[serde(default = "yes")]
+    pub sequence_jump: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// Everything read at the end of a run.

@@ -432,6 +432,9 @@ fn state() -> FinalState {
             settle_bound_ns: 10_000 * MS,
             payment_fencing: true,
             rail_fencing: true,
+            replicated: Vec::new(),
+            replication: None,
+            sequence_jump: true,
         },
         accounts: vec![
             AccountRow {
@@ -882,6 +885,19 @@ fn a_token_granted_twice_fails_the_grants_check() {
     h.open_session("executor-3", 88, 0x53, 30_000);
     h.acquire_on("executor-3", "account:other", 90, 0x53, 12, 90, 10_090);
     only_fails(&check(&h.done(), &state()), "grants", "TOKEN_REISSUED");
+}
+
+#[test]
+fn a_sequence_jump_after_a_failover_is_legitimate() {
+    // lock-server on a promoted standby jumps fencing_token_seq 2^32 above what it finds: a gap,
+    // never a reuse. The next grant, far above, passes every check.
+    let jumped = (1_i64 << 32) + 13;
+    let mut h = history();
+    h.open_session("executor-3", 88, 0x53, 30_000);
+    h.acquire_on("executor-3", "account:other", 90, 0x53, jumped, 90, 10_090);
+    let mut s = state();
+    s.lock_sequence = Some(jumped);
+    passes(&check(&h.done(), &s));
 }
 
 #[test]

@@ -1,16 +1,10 @@
-//! `dlock`: the local demo, a stack you can explore with curl, and the benchmarks.
+//! `dlock`: the command a user runs against a running lock-server — run a command under a lock
+//! (`dlock lock KEY -- command`, as `etcdctl lock` / `consul lock`) and list the locks held
+//! (`dlock locks list`). It links no test code and ships in the image; the demo, the drill, the
+//! benchmarks and the fault campaign are `dlock-dev` (services/devtools).
 
-mod bench;
-mod chaos;
-mod drill;
-mod hop;
 mod lockcmd;
-mod lockdemo;
-mod paybench;
-mod paydemo;
-mod stack;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -18,40 +12,18 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(
     name = "dlock",
-    about = "dlock: fenced locks and the payments stack that proves them",
+    about = "dlock: run a command under a fenced lock, list the locks lock-server holds",
+    after_help = "The demo, the drill, the benchmarks and the fault campaign are `dlock-dev` \
+                  (cargo run -p dlock-devtools --bin dlock-dev -- --help).",
     version
 )]
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// Folder for database data and service logs (default: a fresh temporary folder).
-    #[arg(long, global = true)]
-    run_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Start everything on loopback, show fencing at work, print a verdict, stop everything.
-    Demo {
-        /// Only the lock scenes (the lock store and lock-server).
-        #[arg(long)]
-        locks_only: bool,
-        /// Where lock-server keeps the locks: lockdb on PostgreSQL, or a single-member etcd
-        /// (`lock-server --backend etcd`). paydb is PostgreSQL either way.
-        #[arg(long, value_enum, default_value_t = dlock_testkit::stack::LockBackend::Postgres)]
-        backend: dlock_testkit::stack::LockBackend,
-    },
-    /// Start everything on loopback and keep it running; print the endpoints (Ctrl-C stops).
-    Up,
-    /// Benchmarks; results go to stdout (record them in docs/benchmarks.md).
-    #[command(subcommand)]
-    Bench(bench::BenchCommand),
-    /// Operational drills on loopback (no Kubernetes); a verdict like `dlock demo`.
-    #[command(subcommand)]
-    Drill(DrillCommand),
-    /// The fault campaign: the whole stack under randomized faults from a seed, every operation
-    /// recorded, then checked (docs/reliability.md). Exit 0 only when every check holds.
-    Chaos(chaos::ChaosArgs),
     /// Run a command while holding a lock (as `etcdctl lock`, `consul lock`): wait for KEY, run the
     /// command with DLOCK_LOCK_KEY, DLOCK_FENCING_TOKEN and DLOCK_FENCING_GRANT set, renew while it runs, release when it
     /// ends, exit with its status. If the lock is lost the command gets SIGTERM at once (SIGKILL after
@@ -62,74 +34,55 @@ enum Command {
     Locks(lockcmd::LocksCommand),
 }
 
-#[derive(Debug, Subcommand)]
-enum DrillCommand {
-    /// Snapshot lockdb, keep paying, restore the snapshot, show every new grant fenced out and
-    /// nothing paid twice, run the fast-forward, show the payouts resume (docs/operations.md).
-    Restore {
-        /// Negative control: skip the fast-forward; the "payouts resume" check must then fail.
-        #[arg(long, hide = true)]
-        skip_fast_forward: bool,
-    },
-}
+/// The developer commands that were part of `dlock` before it shipped: named here so that an old
+/// command line is told where the command went instead of only that it is unknown.
+const MOVED: [&str; 5] = ["demo", "up", "bench", "drill", "chaos"];
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    // The demo narrates on stdout; the services' own JSON logs go to their log files.
     tracing_subscriber_init();
-    let cli = Cli::parse();
-    // Talking to a running lock-server, or serving the bench's HTTP hop, needs no run folder.
-    let command = match cli.command {
-        Command::Lock(args) => return lockcmd::lock(args).await,
-        Command::Bench(bench::BenchCommand::HopServer(args)) => return done(hop::serve(args).await),
-        Command::Locks(lockcmd::LocksCommand::List(args)) => return done(lockcmd::list(args).await),
-        other => other,
-    };
-    let run_dir = match stack::RunDir::new(cli.run_dir) {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("dlock: {e:#}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = match command {
-        Command::Demo { locks_only, backend } => lockdemo::run(&run_dir, !locks_only, backend).await,
-        Command::Up => stack::up(&run_dir).await,
-        Command::Bench(cmd) => bench::run(cmd, &run_dir).await,
-        Command::Chaos(args) => chaos::run(args, &run_dir).await,
-        Command::Drill(DrillCommand::Restore { skip_fast_forward }) => {
-            drill::restore(&run_dir, drill::Options { skip_fast_forward }).await
-        }
-        Command::Lock(_) | Command::Locks(_) => Ok(true),
-    };
-    match result {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(2),
-        Err(e) => {
-            eprintln!("dlock: {e:#}");
-            eprintln!("dlock: logs are in {}", run_dir.path().display());
-            run_dir.keep();
-            ExitCode::FAILURE
-        }
+    if let Some(moved) = std::env::args().nth(1).filter(|a| MOVED.contains(&a.as_str())) {
+        eprintln!(
+            "dlock: `{moved}` is a developer command of `dlock-dev` now: \
+             cargo run -p dlock-devtools --bin dlock-dev -- {moved} …"
+        );
+        return ExitCode::from(2);
+    }
+    match Cli::parse().command {
+        Command::Lock(args) => lockcmd::lock(args).await,
+        Command::Locks(lockcmd::LocksCommand::List(args)) => match lockcmd::list(args).await {
+            Ok(_) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("dlock: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 
-/// The exit of a command that runs without a run folder: 0, or 1 with the error.
-fn done<T>(result: anyhow::Result<T>) -> ExitCode {
-    match result {
-        Ok(_) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("dlock: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// Only warnings and errors of the CLI itself reach the terminal.
+/// Only warnings and errors of the command itself reach the terminal.
 fn tracing_subscriber_init() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
         .with_writer(std::io::stderr)
         .with_target(false)
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// The hint is for names `dlock` no longer has: it must never hide one of its commands.
+    #[test]
+    fn the_moved_names_are_not_commands() {
+        let cli = Cli::command();
+        let names: Vec<&str> = cli.get_subcommands().map(|c| c.get_name()).collect();
+        assert_eq!(names, ["lock", "locks"]);
+        for moved in MOVED {
+            assert!(!names.contains(&moved), "{moved} is a dlock command");
+        }
+    }
 }

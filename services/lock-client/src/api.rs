@@ -42,7 +42,7 @@ impl Default for ClientConfig {
 /// The raw lock-server API over one pooled reqwest client. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct LockApi {
-    http: reqwest::Client,
+    pub(crate) http: reqwest::Client,
     base: Url,
     request_timeout: Duration,
 }
@@ -71,7 +71,7 @@ impl LockApi {
     }
 
     /// `base` + the given path segments, each percent-encoded (a `/` in a key becomes `%2F`).
-    fn url(&self, segments: &[&str]) -> Url {
+    pub(crate) fn url(&self, segments: &[&str]) -> Url {
         let mut url = self.base.clone();
         if let Ok(mut path) = url.path_segments_mut() {
             // `new` checked that the base can be a base, so this branch always runs.
@@ -159,27 +159,6 @@ impl LockApi {
             .send()
             .await?;
         read(response).await.map_err(|e| acquire_error(key, e))
-    }
-
-    /// `GET /v1/locks/{key}/watch`: the key's state, then its changes, until the server ends the
-    /// stream (after its watch lifetime; `max_stream` bounds how long this client waits for that).
-    pub async fn watch(
-        &self,
-        key: &str,
-        max_stream: Duration,
-    ) -> Result<crate::watch::LockWatch, ClientError> {
-        let response = self
-            .http
-            .get(self.url(&["v1", "locks", key, "watch"]))
-            .timeout(max_stream)
-            .send()
-            .await?;
-        let status = response.status();
-        if !status.is_success() {
-            let body = response.bytes().await?;
-            return Err(error_from_body(status, &body));
-        }
-        Ok(crate::watch::LockWatch::new(response))
     }
 
     /// `GET /v1/locks` (admin): one page of held keys starting with `prefix`, after the cursor

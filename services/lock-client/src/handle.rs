@@ -12,11 +12,20 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::api::LockGrant;
+use crate::api::{LockApi, LockGrant};
 use crate::error::{ClientError, LossReason};
 use crate::keepalive::{self, Ended};
 use crate::liveness::Liveness;
-use crate::session::SessionShared;
+
+/// What a session's handles share with it (its API, id and owner, and whether it is still live);
+/// the session holds it too.
+#[derive(Debug)]
+pub(crate) struct SessionShared {
+    pub(crate) api: LockApi,
+    pub(crate) id: Uuid,
+    pub(crate) owner_id: String,
+    pub(crate) live: Arc<Liveness>,
+}
 
 /// What an explicit release found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

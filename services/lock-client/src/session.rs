@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use crate::api::{LockApi, LockGrant};
 use crate::error::{ClientError, LossReason};
-use crate::handle::LockHandle;
+use crate::handle::{LockHandle, SessionShared};
 use crate::keepalive::{self, Ended};
 use crate::liveness::Liveness;
 
@@ -24,15 +24,6 @@ pub(crate) fn ttl_ms(field: &str, ttl: Duration) -> Result<(i64, Duration), Clie
     let ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
     validate::ttl_ms(field, ms).map_err(ClientError::invalid)?;
     Ok((ms, Duration::from_millis(ms.unsigned_abs())))
-}
-
-/// What a session's handles share with it.
-#[derive(Debug)]
-pub(crate) struct SessionShared {
-    pub(crate) api: LockApi,
-    pub(crate) id: Uuid,
-    pub(crate) owner_id: String,
-    pub(crate) live: Arc<Liveness>,
 }
 
 /// An open lock session. Heartbeats every `ttl / 3` in the background.

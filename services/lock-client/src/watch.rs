@@ -10,8 +10,29 @@ use dlock_wire::lock::{LockEvent, LockEventType, LockState, LockView};
 use tokio_util::sync::CancellationToken;
 
 use crate::api::LockApi;
-use crate::error::{ClientError, LossReason};
+use crate::error::{ClientError, LossReason, error_from_body};
 use crate::liveness::Liveness;
+
+// The watch call of [`LockApi`] lives here, beside the stream it opens, so that `api` needs
+// nothing of this module (whose guard calls `LockApi`).
+impl LockApi {
+    /// `GET /v1/locks/{key}/watch`: the key's state, then its changes, until the server ends the
+    /// stream (after its watch lifetime; `max_stream` bounds how long this client waits for that).
+    pub async fn watch(&self, key: &str, max_stream: Duration) -> Result<LockWatch, ClientError> {
+        let response = self
+            .http
+            .get(self.url(&["v1", "locks", key, "watch"]))
+            .timeout(max_stream)
+            .send()
+            .await?;
+        let status = response.status();
+        if !status.is_success() {
+            let body = response.bytes().await?;
+            return Err(error_from_body(status, &body));
+        }
+        Ok(LockWatch::new(response))
+    }
+}
 
 /// One message of a watch.
 #[derive(Debug, Clone, PartialEq, Eq)]

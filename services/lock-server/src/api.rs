@@ -19,7 +19,7 @@ use dlock_wire::int::JsonInt;
 pub use dlock_wire::lock::{
     AcquireRequest, CreateSessionRequest, ListLocksQuery, LockEvent, LockGrant, LockList, LockListItem,
     LockOutcome, LockReleased, LockRenewed, LockState, LockView, RevokeOutcome as Outcome, RevokeRequest,
-    SessionClosed, SessionCreated, SessionHeartbeat, TtlRequest, WatchMessage,
+    SequenceView, SessionClosed, SessionCreated, SessionHeartbeat, TtlRequest, WatchMessage,
 };
 use dlock_wire::lock::{LockKeyPath, MAX_LIST_PAGE, MAX_WAIT_MS, SessionIdPath};
 use uuid::Uuid;
@@ -28,8 +28,8 @@ use crate::auth::Admin;
 use crate::error::Error;
 use crate::metrics::{AcquireResult, RevokeOutcome};
 use crate::queue::{self, Waiter};
-use crate::repo::{Grant, Revocation};
 use crate::state::AppState;
+use crate::store::{Grant, Revocation};
 use crate::watch::{self, Item};
 
 /// The OpenAPI 3.1 document of this API as kept in docs/openapi/, generated from [`ApiDoc`] (a test
@@ -47,7 +47,7 @@ pub const OPENAPI_YAML: &str = include_str!("../../../docs/openapi/lock-server.y
     ),
     paths(
         create_session, heartbeat, close_session, acquire, renew, release, read_lock, watch_lock,
-        list_locks, revoke,
+        list_locks, revoke, sequence,
         dlock_wire::doc::healthz, readyz, metrics, openapi,
     ),
     components(schemas(ErrorBody, LockEvent, LockView)),
@@ -621,6 +621,21 @@ pub async fn revoke(
 }
 
 // ---- operations --------------------------------------------------------------------------------
+
+#[utoipa::path(get, path = "/v1/sequence", tag = "operations", operation_id = "readSequence",
+    responses(
+        (status = 200, description = "This replica's last jump of `fencing_token_seq`: before any grant on a lockdb history it could not vouch for (its own start, a new system or timeline, a restarted postmaster), the sequence moved above anything that history can have handed out. Absent until the first grant's connection made one; never on etcd.", body = SequenceView),
+    ))]
+/// `GET /v1/sequence`: the last jump (the operator shows it in the LockService's status).
+pub async fn sequence(State(state): State<AppState>) -> Json<SequenceView> {
+    let repo = state.repo();
+    let (jumps_enabled, last_jump) = repo.sequence_jumps();
+    Json(SequenceView {
+        backend: repo.name().to_owned(),
+        jumps_enabled,
+        last_jump,
+    })
+}
 
 #[utoipa::path(get, path = "/readyz", tag = "operations", operation_id = "readyz",
     responses(

@@ -40,8 +40,8 @@ pub struct Config {
     /// How often expired sessions are deleted. `None` disables the reaper.
     pub reaper_interval: Option<Duration>,
     /// Largest number of lockdb connections for sessions, renewals, reads and the admin paths.
-    /// Acquires and releases run on [`crate::batch::MAX_IN_FLIGHT`] connections of their own beside
-    /// these, so a replica opens at most this many plus that.
+    /// Acquires and releases run on [`crate::store::postgres::batch::MAX_IN_FLIGHT`] connections of
+    /// their own beside these, so a replica opens at most this many plus that.
     pub pool_max_connections: u32,
     /// How long a request waits for a free connection before answering 503.
     pub pool_acquire_timeout: Duration,
@@ -59,6 +59,11 @@ pub struct Config {
     pub watch_max: Duration,
     /// For negative controls only: a deliberately broken queue. Production is [`QueueFaults::NONE`].
     pub queue_faults: QueueFaults,
+    /// Jump `fencing_token_seq` before any grant on a lockdb history this process cannot vouch for
+    /// ([`crate::store::postgres::epoch`]). `false` only for negative controls
+    /// (`DLOCK_UNSAFE_NO_SEQUENCE_JUMP`): a promoted standby or a restored lockdb then hands out
+    /// tokens it handed out before.
+    pub sequence_jump: bool,
 }
 
 /// Deliberately broken queues, for the negative controls of the blocking acquire only.
@@ -94,6 +99,7 @@ impl Config {
             max_wait: Duration::from_millis(dlock_wire::lock::MAX_WAIT_MS.unsigned_abs()),
             watch_max: Duration::from_secs(300),
             queue_faults: QueueFaults::NONE,
+            sequence_jump: true,
         }
     }
 
@@ -200,6 +206,7 @@ impl std::fmt::Debug for Config {
             .field("max_wait", &self.max_wait)
             .field("watch_max", &self.watch_max)
             .field("queue_faults", &self.queue_faults)
+            .field("sequence_jump", &self.sequence_jump)
             .finish()
     }
 }
@@ -313,6 +320,12 @@ pub struct Cli {
     #[arg(long, env = "DLOCK_WATCH_MAX_MS", default_value_t = 300_000, value_parser = clap::value_parser!(u64).range(10..=86_400_000))]
     pub watch_max_ms: u64,
 
+    /// For negative controls only: never jump the fencing sequence, so a promoted standby or a
+    /// restored lockdb can hand out tokens it already handed out. Logged as an ERROR at start-up.
+    #[arg(long, env = "DLOCK_UNSAFE_NO_SEQUENCE_JUMP", hide = true,
+          value_parser = clap::builder::FalseyValueParser::new())]
+    pub unsafe_no_sequence_jump: bool,
+
     /// lockdb pool: `--db-max-connections`, `--db-acquire-timeout-ms` (the same flags in every
     /// service with a database).
     #[command(flatten)]
@@ -360,6 +373,7 @@ impl Cli {
             max_wait: Duration::from_millis(self.max_wait_ms),
             watch_max: Duration::from_millis(self.watch_max_ms),
             queue_faults: QueueFaults::NONE,
+            sequence_jump: !self.unsafe_no_sequence_jump,
         };
         config.validate()?;
         Ok(config)
@@ -390,6 +404,16 @@ mod tests {
         assert_eq!(
             c.pool_max_connections, 16,
             "the default of every service (dlock_common::db::PoolArgs)"
+        );
+        assert!(
+            c.sequence_jump,
+            "the jump is on unless a negative control turns it off"
+        );
+        assert!(
+            !cli(&["--unsafe-no-sequence-jump"])
+                .into_config(None)
+                .unwrap()
+                .sequence_jump
         );
     }
 

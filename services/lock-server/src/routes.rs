@@ -78,6 +78,7 @@ fn table() -> Table {
         .get("/v1/locks/{key}/watch", api::watch_lock)
         .get("/v1/locks", api::list_locks)
         .post("/v1/admin/locks/{key}/revoke", api::revoke)
+        .get("/v1/sequence", api::sequence)
         .get("/healthz", dlock_common::serve::healthz)
         .get("/readyz", api::readyz)
         .get("/metrics", api::metrics)

@@ -9,14 +9,13 @@ use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::Backend;
 use crate::config::{BackendConfig, Config, ConfigError};
-use crate::etcd::EtcdRepo;
 use crate::reaper;
-use crate::repo::Repo;
 use crate::routes::app;
-use crate::sql::Statements;
 use crate::state::AppState;
+use crate::store::Backend;
+use crate::store::etcd::EtcdRepo;
+use crate::store::postgres::{Repo, Statements};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -96,7 +95,14 @@ impl RunningServer {
 /// statements, or etcd) and returns once it is listening.
 pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
     match &config.backend {
-        BackendConfig::Postgres => spawn_with_statements(config, Statements::C1).await,
+        BackendConfig::Postgres => {
+            let stmts = if config.sequence_jump {
+                Statements::C1
+            } else {
+                Statements::NO_JUMP
+            };
+            spawn_with_statements(config, stmts).await
+        }
         BackendConfig::Etcd { endpoints, prefix } => {
             config.validate()?;
             let repo = EtcdRepo::connect(endpoints, prefix)
@@ -124,10 +130,7 @@ pub async fn spawn_with_backend(config: Config, backend: Backend) -> Result<Runn
         .with_closing(shutdown.child_token());
     let listener = serve::bind(config.listen).await?;
     // The PostgreSQL backend's one listener (blocking acquires and watches); etcd pushes by itself.
-    let hub = state
-        .repo()
-        .postgres()
-        .map(|r| r.hub().start(config.queue_faults, shutdown.child_token()));
+    let hub = state.repo().listen(config.queue_faults, shutdown.child_token());
     let reaper = config
         .reaper_interval
         .map(|every| reaper::spawn(state.clone(), every, shutdown.child_token()));
@@ -148,6 +151,12 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         tracing::warn!(
             event = "admin_disabled",
             "no admin token configured; admin endpoints answer 403"
+        );
+    }
+    if !config.sequence_jump && config.backend == BackendConfig::Postgres {
+        tracing::error!(
+            event = "sequence_jump_disabled",
+            "DLOCK_UNSAFE_NO_SEQUENCE_JUMP: fencing_token_seq is never jumped, so a promoted standby or a restored lockdb can hand out tokens it already handed out; for negative controls only"
         );
     }
     match &config.signing_key {

@@ -4,16 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::Backend;
 use crate::config::{Config, QueueFaults};
 use crate::metrics::Metrics;
-use crate::repo::Repo;
 use crate::signing::Signer;
-use crate::sql::Statements;
-use crate::watch::Feeds;
+use crate::store::{Backend, Feeds};
 
 /// Cloned for every request (axum's `State`, the middleware): one reference count, not one per
 /// field.
@@ -36,17 +32,8 @@ struct Shared {
 }
 
 impl AppState {
-    /// The production state: the contract's statements.
-    pub fn new(pool: PgPool, admin_token: Option<String>) -> Self {
-        Self::with_statements(pool, admin_token, Statements::C1)
-    }
-
-    /// For negative controls only: a server whose repository runs a deliberately different statement set.
-    pub fn with_statements(pool: PgPool, admin_token: Option<String>, stmts: Statements) -> Self {
-        Self::with_backend(Backend::Postgres(Repo::with_statements(pool, stmts)), admin_token)
-    }
-
-    /// A state over any backend (etcd, or a deliberately broken one for negative controls).
+    /// A state over a backend (the server builds it from the configuration; a negative control passes
+    /// a deliberately broken one).
     pub fn with_backend(backend: Backend, admin_token: Option<String>) -> Self {
         Self(Arc::new(Shared {
             metrics: Arc::new(Metrics::with_store(Some(&backend))),
@@ -100,8 +87,8 @@ impl AppState {
         self.0.queue_faults
     }
 
-    /// The watch feeds of this process (PostgreSQL backend).
-    pub fn feeds(&self) -> &Arc<Feeds> {
+    /// The watch feeds of this process.
+    pub fn feeds(&self) -> &Feeds {
         &self.0.feeds
     }
 

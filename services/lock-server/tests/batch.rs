@@ -1,7 +1,8 @@
-//! Concurrent acquires and releases batched into one statement per round trip (`lock_server::batch`),
-//! against a real PostgreSQL 16 lockdb: every caller gets exactly its own row's outcome, two calls
-//! for one key never share a statement, one bad call does not decide the others, and the negative
-//! controls' broken statements fail the same checks when they run batched.
+//! Concurrent acquires and releases batched into one statement per round trip
+//! (`lock_server::store::postgres::batch`), against a real PostgreSQL 16 lockdb: every caller gets
+//! exactly its own row's outcome, two calls for one key never share a statement, one bad call does
+//! not decide the others, and the negative controls' broken statements fail the same checks when
+//! they run batched.
 //!
 //! Each burst is started in one poll of `join_all` on the test's single-threaded runtime, so every
 //! call is queued before the first batch is taken: the bursts below are batched by construction, and
@@ -13,8 +14,8 @@ use std::collections::HashSet;
 
 use common::*;
 use futures::future::join_all;
-use lock_server::batch::{BatchFaults, BatchStats, MAX_BATCH, MAX_IN_FLIGHT};
-use lock_server::repo::Grant;
+use lock_server::store::Grant;
+use lock_server::store::postgres::batch::{BatchFaults, BatchStats, MAX_BATCH, MAX_IN_FLIGHT};
 use lock_server::{Error, Repo, Statements};
 use serde_json::json;
 use uuid::Uuid;
@@ -406,8 +407,8 @@ async fn batches_run_on_connections_of_their_own_while_every_shared_connection_i
 
     let (shared_open, own) = repo.connections();
     assert_eq!(shared_open, 1);
-    // A batch's connection is kept for the next statement (lock_server::conns), so the batches
-    // open no more connections than they ever had statements in flight at once.
+    // A batch's connection is kept for the next statement (lock_server::store::postgres::conns),
+    // so the batches open no more connections than they ever had statements in flight at once.
     let most = repo.most_batches_in_flight();
     assert!(
         own >= 1 && own as usize <= most && most <= MAX_IN_FLIGHT,
@@ -770,7 +771,7 @@ async fn control_batched_release_by_key_alone_deletes_the_live_grants() {
 /// would wait until the pool's acquire timeout, here longer than the test's limit.
 #[tokio::test]
 async fn a_kept_connection_serves_the_next_statement_and_a_caller_waiting_on_the_pool() {
-    use lock_server::conns::Conns;
+    use lock_server::store::postgres::conns::Conns;
     use std::sync::Arc;
     let db = lockdb().await;
     let pool = sqlx::postgres::PgPoolOptions::new()

@@ -13,6 +13,22 @@ use serde_json::{Value, json};
 
 const BIN: &str = env!("CARGO_BIN_EXE_lock-server");
 
+/// The JSON log events of `child`'s stderr, as they arrive (read on a thread).
+fn log_events(child: &mut std::process::Child) -> mpsc::Receiver<Value> {
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let (tx, rx) = mpsc::channel::<Value>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Ok(v) = serde_json::from_str::<Value>(&line)
+                && tx.send(v).is_err()
+            {
+                break;
+            }
+        }
+    });
+    rx
+}
+
 static KEY: std::sync::LazyLock<dlock_grant::SigningKey> = std::sync::LazyLock::new(|| {
     dlock_grant::SigningKey::generate(dlock_grant::KeyId::new("bin-k1").unwrap())
 });
@@ -41,17 +57,7 @@ async fn serves_with_env_config_and_exits_cleanly_on_sigterm() {
         .unwrap();
 
     // Log lines arrive on a thread; the first `listening` event names the bound address.
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel::<Value>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Ok(v) = serde_json::from_str::<Value>(&line)
-                && tx.send(v).is_err()
-            {
-                break;
-            }
-        }
-    });
+    let rx = log_events(&mut child);
     let next_event = |name: &str| loop {
         let v = rx
             .recv_timeout(Duration::from_secs(30))
@@ -100,6 +106,39 @@ async fn serves_with_env_config_and_exits_cleanly_on_sigterm() {
     let signed = keys.verify(grant["grant"].as_str().unwrap()).unwrap();
     assert_eq!(signed.lock_service, "payments/locks");
     assert_eq!(Some(signed.token), grant["fencingToken"].as_i64());
+    // Its start was a history it could not vouch for: the sequence jumped before the first grant,
+    // said once in the log, the counter and `GET /v1/sequence`.
+    let jumped = next_event("sequence_jumped");
+    assert_eq!(jumped["cause"], "start", "{jumped}");
+    let sequence: Value = http
+        .get(format!("{base}/v1/sequence"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(sequence["lastJump"]["cause"], "start", "{sequence}");
+    assert_eq!(
+        sequence["lastJump"]["jumpedTo"], jumped["jumped_to"],
+        "{sequence}"
+    );
+    assert!(
+        sequence["lastJump"]["jumpedTo"].as_i64() < grant["fencingToken"].as_i64(),
+        "{sequence} {grant}"
+    );
+    let metrics = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("lock_sequence_jumps_total{cause=\"start\"} 1"),
+        "{metrics}"
+    );
 
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -110,6 +149,95 @@ async fn serves_with_env_config_and_exits_cleanly_on_sigterm() {
     next_event("stopped");
     let exit = child.wait().unwrap();
     assert!(exit.success(), "{exit:?}");
+}
+
+/// A database whose certificate the configured CA did not sign: lock-server still starts (its pool
+/// is lazy; `/readyz` says 503), and its own log says, in an operator's words, which server, which
+/// sslmode and which CA file refused it (`database_connect_failed`, ERROR), not only the TLS
+/// library's `UnknownIssuer`. Its control: the right CA, and the same server is reached
+/// (`database_connected`).
+#[test]
+fn a_refused_database_certificate_is_logged_naming_the_ca_file() {
+    use dlock_testkit::pg::{PgServer, TestCa};
+    let server =
+        PgServer::start_tls("ls-bin-tls").unwrap_or_else(|e| panic!("start a TLS PostgreSQL 16: {e}"));
+    let other = TestCa::new("ls-bin-other").unwrap_or_else(|e| panic!("make a test CA: {e}"));
+    let first_db_event = |ca: &std::path::Path| -> Value {
+        let url = format!(
+            "{}?sslmode=verify-full&sslrootcert={}",
+            server.url("postgres", "postgres"),
+            ca.display()
+        );
+        let mut child = Command::new(BIN)
+            .args(["--listen", "127.0.0.1:0"])
+            .env("DATABASE_URL", url)
+            .env("DLOCK_ADMIN_TOKEN", ADMIN_TOKEN)
+            .env("DLOCK_GRANT_SIGNING_KEY", KEY.expose_text())
+            .env("DLOCK_LOCK_SERVICE_ID", "payments/locks")
+            .env_remove("DLOCK_GRANT_SIGNING_KEY_FILE")
+            .env_remove("DLOCK_LOG_FORMAT")
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let rx = log_events(&mut child);
+        let said = loop {
+            match rx.recv_timeout(Duration::from_secs(30)) {
+                Ok(v) if v["event"] == "database_connect_failed" || v["event"] == "database_connected" => {
+                    break Ok(v);
+                }
+                Ok(_) => {}
+                Err(e) => break Err(e),
+            }
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+        said.unwrap_or_else(|e| panic!("no database event from lock-server: {e}"))
+    };
+    let refused = first_db_event(other.cert());
+    assert_eq!(refused["event"], "database_connect_failed", "{refused}");
+    assert_eq!(refused["level"], "ERROR", "{refused}");
+    let message = refused["message"].as_str().unwrap_or_default();
+    for words in [
+        "TLS verification failed (sslmode=verify-full)",
+        "not signed by a CA in the CA file sslrootcert=",
+        &other.cert().display().to_string(),
+        "127.0.0.1",
+    ] {
+        assert!(message.contains(words), "{words:?} not in: {message}");
+    }
+    let reached = first_db_event(server.tls().expect("a TLS server").ca.cert());
+    assert_eq!(reached["event"], "database_connected", "{reached}");
+}
+
+/// The jump's switch is for negative controls only: set as the variable (`1`), it is said at start-up
+/// as an ERROR.
+#[test]
+fn switching_the_sequence_jump_off_is_an_error_at_start_up() {
+    let mut child = Command::new(BIN)
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--database-url",
+            "postgres://lockapp@127.0.0.1:1/lockdb",
+        ])
+        .env("DLOCK_UNSAFE_NO_SEQUENCE_JUMP", "1")
+        .env_remove("DLOCK_LOG_FORMAT")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let said = BufReader::new(stderr)
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|l| serde_json::from_str::<Value>(&l).ok())
+        .find(|v| v["event"] == "sequence_jump_disabled" || v["event"] == "listening");
+    let _ = child.kill();
+    let _ = child.wait();
+    let said = said.expect("a start-up event");
+    assert_eq!(said["event"], "sequence_jump_disabled", "{said}");
+    assert_eq!(said["level"], "ERROR", "{said}");
 }
 
 #[test]

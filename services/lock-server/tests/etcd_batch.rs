@@ -1,7 +1,7 @@
-//! The etcd backend's release batches (`lock_server::etcd_batch`): concurrent releases share one
-//! transaction, each call's compare-and-delete nested in it, and each caller gets its own call's
-//! outcome — a stale token in a batch deletes nothing, whatever the others beside it released. The
-//! negative control releases by key alone: batched, it must delete the live grants.
+//! The etcd backend's release batches (`lock_server::store::etcd::batch`): concurrent releases
+//! share one transaction, each call's compare-and-delete nested in it, and each caller gets its own
+//! call's outcome — a stale token in a batch deletes nothing, whatever the others beside it
+//! released. The negative control releases by key alone: batched, it must delete the live grants.
 //!
 //! The bursts run on one thread (the default test runtime), so what each call meets is not a matter
 //! of timing: the first call of a burst finds nothing in flight and is sent at once, alone; every

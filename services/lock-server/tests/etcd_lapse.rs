@@ -17,7 +17,7 @@ use axum::http::StatusCode as HttpStatus;
 use common::{ADMIN_TOKEN, Api, LONG_TTL_MS, Reply};
 use dlock_common::ApiError;
 use dlock_testkit::etcd::EtcdCluster;
-use lock_server::etcd::{is_lease_not_found, keep_alive_outcome};
+use lock_server::store::etcd::{is_lease_not_found, keep_alive_outcome};
 use lock_server::{Config, Error, RunningServer};
 use reqwest::StatusCode;
 

@@ -215,7 +215,7 @@ async fn closing_the_session_revokes_its_pooled_leases() {
             r.ttl() <= 0,
             "the pooled lease outlived its session's close: {r:?}"
         ),
-        Err(e) => assert!(lock_server::etcd::is_lease_not_found(&e), "{e:?}"),
+        Err(e) => assert!(lock_server::store::etcd::is_lease_not_found(&e), "{e:?}"),
     }
     h.srv.shutdown().await.unwrap();
 }

@@ -34,7 +34,7 @@ fn the_document_is_openapi_3_1_and_resolves_its_references() {
 fn every_served_route_is_documented_and_every_documented_route_is_served() {
     let served = served();
     openapi::assert_matches_routes(&lock_server::api::openapi_yaml(), &served);
-    assert_eq!(served.len(), 14);
+    assert_eq!(served.len(), 15);
 }
 
 #[test]

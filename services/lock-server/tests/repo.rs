@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use lock_server::repo::{Revocation, Revoked};
+use lock_server::store::{Revocation, Revoked};
 use lock_server::{Error, Repo};
 use uuid::Uuid;
 

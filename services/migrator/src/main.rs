@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use sqlx::Connection;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -13,7 +12,8 @@ use sqlx::Connection;
     about = "Apply a dlock migration history (V<n>__ / R__ files) to a database"
 )]
 struct Args {
-    /// Database to migrate, e.g. postgres://postgres@127.0.0.1:5432/lockdb.
+    /// Database to migrate, e.g. postgres://postgres@127.0.0.1:5432/lockdb. For a server that
+    /// requires TLS add `?sslmode=verify-full&sslrootcert=/path/ca.crt` (docs/operations.md).
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: String,
     /// Folder of the history's files, e.g. migrations/lockdb. Repeat it to assemble one history from
@@ -46,7 +46,9 @@ async fn main() -> ExitCode {
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let migrations = dlock_migrate::load_dirs(&args.dir)?;
-    let mut conn = sqlx::PgConnection::connect(&args.database_url).await?;
+    // The common connect checks the CA file of sslrootcert before connecting and names the host
+    // and the CA file when the server's certificate does not verify.
+    let mut conn = dlock_common::db::connect(&args.database_url, "dlock-migrate").await?;
     if args.info {
         let applied = dlock_migrate::applied(&mut conn).await?;
         let out = serde_json::json!({

@@ -5,12 +5,15 @@
 //!
 //! - [`pg::PgServer`] runs one `postgres` process on a free loopback port, as an unprivileged user
 //!   when we are root (postgres refuses to run as root). It dies with the process that started it.
+//!   Streaming standbys (pg_basebackup), promotion, a standby held behind, base backups and copies
+//!   of PGDATA restored in place are its methods too.
 //! - [`lockdb`] / [`paydb`] give each test its own database, cloned from a template that holds the
 //!   migrated history plus the synthetic seed ([`demo_dirs`]), on two *separate* servers (C1 §1.1:
 //!   never one instance for both).
 //!
-//! Binaries: `DLOCK_PG_BIN` names a folder with initdb and postgres; otherwise
-//! `$DLOCK_TOOLS_DIR/pg16/bin` (default `/var/tmp/dlock-tools`), which `scripts/setup.sh` fills.
+//! Binaries: `DLOCK_PG_BIN` names a folder with initdb and postgres (and pg_basebackup, pg_ctl and
+//! psql for replication); otherwise `$DLOCK_TOOLS_DIR/pg16/bin` (default `/var/tmp/dlock-tools`),
+//! the full PostgreSQL 16.15 build `scripts/setup.sh` installs.
 
 #![allow(unsafe_code)] // pg.rs: prctl(PR_SET_PDEATHSIG) and atexit, both documented there
 
@@ -20,6 +23,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod pg;
 pub mod procs;
+pub mod served;
 pub mod stack;
 pub mod wait;
 
@@ -30,7 +34,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 
-pub use pg::{PgError, PgServer};
+pub use pg::{PgError, PgServer, psql_path, tool_path};
 
 pub use dlock_common::db::History;
 
@@ -277,6 +281,20 @@ async fn migrated(history: History) -> TestDb {
     TestDb {
         name,
         port: srv.port,
+        history,
+    }
+}
+
+/// A migrated database of `history` on a server of the test's own (a primary it will fail over, a
+/// lockdb it will restore), named after the history.
+pub async fn migrated_on(server: &PgServer, history: History) -> TestDb {
+    // The one "create the database, migrate it" of the project (served.rs), panicking as tests do.
+    served::create(server, history)
+        .await
+        .unwrap_or_else(|e| panic!("{} on port {}: {e:#}", history.name(), server.port));
+    TestDb {
+        name: history.name().to_owned(),
+        port: server.port,
         history,
     }
 }

@@ -216,7 +216,8 @@ fn shipped_binaries_link_no_test_code() {
     assert!(checked >= 5);
 }
 
-/// The check itself can fail: the dlock command (a dev tool, not shipped) does link the stack.
+/// The check itself can fail: the developer binary `dlock-dev` (demo, benchmarks, campaign; not
+/// shipped) does link the test kit.
 #[test]
 fn the_closure_sees_a_crate_that_does_link_test_code() {
     let meta = metadata();
@@ -224,9 +225,9 @@ fn the_closure_sees_a_crate_that_does_link_test_code() {
         .as_array()
         .into_iter()
         .flatten()
-        .find(|p| p["name"] == "dlock-cli")
+        .find(|p| p["name"] == "dlock-devtools")
         .and_then(|p| p["id"].as_str())
-        .unwrap_or_else(|| panic!("no dlock-cli package"));
+        .unwrap_or_else(|| panic!("no dlock-devtools package"));
     let linked = normal_closure(&meta, cli);
     assert!(linked.contains("dlock-testkit"), "{linked:?}");
 }

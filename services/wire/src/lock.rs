@@ -136,6 +136,53 @@ pub enum LockState {
     Expired,
 }
 
+/// Why lock-server jumped `fencing_token_seq`: the lockdb history behind it was one it could not
+/// vouch for (docs/design.md, "Never a reused token").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JumpCause {
+    /// The process had vouched for no history yet.
+    Start,
+    /// Another cluster or database: a fresh initdb, a logical restore, a database dropped and
+    /// created again from a backup.
+    NewSystem,
+    /// The same cluster on another timeline: a promotion, a restore with recovery, a rewind.
+    NewTimeline,
+    /// The same timeline, another postmaster: a restart, a crash, a restored file-system copy.
+    PostmasterRestart,
+}
+
+/// One jump of the sequence.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SequenceJump {
+    pub at: DateTime<Utc>,
+    pub cause: JumpCause,
+    /// What `nextval` found: above every token the history had handed out.
+    pub found: i64,
+    /// What the sequence was set to: the next token is above it.
+    pub jumped_to: i64,
+    /// The history jumped on: the cluster's system identifier, its timeline, when its postmaster
+    /// started.
+    pub system_identifier: String,
+    pub timeline: i64,
+    pub postmaster_started: DateTime<Utc>,
+}
+
+/// `200` of `GET /v1/sequence`: this replica's last jump.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SequenceView {
+    /// `postgres` or `etcd` (etcd's revision never goes back on a live cluster: no jumps there).
+    pub backend: String,
+    /// `false` only for a negative control run with the jump switched off.
+    pub jumps_enabled: bool,
+    /// Absent until the first jump (on PostgreSQL, the first grant's connection makes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub last_jump: Option<SequenceJump>,
+}
+
 /// `200` of `GET /v1/locks/{key}`. The grant's fields are absent when the key is `FREE`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]

@@ -52,7 +52,7 @@ fn database(ls: &LockService) -> Result<&DatabaseSpec, SpecError> {
 pub fn lockdb_admin_url(ls: &LockService, owner: &Owner) -> Result<crate::crd::SecretKeyRef, SpecError> {
     let external = match database(ls)?.mode().ok_or(SpecError::DatabaseMode)? {
         DatabaseMode::Managed(_) => None,
-        DatabaseMode::External(e) => Some(&e.secret_ref),
+        DatabaseMode::External(e) => e.owner_url_ref(),
     };
     Ok(postgres::admin_url_source(owner, HISTORY, external))
 }
@@ -75,7 +75,7 @@ pub fn migration_job(
 ) -> Result<k8s_openapi::api::batch::v1::Job, SpecError> {
     let external = match database(ls)?.mode().ok_or(SpecError::DatabaseMode)? {
         DatabaseMode::Managed(_) => None,
-        DatabaseMode::External(e) => Some(&e.secret_ref),
+        DatabaseMode::External(e) => e.owner_url_ref(),
     };
     let image = ls
         .spec
@@ -87,10 +87,11 @@ pub fn migration_job(
 }
 
 pub fn desired(ls: &LockService, owner: &Owner, inputs: &Inputs<'_>) -> Result<Desired, SpecError> {
-    match ls.spec.store().ok_or(SpecError::StoreMissing)? {
-        LockStore::Postgres(db) => desired_postgres(ls, db, owner, inputs),
-        LockStore::Etcd(spec) => desired_etcd(ls, spec, owner, inputs),
-    }
+    let out = match ls.spec.store().ok_or(SpecError::StoreMissing)? {
+        LockStore::Postgres(db) => desired_postgres(ls, db, owner, inputs)?,
+        LockStore::Etcd(spec) => desired_etcd(ls, spec, owner, inputs)?,
+    };
+    Ok(out.with_database_cas().restricted())
 }
 
 fn desired_postgres(
@@ -102,9 +103,8 @@ fn desired_postgres(
     let mut out = Desired::default();
     match db.mode().ok_or(SpecError::DatabaseMode)? {
         DatabaseMode::Managed(managed) => {
-            out.apply.push(Child::Service(postgres::service(owner, HISTORY)));
             out.apply
-                .push(Child::StatefulSet(postgres::statefulset(owner, HISTORY, managed)));
+                .extend(crate::builders::database_children(owner, HISTORY, managed));
         }
         // External: a managed StatefulSet and Service left from before are orphans (the sweep).
         DatabaseMode::External(_) => {}

@@ -1,8 +1,9 @@
 //! The LockService's part of the reconcile pipeline ([`super::pipeline`]): lockdb → migration Job →
 //! lock-server ([`children`], pure), its admin Secret, its grant signing keys ([`keys`], pure;
 //! [`grants`], their reads and writes), and the actions (force-revoke, restore fast-forward, the
-//! periodic fencing check, [`crate::actions`]) requested in its annotations. The kind's outcome is
-//! [`ActionsOutcome`]: the action and grant-key parts of status, and what they mean for the verdict.
+//! periodic fencing check, lock-server's sequence jumps, [`crate::actions`]) requested in its
+//! annotations. The kind's outcome is [`ActionsOutcome`]: the action and grant-key parts of status,
+//! and what they mean for the verdict.
 
 pub mod children;
 pub mod grants;
@@ -101,6 +102,7 @@ impl KindOutcome for ActionsOutcome {
         status.actions = self.done.actions.clone();
         status.gate = self.done.gate.clone();
         status.fencing = self.done.fencing.clone().or(status.fencing.take());
+        status.sequence = self.done.sequence.clone().or(status.sequence.take());
         status.last_action = actions::last_action(&status.actions);
     }
 
@@ -257,6 +259,15 @@ impl Reconciled for LockService {
         }
         ctx.metrics
             .fencing_observed(&owner.namespace, &owner.name, done.fencing.as_ref());
+        let recorded = self.status.as_ref().and_then(|s| s.sequence.as_ref());
+        if let Some(jump) = done
+            .sequence
+            .as_ref()
+            .and_then(|s| s.last_jump.as_ref())
+            .filter(|j| recorded.and_then(|s| s.last_jump.as_ref()) != Some(*j))
+        {
+            tracing::info!(event = "sequence_jump_observed", namespace = %owner.namespace, name = %owner.name, cause = %jump.cause, found = jump.found, jumped_to = jump.jumped_to, timeline = jump.timeline, system_identifier = %jump.system_identifier, fencing_check = ?done.sequence.as_ref().and_then(|s| s.fencing_check.as_deref()));
+        }
         let planned = &plan.next.grants;
         done.events.extend(key_event);
         let before = self
@@ -287,5 +298,80 @@ impl Reconciled for LockService {
             grants: planned.status.clone(),
             rotating: planned.rotating,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+    use crate::controller::verdict::{Applied, Reconciliation, Stopped, status_of};
+    use crate::crd::{JumpCause, SequenceJump, SequenceStatus};
+
+    fn sequence() -> SequenceStatus {
+        SequenceStatus {
+            jumps_enabled: true,
+            last_jump: Some(SequenceJump {
+                at: "2026-03-01T10:00:20Z".into(),
+                cause: JumpCause::NewTimeline,
+                found: 41,
+                jumped_to: 562_949_953_421_312,
+                system_identifier: "7345".into(),
+                timeline: 2,
+                postmaster_started: "2026-03-01T09:59:58Z".into(),
+            }),
+            fencing_check: None,
+            restore: None,
+        }
+    }
+
+    fn applied(done: ActionPlan) -> Reconciliation<ActionsOutcome> {
+        Reconciliation::Applied(Applied {
+            database_ready: true,
+            etcd: None,
+            cluster: None,
+            migration: None,
+            deployments: Vec::new(),
+            expected_deployments: 0,
+            endpoints: BTreeMap::new(),
+            kind: ActionsOutcome {
+                done,
+                ..ActionsOutcome::default()
+            },
+        })
+    }
+
+    /// The jump the actions planned is what status carries; a reconcile that planned none (lock-server
+    /// did not answer: the plan keeps the stored one) or stopped early keeps the stored one.
+    #[test]
+    fn status_carries_the_jump_and_keeps_it_when_nothing_was_read() {
+        let now = Timestamp::from_second(1_772_359_230).unwrap();
+        let done = ActionPlan {
+            sequence: Some(sequence()),
+            ..ActionPlan::default()
+        };
+        let (first, _) = status_of(None, Some(1), HISTORY, &applied(done), now);
+        assert_eq!(first.sequence, Some(sequence()));
+        let json = serde_json::to_value(&first).unwrap();
+        assert_eq!(json["sequence"]["lastJump"]["timeline"], 2);
+        assert_eq!(json["sequence"]["lastJump"]["cause"], "new_timeline");
+
+        let (kept, _) = status_of(
+            Some(&first),
+            Some(1),
+            HISTORY,
+            &applied(ActionPlan::default()),
+            now,
+        );
+        assert_eq!(kept.sequence, Some(sequence()));
+        let stopped: Reconciliation<ActionsOutcome> = Reconciliation::Stopped(Stopped {
+            blocked: Blocked::new(Reason::InvalidSpec, "x"),
+            etcd: None,
+        });
+        let (kept, _) = status_of(Some(&first), Some(1), HISTORY, &stopped, now);
+        assert_eq!(kept.sequence, Some(sequence()));
     }
 }

@@ -52,7 +52,7 @@ pub fn migration_job(
 ) -> Result<k8s_openapi::api::batch::v1::Job, SpecError> {
     let external = match ps.spec.database.mode().ok_or(SpecError::DatabaseMode)? {
         DatabaseMode::Managed(_) => None,
-        DatabaseMode::External(e) => Some(&e.secret_ref),
+        DatabaseMode::External(e) => e.owner_url_ref(),
     };
     let image = ps
         .spec
@@ -79,9 +79,8 @@ pub fn desired(ps: &PaymentStack, owner: &Owner, inputs: &Inputs<'_>) -> Result<
     let mut out = Desired::default();
     match spec.database.mode().ok_or(SpecError::DatabaseMode)? {
         DatabaseMode::Managed(managed) => {
-            out.apply.push(Child::Service(postgres::service(owner, HISTORY)));
             out.apply
-                .push(Child::StatefulSet(postgres::statefulset(owner, HISTORY, managed)));
+                .extend(crate::builders::database_children(owner, HISTORY, managed));
         }
         // External: a managed StatefulSet and Service left from before are orphans (the sweep).
         DatabaseMode::External(_) => {}
@@ -178,5 +177,5 @@ pub fn desired(ps: &PaymentStack, owner: &Owner, inputs: &Inputs<'_>) -> Result<
             out.hold_workload(owner, component);
         }
     }
-    Ok(out)
+    Ok(out.with_database_cas().restricted())
 }

@@ -1,0 +1,230 @@
+//! `bench lock`: the stores and lock-servers asked for, every phase at each client count, then the
+//! tables (rates and latencies, cost per 1,000 cycles, where acquires spent their time), the
+//! in-process costs and the floors.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use dlock_testkit::History;
+use dlock_testkit::cpu;
+use dlock_testkit::etcd::{EtcdCluster, etcd_bin};
+use dlock_testkit::procs::{Service, Spec};
+
+use super::costs::{print_grant_cost, print_json_cost};
+use super::floors::{HOP_ROW, floors};
+use super::meter::{Meter, Phase, Proc, ROLES};
+use super::phases::{Mode, bare_phase, http_phase, mutex_bench_bin, mutex_phase};
+use super::{BenchBackend, LockArgs};
+use crate::stack::{Database, RunDir, lock_server, lock_server_env, run_key, step};
+
+pub(super) async fn run(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
+    let clients_list = args
+        .clients
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    println!(
+        "dlock-dev bench lock — backends {:?}, clients {clients_list}, {} s per phase",
+        args.backend, args.seconds
+    );
+    println!(
+        "load average at the start: {} (/proc/loadavg)",
+        cpu::load_average()
+    );
+    let max_clients = args.clients.iter().copied().max().unwrap_or(1);
+    let measure = Duration::from_secs(args.seconds);
+    let pg = matches!(args.backend, BenchBackend::Postgres | BenchBackend::All);
+    let etcd = matches!(args.backend, BenchBackend::Etcd | BenchBackend::All);
+
+    let pool_size = max_clients.to_string();
+    let db = if pg {
+        Some(Database::start(History::Lockdb).await?)
+    } else {
+        None
+    };
+    // One lock-server per signing setting asked for, over the same store.
+    let key = run_key("bench")?;
+    let signings = args.grant_signing.settings();
+    let mut pg_servers = Vec::new();
+    if let Some(db) = &db {
+        for &signed in signings {
+            let signing = signed.then_some(&key);
+            let server = lock_server(db, run_dir.path(), &["--db-pool-size", &pool_size], signing).await?;
+            pg_servers.push((signed, server));
+        }
+    }
+    let cluster = if etcd {
+        step("etcd (one member, data on tmpfs) …");
+        let c = EtcdCluster::single().context("start etcd (scripts/cluster-tools.sh etcd installs it)")?;
+        step(format!("etcd {} ({})", c.endpoint(0), etcd_bin().display()));
+        Some(c)
+    } else {
+        None
+    };
+    let mut etcd_servers = Vec::new();
+    if let Some(c) = &cluster {
+        for &signed in signings {
+            let server = etcd_lock_server(&c.endpoint(0), run_dir.path(), signed.then_some(&key)).await?;
+            etcd_servers.push((signed, server));
+        }
+    }
+    // "unsigned" marks the rows of a lock-server without a signing key.
+    let name = |store: &str, signed: bool, shape: &str| {
+        format!("dlock/{store}{}, {shape}", if signed { "" } else { " unsigned" })
+    };
+    // Every lock-server row in both stores: distinct keys, one key without waiting, one key queued.
+    const SHAPES: [(&str, Mode); 3] = [
+        ("distinct", Mode::Distinct),
+        ("one key", Mode::OneKey),
+        ("one key, blocking", Mode::Blocking),
+    ];
+    let mutex_bin = if etcd { Some(mutex_bench_bin()?) } else { None };
+
+    let hop = Service::start(
+        Spec::new("hop-server", "dlock-dev")?.args(["bench", "hop-server", "--listen", "127.0.0.1:{port}"]),
+        run_dir.path(),
+    )
+    .await?;
+    step(format!("the HTTP hop alone on {} (pid {})", hop.url(), hop.pid()));
+
+    let mut rows: Vec<(u32, Phase)> = Vec::new();
+    for &clients in &args.clients {
+        step(format!("{HOP_ROW}, {clients} clients …"));
+        let meter = Meter::here(Some(&hop));
+        rows.push((
+            clients,
+            http_phase(HOP_ROW, &hop.url(), clients, Mode::Distinct, measure, meter).await?,
+        ));
+        if let Some(db) = &db {
+            for (signed, server) in &pg_servers {
+                for (shape, mode) in SHAPES {
+                    let name = name("postgres", *signed, shape);
+                    step(format!("{name}, {clients} clients …"));
+                    let meter = Meter::here(Some(server)).with("postgres", Proc::Tree(db.server.pid));
+                    rows.push((
+                        clients,
+                        http_phase(name, &server.url(), clients, mode, measure, meter).await?,
+                    ));
+                }
+            }
+            step(format!("bare C1 statement, {clients} clients …"));
+            let meter = Meter::here(None).with("postgres", Proc::Tree(db.server.pid));
+            rows.push((clients, bare_phase(&db.app_url(), clients, measure, meter).await?));
+        }
+        if let (Some(cluster), Some(bin)) = (&cluster, &mutex_bin) {
+            for (signed, server) in &etcd_servers {
+                for (shape, mode) in SHAPES {
+                    let name = name("etcd", *signed, shape);
+                    step(format!("{name}, {clients} clients …"));
+                    let mut meter = Meter::here(Some(server));
+                    if let Some(pid) = cluster.pid(0) {
+                        meter = meter.with("etcd", Proc::One(pid));
+                    }
+                    rows.push((
+                        clients,
+                        http_phase(name, &server.url(), clients, mode, measure, meter).await?,
+                    ));
+                }
+            }
+            for (name, contended) in [("etcd Mutex, distinct", false), ("etcd Mutex, one key", true)] {
+                step(format!("{name}, {clients} clients …"));
+                rows.push((
+                    clients,
+                    mutex_phase(name, bin, cluster, clients, contended, measure).await?,
+                ));
+            }
+        }
+    }
+
+    println!();
+    println!(
+        "{:<44} {:>8} {:>10} {:>10} {:>12} {:>12} {:>12}",
+        "phase", "clients", "cycles/s", "grants/s", "acquire p50", "acquire p99", "longest"
+    );
+    for (clients, p) in &rows {
+        println!(
+            "{:<44} {:>8} {:>10.0} {:>10.0} {:>9.2} ms {:>9.2} ms {:>9.2} ms",
+            p.name,
+            clients,
+            p.per_sec(),
+            p.grants as f64 / p.secs,
+            p.ms(0.50),
+            p.ms(0.99),
+            p.longest_ms()
+        );
+    }
+    println!();
+    println!(
+        "cost per 1,000 cycles: CPU-seconds of each process over the measured window (/proc), and the machine's busy share"
+    );
+    print!("{:<44} {:>8}", "phase", "clients");
+    for role in ROLES {
+        print!(" {role:>11}");
+    }
+    println!(" {:>11} {:>6}", "all", "busy");
+    for (clients, p) in &rows {
+        let per_k = |secs: f64| secs / p.cycles.max(1) as f64 * 1000.0;
+        print!("{:<44} {:>8}", p.name, clients);
+        for role in ROLES {
+            match p.cost.cpu.iter().find(|(r, _)| *r == role) {
+                Some((_, secs)) => print!(" {:>11.3}", per_k(*secs)),
+                None => print!(" {:>11}", "-"),
+            }
+        }
+        let all: f64 = p.cost.cpu.iter().map(|(_, s)| s).sum();
+        match p.cost.busy {
+            Some(b) => println!(" {:>11.3} {:>5.0}%", per_k(all), b * 100.0),
+            None => println!(" {:>11.3} {:>6}", per_k(all), "-"),
+        }
+    }
+    println!();
+    println!("where lock-server's acquires spent their time (its own histograms, means over the window)");
+    for (clients, p) in &rows {
+        if let Some(l) = &p.cost.latency {
+            println!("{}, {clients} clients: {l}", p.name);
+        }
+    }
+    println!();
+    let (sign_us, _) = print_grant_cost()?;
+    print_json_cost()?;
+    println!();
+    // The floors are for the first signing setting asked for (a deployment's: signed).
+    let signed = signings.first().copied().unwrap_or(true);
+    let sign_secs = if signed { sign_us * 1e-6 } else { 0.0 };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let dlock_rows = [
+        name("postgres", signed, "distinct"),
+        name("etcd", signed, "distinct"),
+    ];
+    println!(
+        "floors: the least CPU a dlock cycle on distinct keys can cost on {cores} cores, from parts measured above \
+         (needs the Mutex rows: --backend all)"
+    );
+    for line in floors(&rows, [&dlock_rows[0], &dlock_rows[1]], sign_secs, cores) {
+        println!("  {line}");
+    }
+    println!();
+    println!("goal: dlock (either backend) at 16 clients ≥ etcd Mutex cycles/s at 16 clients, p99 no worse");
+    Ok(true)
+}
+
+/// lock-server as a process with `--backend etcd`, signing grants with `signing` if given.
+async fn etcd_lock_server(
+    endpoint: &str,
+    run_dir: &std::path::Path,
+    signing: Option<&dlock_grant::SigningKey>,
+) -> Result<Service> {
+    let spec = Spec::new("lock-server-etcd", "lock-server")?.args([
+        "--backend",
+        "etcd",
+        "--etcd-endpoints",
+        endpoint,
+        "--listen",
+        "127.0.0.1:{port}",
+    ]);
+    let spec = lock_server_env(spec, signing);
+    let svc = Service::start(spec, run_dir).await?;
+    step(format!("lock-server (etcd) on {} (pid {})", svc.url(), svc.pid()));
+    Ok(svc)
+}

@@ -1,0 +1,180 @@
+//! Certificates for tests that need TLS to PostgreSQL: a throw-away CA ([`TestCa`]) and server
+//! certificates it signs for given host names and addresses.
+//!
+//! They are made with the `openssl` command rather than a certificate crate: the tests already
+//! need openssl (the cluster tier), a crate such as rcgen would add a crypto backend to compile
+//! (aws-lc by default, which needs cmake), and these are the commands an operator runs by hand
+//! for a private CA (docs/operations.md, "TLS to PostgreSQL"), so the tests exercise certificates
+//! made the way deployments make theirs.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use super::PgError;
+
+/// A CA for one test's servers: `ca.crt` (the file a client names in `sslrootcert`) and its key,
+/// in a folder of their own. Two `TestCa`s never trust each other's certificates.
+#[derive(Debug)]
+pub struct TestCa {
+    dir: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+/// A server certificate and its private key (PEM files), signed by a [`TestCa`].
+#[derive(Debug, Clone)]
+pub struct ServerCert {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// A minimal openssl configuration, so that the system's openssl.cnf (its default extensions and
+/// policies, which differ between distributions) plays no part in what the certificates hold.
+const REQ_CONFIG: &str = "[req]\ndistinguished_name = dn\nprompt = no\n[dn]\n";
+
+impl TestCa {
+    /// A new CA (EC P-256, valid for two days) in a fresh folder under the temp dir, removed when
+    /// the process exits. `label` names the folder and the CA's common name.
+    pub fn new(label: &str) -> Result<Self, PgError> {
+        let dir = super::scratch_dir(&format!("ca-{label}"))?;
+        write(
+            &dir.join("req.cnf"),
+            &format!(
+                "{REQ_CONFIG}[ca_ext]\n\
+                 basicConstraints = critical, CA:TRUE\n\
+                 keyUsage = critical, keyCertSign, cRLSign\n\
+                 subjectKeyIdentifier = hash\n"
+            ),
+        )?;
+        let cert = dir.join("ca.crt");
+        let key = dir.join("ca.key");
+        let mut req = Command::new("openssl");
+        req.args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ])
+        .args(["-nodes", "-days", "2", "-subj"])
+        .arg(format!("/CN=dlock test CA {label}"))
+        .arg("-config")
+        .arg(dir.join("req.cnf"))
+        .args(["-extensions", "ca_ext", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert);
+        openssl(req)?;
+        Ok(Self { dir, cert, key })
+    }
+
+    /// The CA certificate (PEM): what `sslrootcert=` names.
+    pub fn cert(&self) -> &Path {
+        &self.cert
+    }
+
+    /// A server certificate signed by this CA, valid for `names` (host names, or IP addresses such
+    /// as `127.0.0.1`, which go into the subjectAltName as IP entries: TLS clients check those,
+    /// not the common name), written as `<file_stem>.crt` / `<file_stem>.key` in this CA's folder.
+    pub fn issue(&self, file_stem: &str, names: &[&str]) -> Result<ServerCert, PgError> {
+        let Some(first) = names.first() else {
+            return Err(PgError::State(
+                "a server certificate needs at least one name".into(),
+            ));
+        };
+        let san: Vec<String> = names
+            .iter()
+            .map(|n| match n.parse::<std::net::IpAddr>() {
+                Ok(_) => format!("IP:{n}"),
+                Err(_) => format!("DNS:{n}"),
+            })
+            .collect();
+        let config = self.dir.join("req.cnf");
+        let ext = self.dir.join(format!("{file_stem}.ext"));
+        write(
+            &ext,
+            &format!(
+                "basicConstraints = critical, CA:FALSE\n\
+                 keyUsage = critical, digitalSignature, keyEncipherment\n\
+                 extendedKeyUsage = serverAuth\n\
+                 subjectKeyIdentifier = hash\n\
+                 authorityKeyIdentifier = keyid\n\
+                 subjectAltName = {}\n",
+                san.join(", ")
+            ),
+        )?;
+        let csr = self.dir.join(format!("{file_stem}.csr"));
+        let cert = self.dir.join(format!("{file_stem}.crt"));
+        let key = self.dir.join(format!("{file_stem}.key"));
+        let mut req = Command::new("openssl");
+        req.args([
+            "req",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ])
+        .args(["-nodes", "-subj"])
+        .arg(format!("/CN={first}"))
+        .arg("-config")
+        .arg(&config)
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&csr);
+        openssl(req)?;
+        let mut sign = Command::new("openssl");
+        sign.args(["x509", "-req", "-days", "2", "-in"])
+            .arg(&csr)
+            .arg("-CA")
+            .arg(&self.cert)
+            .arg("-CAkey")
+            .arg(&self.key)
+            // A serial of its own for each certificate, without a serial file shared between calls.
+            .args(["-set_serial", &format!("{}", serial())])
+            .arg("-extfile")
+            .arg(&ext)
+            .arg("-out")
+            .arg(&cert);
+        openssl(sign)?;
+        Ok(ServerCert { cert, key })
+    }
+}
+
+fn serial() -> u128 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(1);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    (nanos << 16) | u128::from(N.fetch_add(1, Ordering::Relaxed) & 0xffff)
+}
+
+fn write(path: &Path, text: &str) -> Result<(), PgError> {
+    fs::write(path, text).map_err(io_err(path))
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> PgError {
+    let what = format!("write {}", path.display());
+    move |source| PgError::Io { what, source }
+}
+
+/// Runs one openssl command to its end; [`PgError::Tool`] with its stderr when it fails.
+fn openssl(mut cmd: Command) -> Result<(), PgError> {
+    let out = cmd.stdin(Stdio::null()).output().map_err(|source| PgError::Io {
+        what: "run openssl (install it: the TLS tests make their certificates with it)".into(),
+        source,
+    })?;
+    if !out.status.success() {
+        return Err(PgError::Tool {
+            tool: "openssl".into(),
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
+    Ok(())
+}
