@@ -100,7 +100,14 @@ step() { # step NAME: closes the previous step (with its duration) and opens the
     t_step=$SECONDS
     log "---- $1"
 }
-die() { log "ERROR (step $step_name): $*"; exit 1; }
+# The failure, kept to be said again last: the state dump that follows it is long, and a reader of
+# the run's tail (a CI log cut to its end) should find what failed without scrolling back.
+failure=""
+die() {
+    failure="ERROR (step $step_name): $*"
+    log "$failure"
+    exit 1
+}
 ci() { [[ -n "${CI:-}" && "${CI}" != false && "${CI}" != 0 ]]; }
 # skip WHY...: the tier cannot run here. Says why and "skipped" (exit 0), or under CI fails the run.
 skip() {
@@ -165,6 +172,11 @@ cleanup() {
     local rc=$?
     trap - EXIT
     if ((rc != 0)) && [[ -s "$kubeconfig" ]]; then dump_state; fi
+    if ((rc != 0)) && [[ -s "$workdir/checks.log" ]]; then
+        log "what the checks said when they failed (the whole output is above the state):"
+        grep -E -A12 'panicked at|^---- |thread .* panicked' "$workdir/checks.log" | tail -n 40 >&2 || true
+    fi
+    [[ -z "$failure" ]] || log "$failure"
     if ((created)) && [[ "${DLOCK_KIND_KEEP:-0}" != 1 ]]; then
         log "deleting kind cluster $cluster"
         kind delete cluster --name "$cluster" >&2 || true
@@ -316,7 +328,8 @@ DLOCK_KIND_KUBECONFIG="$kubeconfig" DLOCK_KIND_NAMESPACE="$ns" DLOCK_KIND_OPERAT
     DLOCK_KIND_IMAGE="$image" DLOCK_KIND_UPGRADE_IMAGE="$upgrade_image" \
     DLOCK_KIND_PAYOUTS="$payouts" DLOCK_KIND_TIMEOUT="$timeout" DLOCK_KIND_STEPS="${DLOCK_KIND_STEPS:-}" \
     DLOCK_KIND_CNPG_NAMESPACE="$cnpg_ns" DLOCK_KIND_CNPG_IMAGE="$cnpg_image" DLOCK_KIND_CNPG_PG_IMAGE="$cnpg_pg_image" \
-    cargo test -q --manifest-path "$root/Cargo.toml" -p dlock-e2e --test kind -- --nocapture --test-threads=1 >&2 ||
+    cargo test -q --manifest-path "$root/Cargo.toml" -p dlock-e2e --test kind -- --nocapture --test-threads=1 2>&1 |
+    tee "$workdir/checks.log" >&2 ||
     die "the kind tier's checks failed (output above)"
 
 step done
