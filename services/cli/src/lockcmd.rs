@@ -8,12 +8,13 @@
 //! `--grace-ms`, and `dlock lock` exits [`EXIT_LOST`] saying why. A fenced resource refuses the
 //! command's token from the moment a newer holder has written, whatever the command still does.
 
+use std::path::{Path, PathBuf};
 use std::process::{ExitCode, ExitStatus, Stdio};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
-use dlock_client::{ClientError, LockClient};
+use dlock_client::{ClientConfig, ClientError, LockClient};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -24,6 +25,9 @@ pub const EXIT_LOST: u8 = 3;
 
 /// The environment variable that may carry lock-server's admin token for `dlock locks list`.
 pub const ADMIN_TOKEN_ENV: &str = "DLOCK_ADMIN_TOKEN";
+/// The environment variable that may carry the lock client token of `dlock lock` (or
+/// `--token-file`; never the value as a flag, which a process listing would show).
+pub const LOCK_TOKEN_ENV: &str = "DLOCK_LOCK_TOKEN";
 
 #[derive(Debug, Args)]
 pub struct LockArgs {
@@ -41,9 +45,14 @@ pub struct LockArgs {
     /// The lock session's TTL, in milliseconds (heartbeat every third of it).
     #[arg(long, default_value_t = 15_000, value_parser = clap::value_parser!(u64).range(10..=86_400_000))]
     session_ttl_ms: u64,
-    /// The owner id the lock is held under (default: `dlock-lock-<hostname>-<pid>`).
+    /// The owner id the lock is held under (default: `dlock-lock-<hostname>-<pid>`). With a lock
+    /// client token it must start with one of the client's owner prefixes.
     #[arg(long)]
     owner_id: Option<String>,
+    /// A file holding the lock client token, when lock-server has a clients file (surrounding
+    /// whitespace is ignored). Or set DLOCK_LOCK_TOKEN; not both.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
     /// After the grant is lost: how long the command has, after SIGTERM, before SIGKILL.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
     grace_ms: u64,
@@ -81,19 +90,73 @@ fn owner_id(given: Option<String>) -> String {
     })
 }
 
+/// The lock client token: from the file `--token-file` names or from [`LOCK_TOKEN_ENV`] (`env`),
+/// one of the two; `None` when neither is given (a lock-server without a clients file).
+fn client_token(file: Option<&Path>, env: Option<String>) -> Result<Option<String>> {
+    let from_file = match file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("read the lock client token file {}", path.display()))?
+                .trim()
+                .to_owned(),
+        ),
+        None => None,
+    };
+    let token = match (from_file, env) {
+        (Some(_), Some(_)) => {
+            bail!("give the lock client token in --token-file or in {LOCK_TOKEN_ENV}, not both")
+        }
+        (Some(t), None) | (None, Some(t)) => t,
+        (None, None) => return Ok(None),
+    };
+    if token.trim().is_empty() {
+        bail!("the lock client token is empty");
+    }
+    Ok(Some(token))
+}
+
+/// What to say when lock-server refused the credentials (401) or the client's rights (403): its
+/// code and message, and where the token comes from.
+fn refusal(e: &anyhow::Error) -> Option<String> {
+    let ClientError::Api {
+        status,
+        code,
+        message,
+    } = e.downcast_ref::<ClientError>()?
+    else {
+        return None;
+    };
+    match status.as_u16() {
+        401 => Some(format!(
+            "lock-server refused the credentials ({code}: {message}); give this lock client's token in {LOCK_TOKEN_ENV} or --token-file"
+        )),
+        403 => Some(format!(
+            "lock-server refused this lock client ({code}: {message}); check the key and --owner-id against the client's rights"
+        )),
+        _ => None,
+    }
+}
+
 /// `dlock lock`: the exit code is the command's, or [`EXIT_NOT_ACQUIRED`] / [`EXIT_LOST`].
 pub async fn lock(args: LockArgs) -> ExitCode {
     match run(args).await {
         Ok(code) => code,
         Err(e) => {
             eprintln!("dlock lock: {e:#}");
+            if let Some(said) = refusal(&e) {
+                eprintln!("dlock lock: {said}");
+            }
             ExitCode::from(EXIT_NOT_ACQUIRED)
         }
     }
 }
 
 async fn run(args: LockArgs) -> Result<ExitCode> {
-    let client = LockClient::new(&args.lock_server_url)?;
+    let mut config = ClientConfig::default();
+    if let Some(token) = client_token(args.token_file.as_deref(), std::env::var(LOCK_TOKEN_ENV).ok())? {
+        config = config.with_token(token);
+    }
+    let client = LockClient::with_config(&args.lock_server_url, config)?;
     let owner = owner_id(args.owner_id);
     let session = client
         .open_session(&owner, Duration::from_millis(args.session_ttl_ms))
@@ -269,6 +332,107 @@ mod tests {
         assert_eq!(t.a.wait_ms, 5);
         assert_eq!(t.a.command, ["sh", "-c", "exit 3"]);
         assert!(T::try_parse_from(["t", "k"]).is_err(), "a command is required");
+    }
+
+    #[test]
+    fn the_token_comes_from_a_file_or_the_environment_not_both() {
+        assert_eq!(client_token(None, None).unwrap(), None);
+        assert_eq!(
+            client_token(None, Some("from-env".into())).unwrap().as_deref(),
+            Some("from-env")
+        );
+        let path = std::env::temp_dir().join(format!("dlock-lock-token-{}", std::process::id()));
+        std::fs::write(&path, "from-file\n").unwrap();
+        assert_eq!(
+            client_token(Some(&path), None).unwrap().as_deref(),
+            Some("from-file")
+        );
+        let both = client_token(Some(&path), Some("from-env".into()))
+            .unwrap_err()
+            .to_string();
+        assert!(both.contains("not both") && !both.contains("from-"), "{both}");
+        std::fs::write(&path, " \n").unwrap();
+        assert!(client_token(Some(&path), None).is_err(), "an empty file");
+        let _ = std::fs::remove_file(&path);
+        assert!(client_token(Some(&path), None).is_err(), "a missing file");
+        // It is never a flag.
+        assert!(T::try_parse_from(["t", "k", "--token", "x", "--", "true"]).is_err());
+    }
+
+    #[test]
+    fn a_refusal_says_the_code_and_the_message() {
+        use reqwest::StatusCode;
+        let api = |status, code: &str| {
+            anyhow::Error::new(ClientError::Api {
+                status,
+                code: code.into(),
+                message: "the words of the server".into(),
+            })
+            .context("open a lock session")
+        };
+        let said = refusal(&api(StatusCode::UNAUTHORIZED, "UNAUTHORIZED")).unwrap();
+        assert!(
+            said.contains("UNAUTHORIZED: the words of the server") && said.contains(LOCK_TOKEN_ENV),
+            "{said}"
+        );
+        let said = refusal(&api(StatusCode::FORBIDDEN, "FORBIDDEN")).unwrap();
+        assert!(said.contains("FORBIDDEN: the words of the server"), "{said}");
+        assert!(refusal(&api(StatusCode::CONFLICT, "CONTENDED")).is_none());
+    }
+
+    /// `dlock lock` against a lock-server with a clients file: without a token it is refused with
+    /// 401, with the client's token but an owner id outside its owner prefixes with 403 (each error
+    /// carries the code and the server's message), and with both right it runs the command.
+    #[tokio::test]
+    async fn a_lock_client_token_is_presented_and_a_refusal_is_reported() {
+        let token = "cli-payments-token-0123456789abcdef012345";
+        let db = dlock_testkit::lockdb().await;
+        let clients = lock_server::Clients::parse(
+            &serde_json::json!({"clients": [{"name": "payments", "token": token,
+                "keyPrefixes": ["account:"], "ownerPrefixes": ["payments-"], "operations": ["lock"]}]})
+            .to_string(),
+        )
+        .unwrap();
+        let srv = lock_server::spawn(
+            lock_server::Config::new(db.app_url())
+                .with_reaper_interval(None)
+                .with_clients(clients),
+        )
+        .await
+        .unwrap();
+        let url = srv.base_url();
+        let file = std::env::temp_dir().join(format!("dlock-lock-cli-token-{}", std::process::id()));
+        std::fs::write(&file, format!("{token}\n")).unwrap();
+        let args = |extra: &[&str]| {
+            let mut all = vec!["t", "account:cli", "--lock-server-url", &url, "--wait-ms", "0"];
+            all.extend_from_slice(extra);
+            all.extend_from_slice(&["--", "true"]);
+            T::try_parse_from(all).unwrap().a
+        };
+        let refused = |e: anyhow::Error| {
+            let said = refusal(&e).unwrap_or_else(|| panic!("not a refusal: {e:#}"));
+            assert!(
+                !said.contains(token) && !format!("{e:#}").contains(token),
+                "{said}"
+            );
+            said
+        };
+
+        let said = refused(run(args(&["--owner-id", "payments-1"])).await.unwrap_err());
+        assert!(said.contains("UNAUTHORIZED: "), "{said}");
+        let file_arg = file.to_str().unwrap();
+        let said = refused(
+            run(args(&["--owner-id", "batch-1", "--token-file", file_arg]))
+                .await
+                .unwrap_err(),
+        );
+        assert!(said.contains("FORBIDDEN: ") && said.contains("batch-1"), "{said}");
+        let ran = run(args(&["--owner-id", "payments-1", "--token-file", file_arg]))
+            .await
+            .unwrap();
+        assert_eq!(ran, ExitCode::SUCCESS);
+        let _ = std::fs::remove_file(&file);
+        srv.shutdown().await.unwrap();
     }
 
     #[test]

@@ -20,7 +20,7 @@ use uuid::Uuid;
 
 use crate::error::{ClientError, LossReason, error_from_body};
 
-/// Timeouts of the underlying HTTP client.
+/// Timeouts of the underlying HTTP client, and the lock client's token.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
     /// TCP connect timeout.
@@ -28,6 +28,9 @@ pub struct ClientConfig {
     /// Upper bound for any one request, start to end of body. Renewals and heartbeats are further
     /// bounded by their lease's own deadline.
     pub request_timeout: Duration,
+    /// The lock client's bearer token, sent on every call (`Authorization: Bearer`), when
+    /// lock-server has a clients file (docs/lock-api.md "Authentication"). `None`: no header.
+    pub token: Option<BearerToken>,
 }
 
 impl Default for ClientConfig {
@@ -35,8 +38,50 @@ impl Default for ClientConfig {
         Self {
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(5),
+            token: None,
         }
     }
+}
+
+impl ClientConfig {
+    /// Presents `token` (read from a file or the environment, never a command-line flag) on every
+    /// call.
+    pub fn with_token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(BearerToken(token.into()));
+        self
+    }
+}
+
+/// A lock client's bearer token. `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct BearerToken(String);
+
+impl BearerToken {
+    pub fn new(token: impl Into<String>) -> Self {
+        Self(token.into())
+    }
+}
+
+impl std::fmt::Debug for BearerToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BearerToken(<redacted>)")
+    }
+}
+
+/// The `Authorization` header of `token`, marked sensitive (HTTP/2 never indexes it, and its
+/// `Debug` is `Sensitive`).
+fn authorization(token: &BearerToken) -> Result<reqwest::header::HeaderMap, ClientError> {
+    // The error must not quote the value: it is a secret.
+    let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {}", token.0)).map_err(|_| {
+        ClientError::InvalidArgument {
+            code: "INVALID_CLIENT_TOKEN",
+            message: "the lock client token must be visible ASCII characters".into(),
+        }
+    })?;
+    value.set_sensitive(true);
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(reqwest::header::AUTHORIZATION, value);
+    Ok(headers)
 }
 
 /// The raw lock-server API over one pooled reqwest client. Cheap to clone.
@@ -59,10 +104,15 @@ impl LockApi {
                 message: format!("{base_url:?} is not an http(s) base URL"),
             });
         }
-        let http = reqwest::Client::builder()
+        let mut http = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
-            .timeout(config.request_timeout)
-            .build()?;
+            .timeout(config.request_timeout);
+        // Default headers go on every request that does not set its own (the listing sends the
+        // admin's token when it is given one).
+        if let Some(token) = &config.token {
+            http = http.default_headers(authorization(token)?);
+        }
+        let http = http.build()?;
         Ok(Self {
             http,
             base,
@@ -278,6 +328,26 @@ mod tests {
         assert_eq!(
             api.url(&["v1", "sessions"]).as_str(),
             "http://h:1/lock/v1/sessions"
+        );
+    }
+
+    #[test]
+    fn the_token_is_never_shown() {
+        let secret = "client-token-0123456789abcdef0123456789abcdef";
+        let config = ClientConfig::default().with_token(secret);
+        let api = LockApi::new("http://127.0.0.1:1/", &config).expect("api");
+        for text in [format!("{config:?}"), format!("{api:?}")] {
+            assert!(!text.contains(secret), "{text}");
+        }
+        assert!(
+            matches!(
+                LockApi::new("http://127.0.0.1:1/", &ClientConfig::default().with_token("a\nb")),
+                Err(ClientError::InvalidArgument {
+                    code: "INVALID_CLIENT_TOKEN",
+                    ..
+                })
+            ),
+            "a token that cannot be a header value is refused, not sent"
         );
     }
 

@@ -20,6 +20,10 @@
 //! # Ok(()) }
 //! ```
 //!
+//! With a clients file, lock-server wants a lock client's bearer token on every call:
+//! `LockClient::with_config(url, ClientConfig::default().with_token(token))` (read the token from a
+//! file or the environment; `Debug` never shows it).
+//!
 //! Modules, one job each:
 //! - [`api`]: every HTTP call to lock-server (single attempts, wire types);
 //! - [`error`]: [`ClientError`], and reading a 409 `FENCED_OUT` from any protected resource;
@@ -42,7 +46,8 @@ pub mod watch;
 use std::time::Duration;
 
 pub use api::{
-    ClientConfig, LockApi, LockEvent, LockEventType, LockGrant, LockList, LockListItem, LockState, LockView,
+    BearerToken, ClientConfig, LockApi, LockEvent, LockEventType, LockGrant, LockList, LockListItem,
+    LockState, LockView,
 };
 pub use dlock_common::FencingToken;
 pub use dlock_common::fencing::FencedOutDetails;

@@ -24,7 +24,7 @@ pub use dlock_wire::lock::{
 use dlock_wire::lock::{LockKeyPath, MAX_LIST_PAGE, MAX_WAIT_MS, SessionIdPath};
 use uuid::Uuid;
 
-use crate::auth::Admin;
+use crate::auth::{Admin, Caller, Lister};
 use crate::error::Error;
 use crate::metrics::{AcquireResult, RevokeOutcome};
 use crate::queue::{self, Waiter};
@@ -89,17 +89,22 @@ fn signed(
 
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions", operation_id = "createSession",
     request_body = CreateSessionRequest,
+    security((), ("bearer" = [])),
     responses(
         (status = 201, description = "Session opened.", body = SessionCreated),
         (status = 400, description = "A field is missing, malformed or out of bounds (`INVALID_OWNER_ID`, `INVALID_TTL`, `INVALID_FIELD`, `MALFORMED_JSON`); nothing is written.", body = ErrorBody),
+        (status = 401, description = "`UNAUTHORIZED`: a clients file is configured and the request carries no client's bearer token; nothing is read or written.", body = ErrorBody),
+        (status = 403, description = "`FORBIDDEN` (with a clients file): the ownerId lies outside the client's owner prefixes, or the client lacks the `lock` operation; the message says which. Nothing is written.", body = ErrorBody),
         (status = 415, description = "`UNSUPPORTED_MEDIA_TYPE`: the body is not `application/json`.", body = ErrorBody),
         (status = 503, description = "`UNAVAILABLE`: the backend cannot be reached; retry later.", body = ErrorBody),
     ))]
 pub async fn create_session(
+    caller: Caller,
     State(state): State<AppState>,
     ApiJson(req): ApiJson<CreateSessionRequest>,
 ) -> Result<(StatusCode, Json<SessionCreated>), ApiError> {
     validate::owner_id(&req.owner_id)?;
+    caller.owner(&state, &req.owner_id)?;
     let ttl = validate::ttl_ms("ttlMs", req.ttl_ms)?;
     let s = state.repo().create_session(&req.owner_id, ttl).await?;
     tracing::info!(event = "session_opened", session_id = %s.session_id, owner_id = %s.owner_id);
@@ -115,19 +120,24 @@ pub async fn create_session(
 
 #[utoipa::path(post, path = "/v1/sessions/{sessionId}/heartbeat", tag = "sessions", operation_id = "heartbeatSession",
     params(SessionIdPath), request_body = TtlRequest,
+    security((), ("bearer" = [])),
     responses(
         (status = 200, description = "Session extended.", body = SessionHeartbeat),
         (status = 400, description = "Bad path or body (`INVALID_PATH`, `INVALID_TTL`, `INVALID_FIELD`, `MALFORMED_JSON`).", body = ErrorBody),
+        (status = 401, description = "`UNAUTHORIZED`: a clients file is configured and the request carries no client's bearer token; nothing is read or written.", body = ErrorBody),
+        (status = 403, description = "`FORBIDDEN` (with a clients file): the session belongs to another client, or the client lacks the `lock` operation; the message says which. Nothing is written.", body = ErrorBody),
         (status = 410, description = "`SESSION_GONE`: the session was reaped or has expired; every lock under it is void.", body = ErrorBody),
         (status = 415, description = "`UNSUPPORTED_MEDIA_TYPE`.", body = ErrorBody),
         (status = 503, description = "`UNAVAILABLE`.", body = ErrorBody),
     ))]
 pub async fn heartbeat(
+    caller: Caller,
     State(state): State<AppState>,
     ApiPath(session_id): ApiPath<Uuid>,
     ApiJson(req): ApiJson<TtlRequest>,
 ) -> Result<Json<SessionHeartbeat>, ApiError> {
     let ttl = validate::ttl_ms("ttlMs", req.ttl_ms)?;
+    own_session(&caller, &state, session_id).await?;
     match state.repo().heartbeat(session_id, ttl).await? {
         Some(expires_at) => Ok(Json(SessionHeartbeat {
             session_id,
@@ -144,40 +154,95 @@ pub async fn heartbeat(
 
 #[utoipa::path(delete, path = "/v1/sessions/{sessionId}", tag = "sessions", operation_id = "closeSession",
     params(SessionIdPath),
+    security((), ("bearer" = [])),
     responses(
         (status = 200, description = "Closed; `closed: false` if the session was already gone. Its locks are released by the cascade.", body = SessionClosed),
         (status = 400, description = "`INVALID_PATH`: the session id is not a UUID.", body = ErrorBody),
+        (status = 401, description = "`UNAUTHORIZED`: a clients file is configured and the request carries no client's bearer token; nothing is read or written.", body = ErrorBody),
+        (status = 403, description = "`FORBIDDEN` (with a clients file): the session belongs to another client, or the client lacks the `lock` operation; the message says which. Nothing is written.", body = ErrorBody),
         (status = 503, description = "`UNAVAILABLE`.", body = ErrorBody),
     ))]
 pub async fn close_session(
+    caller: Caller,
     State(state): State<AppState>,
     ApiPath(session_id): ApiPath<Uuid>,
 ) -> Result<Json<SessionClosed>, ApiError> {
+    own_session(&caller, &state, session_id).await?;
     let closed = state.repo().close_session(session_id).await?;
     tracing::info!(event = "session_closed", %session_id, closed);
     Ok(Json(SessionClosed { session_id, closed }))
+}
+
+/// With a clients file: the session must be the caller's before anything is written to it (one
+/// read of its owner; a session id belongs to one owner for all time). A session that is gone
+/// passes: the write then finds nothing, as it would for anyone (session ids are random UUIDs the
+/// store draws, so none appears after this read). Returns the session's owner.
+async fn own_session(
+    caller: &Caller,
+    state: &AppState,
+    session_id: Uuid,
+) -> Result<Option<String>, ApiError> {
+    if caller.client().is_none() {
+        return Ok(None);
+    }
+    let owner = state.repo().session_owner(session_id).await?;
+    if let Some(owner) = &owner {
+        caller.session(state, session_id, owner)?;
+    }
+    Ok(owner)
+}
+
+/// With a clients file: the grant at `key` and `token` must be the caller's before renew or
+/// release writes (one read of its owner). `false`: no grant is at that token, so the write would
+/// find zero rows; the caller answers that without writing (the token may not be issued yet, and a
+/// grant made after this read must not be touched by a request that was never checked against it).
+async fn own_grant(caller: &Caller, state: &AppState, key: &str, token: i64) -> Result<bool, ApiError> {
+    if caller.client().is_none() {
+        return Ok(true);
+    }
+    match state.repo().grant_owner(key, token).await? {
+        Some(owner) => {
+            caller.grant(state, key, token, &owner)?;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
 }
 
 // ---- locks -------------------------------------------------------------------------------------
 
 #[utoipa::path(post, path = "/v1/locks/{key}/acquire", tag = "locks", operation_id = "acquireLock",
     params(LockKeyPath), request_body = AcquireRequest,
+    security((), ("bearer" = [])),
     responses(
         (status = 200, description = "GRANTED: a free key, a genuinely expired lease taken over, or the same session re-entering; always a new, higher token, and (with a signing key) its signed grant. With `waitMs`: granted in the key's queue, in arrival order.", body = LockGrant),
         (status = 400, description = "Bad key or body (`INVALID_LOCK_KEY`, `INVALID_OWNER_ID`, `INVALID_TTL`, `INVALID_WAIT`, `INVALID_FIELD`, `MALFORMED_JSON`).", body = ErrorBody),
+        (status = 401, description = "`UNAUTHORIZED`: a clients file is configured and the request carries no client's bearer token; nothing is read or written.", body = ErrorBody),
+        (status = 403, description = "`FORBIDDEN` (with a clients file): the key or ownerId lies outside the client's prefixes, the session belongs to another client (or another ownerId), or the client lacks the `lock` operation; the message says which. Nothing is written.", body = ErrorBody),
         (status = 409, description = "`CONTENDED`: held by a live, different holder (with `waitMs`: still so when the wait ended).", body = ErrorBody),
         (status = 410, description = "`SESSION_GONE`: the session does not exist.", body = ErrorBody),
         (status = 415, description = "`UNSUPPORTED_MEDIA_TYPE`.", body = ErrorBody),
         (status = 503, description = "`UNAVAILABLE`.", body = ErrorBody),
     ))]
 pub async fn acquire(
+    caller: Caller,
     State(state): State<AppState>,
     ApiPath(key): ApiPath<String>,
     ApiJson(req): ApiJson<AcquireRequest>,
 ) -> Result<Json<LockGrant>, ApiError> {
     validate::lock_key(&key)?;
+    caller.key(&state, &key)?;
     validate::owner_id(&req.owner_id)?;
+    caller.owner(&state, &req.owner_id)?;
     let ttl = validate::ttl_ms("ttlMs", req.ttl_ms)?;
+    if caller.client().is_some() {
+        // Only under the client's own session, and as that session's owner. A session that is
+        // gone is answered here as the foreign key would answer it, without drawing a token.
+        match own_session(&caller, &state, req.session_id).await? {
+            Some(owner) => caller.session_owner_is(&state, req.session_id, &owner, &req.owner_id)?,
+            None => return Err(Error::SessionGone.into()),
+        }
+    }
     if let Some(wait_ms) = req.wait_ms {
         return acquire_waiting(&state, key, req, ttl, wait_ms).await;
     }
@@ -253,16 +318,21 @@ async fn acquire_waiting(
 
 #[utoipa::path(get, path = "/v1/locks/{key}/watch", tag = "locks", operation_id = "watchLock",
     params(LockKeyPath),
+    security((), ("bearer" = [])),
     responses(
         (status = 200, description = "Server-sent events: first `state` (its data a `LockView`: the key as it is), then one `change` (its data a `LockEvent`) per change of its holder, in order: `GRANTED`, `RELEASED`, `REVOKED`, `EXPIRED`, `SESSION_ENDED`. The server ends the stream after its watch lifetime (`--watch-max-ms`); reconnect, and the new stream starts from the state again.", body = WatchMessage, content_type = "text/event-stream"),
         (status = 400, description = "`INVALID_LOCK_KEY`.", body = ErrorBody),
+        (status = 401, description = "`UNAUTHORIZED`: a clients file is configured and the request carries no client's bearer token; nothing is read or written.", body = ErrorBody),
+        (status = 403, description = "`FORBIDDEN` (with a clients file): the key lies outside the client's key prefixes, or the client lacks the `watch` operation; the message says which. Nothing is written.", body = ErrorBody),
         (status = 503, description = "`UNAVAILABLE`.", body = ErrorBody),
     ))]
 pub async fn watch_lock(
+    caller: Caller,
     State(state): State<AppState>,
     ApiPath(key): ApiPath<String>,
 ) -> Result<Sse<impl futures::Stream<Item = Result<Event, Infallible>>>, ApiError> {
     validate::lock_key(&key)?;
+    caller.key(&state, &key)?;
     let rx = watch::open(&state, key).await?;
     let closing = state.closing().clone();
     let open = Watcher::new(state.clone());
@@ -304,12 +374,12 @@ impl Drop for Watcher {
     responses(
         (status = 200, description = "One page of held keys in key order (keyset paging), each with its holder, token, lease and queue length.", body = LockList),
         (status = 400, description = "`INVALID_PREFIX`, `INVALID_CURSOR`, `INVALID_LIMIT` or `INVALID_QUERY`.", body = ErrorBody),
-        (status = 401, description = "`UNAUTHORIZED`: no valid admin bearer token.", body = ErrorBody),
-        (status = 403, description = "`ADMIN_DISABLED`: no admin token is configured.", body = ErrorBody),
+        (status = 401, description = "`UNAUTHORIZED`: neither the admin's bearer token nor (with a clients file) a client's.", body = ErrorBody),
+        (status = 403, description = "`ADMIN_DISABLED`: no admin token is configured (and the token is no client's); `FORBIDDEN`: the client lacks the `list` operation, or `prefix` is not within one of its key prefixes.", body = ErrorBody),
         (status = 503, description = "`UNAVAILABLE`.", body = ErrorBody),
     ))]
 pub async fn list_locks(
-    _admin: Admin,
+    Lister(caller): Lister,
     State(state): State<AppState>,
     ApiQuery(q): ApiQuery<ListLocksQuery>,
 ) -> Result<Json<LockList>, ApiError> {
@@ -320,6 +390,7 @@ pub async fn list_locks(
             "prefix must be at most 256 characters without control characters",
         ));
     }
+    caller.list_prefix(&state, &prefix)?;
     let after = match q.after {
         Some(after) if validate::lock_key(&after).is_ok() => after,
         Some(_) => {
@@ -364,23 +435,33 @@ pub async fn list_locks(
 
 #[utoipa::path(post, path = "/v1/locks/{key}/renew", tag = "locks", operation_id = "renewLock",
     params(LockKeyPath, dlock_wire::doc::FencingTokenHeader), request_body = TtlRequest,
+    security((), ("bearer" = [])),
     responses(
         (status = 200, description = "Renewed; the grant signed again with the current signing key.", body = LockRenewed),
         (status = 400, description = "Bad key, token or body (`INVALID_LOCK_KEY`, `INVALID_TOKEN`, `INVALID_TTL`, `INVALID_FIELD`, `MALFORMED_JSON`).", body = ErrorBody),
+        (status = 401, description = "`UNAUTHORIZED`: a clients file is configured and the request carries no client's bearer token; nothing is read or written.", body = ErrorBody),
+        (status = 403, description = "`FORBIDDEN` (with a clients file): the key lies outside the client's key prefixes, the grant belongs to another client's session, or the client lacks the `lock` operation; the message says which. Nothing is written.", body = ErrorBody),
         (status = 410, description = "`LEASE_EXPIRED`: the lease lapsed (even by 1 ms) or the key now belongs to a newer token; abort the critical section.", body = ErrorBody),
         (status = 415, description = "`UNSUPPORTED_MEDIA_TYPE`.", body = ErrorBody),
         (status = 503, description = "`UNAVAILABLE`.", body = ErrorBody),
     ))]
 pub async fn renew(
+    caller: Caller,
     State(state): State<AppState>,
     ApiPath(key): ApiPath<String>,
     headers: HeaderMap,
     ApiJson(req): ApiJson<TtlRequest>,
 ) -> Result<Json<LockRenewed>, ApiError> {
     validate::lock_key(&key)?;
+    caller.key(&state, &key)?;
     let token = FencingToken::from_headers(&headers)?;
     let ttl = validate::ttl_ms("ttlMs", req.ttl_ms)?;
-    match state.repo().renew(&key, token.get(), ttl).await? {
+    let renewed = if own_grant(&caller, &state, &key, token.get()).await? {
+        state.repo().renew(&key, token.get(), ttl).await?
+    } else {
+        None
+    };
+    match renewed {
         Some(r) => {
             let fencing_token = stored(r.fencing_token)?;
             let grant = signed(&state, &key, fencing_token, &r.owner_id, r.session_id)?;
@@ -407,19 +488,25 @@ pub async fn renew(
 
 #[utoipa::path(post, path = "/v1/locks/{key}/release", tag = "locks", operation_id = "releaseLock",
     params(LockKeyPath, dlock_wire::doc::FencingTokenHeader),
+    security((), ("bearer" = [])),
     responses(
         (status = 200, description = "Released, or stale (`released: false, stale: true`): the grant was already gone. Never retried with a wider predicate.", body = LockReleased),
         (status = 400, description = "`INVALID_LOCK_KEY` or `INVALID_TOKEN`.", body = ErrorBody),
+        (status = 401, description = "`UNAUTHORIZED`: a clients file is configured and the request carries no client's bearer token; nothing is read or written.", body = ErrorBody),
+        (status = 403, description = "`FORBIDDEN` (with a clients file): the key lies outside the client's key prefixes, the grant belongs to another client's session, or the client lacks the `lock` operation; the message says which. Nothing is written.", body = ErrorBody),
         (status = 503, description = "`UNAVAILABLE`.", body = ErrorBody),
     ))]
 pub async fn release(
+    caller: Caller,
     State(state): State<AppState>,
     ApiPath(key): ApiPath<String>,
     headers: HeaderMap,
 ) -> Result<Json<LockReleased>, ApiError> {
     validate::lock_key(&key)?;
+    caller.key(&state, &key)?;
     let token = FencingToken::from_headers(&headers)?;
-    let released = state.repo().release(&key, token.get()).await?;
+    let released = own_grant(&caller, &state, &key, token.get()).await?
+        && state.repo().release(&key, token.get()).await?;
     let stale = !released;
     state.metrics().released(stale);
     // C1 §1.4: a stale release is a success; it is logged, never retried with a wider predicate.
@@ -438,16 +525,21 @@ pub async fn release(
 
 #[utoipa::path(get, path = "/v1/locks/{key}", tag = "locks", operation_id = "readLock",
     params(LockKeyPath),
+    security((), ("bearer" = [])),
     responses(
         (status = 200, description = "The key's state: `FREE`, `HELD`, or `EXPIRED` (lapsed, not yet reaped).", body = LockView),
         (status = 400, description = "`INVALID_LOCK_KEY`.", body = ErrorBody),
+        (status = 401, description = "`UNAUTHORIZED`: a clients file is configured and the request carries neither a client's bearer token nor the admin's; nothing is read or written.", body = ErrorBody),
+        (status = 403, description = "`FORBIDDEN` (with a clients file): the key lies outside the client's key prefixes, or the client lacks the `read` operation; the message says which. Nothing is written.", body = ErrorBody),
         (status = 503, description = "`UNAVAILABLE`.", body = ErrorBody),
     ))]
 pub async fn read_lock(
+    caller: Caller,
     State(state): State<AppState>,
     ApiPath(key): ApiPath<String>,
 ) -> Result<Json<LockView>, ApiError> {
     validate::lock_key(&key)?;
+    caller.key(&state, &key)?;
     let view = match state.repo().read(&key).await? {
         None => LockView {
             lock_key: key,

@@ -7,7 +7,11 @@ use std::time::Duration;
 
 use dlock_grant::SigningKey;
 
+use crate::clients::{Clients, ClientsError};
 use crate::signing::{SIGNING_KEY_ENV, Signer};
+
+/// The environment variable that may name the lock clients file (as `--clients-file` does).
+pub const CLIENTS_FILE_ENV: &str = "DLOCK_CLIENTS_FILE";
 
 /// Which store holds sessions and grants.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +68,9 @@ pub struct Config {
     /// (`DLOCK_UNSAFE_NO_SEQUENCE_JUMP`): a promoted standby or a restored lockdb then hands out
     /// tokens it handed out before.
     pub sequence_jump: bool,
+    /// The lock clients (`--clients-file`). `None`: the lock and session routes answer anyone who
+    /// reaches them (a WARN at start-up); `Some`: each needs a client's bearer token and rights.
+    pub clients: Option<Clients>,
 }
 
 /// Deliberately broken queues, for the negative controls of the blocking acquire only.
@@ -100,7 +107,14 @@ impl Config {
             watch_max: Duration::from_secs(300),
             queue_faults: QueueFaults::NONE,
             sequence_jump: true,
+            clients: None,
         }
+    }
+
+    /// Requires a client's bearer token and rights on every lock and session route.
+    pub fn with_clients(mut self, clients: Clients) -> Self {
+        self.clients = Some(clients);
+        self
     }
 
     /// Signs every grant with `key`.
@@ -167,6 +181,12 @@ impl Config {
         if self.admin_token.as_deref().is_some_and(|t| t.trim().is_empty()) {
             return Err(ConfigError::EmptyAdminToken);
         }
+        // One bearer value must mean one role: the admin's token cannot also be a client's.
+        if let (Some(admin), Some(clients)) = (&self.admin_token, &self.clients)
+            && let Some(client) = clients.holding_token(admin)
+        {
+            return Err(ConfigError::ClientTokenIsAdminToken(client.to_owned()));
+        }
         if self.pool_max_connections == 0 {
             return Err(ConfigError::PoolSize);
         }
@@ -207,6 +227,7 @@ impl std::fmt::Debug for Config {
             .field("watch_max", &self.watch_max)
             .field("queue_faults", &self.queue_faults)
             .field("sequence_jump", &self.sequence_jump)
+            .field("clients", &self.clients)
             .finish()
     }
 }
@@ -237,6 +258,12 @@ pub enum ConfigError {
     LockServiceId,
     #[error("the grant signing key: {0}")]
     SigningKey(String),
+    #[error("{0}")]
+    Clients(#[from] ClientsError),
+    #[error(
+        "the clients file is not valid: client {0:?}: token: it is the admin token; the admin and each client need their own"
+    )]
+    ClientTokenIsAdminToken(String),
 }
 
 /// The grant signing key from `DLOCK_GRANT_SIGNING_KEY` or the file `DLOCK_GRANT_SIGNING_KEY_FILE`
@@ -326,6 +353,11 @@ pub struct Cli {
           value_parser = clap::builder::FalseyValueParser::new())]
     pub unsafe_no_sequence_jump: bool,
 
+    /// The lock clients file (JSON: each client's name, bearer token, key prefixes, owner prefixes
+    /// and operations; docs/lock-api.md). Without it the lock API answers anyone who reaches it.
+    #[arg(long, env = CLIENTS_FILE_ENV)]
+    pub clients_file: Option<PathBuf>,
+
     /// lockdb pool: `--db-max-connections`, `--db-acquire-timeout-ms` (the same flags in every
     /// service with a database).
     #[command(flatten)]
@@ -374,6 +406,10 @@ impl Cli {
             watch_max: Duration::from_millis(self.watch_max_ms),
             queue_faults: QueueFaults::NONE,
             sequence_jump: !self.unsafe_no_sequence_jump,
+            clients: match &self.clients_file {
+                Some(path) => Some(Clients::from_file(path)?),
+                None => None,
+            },
         };
         config.validate()?;
         Ok(config)
@@ -499,6 +535,67 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("k1"), "the key id is not secret: {text}");
+    }
+
+    const CLIENT_TOKEN: &str = "payments-client-token-0123456789abcdef";
+
+    fn clients_file(name: &str, body: &str) -> PathBuf {
+        let path = std::env::temp_dir().join(format!("lock-server-clients-{name}-{}", std::process::id()));
+        std::fs::write(&path, body).unwrap();
+        path
+    }
+
+    fn payments_file() -> String {
+        serde_json::json!({"clients": [{"name": "payments", "token": CLIENT_TOKEN,
+            "keyPrefixes": ["account:"], "ownerPrefixes": ["payments-"], "operations": ["lock"]}]})
+        .to_string()
+    }
+
+    #[test]
+    fn clients_come_from_the_clients_file_and_a_bad_one_is_refused() {
+        assert!(cli(&[]).into_config(None).unwrap().clients.is_none());
+        let good = clients_file("good", &payments_file());
+        let c = cli(&["--clients-file", good.to_str().unwrap()])
+            .into_config(None)
+            .unwrap();
+        let names: Vec<&str> = c.clients.as_ref().unwrap().names().collect();
+        assert_eq!(names, ["payments"]);
+
+        // The admin's token cannot be a client's as well.
+        let e = cli(&["--clients-file", good.to_str().unwrap()])
+            .into_config(Some(CLIENT_TOKEN.into()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"payments\"") && e.contains("admin token") && !e.contains(CLIENT_TOKEN),
+            "{e}"
+        );
+        let _ = std::fs::remove_file(&good);
+
+        let bad = clients_file("bad", &payments_file().replace("\"lock\"", "\"lock\", \"write\""));
+        let e = cli(&["--clients-file", bad.to_str().unwrap()])
+            .into_config(None)
+            .unwrap_err();
+        assert!(matches!(e, ConfigError::Clients(_)), "{e:?}");
+        let text = e.to_string();
+        assert!(
+            text.contains("\"payments\"") && text.contains("operations") && !text.contains(CLIENT_TOKEN),
+            "{text}"
+        );
+        let _ = std::fs::remove_file(&bad);
+        assert!(matches!(
+            cli(&["--clients-file", bad.to_str().unwrap()]).into_config(None),
+            Err(ConfigError::Clients(ClientsError::Read { .. }))
+        ));
+    }
+
+    #[test]
+    fn debug_redacts_client_tokens() {
+        let c =
+            Config::new("postgres://lockapp@h/db").with_clients(Clients::parse(&payments_file()).unwrap());
+        let text = format!("{c:?}");
+        assert!(!text.contains(CLIENT_TOKEN), "{text}");
+        assert!(text.contains("payments") && text.contains("account:"), "{text}");
     }
 
     #[test]

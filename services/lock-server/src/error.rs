@@ -24,6 +24,13 @@ pub enum Error {
     /// Missing or wrong admin bearer token.
     #[error("a valid admin bearer token is required")]
     Unauthorized,
+    /// A clients file is configured and the request carried no client's token (docs/lock-api.md).
+    #[error("a valid lock client bearer token is required (Authorization: Bearer <token>)")]
+    ClientUnauthorized,
+    /// The client's token is valid but its rights do not cover this: the message says which
+    /// operation, key, owner id or session (never the token).
+    #[error("{0}")]
+    Forbidden(String),
     #[error("database error: {0}")]
     Database(#[source] sqlx::Error),
     /// The etcd backend's store did not answer, or answered an error.
@@ -82,7 +89,10 @@ impl From<Error> for ApiError {
             Error::SessionGone => ApiError::new(StatusCode::GONE, "SESSION_GONE", message),
             Error::LeaseExpired => ApiError::new(StatusCode::GONE, "LEASE_EXPIRED", message),
             Error::AdminDisabled => ApiError::new(StatusCode::FORBIDDEN, "ADMIN_DISABLED", message),
-            Error::Unauthorized => ApiError::new(StatusCode::UNAUTHORIZED, "UNAUTHORIZED", message),
+            Error::Unauthorized | Error::ClientUnauthorized => {
+                ApiError::new(StatusCode::UNAUTHORIZED, "UNAUTHORIZED", message)
+            }
+            Error::Forbidden(_) => ApiError::new(StatusCode::FORBIDDEN, "FORBIDDEN", message),
             // Connection trouble is the database being unavailable, not a bug of ours.
             Error::Database(e) if dlock_common::db::unavailable(&e) => ApiError::unavailable(e),
             Error::Database(e) => ApiError::internal(e),

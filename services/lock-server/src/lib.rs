@@ -3,7 +3,8 @@
 //! - [`store`]: the store behind the API, one folder per backend — [`store::postgres`] (lockdb, C1's
 //!   statements) and [`store::etcd`] (`--backend etcd`) — and [`Backend`], the one the server runs;
 //! - [`api`]: the HTTP handlers; [`routes`]: the router and its route table;
-//! - [`error`]: the one error enum, mapped to HTTP; [`auth`]: the admin bearer token;
+//! - [`error`]: the one error enum, mapped to HTTP; [`auth`]: the bearer tokens (the admin's, and
+//!   the lock clients' of [`clients`], each with its key prefixes, owner prefixes and operations);
 //! - [`signing`]: the signed grant of every acquire and renew (`LockGrant.grant`);
 //! - [`queue`]: the blocking acquire, a FIFO queue per key in the store; [`watch`]: a key's changes
 //!   as a stream;
@@ -15,6 +16,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod clients;
 pub mod config;
 pub mod error;
 pub mod metrics;
@@ -27,6 +29,7 @@ pub mod state;
 pub mod store;
 pub mod watch;
 
+pub use clients::{Clients, ClientsError, Operation};
 pub use config::{BackendConfig, Cli, Config, ConfigError, QueueFaults};
 pub use error::Error;
 pub use routes::{RouteSpec, app, routes};

@@ -60,6 +60,39 @@ pub struct RevokeLabels {
     pub outcome: RevokeOutcome,
 }
 
+/// Why a lock client's request was refused (`lock_client_refusals_total{reason}`).
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum RefusalReason {
+    /// No token, or one no client has (401).
+    unauthenticated,
+    /// The client lacks the route's operation (403).
+    operation,
+    /// The key, or the listing's prefix, lies outside the client's key prefixes (403).
+    key,
+    /// The ownerId lies outside the client's owner prefixes (403).
+    owner,
+    /// The session, or the grant, belongs to another client (403).
+    session,
+}
+
+impl RefusalReason {
+    pub const ALL: [RefusalReason; 5] = [
+        RefusalReason::unauthenticated,
+        RefusalReason::operation,
+        RefusalReason::key,
+        RefusalReason::owner,
+        RefusalReason::session,
+    ];
+}
+
+/// `client` is a configured client's name or `unknown`: a closed set fixed at start-up.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    pub client: String,
+    pub reason: RefusalReason,
+}
+
 /// `route` is the matched route template (`/v1/locks/{key}/renew`), never the raw path.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HttpLabels {
@@ -85,6 +118,8 @@ pub struct Metrics {
     pub waits: Family<WaitLabels, Counter>,
     /// What the queues count while they wait (`lock_waiting`, `lock_wait_wakeups_total`).
     pub wait: WaitMetrics,
+    /// Requests refused to lock clients, by client and reason (only with a clients file).
+    pub client_refusals: Family<RefusalLabels, Counter>,
 }
 
 fn http_histogram() -> Histogram {
@@ -182,6 +217,12 @@ impl Metrics {
         ] {
             let _ = revoke.get_or_create(&RevokeLabels { outcome });
         }
+        let client_refusals = Family::<RefusalLabels, Counter>::default();
+        registry.register(
+            "lock_client_refusals",
+            "Lock API requests refused to clients (with a clients file), by client (or unknown) and reason",
+            client_refusals.clone(),
+        );
         if let Some(store) = store {
             store.register_metrics(&mut registry);
         }
@@ -196,7 +237,35 @@ impl Metrics {
             watchers,
             waits,
             wait,
+            client_refusals,
         }
+    }
+
+    /// Exports every (client, reason) of the configured clients as 0 from the start, as the other
+    /// families are, so that rates and alerts need no special case.
+    pub fn declare_clients<'a>(&self, names: impl Iterator<Item = &'a str>) {
+        // A request without a known token can only be refused as unauthenticated, and a client's
+        // never is.
+        let pairs = names
+            .flat_map(|c| RefusalReason::ALL[1..].iter().map(move |r| (c.to_owned(), *r)))
+            .chain([(
+                crate::clients::UNKNOWN_CLIENT.to_owned(),
+                RefusalReason::unauthenticated,
+            )]);
+        for (client, reason) in pairs {
+            let _ = self
+                .client_refusals
+                .get_or_create(&RefusalLabels { client, reason });
+        }
+    }
+
+    pub fn client_refused(&self, client: &str, reason: RefusalReason) {
+        self.client_refusals
+            .get_or_create(&RefusalLabels {
+                client: client.to_owned(),
+                reason,
+            })
+            .inc();
     }
 
     pub fn waited(&self, result: WaitResult) {

@@ -159,6 +159,17 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
             "DLOCK_UNSAFE_NO_SEQUENCE_JUMP: fencing_token_seq is never jumped, so a promoted standby or a restored lockdb can hand out tokens it already handed out; for negative controls only"
         );
     }
+    match &config.clients {
+        None => tracing::warn!(
+            event = "lock_clients_unauthenticated",
+            setting = crate::config::CLIENTS_FILE_ENV,
+            "no clients file configured: the lock API (sessions, acquire, renew, release, read, watch) is open to any client that can reach it"
+        ),
+        Some(clients) => tracing::info!(
+            event = "lock_clients_configured",
+            clients = %clients.names().collect::<Vec<_>>().join(","),
+        ),
+    }
     match &config.signing_key {
         None => tracing::warn!(
             event = "grant_signing_disabled",

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::clients::Clients;
 use crate::config::{Config, QueueFaults};
 use crate::metrics::Metrics;
 use crate::signing::Signer;
@@ -21,6 +22,8 @@ struct Shared {
     repo: Backend,
     metrics: Arc<Metrics>,
     admin_token: Option<Arc<str>>,
+    /// The lock clients of the clients file; `None`: the lock API is open to anyone who reaches it.
+    clients: Option<Arc<Clients>>,
     signer: Option<Arc<Signer>>,
     max_wait: Duration,
     watch_max: Duration,
@@ -40,6 +43,7 @@ impl AppState {
             repo: backend,
             // An empty token is never a valid credential; treat it as "not configured".
             admin_token: admin_token.filter(|t| !t.is_empty()).map(Arc::from),
+            clients: None,
             signer: None,
             max_wait: Duration::from_millis(dlock_wire::lock::MAX_WAIT_MS.unsigned_abs()),
             watch_max: Duration::from_secs(300),
@@ -64,13 +68,23 @@ impl AppState {
         &self.0.closing
     }
 
-    /// The configured limits of waits and watches (and a negative control's broken queue).
+    /// The configured limits of waits and watches (and a negative control's broken queue), and the
+    /// lock clients.
     pub fn with_config(mut self, config: &Config) -> Self {
         let shared = self.shared();
         shared.max_wait = config.max_wait;
         shared.watch_max = config.watch_max;
         shared.queue_faults = config.queue_faults;
+        shared.clients = config.clients.clone().map(Arc::new);
+        if let Some(clients) = &config.clients {
+            self.metrics().declare_clients(clients.names());
+        }
         self
+    }
+
+    /// The lock clients, when a clients file is configured.
+    pub fn clients(&self) -> Option<&Clients> {
+        self.0.clients.as_deref()
     }
 
     /// The longest a blocking acquire waits here.

@@ -301,3 +301,140 @@ fn a_bad_or_doubly_given_signing_key_is_a_configuration_error() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Lock clients at the binary: without a clients file the open lock API is said at start-up
+/// (`lock_clients_unauthenticated`, WARN); with one, each refusal is logged once as
+/// `lock_client_refused` (client, route template, reason), and no log line carries a token.
+#[tokio::test]
+async fn lock_clients_are_said_at_start_up_and_each_refusal_is_logged() {
+    let start = |clients_file: Option<&std::path::Path>| {
+        let mut cmd = Command::new(BIN);
+        cmd.args([
+            "--listen",
+            "127.0.0.1:0",
+            "--database-url",
+            "postgres://lockapp@127.0.0.1:1/lockdb",
+        ])
+        .env_remove("DLOCK_CLIENTS_FILE")
+        .env_remove("DLOCK_LOG_FORMAT")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null());
+        if let Some(f) = clients_file {
+            cmd.env("DLOCK_CLIENTS_FILE", f);
+        }
+        cmd.spawn().unwrap()
+    };
+    let until = |rx: &mpsc::Receiver<Value>, name: &str, seen: &mut Vec<Value>| loop {
+        let v = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("no {name} event: {e}"));
+        seen.push(v.clone());
+        if v["event"] == name {
+            return v;
+        }
+    };
+
+    let mut open = start(None);
+    let rx = log_events(&mut open);
+    let mut seen = Vec::new();
+    let listening = until(&rx, "listening", &mut seen);
+    let _ = open.kill();
+    let _ = open.wait();
+    let warned = seen
+        .iter()
+        .find(|v| v["event"] == "lock_clients_unauthenticated")
+        .unwrap_or_else(|| panic!("no lock_clients_unauthenticated before {listening}: {seen:?}"));
+    assert_eq!(warned["level"], "WARN", "{warned}");
+    assert!(
+        warned["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("open to any client")),
+        "{warned}"
+    );
+
+    let token = "binary-payments-token-8c1f2e3d4c5b6a79887766554433";
+    let dir = std::env::temp_dir().join(format!("lock-server-clients-bin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("clients.json");
+    std::fs::write(
+        &file,
+        json!({"clients": [{"name": "payments", "token": token, "keyPrefixes": ["account:"],
+                            "ownerPrefixes": ["payments-"], "operations": ["lock"]}]})
+        .to_string(),
+    )
+    .unwrap();
+    let mut guarded = start(Some(&file));
+    let rx = log_events(&mut guarded);
+    let mut seen = Vec::new();
+    let addr = until(&rx, "listening", &mut seen)["addr"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        seen.iter().all(|v| v["event"] != "lock_clients_unauthenticated"),
+        "{seen:?}"
+    );
+    let http = reqwest::Client::new();
+    let url = format!("http://{addr}/v1/sessions");
+    let body = json!({"ownerId": "batch-1", "ttlMs": 60_000});
+    let r = http.post(&url).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::UNAUTHORIZED);
+    let refused = until(&rx, "lock_client_refused", &mut seen);
+    assert_eq!(
+        (
+            &refused["level"],
+            &refused["client"],
+            &refused["route"],
+            &refused["reason"]
+        ),
+        (
+            &json!("WARN"),
+            &json!("unknown"),
+            &json!("/v1/sessions"),
+            &json!("unauthenticated")
+        ),
+        "{refused}"
+    );
+    let r = http
+        .post(&url)
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::FORBIDDEN);
+    let refused = until(&rx, "lock_client_refused", &mut seen);
+    assert_eq!(
+        (&refused["client"], &refused["reason"]),
+        (&json!("payments"), &json!("owner")),
+        "{refused}"
+    );
+    let _ = guarded.kill();
+    let _ = guarded.wait();
+    for v in &seen {
+        assert!(!v.to_string().contains(token), "a token in the log: {v}");
+    }
+
+    // A bad clients file stops the start (exit 2), naming the client and the field, never the token.
+    std::fs::write(
+        &file,
+        json!({"clients": [{"name": "payments", "token": token, "keyPrefixes": [],
+                            "operations": ["lock"]}]})
+        .to_string(),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["--database-url", "postgres://lockapp@127.0.0.1:1/lockdb"])
+        .env("DLOCK_CLIENTS_FILE", &file)
+        .env_remove("DLOCK_LOG_FORMAT")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("config_invalid") && err.contains("\\\"payments\\\"") && err.contains("keyPrefixes"),
+        "{err}"
+    );
+    assert!(!err.contains(token), "the token leaked: {err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,7 +1,8 @@
 //! The OpenAPI document (generated from the wire types and the handlers; kept in
 //! docs/openapi/lock-server.yaml and served at /openapi.yaml) and the router agree: every route the
 //! router serves is documented, every documented operation is served, and the admin routes are the
-//! ones marked bearer-protected.
+//! ones marked bearer-protected (the lock and session routes optionally: a lock client's token,
+//! when a clients file is configured).
 
 mod common;
 
@@ -39,10 +40,36 @@ fn every_served_route_is_documented_and_every_documented_route_is_served() {
 
 #[test]
 fn the_admin_routes_are_the_ones_that_require_the_bearer_token() {
-    openapi::assert_protected(
-        &lock_server::api::openapi_yaml(),
-        &openapi::operations([("POST", "/v1/admin/locks/{key}/revoke"), ("GET", "/v1/locks")]),
-    );
+    let yaml = lock_server::api::openapi_yaml();
+    let admin = openapi::operations([("POST", "/v1/admin/locks/{key}/revoke"), ("GET", "/v1/locks")]);
+    // The lock and session routes take a lock client's token when a clients file is configured,
+    // and none without one: documented as bearer or nothing (`security: [{}, {bearer: []}]`).
+    let clients = openapi::operations([
+        ("POST", "/v1/sessions"),
+        ("POST", "/v1/sessions/{sessionId}/heartbeat"),
+        ("DELETE", "/v1/sessions/{sessionId}"),
+        ("POST", "/v1/locks/{key}/acquire"),
+        ("POST", "/v1/locks/{key}/renew"),
+        ("POST", "/v1/locks/{key}/release"),
+        ("GET", "/v1/locks/{key}"),
+        ("GET", "/v1/locks/{key}/watch"),
+    ]);
+    openapi::assert_protected(&yaml, &admin.union(&clients).cloned().collect());
+    let doc: serde_yaml::Value = serde_yaml::from_str(&yaml).unwrap();
+    for (method, path) in &clients {
+        let security = &doc["paths"][path.as_str()][method.to_lowercase().as_str()]["security"];
+        let optional = security
+            .as_sequence()
+            .is_some_and(|reqs| reqs.iter().any(|r| r.as_mapping().is_some_and(|m| m.is_empty())));
+        assert!(
+            optional,
+            "{method} {path}: the bearer must stay optional: {security:?}"
+        );
+    }
+    for (method, path) in &admin {
+        let security = &doc["paths"][path.as_str()][method.to_lowercase().as_str()]["security"];
+        assert_eq!(security.as_sequence().map(Vec::len), Some(1), "{method} {path}");
+    }
 }
 
 /// The route table is what the router really serves: each documented operation, requested with

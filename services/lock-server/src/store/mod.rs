@@ -394,6 +394,16 @@ impl Backend {
         delegate!(self, release(key, token))
     }
 
+    /// The owner id a session was opened for (`None`: no such session). One read; writes nothing.
+    pub async fn session_owner(&self, session_id: Uuid) -> Result<Option<String>, Error> {
+        delegate!(self, session_owner(session_id))
+    }
+
+    /// The owner of the grant at `key` and `token` (`None`: no such grant). One read; writes nothing.
+    pub async fn grant_owner(&self, key: &str, token: i64) -> Result<Option<String>, Error> {
+        delegate!(self, grant_owner(key, token))
+    }
+
     pub async fn read(&self, key: &str) -> Result<Option<LockRow>, Error> {
         delegate!(self, read(key))
     }

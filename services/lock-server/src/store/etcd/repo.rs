@@ -242,6 +242,29 @@ impl EtcdRepo {
         }))
     }
 
+    /// The owner id the session was opened for; `None`: its lease is gone (closed, or lapsed by
+    /// etcd's clock). One read of the session key.
+    pub async fn session_owner(&self, session_id: Uuid) -> Result<Option<String>, Error> {
+        let Some(kv) = self.get_one(self.session_key(session_id)).await? else {
+            return Ok(None);
+        };
+        let s: SessionValue = decode(&kv)?;
+        Ok(Some(s.owner_id))
+    }
+
+    /// The owner of the grant at `key` and `token`; `None`: the key holds no grant at that token.
+    /// One read of the grant key.
+    pub async fn grant_owner(&self, key: &str, token: i64) -> Result<Option<String>, Error> {
+        let Some(kv) = self.get_one(self.lock_key(key)).await? else {
+            return Ok(None);
+        };
+        if self.token_of(&kv) != token {
+            return Ok(None);
+        }
+        let g: GrantValue = decode(&kv)?;
+        Ok(Some(g.owner_id))
+    }
+
     pub async fn read(&self, key: &str) -> Result<Option<LockRow>, Error> {
         let Some(kv) = self.get_one(self.lock_key(key)).await? else {
             return Ok(None);

@@ -429,6 +429,23 @@ impl Repo {
             .await
     }
 
+    /// The owner id the session was opened for; `None`: no such session (closed or reaped).
+    pub async fn session_owner(&self, session_id: Uuid) -> Result<Option<String>, Error> {
+        Ok(sqlx::query_scalar(sql::SESSION_OWNER)
+            .bind(session_id)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    /// The owner of the grant at `key` and `token`; `None`: that grant is gone (or never was).
+    pub async fn grant_owner(&self, key: &str, token: i64) -> Result<Option<String>, Error> {
+        Ok(sqlx::query_scalar(sql::GRANT_OWNER)
+            .bind(key)
+            .bind(token)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
     pub async fn read(&self, key: &str) -> Result<Option<LockRow>, Error> {
         Ok(sqlx::query_as(sql::READ_LOCK)
             .bind(key)

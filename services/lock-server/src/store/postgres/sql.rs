@@ -120,6 +120,15 @@ SELECT fencing_token, owner_id, acquired_at, expires_at, expires_at <= now() AS 
   FROM lock_entry
  WHERE lock_key = $1";
 
+/// Whose a session is (for a lock client's rights, before anything is written): its owner id,
+/// expired or not. Binds: `$1` session_id.
+pub const SESSION_OWNER: &str = "SELECT owner_id FROM lock_session WHERE session_id = $1";
+
+/// Whose the grant at a key and token is (for a lock client's rights, before renew or release
+/// writes): one token is one grant for all time, so its owner never changes. Binds: `$1` key,
+/// `$2` token.
+pub const GRANT_OWNER: &str = "SELECT owner_id FROM lock_entry WHERE lock_key = $1 AND fencing_token = $2";
+
 /// Readiness probe.
 pub const PING: &str = "SELECT 1";
 
