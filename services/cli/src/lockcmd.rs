@@ -29,6 +29,17 @@ pub const ADMIN_TOKEN_ENV: &str = "DLOCK_ADMIN_TOKEN";
 /// `--token-file`; never the value as a flag, which a process listing would show).
 pub const LOCK_TOKEN_ENV: &str = "DLOCK_LOCK_TOKEN";
 
+/// The environment variable that may name the CA file of an https:// lock-server (as `--ca-file`).
+pub const CA_FILE_ENV: &str = "DLOCK_CA_FILE";
+
+/// The client's settings with the CA file, when one is given.
+fn with_ca(config: ClientConfig, ca_file: Option<&Path>) -> ClientConfig {
+    match ca_file {
+        Some(path) => config.with_ca_file(path),
+        None => config,
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct LockArgs {
     /// The lock key.
@@ -36,6 +47,10 @@ pub struct LockArgs {
     /// lock-server's base URL.
     #[arg(long, env = "DLOCK_LOCK_SERVER_URL", default_value = "http://127.0.0.1:8080")]
     lock_server_url: String,
+    /// The CA certificate file (PEM) that signs an https:// lock-server's certificate: the only CA
+    /// trusted. Required for https://.
+    #[arg(long, env = CA_FILE_ENV)]
+    ca_file: Option<PathBuf>,
     /// How long to wait for the lock, in milliseconds (in the key's queue, in arrival order).
     #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
     wait_ms: u64,
@@ -73,6 +88,9 @@ pub struct ListArgs {
     /// lock-server's base URL.
     #[arg(long, env = "DLOCK_LOCK_SERVER_URL", default_value = "http://127.0.0.1:8080")]
     lock_server_url: String,
+    /// The CA certificate file (PEM) that signs an https:// lock-server's certificate.
+    #[arg(long, env = CA_FILE_ENV)]
+    ca_file: Option<PathBuf>,
     /// Only keys starting with this.
     #[arg(long, default_value = "")]
     prefix: String,
@@ -152,7 +170,7 @@ pub async fn lock(args: LockArgs) -> ExitCode {
 }
 
 async fn run(args: LockArgs) -> Result<ExitCode> {
-    let mut config = ClientConfig::default();
+    let mut config = with_ca(ClientConfig::default(), args.ca_file.as_deref());
     if let Some(token) = client_token(args.token_file.as_deref(), std::env::var(LOCK_TOKEN_ENV).ok())? {
         config = config.with_token(token);
     }
@@ -279,7 +297,10 @@ pub async fn list(args: ListArgs) -> Result<bool> {
         .ok()
         .filter(|t| !t.trim().is_empty())
         .with_context(|| format!("set {ADMIN_TOKEN_ENV} to lock-server's admin token"))?;
-    let client = LockClient::new(&args.lock_server_url)?;
+    let client = LockClient::with_config(
+        &args.lock_server_url,
+        with_ca(ClientConfig::default(), args.ca_file.as_deref()),
+    )?;
     println!(
         "{:<40} {:<8} {:>20} {:<24} {:<30} {:>7}",
         "key", "state", "token", "owner", "expires at", "waiters"
@@ -332,6 +353,30 @@ mod tests {
         assert_eq!(t.a.wait_ms, 5);
         assert_eq!(t.a.command, ["sh", "-c", "exit 3"]);
         assert!(T::try_parse_from(["t", "k"]).is_err(), "a command is required");
+    }
+
+    #[test]
+    fn the_ca_file_is_the_client_s_only_root_for_https() {
+        let t = T::try_parse_from(["t", "k", "--ca-file", "/etc/dlock/ca.crt", "--", "true"]).unwrap();
+        let config = with_ca(ClientConfig::default(), t.a.ca_file.as_deref());
+        assert_eq!(
+            config.ca,
+            Some(dlock_client::CaCerts::File("/etc/dlock/ca.crt".into()))
+        );
+        assert_eq!(with_ca(ClientConfig::default(), None).ca, None);
+        // An https lock-server without one is refused before anything is sent.
+        let e = LockClient::with_config("https://127.0.0.1:1", with_ca(ClientConfig::default(), None))
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ClientError::InvalidArgument {
+                    code: "CA_REQUIRED",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
     }
 
     #[test]

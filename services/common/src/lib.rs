@@ -7,7 +7,8 @@
 //! - [`payout`]: the payout state machine (`payout_state_ck`);
 //! - [`metrics`]: the `/metrics` handler over a prometheus-client registry;
 //! - [`serve`]: the server kit — a binary's life ([`serve::main`]: config, signals, start, drain,
-//!   [`serve::exit`] codes), health endpoints, serving in the background;
+//!   [`serve::exit`] codes), health endpoints, serving in the background, in HTTP or HTTPS;
+//! - [`tls`]: the certificate and key files of an HTTPS API, checked, and re-read when renewed;
 //! - [`db`]: the database pool and its flags, one name for each setting;
 //! - [`auth`]: bearer credentials per role, from env or files, redacted in `Debug`;
 //! - [`grant`]: signed grants at a resource: `X-Fencing-Grant`, verification, refusal codes.
@@ -21,6 +22,7 @@ pub mod metrics;
 pub mod payout;
 pub mod serve;
 pub mod telemetry;
+pub mod tls;
 pub mod token;
 pub mod validate;
 

@@ -2,19 +2,25 @@
 //! configuration (invalid: exit 2, nothing started), the SIGTERM/SIGINT handlers registered before
 //! start-up is announced, start, wait, graceful drain, and the [`exit`] codes. Below it: serving an
 //! axum router until a signal ([`run_until`]) or in the background of this process with a shutdown
-//! handle ([`spawn_background`]); the liveness endpoint.
+//! handle ([`spawn_background`]), in plain HTTP or over TLS ([`run_tls_until`],
+//! [`spawn_background_tls`]: the TLS accept loop, [`TlsListener`]); the liveness endpoint.
 
 use std::fmt::Display;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use axum::Router;
-use axum::serve::ListenerExt;
-use tokio::net::TcpListener;
+use axum::serve::{Listener, ListenerExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
+
+use crate::tls::ServerTls;
 
 /// The exit codes of every dlock binary.
 pub mod exit {
@@ -111,6 +117,114 @@ pub async fn run_until(
     Ok(())
 }
 
+/// Serves `app` over TLS (see [`TlsListener`]) until `shutdown` completes, then lets in-flight
+/// requests finish, as [`run_until`] does.
+pub async fn run_tls_until(
+    listener: TcpListener,
+    app: Router,
+    tls: &ServerTls,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
+    axum::serve(TlsListener::new(listener, tls)?, app)
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    tracing::info!(event = "stopped");
+    Ok(())
+}
+
+/// How long a client has to finish the TLS handshake; a connection that has not by then is closed.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Handshaken connections waiting for the server to take them.
+const HANDSHAKEN_QUEUE: usize = 64;
+
+/// A listener that hands the server TLS connections: TCP is accepted by a task of its own, and each
+/// handshake runs in a task of its own with a deadline ([`TLS_HANDSHAKE_TIMEOUT`]), so a client that
+/// connects and says nothing (or speaks plain HTTP) never holds up the others. Handshakes that fail
+/// are logged (`tls_handshake_failed`, DEBUG: scanners and plaintext clients are not the server's
+/// fault) and dropped. Dropping the listener (the server's graceful shutdown does) stops accepting.
+#[derive(Debug)]
+pub struct TlsListener {
+    addr: SocketAddr,
+    handshaken: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    accepting: JoinHandle<()>,
+}
+
+impl TlsListener {
+    /// Starts accepting on `listener`; must be called inside a Tokio runtime.
+    pub fn new(listener: TcpListener, tls: &ServerTls) -> io::Result<Self> {
+        let addr = listener.local_addr()?;
+        let (tx, handshaken) = mpsc::channel(HANDSHAKEN_QUEUE);
+        let acceptor = tls.acceptor();
+        let accepting = tokio::spawn(async move {
+            let mut listener = listener;
+            loop {
+                let (tcp, peer) = tokio::select! {
+                    accepted = Listener::accept(&mut listener) => accepted,
+                    // The server dropped its end: it is shutting down.
+                    () = tx.closed() => return,
+                };
+                // As in run_until: a response must not wait for the peer's delayed ACK.
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::debug!(event = "nodelay_failed", error = %e);
+                }
+                let acceptor = acceptor.clone();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
+                    let stream = tokio::select! {
+                        done = handshake => done,
+                        () = tx.closed() => return,
+                    };
+                    match stream {
+                        Ok(Ok(stream)) => {
+                            // Fails only when the server is gone; the connection is then dropped.
+                            let _ = tx.send((stream, peer)).await;
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(event = "tls_handshake_failed", peer = %peer, error = %e);
+                        }
+                        Err(_) => tracing::debug!(
+                            event = "tls_handshake_failed",
+                            peer = %peer,
+                            error = "the handshake did not finish in time"
+                        ),
+                    }
+                });
+            }
+        });
+        Ok(Self {
+            addr,
+            handshaken,
+            accepting,
+        })
+    }
+}
+
+impl Drop for TlsListener {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}
+
+impl Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.handshaken.recv().await {
+            Some(accepted) => accepted,
+            // The accepting task ended, which it does only once this listener is dropped (or the
+            // runtime shuts down): nothing more will come.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        Ok(self.addr)
+    }
+}
+
 /// Starts serving `app` on `listener` in a task of its own; it stops when `shutdown` is cancelled.
 /// Passing the token in (rather than making one) lets a service hand clones to its own tasks first,
 /// so they end at shutdown too. Must be called inside a Tokio runtime.
@@ -119,9 +233,32 @@ pub fn spawn_background(
     app: Router,
     shutdown: CancellationToken,
 ) -> io::Result<Background> {
+    spawn_background_tls(listener, app, None, shutdown)
+}
+
+/// [`spawn_background`], over TLS when `tls` is given (HTTPS only on this listener: a plaintext
+/// request fails its handshake).
+pub fn spawn_background_tls(
+    listener: TcpListener,
+    app: Router,
+    tls: Option<ServerTls>,
+    shutdown: CancellationToken,
+) -> io::Result<Background> {
     let addr = listener.local_addr()?;
-    let task = tokio::spawn(run_until(listener, app, shutdown.clone().cancelled_owned()));
-    Ok(Background { addr, shutdown, task })
+    let until = shutdown.clone().cancelled_owned();
+    let (scheme, task) = match tls {
+        None => ("http", tokio::spawn(run_until(listener, app, until))),
+        Some(tls) => (
+            "https",
+            tokio::spawn(async move { run_tls_until(listener, app, &tls, until).await }),
+        ),
+    };
+    Ok(Background {
+        addr,
+        scheme,
+        shutdown,
+        task,
+    })
 }
 
 /// A server running in the background of this process (tests, the demo, binaries that also wait
@@ -130,6 +267,8 @@ pub fn spawn_background(
 #[derive(Debug)]
 pub struct Background {
     addr: SocketAddr,
+    /// `http` or `https`.
+    scheme: &'static str,
     shutdown: CancellationToken,
     task: JoinHandle<io::Result<()>>,
 }
@@ -140,9 +279,9 @@ impl Background {
         self.addr
     }
 
-    /// `http://<addr>`, without a trailing slash.
+    /// `http://<addr>` (`https://` over TLS), without a trailing slash.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
     }
 
     /// Stops accepting, lets in-flight requests finish, and reports how serving ended.

@@ -6,6 +6,7 @@
 //! build heartbeats, bounded waits and renewal on top of them. They are public for tools and tests
 //! that need the raw calls.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use dlock_common::{FENCING_TOKEN_HEADER, FencingToken};
@@ -31,6 +32,13 @@ pub struct ClientConfig {
     /// The lock client's bearer token, sent on every call (`Authorization: Bearer`), when
     /// lock-server has a clients file (docs/lock-api.md "Authentication"). `None`: no header.
     pub token: Option<BearerToken>,
+    /// The CA that signs lock-server's certificate (PEM): the only root this client trusts.
+    /// Needed for an `https://` URL (without it [`LockApi::new`] refuses with `CA_REQUIRED`);
+    /// unused for `http://`.
+    pub ca: Option<CaCerts>,
+    /// For negative controls only: accept any server certificate (no CA, name or date check), so
+    /// that a test can show its refusals come from the verification. Never set it elsewhere.
+    pub unsafe_accept_any_certificate: bool,
 }
 
 impl Default for ClientConfig {
@@ -39,8 +47,19 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(5),
             token: None,
+            ca: None,
+            unsafe_accept_any_certificate: false,
         }
     }
+}
+
+/// Where the trusted CA certificates come from (PEM, one or more `CERTIFICATE` blocks).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CaCerts {
+    /// A file, read when the client is built.
+    File(PathBuf),
+    /// The PEM text itself.
+    Pem(Vec<u8>),
 }
 
 impl ClientConfig {
@@ -50,6 +69,43 @@ impl ClientConfig {
         self.token = Some(BearerToken(token.into()));
         self
     }
+
+    /// Trusts only the CA certificates in the PEM file at `path` for an `https://` lock-server.
+    pub fn with_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ca = Some(CaCerts::File(path.into()));
+        self
+    }
+
+    /// Trusts only the CA certificates in `pem` for an `https://` lock-server.
+    pub fn with_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca = Some(CaCerts::Pem(pem.into()));
+        self
+    }
+}
+
+/// The roots of the `reqwest` client: the CA certificates of `ca`, each named in its error.
+fn root_certificates(ca: &CaCerts) -> Result<Vec<reqwest::Certificate>, ClientError> {
+    let (pem, source) = match ca {
+        CaCerts::File(path) => (
+            std::fs::read(path).map_err(|e| ClientError::InvalidArgument {
+                code: "INVALID_CA_FILE",
+                message: format!("cannot read the CA file {}: {e}", path.display()),
+            })?,
+            format!("the CA file {}", path.display()),
+        ),
+        CaCerts::Pem(pem) => (pem.clone(), "the CA PEM".to_owned()),
+    };
+    let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| ClientError::InvalidArgument {
+        code: "INVALID_CA_FILE",
+        message: format!("{source} is not PEM certificates: {e}"),
+    })?;
+    if certs.is_empty() {
+        return Err(ClientError::InvalidArgument {
+            code: "INVALID_CA_FILE",
+            message: format!("{source} holds no -----BEGIN CERTIFICATE----- block"),
+        });
+    }
+    Ok(certs)
 }
 
 /// A lock client's bearer token. `Debug` never shows it.
@@ -106,7 +162,29 @@ impl LockApi {
         }
         let mut http = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
-            .timeout(config.request_timeout);
+            .timeout(config.request_timeout)
+            .use_rustls_tls()
+            // Only the CA given below: no public roots, whatever features reqwest is built with.
+            .tls_built_in_root_certs(false);
+        match (&config.ca, base.scheme()) {
+            (Some(ca), _) => {
+                for cert in root_certificates(ca)? {
+                    http = http.add_root_certificate(cert);
+                }
+            }
+            (None, "https") if !config.unsafe_accept_any_certificate => {
+                return Err(ClientError::InvalidArgument {
+                    code: "CA_REQUIRED",
+                    message: format!(
+                        "{base_url:?} is https: give the CA that signs lock-server's certificate (a CA file)"
+                    ),
+                });
+            }
+            (None, _) => {}
+        }
+        if config.unsafe_accept_any_certificate {
+            http = http.danger_accept_invalid_certs(true);
+        }
         // Default headers go on every request that does not set its own (the listing sends the
         // admin's token when it is given one).
         if let Some(token) = &config.token {
@@ -348,6 +426,44 @@ mod tests {
                 })
             ),
             "a token that cannot be a header value is refused, not sent"
+        );
+    }
+
+    #[test]
+    fn https_needs_a_ca_and_a_bad_ca_is_refused_before_anything_is_sent() {
+        let e = LockApi::new("https://127.0.0.1:1/", &ClientConfig::default()).unwrap_err();
+        assert!(
+            matches!(&e, ClientError::InvalidArgument { code: "CA_REQUIRED", message } if message.contains("https")),
+            "{e:?}"
+        );
+        // Plain http needs none (and a CA given for it is simply unused).
+        LockApi::new("http://127.0.0.1:1/", &ClientConfig::default()).expect("http without a CA");
+
+        let missing = std::env::temp_dir().join(format!("dlock-client-no-ca-{}", std::process::id()));
+        let e = LockApi::new(
+            "https://127.0.0.1:1/",
+            &ClientConfig::default().with_ca_file(&missing),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&e, ClientError::InvalidArgument { code: "INVALID_CA_FILE", message }
+                if message.contains(&missing.display().to_string())),
+            "{e:?}"
+        );
+        let e = LockApi::new(
+            "https://127.0.0.1:1/",
+            &ClientConfig::default().with_ca_pem(b"not a certificate".to_vec()),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                ClientError::InvalidArgument {
+                    code: "INVALID_CA_FILE",
+                    ..
+                }
+            ),
+            "{e:?}"
         );
     }
 

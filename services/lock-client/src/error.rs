@@ -120,15 +120,112 @@ pub enum ClientError {
         code: String,
         message: String,
     },
+    /// The server's TLS certificate was refused: [`CertificateProblem`] says why, `url` where.
+    /// Not retried by anything here: the same certificate will be refused again.
+    #[error("the TLS certificate of {url} was refused: {problem}")]
+    Certificate {
+        url: String,
+        problem: CertificateProblem,
+    },
     /// The server could not be reached, timed out, or the body could not be read.
     #[error("transport error: {0}")]
-    Transport(#[from] reqwest::Error),
+    Transport(reqwest::Error),
     /// A success answer we cannot make sense of (e.g. a renew that reports another token).
     #[error("unexpected response from the server: {0}")]
     Protocol(String),
     /// Rejected before anything was sent; `code` is the one the server would use.
     #[error("{code}: {message}")]
     InvalidArgument { code: &'static str, message: String },
+}
+
+/// Why a server's TLS certificate was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CertificateProblem {
+    /// It is not signed by a CA this client trusts (its CA file).
+    UnknownIssuer,
+    /// It is not valid for the host name or address the client connected to.
+    WrongName { presented: Vec<String> },
+    /// It has expired.
+    Expired,
+    /// It is not valid yet.
+    NotYetValid,
+    /// Any other refusal, in the TLS library's words.
+    Other(String),
+}
+
+impl fmt::Display for CertificateProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CertificateProblem::UnknownIssuer => {
+                f.write_str("unknown CA: it is not signed by the CA this client trusts (its CA file)")
+            }
+            CertificateProblem::WrongName { presented } if presented.is_empty() => {
+                f.write_str("wrong name: it is not valid for the host name of the URL")
+            }
+            CertificateProblem::WrongName { presented } => write!(
+                f,
+                "wrong name: it is not valid for the host name of the URL (it is for {})",
+                presented.join(", ")
+            ),
+            CertificateProblem::Expired => {
+                f.write_str("expired: the certificate's validity period has ended")
+            }
+            CertificateProblem::NotYetValid => {
+                f.write_str("not yet valid: the certificate's validity period has not begun")
+            }
+            CertificateProblem::Other(reason) => write!(f, "{reason}"),
+        }
+    }
+}
+
+impl CertificateProblem {
+    fn from_rustls(e: &rustls::CertificateError) -> Self {
+        use rustls::CertificateError as C;
+        match e {
+            C::UnknownIssuer => CertificateProblem::UnknownIssuer,
+            C::NotValidForName => CertificateProblem::WrongName {
+                presented: Vec::new(),
+            },
+            C::NotValidForNameContext { presented, .. } => CertificateProblem::WrongName {
+                presented: presented.clone(),
+            },
+            C::Expired | C::ExpiredContext { .. } => CertificateProblem::Expired,
+            C::NotValidYet | C::NotValidYetContext { .. } => CertificateProblem::NotYetValid,
+            other => CertificateProblem::Other(other.to_string()),
+        }
+    }
+}
+
+/// The certificate error under a transport error, if there is one. The chain passes through
+/// `std::io::Error`, whose `source()` skips the error it wraps, so each link is also looked into.
+fn certificate_error(e: &(dyn std::error::Error + 'static)) -> Option<CertificateProblem> {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(rustls::Error::InvalidCertificate(c)) = err.downcast_ref::<rustls::Error>() {
+            return Some(CertificateProblem::from_rustls(c));
+        }
+        if let Some(inner) = err.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref())
+            && let Some(found) = certificate_error(inner)
+        {
+            return Some(found);
+        }
+        next = err.source();
+    }
+    None
+}
+
+impl From<reqwest::Error> for ClientError {
+    /// A refused server certificate becomes [`ClientError::Certificate`] (which one, and where);
+    /// anything else stays a transport error.
+    fn from(e: reqwest::Error) -> Self {
+        match certificate_error(&e) {
+            Some(problem) => ClientError::Certificate {
+                url: e.url().map(|u| u.as_str().to_owned()).unwrap_or_default(),
+                problem,
+            },
+            None => ClientError::Transport(e),
+        }
+    }
 }
 
 impl ClientError {
@@ -216,7 +313,7 @@ pub async fn error_from_response(response: reqwest::Response) -> ClientError {
     let status = response.status();
     match response.bytes().await {
         Ok(body) => error_from_body(status, &body),
-        Err(e) => ClientError::Transport(e),
+        Err(e) => e.into(),
     }
 }
 
@@ -295,6 +392,47 @@ mod tests {
         let body = br#"{"code":"FENCED_OUT","message":"m","presented":"x","highest":9.5,
             "resourceType":"account","resourceId":"3f1c","ownerId":"w"}"#;
         assert!(fenced_out_from_body(StatusCode::CONFLICT, body).is_none());
+    }
+
+    #[test]
+    fn certificate_errors_are_found_under_io_errors() {
+        // How a handshake failure reaches reqwest: a rustls error inside an io::Error inside
+        // another error, whose source() skips the io::Error's payload.
+        #[derive(Debug)]
+        struct Outer(std::io::Error);
+        impl fmt::Display for Outer {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("connect failed")
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let wrapped = |c: rustls::CertificateError| {
+            Outer(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                rustls::Error::InvalidCertificate(c),
+            ))
+        };
+        assert_eq!(
+            certificate_error(&wrapped(rustls::CertificateError::UnknownIssuer)),
+            Some(CertificateProblem::UnknownIssuer)
+        );
+        assert_eq!(
+            certificate_error(&wrapped(rustls::CertificateError::Expired)),
+            Some(CertificateProblem::Expired)
+        );
+        assert_eq!(
+            certificate_error(&wrapped(rustls::CertificateError::NotValidForName)),
+            Some(CertificateProblem::WrongName { presented: vec![] })
+        );
+        let other = Outer(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "refused",
+        ));
+        assert_eq!(certificate_error(&other), None);
     }
 
     #[test]

@@ -24,6 +24,12 @@
 //! `LockClient::with_config(url, ClientConfig::default().with_token(token))` (read the token from a
 //! file or the environment; `Debug` never shows it).
 //!
+//! An `https://` lock-server is verified against a CA the caller names, and only that CA:
+//! `ClientConfig::default().with_ca_file(path)` (or [`ClientConfig::with_ca_pem`]). An `https://`
+//! URL without one is refused when the client is built (`CA_REQUIRED`) rather than trusting a
+//! public root set: lock-servers carry certificates of a private CA. A refused certificate is
+//! [`ClientError::Certificate`], saying which problem (unknown CA, wrong name, expired) and where.
+//!
 //! Modules, one job each:
 //! - [`api`]: every HTTP call to lock-server (single attempts, wire types);
 //! - [`error`]: [`ClientError`], and reading a 409 `FENCED_OUT` from any protected resource;
@@ -46,13 +52,14 @@ pub mod watch;
 use std::time::Duration;
 
 pub use api::{
-    BearerToken, ClientConfig, LockApi, LockEvent, LockEventType, LockGrant, LockList, LockListItem,
+    BearerToken, CaCerts, ClientConfig, LockApi, LockEvent, LockEventType, LockGrant, LockList, LockListItem,
     LockState, LockView,
 };
 pub use dlock_common::FencingToken;
 pub use dlock_common::fencing::FencedOutDetails;
 pub use error::{
-    ClientError, FencedOut, LossReason, error_from_body, error_from_response, fenced_out_from_body,
+    CertificateProblem, ClientError, FencedOut, LossReason, error_from_body, error_from_response,
+    fenced_out_from_body,
 };
 pub use handle::{Fence, LockHandle, ReleaseOutcome};
 pub use session::Session;

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use dlock_common::tls::{TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV, TlsError, TlsFiles};
 use dlock_grant::SigningKey;
 
 use crate::clients::{Clients, ClientsError};
@@ -71,6 +72,10 @@ pub struct Config {
     /// The lock clients (`--clients-file`). `None`: the lock and session routes answer anyone who
     /// reaches them (a WARN at start-up); `Some`: each needs a client's bearer token and rights.
     pub clients: Option<Clients>,
+    /// The certificate and key files of HTTPS (`--tls-cert-file`, `--tls-key-file`). `Some`: the
+    /// listen address serves HTTPS only, and the files are re-read when they change; `None`: plain
+    /// HTTP (a WARN at start-up).
+    pub tls: Option<TlsFiles>,
 }
 
 /// Deliberately broken queues, for the negative controls of the blocking acquire only.
@@ -108,7 +113,14 @@ impl Config {
             queue_faults: QueueFaults::NONE,
             sequence_jump: true,
             clients: None,
+            tls: None,
         }
+    }
+
+    /// Serves HTTPS with the certificate and key in `files`.
+    pub fn with_tls(mut self, files: TlsFiles) -> Self {
+        self.tls = Some(files);
+        self
     }
 
     /// Requires a client's bearer token and rights on every lock and session route.
@@ -228,6 +240,7 @@ impl std::fmt::Debug for Config {
             .field("queue_faults", &self.queue_faults)
             .field("sequence_jump", &self.sequence_jump)
             .field("clients", &self.clients)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -264,6 +277,8 @@ pub enum ConfigError {
         "the clients file is not valid: client {0:?}: token: it is the admin token; the admin and each client need their own"
     )]
     ClientTokenIsAdminToken(String),
+    #[error("{0}")]
+    Tls(#[from] TlsError),
 }
 
 /// The grant signing key from `DLOCK_GRANT_SIGNING_KEY` or the file `DLOCK_GRANT_SIGNING_KEY_FILE`
@@ -358,6 +373,16 @@ pub struct Cli {
     #[arg(long, env = CLIENTS_FILE_ENV)]
     pub clients_file: Option<PathBuf>,
 
+    /// The server certificate (PEM, leaf first, then any intermediates) of HTTPS. With
+    /// `--tls-key-file` the listen address serves HTTPS only (TLS 1.2 and 1.3); the files are
+    /// re-read when they change. Without both: plain HTTP.
+    #[arg(long, env = TLS_CERT_FILE_ENV)]
+    pub tls_cert_file: Option<PathBuf>,
+
+    /// The private key (PEM) of `--tls-cert-file`.
+    #[arg(long, env = TLS_KEY_FILE_ENV)]
+    pub tls_key_file: Option<PathBuf>,
+
     /// lockdb pool: `--db-max-connections`, `--db-acquire-timeout-ms` (the same flags in every
     /// service with a database).
     #[command(flatten)]
@@ -391,6 +416,12 @@ impl Cli {
                 prefix: self.etcd_prefix,
             },
         };
+        // Both or neither, and a pair that can be served: checked here so that a bad file stops the
+        // binary before it starts anything, with the file and the reason.
+        let tls = TlsFiles::from_options(self.tls_cert_file, self.tls_key_file)?;
+        if let Some(files) = &tls {
+            files.check()?;
+        }
         let config = Config {
             backend,
             database_url: self.database_url.unwrap_or_default(),
@@ -410,6 +441,7 @@ impl Cli {
                 Some(path) => Some(Clients::from_file(path)?),
                 None => None,
             },
+            tls,
         };
         config.validate()?;
         Ok(config)
@@ -596,6 +628,45 @@ mod tests {
         let text = format!("{c:?}");
         assert!(!text.contains(CLIENT_TOKEN), "{text}");
         assert!(text.contains("payments") && text.contains("account:"), "{text}");
+    }
+
+    #[test]
+    fn tls_files_come_in_pairs_and_are_checked_at_start_up() {
+        assert_eq!(cli(&[]).into_config(None).unwrap().tls, None);
+        let e = cli(&["--tls-cert-file", "/nonexistent/tls.crt"])
+            .into_config(None)
+            .unwrap_err();
+        assert!(
+            matches!(e, ConfigError::Tls(TlsError::Half { missing: "key", .. })),
+            "{e:?}"
+        );
+        let e = cli(&["--tls-key-file", "/nonexistent/tls.key"])
+            .into_config(None)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ConfigError::Tls(TlsError::Half {
+                    missing: "certificate",
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        // Both given: the files are read now, and the error names the one that is missing.
+        let e = cli(&[
+            "--tls-cert-file",
+            "/nonexistent/tls.crt",
+            "--tls-key-file",
+            "/nonexistent/tls.key",
+        ])
+        .into_config(None)
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("/nonexistent/tls.crt") && e.contains("cannot read"),
+            "{e}"
+        );
     }
 
     #[test]

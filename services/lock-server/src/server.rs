@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 
 use dlock_common::serve::{self, Background};
+use dlock_common::tls::ServerTls;
 use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -61,7 +62,7 @@ impl RunningServer {
         self.server.addr()
     }
 
-    /// `http://<addr>`, without a trailing slash.
+    /// `http://<addr>`, or `https://<addr>` with TLS, without a trailing slash.
     pub fn base_url(&self) -> String {
         self.server.url()
     }
@@ -123,6 +124,11 @@ pub async fn spawn_with_statements(config: Config, stmts: Statements) -> Result<
 /// [`spawn`] over a given backend (the etcd negative controls pass a deliberately broken one).
 pub async fn spawn_with_backend(config: Config, backend: Backend) -> Result<RunningServer, StartError> {
     config.validate()?;
+    // Loaded before anything starts: a bad pair is a configuration error naming the file.
+    let tls = match &config.tls {
+        Some(files) => Some(ServerTls::load(files.clone()).map_err(ConfigError::Tls)?),
+        None => None,
+    };
     let shutdown = CancellationToken::new();
     let state = AppState::with_backend(backend, config.admin_token.clone())
         .with_config(&config)
@@ -134,7 +140,7 @@ pub async fn spawn_with_backend(config: Config, backend: Backend) -> Result<Runn
     let reaper = config
         .reaper_interval
         .map(|every| reaper::spawn(state.clone(), every, shutdown.child_token()));
-    let server = serve::spawn_background(listener, app(state.clone()), shutdown)?;
+    let server = serve::spawn_background_tls(listener, app(state.clone()), tls, shutdown)?;
     Ok(RunningServer {
         server,
         state,
@@ -168,6 +174,19 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         Some(clients) => tracing::info!(
             event = "lock_clients_configured",
             clients = %clients.names().collect::<Vec<_>>().join(","),
+        ),
+    }
+    match &config.tls {
+        None => tracing::warn!(
+            event = "plaintext_http",
+            setting = dlock_common::tls::TLS_CERT_FILE_ENV,
+            "no TLS certificate configured: the API is served in plain HTTP, so bearer credentials (client and admin tokens) and signed grants cross the network in cleartext"
+        ),
+        Some(files) => tracing::info!(
+            event = "tls_enabled",
+            cert_file = %files.cert.display(),
+            key_file = %files.key.display(),
+            "serving HTTPS only (TLS 1.2 and 1.3); the certificate files are re-read when they change"
         ),
     }
     match &config.signing_key {

@@ -1,5 +1,7 @@
-//! Certificates for tests that need TLS to PostgreSQL: a throw-away CA ([`TestCa`]) and server
-//! certificates it signs for given host names and addresses.
+//! Certificates for tests that need TLS (to PostgreSQL, and lock-server's HTTPS): a throw-away CA
+//! ([`TestCa`]) and server certificates it signs for given host names and addresses — valid ones,
+//! and expired ones ([`TestCa::issue_expired`]). A certificate for another name is
+//! [`TestCa::issue`] with that name; a client-side wrong CA is another [`TestCa`].
 //!
 //! They are made with the `openssl` command rather than a certificate crate: the tests already
 //! need openssl (the cluster tier), a crate such as rcgen would add a crypto backend to compile
@@ -79,6 +81,22 @@ impl TestCa {
     /// as `127.0.0.1`, which go into the subjectAltName as IP entries: TLS clients check those,
     /// not the common name), written as `<file_stem>.crt` / `<file_stem>.key` in this CA's folder.
     pub fn issue(&self, file_stem: &str, names: &[&str]) -> Result<ServerCert, PgError> {
+        self.issue_with(file_stem, names, None)
+    }
+
+    /// [`issue`](Self::issue), but expired: signed as of three days ago, valid for one day (so it
+    /// expired two days ago), by this CA, which is valid now. The clock is moved for the one openssl
+    /// command with `faketime` (openssl 3.0 has no option to set the dates of `x509 -req`).
+    pub fn issue_expired(&self, file_stem: &str, names: &[&str]) -> Result<ServerCert, PgError> {
+        self.issue_with(file_stem, names, Some("-3d"))
+    }
+
+    fn issue_with(
+        &self,
+        file_stem: &str,
+        names: &[&str],
+        signed_at: Option<&str>,
+    ) -> Result<ServerCert, PgError> {
         let Some(first) = names.first() else {
             return Err(PgError::State(
                 "a server certificate needs at least one name".into(),
@@ -126,8 +144,16 @@ impl TestCa {
         .arg("-out")
         .arg(&csr);
         openssl(req)?;
-        let mut sign = Command::new("openssl");
-        sign.args(["x509", "-req", "-days", "2", "-in"])
+        let mut sign = match signed_at {
+            None => Command::new("openssl"),
+            Some(offset) => {
+                let mut c = Command::new(faketime());
+                c.args(["-f", offset, "openssl"]);
+                c
+            }
+        };
+        let days = if signed_at.is_some() { "1" } else { "2" };
+        sign.args(["x509", "-req", "-days", days, "-in"])
             .arg(&csr)
             .arg("-CA")
             .arg(&self.cert)
@@ -141,6 +167,18 @@ impl TestCa {
             .arg(&cert);
         openssl(sign)?;
         Ok(ServerCert { cert, key })
+    }
+}
+
+/// `faketime`: the one scripts/setup.sh installs into the tools folder, or the system's.
+fn faketime() -> PathBuf {
+    let tools = std::env::var_os("DLOCK_TOOLS_DIR")
+        .map_or_else(|| PathBuf::from("/var/tmp/dlock-tools"), PathBuf::from);
+    let installed = tools.join("bin").join("faketime");
+    if installed.is_file() {
+        installed
+    } else {
+        PathBuf::from("faketime")
     }
 }
 
@@ -163,10 +201,10 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> PgError {
     move |source| PgError::Io { what, source }
 }
 
-/// Runs one openssl command to its end; [`PgError::Tool`] with its stderr when it fails.
+/// Runs one openssl command (or openssl under faketime) to its end; [`PgError::Tool`] with its stderr when it fails.
 fn openssl(mut cmd: Command) -> Result<(), PgError> {
     let out = cmd.stdin(Stdio::null()).output().map_err(|source| PgError::Io {
-        what: "run openssl (install it: the TLS tests make their certificates with it)".into(),
+        what: "run openssl (install it, and faketime for expired certificates: the TLS tests make their certificates with them)".into(),
         source,
     })?;
     if !out.status.success() {
