@@ -2,6 +2,7 @@
 //! literal in tests); nothing is read from globals later.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use clap::{ArgAction, Parser, Subcommand};
 use dlock_common::auth::{CredentialError, Credentials, Role};
 use dlock_common::db::PoolArgs;
 use dlock_common::grant::{GrantConfigError, GrantPolicy, PublicKeyArgs};
+use dlock_common::tls::{TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV, TlsError, TlsFiles};
 
 /// Env prefix of this service's credentials: `PAYMENT_RESOURCE_{ADMIN,EXECUTOR,CLIENT}_TOKEN`
 /// (or `…_TOKEN_FILE`).
@@ -100,6 +102,9 @@ pub struct Config {
     pub grants: GrantPolicy,
     /// The periodic reconciliation and open-payout count ([`crate::monitor`]).
     pub monitor: Schedule,
+    /// The certificate and key files of HTTPS (`--tls-cert-file`, `--tls-key-file`). `Some`: the
+    /// listen address serves HTTPS only; `None`: plain HTTP, with a WARN at start-up.
+    pub tls: Option<TlsFiles>,
 }
 
 // Hand-written so that the database URL's password never reaches a log (credentials redact
@@ -115,6 +120,7 @@ impl std::fmt::Debug for Config {
             .field("credentials", &self.credentials)
             .field("grants", &self.grants)
             .field("monitor", &self.monitor)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -132,6 +138,7 @@ impl Config {
             credentials: Credentials::new(),
             grants: GrantPolicy::Verify(Arc::default()),
             monitor: Schedule::default(),
+            tls: None,
         }
     }
 
@@ -162,6 +169,12 @@ impl Config {
         self.monitor = monitor;
         self
     }
+
+    /// Serves HTTPS with the certificate and key in `files`.
+    pub fn with_tls(mut self, files: TlsFiles) -> Self {
+        self.tls = Some(files);
+        self
+    }
 }
 
 /// Why `serve`'s configuration was refused (exit 2, nothing started).
@@ -171,6 +184,8 @@ pub enum ConfigError {
     Credentials(#[from] CredentialError),
     #[error("grants: {0}")]
     Grants(#[from] GrantConfigError),
+    #[error("{0}")]
+    Tls(#[from] TlsError),
 }
 
 /// `payment-resource serve` runs the service; `payment-resource reconcile` prints the reconciliation
@@ -255,11 +270,25 @@ pub struct ServeArgs {
         default_value_t = 30
     )]
     pub payout_stats_interval_secs: u64,
+    /// The server certificate (PEM, leaf first, then any intermediates) of HTTPS. With
+    /// `--tls-key-file` the listen address serves HTTPS only (TLS 1.2 and 1.3); the files are
+    /// re-read when they change. Without both: plain HTTP.
+    #[arg(long, env = TLS_CERT_FILE_ENV)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The private key (PEM) of `--tls-cert-file`.
+    #[arg(long, env = TLS_KEY_FILE_ENV)]
+    pub tls_key_file: Option<PathBuf>,
 }
 
 impl ServeArgs {
     /// The checked [`Config`], with the credentials read from the environment or their files.
     pub fn into_config(self) -> Result<Config, ConfigError> {
+        // Both or neither, and a pair that can be served: checked here so that a bad file stops the
+        // binary before it starts anything, naming the file and the reason.
+        let tls = TlsFiles::from_options(self.tls_cert_file, self.tls_key_file)?;
+        if let Some(files) = &tls {
+            files.check()?;
+        }
         Ok(Config {
             listen: self.listen,
             fencing: Fencing::from_enabled(self.fencing_enabled),
@@ -274,6 +303,7 @@ impl ServeArgs {
                 stuck_after_seconds: self.reconcile_stuck_after_secs,
                 payout_stats_every: every(self.payout_stats_interval_secs),
             },
+            tls,
             ..Config::new(self.database_url)
         })
     }

@@ -47,6 +47,8 @@ pub enum StartError {
     DatabaseUrl(#[from] dlock_common::db::UrlError),
     #[error("{0}")]
     Grants(#[from] dlock_common::grant::GrantConfigError),
+    #[error("{0}")]
+    Tls(#[from] dlock_common::tls::TlsError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -57,7 +59,10 @@ pub enum StartError {
 
 impl dlock_common::serve::StartFailure for StartError {
     fn is_config(&self) -> bool {
-        matches!(self, StartError::DatabaseUrl(_) | StartError::Grants(_))
+        matches!(
+            self,
+            StartError::DatabaseUrl(_) | StartError::Grants(_) | StartError::Tls(_)
+        )
     }
 }
 
@@ -138,7 +143,7 @@ impl RunningServer {
         self.server.addr()
     }
 
-    /// `http://127.0.0.1:PORT`
+    /// `http://127.0.0.1:PORT` (`https://` with TLS)
     pub fn url(&self) -> String {
         self.server.url()
     }
@@ -161,6 +166,12 @@ impl dlock_common::serve::Server for RunningServer {
 
 /// Starts the service on `config.listen` (port 0: an ephemeral port) and returns once it is bound.
 pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
+    // Loaded before anything starts: a bad pair is a configuration error naming the file.
+    let tls = match &config.tls {
+        Some(files) => Some(dlock_common::tls::ServerTls::load(files.clone())?),
+        None => None,
+    };
+    announce_tls(config.tls.as_ref());
     let app = app(&config)?;
     let bind_error = |source| StartError::Bind {
         addr: config.listen,
@@ -169,8 +180,9 @@ pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
     let listener = dlock_common::serve::bind(config.listen)
         .await
         .map_err(bind_error)?;
-    let server = dlock_common::serve::spawn_background(listener, app.router, CancellationToken::new())
-        .map_err(bind_error)?;
+    let server =
+        dlock_common::serve::spawn_background_tls(listener, app.router, tls, CancellationToken::new())
+            .map_err(bind_error)?;
     let monitor = monitor::Monitor::start(app.pool.clone(), app.metrics.clone(), config.monitor);
     Ok(RunningServer {
         pool: app.pool,
@@ -178,4 +190,22 @@ pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
         server,
         monitor,
     })
+}
+
+/// Says at start-up whether the API is served over TLS: without it bearer credentials and signed
+/// grants cross the network in cleartext, which an operator must be told.
+fn announce_tls(tls: Option<&dlock_common::tls::TlsFiles>) {
+    match tls {
+        None => tracing::warn!(
+            event = "plaintext_http",
+            setting = dlock_common::tls::TLS_CERT_FILE_ENV,
+            "no TLS certificate configured: the API is served in plain HTTP, so bearer credentials and signed grants cross the network in cleartext"
+        ),
+        Some(files) => tracing::info!(
+            event = "tls_enabled",
+            cert_file = %files.cert.display(),
+            key_file = %files.key.display(),
+            "serving HTTPS only (TLS 1.2 and 1.3); the certificate files are re-read when they change"
+        ),
+    }
 }

@@ -2,6 +2,7 @@
 //! checked [`Config`] the library runs with. Bad settings are refused with a reason, never clamped.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use dlock_common::auth::{Credential, CredentialError};
@@ -120,6 +121,17 @@ pub struct Cli {
     /// Fault injection: SIGSTOP this whole process at this step of the first payout reaching it.
     #[arg(long, env = "PAYOUT_EXECUTOR_PAUSE_AT", value_enum)]
     pub pause_at: Option<Step>,
+
+    /// The CA certificate(s) (PEM) that sign the certificates of lock-server, payment-resource and
+    /// rail-proxy: the only roots trusted. Required when any of their URLs is https.
+    #[arg(long, env = CA_FILE_ENV)]
+    pub ca_file: Option<PathBuf>,
+
+    /// A file holding this executor's lock client token, presented to lock-server when it has a
+    /// clients file. Or the token itself in the environment variable DLOCK_LOCK_TOKEN (never a
+    /// flag: command lines are visible to every user of the machine).
+    #[arg(long, env = LOCK_TOKEN_FILE_ENV)]
+    pub lock_token_file: Option<PathBuf>,
 }
 
 /// The checked settings.
@@ -155,11 +167,22 @@ pub struct Config {
     pub payment_credential: Option<Credential>,
     /// Presented to rail-proxy: `PAYOUT_EXECUTOR_RAIL_PROXY_TOKEN` or `…_TOKEN_FILE`.
     pub rail_credential: Option<Credential>,
+    /// The CA of the three servers (PEM file); `None` only when every URL is http.
+    pub ca_file: Option<PathBuf>,
+    /// Presented to lock-server (`Authorization: Bearer`): `DLOCK_LOCK_TOKEN` or the file of
+    /// `--lock-token-file`. Redacted in Debug.
+    pub lock_token: Option<LockToken>,
 }
 
 /// Env names of the executor's own credentials.
 pub const PAYMENT_CREDENTIAL_ENV: &str = "PAYOUT_EXECUTOR_PAYMENT_RESOURCE_TOKEN";
 pub const RAIL_CREDENTIAL_ENV: &str = "PAYOUT_EXECUTOR_RAIL_PROXY_TOKEN";
+/// The CA file of the three servers (as `--ca-file`).
+pub const CA_FILE_ENV: &str = "DLOCK_CA_FILE";
+/// The lock client token itself (there is no flag for it).
+pub const LOCK_TOKEN_ENV: &str = "DLOCK_LOCK_TOKEN";
+/// The file holding the lock client token (as `--lock-token-file`).
+pub const LOCK_TOKEN_FILE_ENV: &str = "DLOCK_LOCK_TOKEN_FILE";
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
@@ -181,6 +204,13 @@ pub enum ConfigError {
     Invalid(String),
     #[error("{0}")]
     Credential(#[from] CredentialError),
+    #[error(
+        "{field} {url:?} is https: give the CA that signs the servers' certificates (--ca-file or {CA_FILE_ENV})"
+    )]
+    CaRequired { field: &'static str, url: String },
+    /// Never quotes the token.
+    #[error("the lock client token: {0}")]
+    LockToken(String),
 }
 
 const MAX_WORKERS: u64 = 64;
@@ -220,8 +250,68 @@ pub fn worker_owner_id(owner_id: &str, n: u32) -> String {
     format!("{owner_id}-w{n}")
 }
 
+/// The lock client token lock-server knows this executor by (its clients file). `Debug` never
+/// shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct LockToken(String);
+
+impl LockToken {
+    pub fn new(token: impl Into<String>) -> Self {
+        Self(token.into())
+    }
+
+    /// The token, for the lock client's `Authorization` header only.
+    pub(crate) fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for LockToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LockToken(<redacted>)")
+    }
+}
+
+/// The lock client token from `env_token` (the value of [`LOCK_TOKEN_ENV`]) or the file `file`;
+/// both set is refused rather than one silently winning. A file's surrounding whitespace (its final
+/// newline) is not part of the token.
+fn lock_token(env_token: Option<String>, file: Option<&PathBuf>) -> Result<Option<LockToken>, ConfigError> {
+    let from_file = match file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| ConfigError::LockToken(format!("cannot read {}: {e}", path.display())))?
+                .trim()
+                .to_owned(),
+        ),
+        None => None,
+    };
+    let token = match (env_token, from_file) {
+        (Some(_), Some(_)) => {
+            return Err(ConfigError::LockToken(format!(
+                "both {LOCK_TOKEN_ENV} and --lock-token-file ({LOCK_TOKEN_FILE_ENV}) are set; set one"
+            )));
+        }
+        (Some(t), None) | (None, Some(t)) => t,
+        (None, None) => return Ok(None),
+    };
+    // The shape lock-server's clients file accepts; the message never quotes the value.
+    if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ConfigError::LockToken(
+            "it must be visible ASCII characters, not empty".into(),
+        ));
+    }
+    Ok(Some(LockToken::new(token)))
+}
+
 impl Cli {
+    /// The checked [`Config`], with the lock client token from [`LOCK_TOKEN_ENV`] when it is set.
     pub fn into_config(self) -> Result<Config, ConfigError> {
+        let env_token = std::env::var(LOCK_TOKEN_ENV).ok();
+        self.into_config_with_lock_token(env_token)
+    }
+
+    /// [`Cli::into_config`] with `env_token` standing for the value of [`LOCK_TOKEN_ENV`].
+    pub fn into_config_with_lock_token(self, env_token: Option<String>) -> Result<Config, ConfigError> {
         if self.pause_at.is_some() && !self.enable_fault_injection {
             return Err(ConfigError::PauseWithoutFaultInjection);
         }
@@ -272,7 +362,16 @@ impl Cli {
                     "{field} must be an http(s) URL, got {url:?}"
                 )));
             }
+            // No built-in roots are trusted, so an https server without a CA could only fail every
+            // call: refused here, before anything starts.
+            if url.starts_with("https://") && self.ca_file.is_none() {
+                return Err(ConfigError::CaRequired {
+                    field,
+                    url: url.clone(),
+                });
+            }
         }
+        let lock_token = lock_token(env_token, self.lock_token_file.as_ref())?;
         // Repeats are harmless but pointless; keep the first occurrence, in order.
         let mut seen = std::collections::HashSet::new();
         let mut payout_ids = self.payout_ids;
@@ -302,6 +401,8 @@ impl Cli {
             resolve_backoff: Duration::from_millis(self.resolve_backoff_ms),
             payment_credential: Credential::from_env(PAYMENT_CREDENTIAL_ENV)?,
             rail_credential: Credential::from_env(RAIL_CREDENTIAL_ENV)?,
+            ca_file: self.ca_file,
+            lock_token,
         })
     }
 }
@@ -401,6 +502,96 @@ mod tests {
         let mut bad_url = cli(&[]).unwrap();
         bad_url.rail_proxy_url = "ftp://x".into();
         assert!(bad_url.into_config().is_err());
+    }
+
+    #[test]
+    fn an_https_url_needs_the_ca_file() {
+        type Set = fn(&mut Cli, String);
+        let fields: [(&str, Set); 3] = [
+            ("--lock-server-url", |c, u| c.lock_server_url = u),
+            ("--payment-resource-url", |c, u| c.payment_resource_url = u),
+            ("--rail-proxy-url", |c, u| c.rail_proxy_url = u),
+        ];
+        for (field, set) in fields {
+            let mut https = cli(&[]).unwrap();
+            set(&mut https, "https://127.0.0.1:9".into());
+            let e = https.clone().into_config_with_lock_token(None).unwrap_err();
+            assert!(
+                matches!(&e, ConfigError::CaRequired { field: f, .. } if *f == field),
+                "{e:?}"
+            );
+            assert!(e.to_string().contains("--ca-file"), "{e}");
+            // The same URL with a CA is accepted (the file is read when the clients are built).
+            https.ca_file = Some(PathBuf::from("/etc/dlock/ca.crt"));
+            let c = https.into_config_with_lock_token(None).unwrap();
+            assert_eq!(c.ca_file, Some(PathBuf::from("/etc/dlock/ca.crt")));
+        }
+        // Plain http needs none.
+        let c = cli(&[]).unwrap().into_config_with_lock_token(None).unwrap();
+        assert_eq!(c.ca_file, None);
+    }
+
+    #[test]
+    fn the_lock_token_comes_from_the_env_or_a_file_never_both() {
+        const SECRET: &str = "lock-client-token-0123456789abcdef";
+        let c = cli(&[])
+            .unwrap()
+            .into_config_with_lock_token(Some(SECRET.into()))
+            .unwrap();
+        assert_eq!(c.lock_token, Some(LockToken::new(SECRET)));
+        let none = cli(&[]).unwrap().into_config_with_lock_token(None).unwrap();
+        assert_eq!(none.lock_token, None);
+
+        let dir = std::env::temp_dir().join(format!("executor-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, format!("{SECRET}\n")).unwrap();
+        let path = file.to_str().unwrap();
+        let c = cli(&["--lock-token-file", path])
+            .unwrap()
+            .into_config_with_lock_token(None)
+            .unwrap();
+        assert_eq!(
+            c.lock_token,
+            Some(LockToken::new(SECRET)),
+            "the newline is not the token's"
+        );
+
+        let both = cli(&["--lock-token-file", path])
+            .unwrap()
+            .into_config_with_lock_token(Some(SECRET.into()))
+            .unwrap_err();
+        assert!(matches!(both, ConfigError::LockToken(_)), "{both:?}");
+        let missing = cli(&["--lock-token-file", "/nonexistent/token"])
+            .unwrap()
+            .into_config_with_lock_token(None)
+            .unwrap_err();
+        assert!(missing.to_string().contains("/nonexistent/token"), "{missing}");
+        for bad in ["", "has space", "tab\there"] {
+            let e = cli(&[])
+                .unwrap()
+                .into_config_with_lock_token(Some(bad.into()))
+                .unwrap_err();
+            assert!(matches!(e, ConfigError::LockToken(_)), "{bad:?}: {e:?}");
+            assert!(bad.is_empty() || !e.to_string().contains(bad), "{e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn debug_never_shows_the_lock_token() {
+        const SECRET: &str = "lock-client-token-0123456789abcdef";
+        let c = cli(&[])
+            .unwrap()
+            .into_config_with_lock_token(Some(SECRET.into()))
+            .unwrap();
+        let shown = format!("{c:?}");
+        assert!(!shown.contains(SECRET), "{shown}");
+        // The control: the field is there, only its value is hidden.
+        assert!(
+            shown.contains("lock_token: Some(LockToken(<redacted>))"),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -78,16 +78,21 @@ pub async fn run(
             "FAULT INJECTION IS ON: this process will SIGSTOP itself at the chosen step. Tests and demos only."
         );
     }
-    let lock_client = LockClient::with_config(
-        &config.lock_server_url,
-        ClientConfig {
-            request_timeout: config.http_timeout,
-            ..ClientConfig::default()
-        },
-    )?;
-    // Each resource gets its own credential (and so its own client).
-    let payment_http = authenticated_client(config.http_timeout, config.payment_credential.as_ref())?;
-    let rail_http = authenticated_client(config.http_timeout, config.rail_credential.as_ref())?;
+    let mut lock_config = ClientConfig {
+        request_timeout: config.http_timeout,
+        ..ClientConfig::default()
+    };
+    if let Some(ca) = &config.ca_file {
+        lock_config = lock_config.with_ca_file(ca);
+    }
+    if let Some(token) = &config.lock_token {
+        lock_config = lock_config.with_token(token.expose());
+    }
+    let lock_client = LockClient::with_config(&config.lock_server_url, lock_config)?;
+    // Each resource gets its own credential (and so its own client); one CA for all three servers.
+    let ca = config.ca_file.as_deref();
+    let payment_http = authenticated_client(config.http_timeout, config.payment_credential.as_ref(), ca)?;
+    let rail_http = authenticated_client(config.http_timeout, config.rail_credential.as_ref(), ca)?;
     let resources = Resources {
         payments: PaymentApi::new(payment_http, &config.payment_resource_url)?,
         rail: RailApi::new(rail_http, &config.rail_proxy_url)?,

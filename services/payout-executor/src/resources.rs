@@ -6,6 +6,7 @@
 //! Error answers become [`ClientError`] through `dlock_client::error_from_body`, so a 409 `FENCED_OUT`
 //! from either resource is the terminal [`ClientError::FencedOut`] with its five details.
 
+use std::path::Path;
 use std::time::Duration;
 
 use dlock_client::{ClientError, Fence, error_from_body};
@@ -57,14 +58,16 @@ async fn read<T: DeserializeOwned>(response: reqwest::Response) -> Result<T, Cli
 
 /// One HTTP client for both resources (pooled connections).
 pub fn http_client(request_timeout: Duration) -> Result<reqwest::Client, ClientError> {
-    authenticated_client(request_timeout, None)
+    authenticated_client(request_timeout, None, None)
 }
 
 /// An HTTP client that presents `credential` as `Authorization: Bearer …` on every request (one per
-/// resource: each has its own credential). The header value is marked sensitive.
+/// resource: each has its own credential). The header value is marked sensitive. It trusts only the
+/// CA certificates of the PEM file `ca` (for https servers), never built-in roots.
 pub fn authenticated_client(
     request_timeout: Duration,
     credential: Option<&Credential>,
+    ca: Option<&Path>,
 ) -> Result<reqwest::Client, ClientError> {
     let mut headers = reqwest::header::HeaderMap::new();
     if let Some(c) = credential {
@@ -74,11 +77,43 @@ pub fn authenticated_client(
         })?;
         headers.insert(reqwest::header::AUTHORIZATION, value);
     }
-    Ok(reqwest::Client::builder()
+    let mut builder = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(2))
         .timeout(request_timeout)
         .default_headers(headers)
-        .build()?)
+        .use_rustls_tls()
+        // Only the CA given: no public roots, whatever features reqwest is built with.
+        .tls_built_in_root_certs(false);
+    if let Some(path) = ca {
+        for cert in root_certificates(path)? {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    Ok(builder.build()?)
+}
+
+/// The CA certificates of the PEM file at `path`; a problem is a configuration error naming the
+/// file (the codes of the lock client's own CA file).
+fn root_certificates(path: &Path) -> Result<Vec<reqwest::Certificate>, ClientError> {
+    let invalid = |message: String| ClientError::InvalidArgument {
+        code: "INVALID_CA_FILE",
+        message,
+    };
+    let pem = std::fs::read(path)
+        .map_err(|e| invalid(format!("cannot read the CA file {}: {e}", path.display())))?;
+    let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+        invalid(format!(
+            "the CA file {} is not PEM certificates: {e}",
+            path.display()
+        ))
+    })?;
+    if certs.is_empty() {
+        return Err(invalid(format!(
+            "the CA file {} holds no -----BEGIN CERTIFICATE----- block",
+            path.display()
+        )));
+    }
+    Ok(certs)
 }
 
 /// payment-resource (docs/openapi/payment-resource.yaml).

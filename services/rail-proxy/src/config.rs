@@ -1,6 +1,7 @@
 //! rail-proxy's configuration, including the `rail.proxy.fencing.enabled` kill switch.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use clap::ArgAction;
 use dlock_common::auth::{CredentialError, Credentials, Role};
 use dlock_common::db::PoolArgs;
 use dlock_common::grant::{GrantConfigError, GrantPolicy, PublicKeyArgs};
+use dlock_common::tls::{TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV, TlsError, TlsFiles};
 
 use crate::sql;
 
@@ -18,6 +20,9 @@ pub const CREDENTIALS_PREFIX: &str = "RAIL_PROXY";
 pub const ROLES: &[Role] = &[Role::Executor];
 /// The switch of grant verification (on unless set to `false`, for a rolling migration only).
 pub const GRANT_VERIFICATION_SETTING: &str = "RAIL_PROXY_GRANT_VERIFICATION_ENABLED";
+
+/// The environment variable that may name the CA of an `https://` rail (as `--rail-ca-file` does).
+pub const RAIL_CA_FILE_ENV: &str = "DLOCK_RAIL_CA_FILE";
 
 /// Default abandonment deadline: an attempt the rail has never seen is given up this long after it
 /// was recorded.
@@ -82,6 +87,12 @@ pub struct Config {
     /// start), or off.
     pub grants: GrantPolicy,
     pub fault: Option<Fault>,
+    /// The certificate and key files of HTTPS (`--tls-cert-file`, `--tls-key-file`). `Some`: the
+    /// listen address serves HTTPS only; `None`: plain HTTP, with a WARN at start-up.
+    pub tls: Option<TlsFiles>,
+    /// The CA (PEM) that signs the rail's certificate: then the only root the rail client trusts.
+    /// Without it an `https://` rail is checked against the public roots; unused for `http://`.
+    pub rail_ca: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +116,10 @@ pub enum ConfigError {
     Credentials(#[from] CredentialError),
     #[error("grants: {0}")]
     Grants(#[from] GrantConfigError),
+    #[error("{0}")]
+    Tls(#[from] TlsError),
+    #[error("the rail CA file: {0}")]
+    RailCa(String),
 }
 
 /// `rail-proxy`: fencing point (d) in front of the payment rail. The executor's credential comes
@@ -157,6 +172,18 @@ pub struct Cli {
         requires = "enable_fault_injection"
     )]
     pub fault: Option<Fault>,
+    /// The server certificate (PEM, leaf first, then any intermediates) of HTTPS. With
+    /// `--tls-key-file` the listen address serves HTTPS only (TLS 1.2 and 1.3); the files are
+    /// re-read when they change. Without both: plain HTTP.
+    #[arg(long, env = TLS_CERT_FILE_ENV)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The private key (PEM) of `--tls-cert-file`.
+    #[arg(long, env = TLS_KEY_FILE_ENV)]
+    pub tls_key_file: Option<PathBuf>,
+    /// The CA certificate(s) (PEM) that sign the rail's certificate: then the only roots trusted
+    /// for an `https://` rail URL (without it: the public roots, as for a payment provider).
+    #[arg(long, env = RAIL_CA_FILE_ENV)]
+    pub rail_ca_file: Option<PathBuf>,
 }
 
 impl Cli {
@@ -170,6 +197,13 @@ impl Cli {
         config.db_acquire_timeout = self.pool.acquire_timeout();
         config.abandon_after = Duration::from_millis(self.abandon_after_ms);
         config.fault = self.fault.filter(|_| self.enable_fault_injection);
+        // Both or neither, and a pair that can be served: checked here so that a bad file stops the
+        // binary before it starts anything, naming the file and the reason.
+        config.tls = TlsFiles::from_options(self.tls_cert_file, self.tls_key_file)?;
+        if let Some(files) = &config.tls {
+            files.check()?;
+        }
+        config.rail_ca = self.rail_ca_file;
         config.credentials = Credentials::from_env(CREDENTIALS_PREFIX, ROLES)?;
         config.grants = self
             .grant_keys
@@ -195,6 +229,8 @@ impl std::fmt::Debug for Config {
             .field("credentials", &self.credentials)
             .field("grants", &self.grants)
             .field("fault", &self.fault)
+            .field("tls", &self.tls)
+            .field("rail_ca", &self.rail_ca)
             .finish()
     }
 }
@@ -216,7 +252,21 @@ impl Config {
             credentials: Credentials::new(),
             grants: GrantPolicy::Verify(Arc::default()),
             fault: None,
+            tls: None,
+            rail_ca: None,
         }
+    }
+
+    /// Serves HTTPS with the certificate and key in `files`.
+    pub fn with_tls(mut self, files: TlsFiles) -> Self {
+        self.tls = Some(files);
+        self
+    }
+
+    /// Trusts only the CA certificates in the PEM file at `path` for an `https://` rail.
+    pub fn with_rail_ca(mut self, path: impl Into<PathBuf>) -> Self {
+        self.rail_ca = Some(path.into());
+        self
     }
 
     pub fn with_grants(mut self, grants: GrantPolicy) -> Self {

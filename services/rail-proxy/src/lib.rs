@@ -59,7 +59,25 @@ pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
         config.db_acquire_timeout,
     )
     .map_err(|e| ConfigError::DatabaseUrl(e.to_string()))?;
-    let rail = rail::Rail::new(&config.rail_url, config.rail_timeout)?;
+    let rail = rail::Rail::with_ca(&config.rail_url, config.rail_timeout, config.rail_ca.as_deref())?;
+    // Loaded before anything starts: a bad pair is a configuration error naming the file.
+    let tls = match &config.tls {
+        Some(files) => Some(dlock_common::tls::ServerTls::load(files.clone()).map_err(ConfigError::Tls)?),
+        None => None,
+    };
+    match &config.tls {
+        None => tracing::warn!(
+            event = "plaintext_http",
+            setting = dlock_common::tls::TLS_CERT_FILE_ENV,
+            "no TLS certificate configured: the API is served in plain HTTP, so bearer credentials and signed grants cross the network in cleartext"
+        ),
+        Some(files) => tracing::info!(
+            event = "tls_enabled",
+            cert_file = %files.cert.display(),
+            key_file = %files.key.display(),
+            "serving HTTPS only (TLS 1.2 and 1.3); the certificate files are re-read when they change"
+        ),
+    }
 
     match config.fence {
         RailFence::Enforced { statement } if statement == sql::HIGH_WATER => {}
@@ -114,9 +132,10 @@ pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
         fencing_enabled = !matches!(config.fence, RailFence::Disabled),
         grant_verification_enabled = config.grants.is_on()
     );
-    Ok(dlock_common::serve::spawn_background(
+    Ok(dlock_common::serve::spawn_background_tls(
         listener,
         app,
+        tls,
         CancellationToken::new(),
     )?)
 }

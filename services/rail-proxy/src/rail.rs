@@ -5,6 +5,7 @@
 //! so it is recorded as TIMEOUT (ambiguous) and resolved later by asking, never by resubmitting.
 
 use dlock_wire::stub::PaymentOrder;
+use std::path::Path;
 use std::time::Duration;
 
 use reqwest::{StatusCode, Url};
@@ -65,7 +66,15 @@ impl RailAnswer {
 }
 
 impl Rail {
+    /// A rail client that trusts the public roots (an `https://` rail is a payment provider with a
+    /// public certificate unless a CA is given).
     pub fn new(base_url: &str, timeout: Duration) -> Result<Self, ConfigError> {
+        Self::with_ca(base_url, timeout, None)
+    }
+
+    /// A rail client that trusts only the CA certificates (PEM) in `ca`; without one, the public
+    /// roots (Mozilla's, as the webpki-roots crate carries them).
+    pub fn with_ca(base_url: &str, timeout: Duration, ca: Option<&Path>) -> Result<Self, ConfigError> {
         let bad = || ConfigError::RailUrl(base_url.to_owned());
         let mut payments = Url::parse(base_url).map_err(|_| bad())?;
         if !matches!(payments.scheme(), "http" | "https") {
@@ -76,10 +85,15 @@ impl Rail {
             .map_err(|_| bad())?
             .pop_if_empty()
             .extend(["v1", "payments"]);
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .build()
-            .map_err(|_| bad())?;
+        let mut client = reqwest::Client::builder().timeout(timeout).use_rustls_tls();
+        if let Some(path) = ca {
+            // Only the CA given: a private rail's certificate is never checked against public roots.
+            client = client.tls_built_in_root_certs(false);
+            for cert in root_certificates(path)? {
+                client = client.add_root_certificate(cert);
+            }
+        }
+        let client = client.build().map_err(|_| bad())?;
         Ok(Self { client, payments })
     }
 
@@ -143,14 +157,44 @@ impl Rail {
     }
 }
 
+/// The CA certificates of the PEM file at `path`, each problem naming the file.
+fn root_certificates(path: &Path) -> Result<Vec<reqwest::Certificate>, ConfigError> {
+    let shown = path.display();
+    let pem = std::fs::read(path).map_err(|e| ConfigError::RailCa(format!("cannot read {shown}: {e}")))?;
+    let certs = reqwest::Certificate::from_pem_bundle(&pem)
+        .map_err(|e| ConfigError::RailCa(format!("{shown} is not PEM certificates: {e}")))?;
+    if certs.is_empty() {
+        return Err(ConfigError::RailCa(format!(
+            "{shown} holds no -----BEGIN CERTIFICATE----- block"
+        )));
+    }
+    Ok(certs)
+}
+
 fn describe(e: &reqwest::Error) -> String {
     if e.is_timeout() {
         "no answer within the rail timeout".to_owned()
     } else if e.is_connect() {
-        format!("cannot connect to the rail: {e}")
+        format!("cannot connect to the rail: {}", chain(e))
     } else {
-        format!("rail request failed: {e}")
+        format!("rail request failed: {}", chain(e))
     }
+}
+
+/// The error and its causes: reqwest's own message ("error sending request") hides why, e.g. that
+/// the rail's certificate was refused.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        next = cause.source();
+    }
+    text
 }
 
 #[cfg(test)]

@@ -1,7 +1,10 @@
 //! What the stub does when nobody says otherwise, and the bounds on it.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
+
+use dlock_common::tls::{TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV, TlsError, TlsFiles};
 
 use serde::{Deserialize, Serialize};
 
@@ -46,6 +49,9 @@ pub struct Config {
     pub timeout_hang_ms: u64,
     /// Allows per-request outcome headers and `PUT /v1/admin/behaviour`. Never on in production.
     pub test_mode: bool,
+    /// The certificate and key files of HTTPS (`--tls-cert-file`, `--tls-key-file`). `Some`: the
+    /// listen address serves HTTPS only; `None`: plain HTTP, with a WARN at start-up.
+    pub tls: Option<TlsFiles>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +60,8 @@ pub enum ConfigError {
     Latency(u64),
     #[error("timeout hang must be between 1 and {MAX_TIMEOUT_HANG_MS} ms, got {0}")]
     TimeoutHang(u64),
+    #[error("{0}")]
+    Tls(#[from] TlsError),
 }
 
 impl Config {
@@ -65,7 +73,14 @@ impl Config {
             latency_ms: 0,
             timeout_hang_ms: 30_000,
             test_mode: true,
+            tls: None,
         }
+    }
+
+    /// Serves HTTPS with the certificate and key in `files`.
+    pub fn with_tls(mut self, files: TlsFiles) -> Self {
+        self.tls = Some(files);
+        self
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -101,18 +116,83 @@ pub struct Cli {
     /// Enables the X-Rail-Stub-* request headers and PUT /v1/admin/behaviour. Tests and demos only.
     #[arg(long, env = "RAIL_STUB_TEST_MODE")]
     pub test_mode: bool,
+    /// The server certificate (PEM, leaf first, then any intermediates) of HTTPS. With
+    /// `--tls-key-file` the listen address serves HTTPS only (TLS 1.2 and 1.3); the files are
+    /// re-read when they change. Without both: plain HTTP.
+    #[arg(long, env = TLS_CERT_FILE_ENV)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The private key (PEM) of `--tls-cert-file`.
+    #[arg(long, env = TLS_KEY_FILE_ENV)]
+    pub tls_key_file: Option<PathBuf>,
 }
 
 impl Cli {
     /// The [`Config`]; its bounds are checked by `spawn` ([`Config::validate`]), which the server
-    /// kit reports as a configuration error (exit 2).
-    pub fn into_config(self) -> Result<Config, std::convert::Infallible> {
+    /// kit reports as a configuration error (exit 2). The TLS files are checked here, so that a bad
+    /// pair stops the binary before it starts anything, naming the file and the reason.
+    pub fn into_config(self) -> Result<Config, ConfigError> {
+        let tls = TlsFiles::from_options(self.tls_cert_file, self.tls_key_file)?;
+        if let Some(files) = &tls {
+            files.check()?;
+        }
         Ok(Config {
             listen: self.listen,
             mode: self.mode,
             latency_ms: self.latency_ms,
             timeout_hang_ms: self.timeout_hang_ms,
             test_mode: self.test_mode,
+            tls,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn cli(args: &[&str]) -> Cli {
+        let mut all = vec!["rail-stub"];
+        all.extend_from_slice(args);
+        Cli::try_parse_from(all).expect("parses")
+    }
+
+    #[test]
+    fn tls_files_come_in_pairs_and_are_checked_at_start_up() {
+        assert_eq!(cli(&[]).into_config().unwrap().tls, None);
+        let e = cli(&["--tls-cert-file", "/nonexistent/tls.crt"])
+            .into_config()
+            .unwrap_err();
+        assert!(
+            matches!(e, ConfigError::Tls(TlsError::Half { missing: "key", .. })),
+            "{e:?}"
+        );
+        let e = cli(&["--tls-key-file", "/nonexistent/tls.key"])
+            .into_config()
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ConfigError::Tls(TlsError::Half {
+                    missing: "certificate",
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        // Both given but unreadable: refused naming the file, not served later.
+        let e = cli(&[
+            "--tls-cert-file",
+            "/nonexistent/tls.crt",
+            "--tls-key-file",
+            "/nonexistent/tls.key",
+        ])
+        .into_config()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("/nonexistent/tls.crt") && e.contains("cannot read"),
+            "{e}"
+        );
     }
 }

@@ -46,6 +46,24 @@ pub type RunningServer = Background;
 /// Binds `config.listen` and serves until [`RunningServer::shutdown`].
 pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
     config.validate()?;
+    // Loaded before anything starts: a bad pair is a configuration error naming the file.
+    let tls = match &config.tls {
+        Some(files) => Some(dlock_common::tls::ServerTls::load(files.clone()).map_err(ConfigError::Tls)?),
+        None => None,
+    };
+    match &config.tls {
+        None => tracing::warn!(
+            event = "plaintext_http",
+            setting = dlock_common::tls::TLS_CERT_FILE_ENV,
+            "no TLS certificate configured: the rail API is served in plain HTTP, so payment orders cross the network in cleartext"
+        ),
+        Some(files) => tracing::info!(
+            event = "tls_enabled",
+            cert_file = %files.cert.display(),
+            key_file = %files.key.display(),
+            "serving HTTPS only (TLS 1.2 and 1.3); the certificate files are re-read when they change"
+        ),
+    }
     if config.test_mode {
         tracing::warn!(
             event = "rail_stub_test_mode",
@@ -67,5 +85,7 @@ pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
         latency_ms = config.latency_ms,
         timeout_hang_ms = config.timeout_hang_ms
     );
-    Ok(dlock_common::serve::spawn_background(listener, app, shutdown)?)
+    Ok(dlock_common::serve::spawn_background_tls(
+        listener, app, tls, shutdown,
+    )?)
 }
