@@ -33,6 +33,31 @@ pub const TLS_KEY_FILE_ENV: &str = "DLOCK_TLS_KEY_FILE";
 /// The ALPN protocols the servers offer, preferred first.
 pub const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
 
+/// The HTTPS flags of every dlock server, flattened into its command line.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TlsArgs {
+    /// The server certificate (PEM, leaf first, then any intermediates) of HTTPS. With
+    /// `--tls-key-file` the listen address serves HTTPS only (TLS 1.2 and 1.3); the files are
+    /// re-read when they change. Without both: plain HTTP.
+    #[arg(long, env = TLS_CERT_FILE_ENV)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The private key (PEM) of `--tls-cert-file`.
+    #[arg(long, env = TLS_KEY_FILE_ENV)]
+    pub tls_key_file: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// Both or neither, and a pair that can be served: checked when the configuration is read, so
+    /// that a bad file stops the binary before it starts anything, naming the file and the reason.
+    pub fn into_files(self) -> Result<Option<TlsFiles>, TlsError> {
+        let files = TlsFiles::from_options(self.tls_cert_file, self.tls_key_file)?;
+        if let Some(files) = &files {
+            files.check()?;
+        }
+        Ok(files)
+    }
+}
+
 /// A server's certificate chain (PEM, leaf first) and its private key (PEM: PKCS#8, PKCS#1 or
 /// SEC1), as two files. The paths are not secret; the key's content never leaves [`ServerTls`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -263,6 +288,28 @@ impl ServerTls {
             config: Arc::new(config),
             resolver,
         })
+    }
+
+    /// At a service's start-up: the pair loaded (a bad one is a configuration error naming the
+    /// file), and how the API is served said once: `tls_enabled` (INFO), or without files
+    /// `plaintext_http` (WARN) naming what then crosses the network in cleartext (`cleartext`).
+    pub fn start(files: Option<&TlsFiles>, cleartext: &str) -> Result<Option<Self>, TlsError> {
+        let Some(files) = files else {
+            tracing::warn!(
+                event = "plaintext_http",
+                setting = TLS_CERT_FILE_ENV,
+                "no TLS certificate configured: the API is served in plain HTTP, so {cleartext} cross the network in cleartext"
+            );
+            return Ok(None);
+        };
+        let tls = Self::load(files.clone())?;
+        tracing::info!(
+            event = "tls_enabled",
+            cert_file = %files.cert.display(),
+            key_file = %files.key.display(),
+            "serving HTTPS only (TLS 1.2 and 1.3); the certificate files are re-read when they change"
+        );
+        Ok(Some(tls))
     }
 
     /// The files this serves.

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use dlock_common::tls::{TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV, TlsError, TlsFiles};
+use dlock_common::tls::{TlsError, TlsFiles};
 use dlock_grant::SigningKey;
 
 use crate::clients::{Clients, ClientsError};
@@ -373,15 +373,9 @@ pub struct Cli {
     #[arg(long, env = CLIENTS_FILE_ENV)]
     pub clients_file: Option<PathBuf>,
 
-    /// The server certificate (PEM, leaf first, then any intermediates) of HTTPS. With
-    /// `--tls-key-file` the listen address serves HTTPS only (TLS 1.2 and 1.3); the files are
-    /// re-read when they change. Without both: plain HTTP.
-    #[arg(long, env = TLS_CERT_FILE_ENV)]
-    pub tls_cert_file: Option<PathBuf>,
-
-    /// The private key (PEM) of `--tls-cert-file`.
-    #[arg(long, env = TLS_KEY_FILE_ENV)]
-    pub tls_key_file: Option<PathBuf>,
+    /// HTTPS: `--tls-cert-file`, `--tls-key-file` (the same flags in every server).
+    #[command(flatten)]
+    pub tls: dlock_common::tls::TlsArgs,
 
     /// lockdb pool: `--db-max-connections`, `--db-acquire-timeout-ms` (the same flags in every
     /// service with a database).
@@ -416,12 +410,7 @@ impl Cli {
                 prefix: self.etcd_prefix,
             },
         };
-        // Both or neither, and a pair that can be served: checked here so that a bad file stops the
-        // binary before it starts anything, with the file and the reason.
-        let tls = TlsFiles::from_options(self.tls_cert_file, self.tls_key_file)?;
-        if let Some(files) = &tls {
-            files.check()?;
-        }
+        let tls = self.tls.into_files()?;
         let config = Config {
             backend,
             database_url: self.database_url.unwrap_or_default(),

@@ -125,10 +125,11 @@ pub async fn spawn_with_statements(config: Config, stmts: Statements) -> Result<
 pub async fn spawn_with_backend(config: Config, backend: Backend) -> Result<RunningServer, StartError> {
     config.validate()?;
     // Loaded before anything starts: a bad pair is a configuration error naming the file.
-    let tls = match &config.tls {
-        Some(files) => Some(ServerTls::load(files.clone()).map_err(ConfigError::Tls)?),
-        None => None,
-    };
+    let tls = ServerTls::start(
+        config.tls.as_ref(),
+        "bearer credentials (client and admin tokens) and signed grants",
+    )
+    .map_err(ConfigError::Tls)?;
     let shutdown = CancellationToken::new();
     let state = AppState::with_backend(backend, config.admin_token.clone())
         .with_config(&config)
@@ -174,19 +175,6 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         Some(clients) => tracing::info!(
             event = "lock_clients_configured",
             clients = %clients.names().collect::<Vec<_>>().join(","),
-        ),
-    }
-    match &config.tls {
-        None => tracing::warn!(
-            event = "plaintext_http",
-            setting = dlock_common::tls::TLS_CERT_FILE_ENV,
-            "no TLS certificate configured: the API is served in plain HTTP, so bearer credentials (client and admin tokens) and signed grants cross the network in cleartext"
-        ),
-        Some(files) => tracing::info!(
-            event = "tls_enabled",
-            cert_file = %files.cert.display(),
-            key_file = %files.key.display(),
-            "serving HTTPS only (TLS 1.2 and 1.3); the certificate files are re-read when they change"
         ),
     }
     match &config.signing_key {

@@ -2,7 +2,6 @@
 //! literal in tests); nothing is read from globals later.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,7 +9,7 @@ use clap::{ArgAction, Parser, Subcommand};
 use dlock_common::auth::{CredentialError, Credentials, Role};
 use dlock_common::db::PoolArgs;
 use dlock_common::grant::{GrantConfigError, GrantPolicy, PublicKeyArgs};
-use dlock_common::tls::{TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV, TlsError, TlsFiles};
+use dlock_common::tls::{TlsError, TlsFiles};
 
 /// Env prefix of this service's credentials: `PAYMENT_RESOURCE_{ADMIN,EXECUTOR,CLIENT}_TOKEN`
 /// (or `…_TOKEN_FILE`).
@@ -270,25 +269,15 @@ pub struct ServeArgs {
         default_value_t = 30
     )]
     pub payout_stats_interval_secs: u64,
-    /// The server certificate (PEM, leaf first, then any intermediates) of HTTPS. With
-    /// `--tls-key-file` the listen address serves HTTPS only (TLS 1.2 and 1.3); the files are
-    /// re-read when they change. Without both: plain HTTP.
-    #[arg(long, env = TLS_CERT_FILE_ENV)]
-    pub tls_cert_file: Option<PathBuf>,
-    /// The private key (PEM) of `--tls-cert-file`.
-    #[arg(long, env = TLS_KEY_FILE_ENV)]
-    pub tls_key_file: Option<PathBuf>,
+    /// HTTPS: `--tls-cert-file`, `--tls-key-file` (the same flags in every server).
+    #[command(flatten)]
+    pub tls: dlock_common::tls::TlsArgs,
 }
 
 impl ServeArgs {
     /// The checked [`Config`], with the credentials read from the environment or their files.
     pub fn into_config(self) -> Result<Config, ConfigError> {
-        // Both or neither, and a pair that can be served: checked here so that a bad file stops the
-        // binary before it starts anything, naming the file and the reason.
-        let tls = TlsFiles::from_options(self.tls_cert_file, self.tls_key_file)?;
-        if let Some(files) = &tls {
-            files.check()?;
-        }
+        let tls = self.tls.into_files()?;
         Ok(Config {
             listen: self.listen,
             fencing: Fencing::from_enabled(self.fencing_enabled),

@@ -167,11 +167,8 @@ impl dlock_common::serve::Server for RunningServer {
 /// Starts the service on `config.listen` (port 0: an ephemeral port) and returns once it is bound.
 pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
     // Loaded before anything starts: a bad pair is a configuration error naming the file.
-    let tls = match &config.tls {
-        Some(files) => Some(dlock_common::tls::ServerTls::load(files.clone())?),
-        None => None,
-    };
-    announce_tls(config.tls.as_ref());
+    let tls =
+        dlock_common::tls::ServerTls::start(config.tls.as_ref(), "bearer credentials and signed grants")?;
     let app = app(&config)?;
     let bind_error = |source| StartError::Bind {
         addr: config.listen,
@@ -190,22 +187,4 @@ pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
         server,
         monitor,
     })
-}
-
-/// Says at start-up whether the API is served over TLS: without it bearer credentials and signed
-/// grants cross the network in cleartext, which an operator must be told.
-fn announce_tls(tls: Option<&dlock_common::tls::TlsFiles>) {
-    match tls {
-        None => tracing::warn!(
-            event = "plaintext_http",
-            setting = dlock_common::tls::TLS_CERT_FILE_ENV,
-            "no TLS certificate configured: the API is served in plain HTTP, so bearer credentials and signed grants cross the network in cleartext"
-        ),
-        Some(files) => tracing::info!(
-            event = "tls_enabled",
-            cert_file = %files.cert.display(),
-            key_file = %files.key.display(),
-            "serving HTTPS only (TLS 1.2 and 1.3); the certificate files are re-read when they change"
-        ),
-    }
 }

@@ -10,7 +10,7 @@ use clap::ArgAction;
 use dlock_common::auth::{CredentialError, Credentials, Role};
 use dlock_common::db::PoolArgs;
 use dlock_common::grant::{GrantConfigError, GrantPolicy, PublicKeyArgs};
-use dlock_common::tls::{TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV, TlsError, TlsFiles};
+use dlock_common::tls::{TlsError, TlsFiles};
 
 use crate::sql;
 
@@ -172,14 +172,9 @@ pub struct Cli {
         requires = "enable_fault_injection"
     )]
     pub fault: Option<Fault>,
-    /// The server certificate (PEM, leaf first, then any intermediates) of HTTPS. With
-    /// `--tls-key-file` the listen address serves HTTPS only (TLS 1.2 and 1.3); the files are
-    /// re-read when they change. Without both: plain HTTP.
-    #[arg(long, env = TLS_CERT_FILE_ENV)]
-    pub tls_cert_file: Option<PathBuf>,
-    /// The private key (PEM) of `--tls-cert-file`.
-    #[arg(long, env = TLS_KEY_FILE_ENV)]
-    pub tls_key_file: Option<PathBuf>,
+    /// HTTPS: `--tls-cert-file`, `--tls-key-file` (the same flags in every server).
+    #[command(flatten)]
+    pub tls: dlock_common::tls::TlsArgs,
     /// The CA certificate(s) (PEM) that sign the rail's certificate: then the only roots trusted
     /// for an `https://` rail URL (without it: the public roots, as for a payment provider).
     #[arg(long, env = RAIL_CA_FILE_ENV)]
@@ -197,12 +192,7 @@ impl Cli {
         config.db_acquire_timeout = self.pool.acquire_timeout();
         config.abandon_after = Duration::from_millis(self.abandon_after_ms);
         config.fault = self.fault.filter(|_| self.enable_fault_injection);
-        // Both or neither, and a pair that can be served: checked here so that a bad file stops the
-        // binary before it starts anything, naming the file and the reason.
-        config.tls = TlsFiles::from_options(self.tls_cert_file, self.tls_key_file)?;
-        if let Some(files) = &config.tls {
-            files.check()?;
-        }
+        config.tls = self.tls.into_files()?;
         config.rail_ca = self.rail_ca_file;
         config.credentials = Credentials::from_env(CREDENTIALS_PREFIX, ROLES)?;
         config.grants = self

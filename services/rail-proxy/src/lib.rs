@@ -61,23 +61,9 @@ pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
     .map_err(|e| ConfigError::DatabaseUrl(e.to_string()))?;
     let rail = rail::Rail::with_ca(&config.rail_url, config.rail_timeout, config.rail_ca.as_deref())?;
     // Loaded before anything starts: a bad pair is a configuration error naming the file.
-    let tls = match &config.tls {
-        Some(files) => Some(dlock_common::tls::ServerTls::load(files.clone()).map_err(ConfigError::Tls)?),
-        None => None,
-    };
-    match &config.tls {
-        None => tracing::warn!(
-            event = "plaintext_http",
-            setting = dlock_common::tls::TLS_CERT_FILE_ENV,
-            "no TLS certificate configured: the API is served in plain HTTP, so bearer credentials and signed grants cross the network in cleartext"
-        ),
-        Some(files) => tracing::info!(
-            event = "tls_enabled",
-            cert_file = %files.cert.display(),
-            key_file = %files.key.display(),
-            "serving HTTPS only (TLS 1.2 and 1.3); the certificate files are re-read when they change"
-        ),
-    }
+    let tls =
+        dlock_common::tls::ServerTls::start(config.tls.as_ref(), "bearer credentials and signed grants")
+            .map_err(ConfigError::Tls)?;
 
     match config.fence {
         RailFence::Enforced { statement } if statement == sql::HIGH_WATER => {}

@@ -1,10 +1,9 @@
 //! What the stub does when nobody says otherwise, and the bounds on it.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
-use dlock_common::tls::{TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV, TlsError, TlsFiles};
+use dlock_common::tls::{TlsError, TlsFiles};
 
 use serde::{Deserialize, Serialize};
 
@@ -116,14 +115,9 @@ pub struct Cli {
     /// Enables the X-Rail-Stub-* request headers and PUT /v1/admin/behaviour. Tests and demos only.
     #[arg(long, env = "RAIL_STUB_TEST_MODE")]
     pub test_mode: bool,
-    /// The server certificate (PEM, leaf first, then any intermediates) of HTTPS. With
-    /// `--tls-key-file` the listen address serves HTTPS only (TLS 1.2 and 1.3); the files are
-    /// re-read when they change. Without both: plain HTTP.
-    #[arg(long, env = TLS_CERT_FILE_ENV)]
-    pub tls_cert_file: Option<PathBuf>,
-    /// The private key (PEM) of `--tls-cert-file`.
-    #[arg(long, env = TLS_KEY_FILE_ENV)]
-    pub tls_key_file: Option<PathBuf>,
+    /// HTTPS: `--tls-cert-file`, `--tls-key-file` (the same flags in every server).
+    #[command(flatten)]
+    pub tls: dlock_common::tls::TlsArgs,
 }
 
 impl Cli {
@@ -131,10 +125,7 @@ impl Cli {
     /// kit reports as a configuration error (exit 2). The TLS files are checked here, so that a bad
     /// pair stops the binary before it starts anything, naming the file and the reason.
     pub fn into_config(self) -> Result<Config, ConfigError> {
-        let tls = TlsFiles::from_options(self.tls_cert_file, self.tls_key_file)?;
-        if let Some(files) = &tls {
-            files.check()?;
-        }
+        let tls = self.tls.into_files()?;
         Ok(Config {
             listen: self.listen,
             mode: self.mode,

@@ -47,23 +47,8 @@ pub type RunningServer = Background;
 pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
     config.validate()?;
     // Loaded before anything starts: a bad pair is a configuration error naming the file.
-    let tls = match &config.tls {
-        Some(files) => Some(dlock_common::tls::ServerTls::load(files.clone()).map_err(ConfigError::Tls)?),
-        None => None,
-    };
-    match &config.tls {
-        None => tracing::warn!(
-            event = "plaintext_http",
-            setting = dlock_common::tls::TLS_CERT_FILE_ENV,
-            "no TLS certificate configured: the rail API is served in plain HTTP, so payment orders cross the network in cleartext"
-        ),
-        Some(files) => tracing::info!(
-            event = "tls_enabled",
-            cert_file = %files.cert.display(),
-            key_file = %files.key.display(),
-            "serving HTTPS only (TLS 1.2 and 1.3); the certificate files are re-read when they change"
-        ),
-    }
+    let tls = dlock_common::tls::ServerTls::start(config.tls.as_ref(), "payment orders")
+        .map_err(ConfigError::Tls)?;
     if config.test_mode {
         tracing::warn!(
             event = "rail_stub_test_mode",
