@@ -8,10 +8,9 @@ use axum::extract::{FromRequestParts, MatchedPath};
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method};
-use subtle::ConstantTimeEq;
 use uuid::Uuid;
 
-use crate::clients::{Client, Operation, UNKNOWN_CLIENT};
+use crate::clients::{Client, Operation, UNKNOWN_CLIENT, token_matches};
 use crate::error::Error;
 use crate::metrics::RefusalReason;
 use crate::state::AppState;
@@ -316,16 +315,11 @@ fn bearer(value: &[u8]) -> Option<&[u8]> {
     (scheme.eq_ignore_ascii_case(b"bearer ")).then_some(rest)
 }
 
-/// Constant-time in the token's contents (only a length mismatch returns early, which reveals the
-/// length and nothing else).
-pub(crate) fn token_matches(presented: &[u8], expected: &[u8]) -> bool {
-    !expected.is_empty() && bool::from(presented.ct_eq(expected))
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{bearer, operation, token_matches};
+    use super::{bearer, operation};
     use crate::clients::Operation;
+    use crate::clients::token_matches;
 
     /// Every lock and session route needs an operation of a client, and no other route does: a new
     /// lock route cannot be left open to every client by forgetting it here.
