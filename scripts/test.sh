@@ -18,6 +18,8 @@ say "cargo test --workspace"
 export DLOCK_REQUIRE_ETCDUTL=1
 # setup.sh installed schemathesis: the API fuzz run (services/testkit/tests/api_fuzz.rs) must run too.
 export DLOCK_REQUIRE_SCHEMATHESIS=1
+"$DLOCK_ROOT/scripts/flyway-tools.sh"
+export DLOCK_REQUIRE_FLYWAY=1
 cargo test --workspace --all-targets --no-fail-fast 2>&1
 if [ "${DLOCK_SKIP_CLUSTER:-0}" = 1 ]; then
   say "DLOCK_SKIP_CLUSTER=1: cluster tier not run"

@@ -18,20 +18,23 @@ pub struct Migration {
     /// The file name.
     pub script: String,
     pub sql: String,
-    /// CRC32 of the text with line endings normalised, stored as a signed 32-bit integer like Flyway.
+    /// Flyway's checksum of the file ([`checksum`]), recorded in the history.
     pub checksum: i32,
+    /// What dlock-migrate recorded for this file before it computed checksums as Flyway does
+    /// ([`legacy_checksum`]): a history row holding it is corrected once, not refused.
+    pub legacy_checksum: i32,
 }
 
 impl Migration {
     pub fn new(script: &str, sql: String) -> Result<Self, MigrateError> {
         let (kind, description) = parse_name(script)?;
-        let checksum = checksum(&sql);
         Ok(Self {
             kind,
             description,
             script: script.to_owned(),
+            checksum: checksum(&sql),
+            legacy_checksum: legacy_checksum(&sql),
             sql,
-            checksum,
         })
     }
 
@@ -43,7 +46,27 @@ impl Migration {
     }
 }
 
-fn checksum(sql: &str) -> i32 {
+/// Flyway's checksum of a script, so that Flyway and dlock-migrate accept each other's histories.
+///
+/// Flyway 13 (`ChecksumCalculator.calculateChecksumForResource`) reads the file as UTF-8 through a
+/// `BufferedReader`, line by line: `readLine` ends a line at `\n`, `\r\n` or a lone `\r` and
+/// returns it without the ending. `BomFilter.FilterBomFromString` drops a U+FEFF at the start of the
+/// first line only (a BOM further down is content). The CRC32 runs over each line's UTF-8 bytes,
+/// with nothing between lines, and `(int) crc.getValue()` keeps the low 32 bits as a signed integer.
+/// Splitting at every `\r` and `\n` yields the same lines plus, for `\r\n`, an empty piece that
+/// adds no bytes.
+pub fn checksum(sql: &str) -> i32 {
+    let text = sql.strip_prefix('\u{feff}').unwrap_or(sql);
+    let mut h = crc32fast::Hasher::new();
+    for line in text.split(['\r', '\n']) {
+        h.update(line.as_bytes());
+    }
+    h.finalize() as i32
+}
+
+/// The checksum dlock-migrate recorded before it matched Flyway: CRC32 over each line (split at
+/// `\n`, a trailing `\r` dropped) followed by `\n`, a BOM kept. Only used to recognise such rows.
+pub fn legacy_checksum(sql: &str) -> i32 {
     let mut h = crc32fast::Hasher::new();
     for line in sql.lines() {
         h.update(line.trim_end_matches('\r').as_bytes());
@@ -82,7 +105,8 @@ pub fn parse_name(file: &str) -> Result<(Kind, String), MigrateError> {
     Ok((kind, desc.replace('_', " ")))
 }
 
-/// Reads every `*.sql` file of one history, versioned ones in version order, then repeatables by name.
+/// Reads every `*.sql` file of one history, versioned ones in version order, then repeatables by
+/// description.
 pub fn load_dir(dir: &Path) -> Result<Vec<Migration>, MigrateError> {
     sort_and_check(read_dir(dir)?)
 }
@@ -124,7 +148,8 @@ pub(crate) fn sort_and_check(mut out: Vec<Migration>) -> Result<Vec<Migration>, 
         (Kind::Versioned(x), Kind::Versioned(y)) => x.cmp(&y),
         (Kind::Versioned(_), Kind::Repeatable) => std::cmp::Ordering::Less,
         (Kind::Repeatable, Kind::Versioned(_)) => std::cmp::Ordering::Greater,
-        (Kind::Repeatable, Kind::Repeatable) => a.script.cmp(&b.script),
+        // Flyway's order (ResolvedMigrationComparator): repeatables by description, not file name.
+        (Kind::Repeatable, Kind::Repeatable) => a.description.cmp(&b.description),
     });
     for pair in out.windows(2) {
         match (pair[0].kind, pair[1].kind) {
@@ -175,10 +200,48 @@ mod tests {
         }
     }
 
+    /// Values Flyway 13.12.2 itself computed for these texts (its ChecksumCalculator on a
+    /// FileSystemResource holding each, read as UTF-8); tests/flyway.rs compares with the live
+    /// Flyway's `info` as well.
     #[test]
-    fn checksum_ignores_line_endings_only() {
-        assert_eq!(checksum("a\nb\n"), checksum("a\r\nb\r\n"));
-        assert_ne!(checksum("a\nb\n"), checksum("a\nc\n"));
+    fn checksum_is_flyways() {
+        for (text, flyway) in FLYWAY_CHECKSUMS {
+            assert_eq!(checksum(text), *flyway, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn checksum_ignores_line_endings_and_boms_only() {
+        let base = checksum("a\nb\n");
+        for same in [
+            "a\r\nb\r\n",
+            "a\rb\r",
+            "a\nb",
+            "\u{feff}a\nb\n",
+            "a\n\n\nb",
+            "a\r\r\n\n\rb\n\n",
+        ] {
+            assert_eq!(checksum(same), base, "{same:?}");
+        }
+        // Only the first line's BOM is dropped, and only one.
+        for different in [
+            "a\nc\n",
+            "a b\n",
+            "\u{feff}\u{feff}a\nb",
+            "a\n\u{feff}b",
+            "\n\u{feff}ab",
+        ] {
+            assert_ne!(checksum(different), base, "{different:?}");
+        }
+    }
+
+    /// What dlock-migrate recorded before (values of the former `checksum`), so that rows holding
+    /// them are recognised.
+    #[test]
+    fn legacy_checksum_is_the_former_one() {
+        assert_eq!(legacy_checksum("a\nb\n"), LEGACY_A_NL_B_NL);
+        assert_eq!(legacy_checksum("a\r\nb\r\n"), LEGACY_A_NL_B_NL);
+        assert_ne!(legacy_checksum("a\nb\n"), checksum("a\nb\n"));
     }
 
     #[test]
@@ -193,4 +256,21 @@ mod tests {
             Err(MigrateError::DuplicateVersion { .. })
         ));
     }
+
+    /// (text, the checksum Flyway 13.12.2 computes for a file holding it).
+    const FLYWAY_CHECKSUMS: &[(&str, i32)] = &[
+        ("", 0),
+        ("a\nb\n", -1635563411),
+        ("a\r\nb\r\n", -1635563411),
+        ("a\rb", -1635563411),
+        ("\u{feff}a\nb\n", -1635563411),
+        ("a\n\u{feff}b", -444179588),
+        ("\u{feff}\u{feff}a\nb", -1215460041),
+        ("CREATE TABLE t (a INT);", -1453062805),
+        ("-- é ü 日本\nSELECT 'x';\r\n\r\n", -690818821),
+        ("a\r\r\n\n\rb\n\n", -1635563411),
+    ];
+
+    /// CRC32("a\nb\n") as a signed integer: the former checksum of "a\nb\n".
+    const LEGACY_A_NL_B_NL: i32 = 408365719;
 }

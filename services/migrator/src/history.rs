@@ -10,19 +10,25 @@ use crate::files::{Kind, Migration};
 /// Key of the session advisory lock held while migrating ("dlockmig").
 const ADVISORY_LOCK_KEY: i64 = 0x646c_6f63_6b6d_6967;
 
+/// The table exactly as Flyway's PostgreSQL support creates it (`PostgreSQLDatabase.getRawCreateScript`:
+/// same columns, a primary key named `<table>_pk`, an index `<table>_s_idx` on `success`), so that a
+/// history started by either tool is the other's.
 const CREATE_HISTORY: &str = r#"
-CREATE TABLE IF NOT EXISTS flyway_schema_history (
-    installed_rank INTEGER       PRIMARY KEY,
-    version        VARCHAR(50),
-    description    VARCHAR(200)  NOT NULL,
-    type           VARCHAR(20)   NOT NULL,
-    script         VARCHAR(1000) NOT NULL,
-    checksum       INTEGER,
-    installed_by   VARCHAR(100)  NOT NULL,
-    installed_on   TIMESTAMP     NOT NULL DEFAULT now(),
-    execution_time INTEGER       NOT NULL,
-    success        BOOLEAN       NOT NULL
-)"#;
+CREATE TABLE "flyway_schema_history" (
+    "installed_rank" INT NOT NULL,
+    "version" VARCHAR(50),
+    "description" VARCHAR(200) NOT NULL,
+    "type" VARCHAR(20) NOT NULL,
+    "script" VARCHAR(1000) NOT NULL,
+    "checksum" INTEGER,
+    "installed_by" VARCHAR(100) NOT NULL,
+    "installed_on" TIMESTAMP NOT NULL DEFAULT now(),
+    "execution_time" INTEGER NOT NULL,
+    "success" BOOLEAN NOT NULL
+);
+ALTER TABLE "flyway_schema_history" ADD CONSTRAINT "flyway_schema_history_pk" PRIMARY KEY ("installed_rank");
+CREATE INDEX "flyway_schema_history_s_idx" ON "flyway_schema_history" ("success");
+"#;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AppliedRow {
@@ -44,6 +50,10 @@ pub struct Report {
     /// are (their data stays), reported so that an operator sees it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub retired: Vec<String>,
+    /// Scripts whose history row held the checksum dlock-migrate recorded before it computed them as
+    /// Flyway does, rewritten to Flyway's by this run (once: the next run finds them matching).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub corrected: Vec<String>,
 }
 
 /// Rows of the history table in installation order (empty if the table does not exist yet).
@@ -205,8 +215,16 @@ async fn migrate_locked(
     migrations: &[Migration],
     retry: Retry,
 ) -> Result<Report, MigrateError> {
-    sqlx::query(CREATE_HISTORY).execute(&mut *conn).await?;
-    let history = applied(conn).await?;
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('flyway_schema_history') IS NOT NULL")
+        .fetch_one(&mut *conn)
+        .await?;
+    if !exists {
+        // Several statements: the simple query protocol, in one transaction.
+        let mut tx = conn.begin().await?;
+        sqlx::raw_sql(CREATE_HISTORY).execute(&mut *tx).await?;
+        tx.commit().await?;
+    }
+    let mut history = applied(conn).await?;
 
     if let Some(failed) = history.iter().find(|r| !r.success) {
         return Err(MigrateError::PreviousFailure {
@@ -214,7 +232,10 @@ async fn migrate_locked(
         });
     }
 
-    // Validate every applied versioned migration before touching anything.
+    // Validate every applied versioned migration before touching anything. A row holding the
+    // checksum an older dlock-migrate computed for the very same file is not an edit: it is noted
+    // for correction. Anything else that differs is refused, as Flyway refuses it.
+    let mut corrections: Vec<Correction> = Vec::new();
     let mut latest: Option<i64> = None;
     for row in history.iter().filter(|r| r.version.is_some()) {
         let version = row.version.clone().unwrap_or_default();
@@ -228,15 +249,40 @@ async fn migrate_locked(
             });
         };
         if row.checksum != Some(file.checksum) {
-            return Err(MigrateError::ChecksumMismatch {
-                version,
-                script: file.script.clone(),
-                recorded: row.checksum.unwrap_or_default(),
-                found: file.checksum,
-            });
+            if row.checksum != Some(file.legacy_checksum) {
+                return Err(MigrateError::ChecksumMismatch {
+                    version,
+                    script: file.script.clone(),
+                    recorded: row.checksum.unwrap_or_default(),
+                    found: file.checksum,
+                });
+            }
+            corrections.push(Correction::of(row, file));
         }
         if let Kind::Versioned(v) = file.kind {
             latest = latest.max(Some(v));
+        }
+    }
+    // A repeatable's latest row with the former checksum of its current file: correcting it keeps
+    // the file from being re-applied for a checksum change that is not a change. (Earlier rows of a
+    // repeatable record earlier contents; Flyway does not validate them, and neither do we.)
+    for m in migrations.iter().filter(|m| m.kind == Kind::Repeatable) {
+        let last = history
+            .iter()
+            .rev()
+            .find(|r| r.version.is_none() && r.script == m.script);
+        if let Some(row) = last
+            && row.checksum != Some(m.checksum)
+            && row.checksum == Some(m.legacy_checksum)
+        {
+            corrections.push(Correction::of(row, m));
+        }
+    }
+    // The rest of the checks see the history as corrected; the rows are written only once every
+    // check has passed.
+    for c in &corrections {
+        if let Some(row) = history.iter_mut().find(|r| r.installed_rank == c.installed_rank) {
+            row.checksum = Some(c.to);
         }
     }
 
@@ -284,10 +330,12 @@ async fn migrate_locked(
         }
     }
 
+    let corrected = correct_checksums(conn, &corrections).await?;
     let mut report = Report {
         applied: Vec::new(),
         current_version: latest,
         retired,
+        corrected,
     };
     let mut rank = history.iter().map(|r| r.installed_rank).max().unwrap_or(0);
     for m in pending {
@@ -308,6 +356,73 @@ async fn migrate_locked(
         }
     }
     Ok(report)
+}
+
+/// A history row to rewrite from the former dlock checksum of its file to Flyway's.
+struct Correction {
+    installed_rank: i32,
+    version: Option<String>,
+    script: String,
+    from: i32,
+    to: i32,
+}
+
+impl Correction {
+    fn of(row: &AppliedRow, file: &Migration) -> Self {
+        Correction {
+            installed_rank: row.installed_rank,
+            version: row.version.clone(),
+            script: row.script.clone(),
+            from: file.legacy_checksum,
+            to: file.checksum,
+        }
+    }
+}
+
+/// Rewrites the rows of `corrections` (after every check of the run passed), all in one transaction (all or none), each guarded by the
+/// checksum it was validated with; logs `history_checksum_corrected` per row and returns the scripts.
+async fn correct_checksums(
+    conn: &mut PgConnection,
+    corrections: &[Correction],
+) -> Result<Vec<String>, MigrateError> {
+    if corrections.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut tx = conn.begin().await?;
+    for c in corrections {
+        let updated = sqlx::query(
+            "UPDATE flyway_schema_history SET checksum = $1 WHERE installed_rank = $2 AND checksum = $3",
+        )
+        .bind(c.to)
+        .bind(c.installed_rank)
+        .bind(c.from)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if updated != 1 {
+            // Someone changed the row since we read it under the advisory lock: not ours to guess.
+            return Err(MigrateError::HistoryChanged {
+                script: c.script.clone(),
+            });
+        }
+    }
+    tx.commit().await?;
+    for c in corrections {
+        tracing::warn!(
+            event = "history_checksum_corrected",
+            version = c.version.as_deref().unwrap_or(""),
+            script = %c.script,
+            from = c.from,
+            to = c.to,
+            "the history row held the checksum an older dlock-migrate computed for this unchanged file; rewritten to Flyway's"
+        );
+    }
+    tracing::info!(
+        event = "history_checksums_corrected",
+        count = corrections.len(),
+        "history checksums rewritten to Flyway's"
+    );
+    Ok(corrections.iter().map(|c| c.script.clone()).collect())
 }
 
 async fn apply_one(conn: &mut PgConnection, m: &Migration, rank: i32) -> Result<(), MigrateError> {

@@ -2,7 +2,13 @@
 //!
 //! - files are `V<n>__<snake_case>.sql` (versioned, applied once, in order) and
 //!   `R__<snake_case>.sql` (repeatable, re-applied whenever its checksum changes, after versioned);
-//! - every applied file is recorded in `flyway_schema_history` with its CRC32 checksum;
+//! - every applied file is recorded in `flyway_schema_history` exactly as Flyway records it (the same
+//!   table, columns and checksum, [`checksum`]), so that Flyway validates and continues a history
+//!   dlock-migrate wrote and the other way round (tests/flyway.rs runs the real Flyway);
+//! - a row holding the checksum dlock-migrate recorded before it matched Flyway
+//!   ([`legacy_checksum`]) for the unchanged file is rewritten to Flyway's once, logged
+//!   (`history_checksum_corrected`) and reported in [`Report::corrected`]; any other mismatch is an
+//!   edit and refused;
 //! - an applied versioned file that was edited (or removed) is refused with a clear error, and
 //!   nothing is applied;
 //! - a repeatable that was applied but whose file is no longer in any location is *retired*: its
@@ -18,7 +24,7 @@
 mod files;
 mod history;
 
-pub use files::{Kind, Migration, load_dir, load_dirs, parse_name};
+pub use files::{Kind, Migration, checksum, legacy_checksum, load_dir, load_dirs, parse_name};
 pub use history::{
     AppliedRow, Report, Retry, applied, lost_catalog_race, migrate, migrate_with, set_role_password,
     set_role_password_with,
@@ -63,6 +69,10 @@ pub enum MigrateError {
         "a previous run of {script} failed and is recorded so; repair the database by hand before migrating again"
     )]
     PreviousFailure { script: String },
+    #[error(
+        "the history row of {script} changed while its checksum was being corrected (another migrator outside dlock-migrate's lock?); nothing was corrected, run again"
+    )]
+    HistoryChanged { script: String },
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
 }

@@ -316,3 +316,87 @@ async fn the_seed_is_a_separate_location_and_a_retired_seed_does_not_break_a_see
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("two migration files claim version 1"));
 }
+
+/// A history written by an older dlock-migrate holds its former checksums: each row whose checksum
+/// is the former one of the unchanged file is rewritten to Flyway's once; a row that matches neither
+/// is an edit and refused, and then nothing is corrected.
+#[tokio::test]
+async fn former_checksums_are_corrected_once_and_anything_else_is_refused() {
+    let db = blank(History::Lockdb).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(
+        dir.path(),
+        "V1__create_t.sql",
+        "CREATE TABLE t (a INT PRIMARY KEY);\n",
+    );
+    write(dir.path(), "V2__create_u.sql", "CREATE TABLE u (a INT);\r\n");
+    write(
+        dir.path(),
+        "R__seed_t.sql",
+        "INSERT INTO t VALUES (1) ON CONFLICT DO NOTHING;\n",
+    );
+    let files = load_dir(dir.path()).expect("load");
+    let mut c = conn(&db).await;
+    migrate(&mut c, &files).await.expect("first run");
+    let set = |script: &'static str, checksum: i32| {
+        sqlx::query("UPDATE flyway_schema_history SET checksum = $1 WHERE script = $2")
+            .bind(checksum)
+            .bind(script)
+    };
+    let legacy = |script: &str| {
+        files
+            .iter()
+            .find(|f| f.script == script)
+            .expect("file")
+            .legacy_checksum
+    };
+
+    // V1 and the repeatable as an older dlock-migrate recorded them; V2 edited (matches neither).
+    set("V1__create_t.sql", legacy("V1__create_t.sql"))
+        .execute(&mut c)
+        .await
+        .expect("v1");
+    set("R__seed_t.sql", legacy("R__seed_t.sql"))
+        .execute(&mut c)
+        .await
+        .expect("r");
+    set("V2__create_u.sql", 12345).execute(&mut c).await.expect("v2");
+    let err = migrate(&mut c, &files).await.expect_err("V2 is an edit");
+    assert!(
+        matches!(err, MigrateError::ChecksumMismatch { ref script, .. } if script == "V2__create_u.sql"),
+        "{err}"
+    );
+    let v1: Option<i32> =
+        sqlx::query_scalar("SELECT checksum FROM flyway_schema_history WHERE script = 'V1__create_t.sql'")
+            .fetch_one(&mut c)
+            .await
+            .expect("v1 row");
+    assert_eq!(
+        v1,
+        Some(legacy("V1__create_t.sql")),
+        "nothing is corrected when validation fails"
+    );
+
+    set("V2__create_u.sql", legacy("V2__create_u.sql"))
+        .execute(&mut c)
+        .await
+        .expect("v2");
+    let report = migrate(&mut c, &files).await.expect("correcting run");
+    assert_eq!(
+        report.corrected,
+        ["V1__create_t.sql", "V2__create_u.sql", "R__seed_t.sql"]
+    );
+    assert!(
+        report.applied.is_empty(),
+        "the repeatable is not re-applied: {report:?}"
+    );
+    let recorded = dlock_migrate::applied(&mut c).await.expect("history");
+    for (row, file) in recorded.iter().zip(&files) {
+        assert_eq!(row.checksum, Some(file.checksum), "{}", file.script);
+    }
+    let again = migrate(&mut c, &files).await.expect("next run");
+    assert!(
+        again.corrected.is_empty() && again.applied.is_empty(),
+        "{again:?}"
+    );
+}
