@@ -182,14 +182,78 @@ pub fn statefulset_rolled_out(obj: Option<&StatefulSet>) -> bool {
 #[derive(Debug)]
 pub struct Forward {
     pub port: u16,
+    /// The Service's in-cluster name, for an HTTPS API ([`forward_api`]): the name its certificate
+    /// carries. `None`: plain TCP (PostgreSQL, etcd).
+    pub host: Option<String>,
     _child: Child,
 }
 
 impl Forward {
-    /// `http://127.0.0.1:PORT` + `path`.
+    /// `http://127.0.0.1:PORT` + `path`; for an HTTPS API `https://<service>.<ns>.svc:PORT` + `path`,
+    /// which [`api_client`] connects to the forward's loopback port.
     pub fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
+        match &self.host {
+            Some(host) => format!("https://{host}:{}{path}", self.port),
+            None => format!("http://127.0.0.1:{}{path}", self.port),
+        }
     }
+
+    /// lock-server's API through this forward, over HTTPS verified against `ca_pem` for the
+    /// Service's name.
+    pub fn lock_api(&self, ca_pem: &str) -> crate::lockapi::LockApi {
+        let host = self
+            .host
+            .as_deref()
+            .unwrap_or_else(|| panic!("the forward on {} is not to an HTTPS API", self.port));
+        crate::lockapi::LockApi::https(self.port, ca_pem, host)
+    }
+}
+
+/// A port-forward to the HTTPS API (port 8080) of the dlock Service `service`: every object of the
+/// kind tier serves HTTPS with the operator's certificates (`spec.tls` left at its default).
+pub async fn forward_api(env: &KindEnv, service: &str) -> Forward {
+    let mut f = forward(env, service, 8080).await;
+    f.host = Some(format!("{service}.{}.svc", env.ns));
+    f
+}
+
+/// The namespace's CA bundle (ConfigMap `dlock-ca-bundle`, which the operator publishes).
+pub async fn ca_bundle(client: &Client, ns: &str) -> String {
+    use dlock_operator::builders::tls::{CA_BUNDLE, CA_BUNDLE_KEY};
+    let cm = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), ns)
+        .get(CA_BUNDLE)
+        .await
+        .unwrap_or_else(|e| panic!("get ConfigMap {CA_BUNDLE}: {e}"));
+    cm.data
+        .and_then(|mut d| d.remove(CA_BUNDLE_KEY))
+        .unwrap_or_else(|| panic!("ConfigMap {CA_BUNDLE} has no {CA_BUNDLE_KEY}"))
+}
+
+/// Every name resolves to loopback: the URLs of [`forward_api`] carry the Service's name (what the
+/// certificate is checked against) and the forward's local port.
+struct Loopback;
+
+impl reqwest::dns::Resolve for Loopback {
+    fn resolve(&self, _name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let addrs: reqwest::dns::Addrs =
+            Box::new(std::iter::once(std::net::SocketAddr::from(([127, 0, 0, 1], 0))));
+        Box::pin(std::future::ready(Ok(addrs)))
+    }
+}
+
+/// The HTTP client of the checks: trusts only the namespace's CA (never the public roots), and
+/// reaches each Service through its port-forward.
+pub async fn api_client(client: &Client, ns: &str) -> reqwest::Client {
+    let ca = ca_bundle(client, ns).await;
+    let ca = reqwest::Certificate::from_pem(ca.as_bytes()).unwrap_or_else(|e| panic!("the CA bundle: {e}"));
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(ca)
+        .dns_resolver(std::sync::Arc::new(Loopback))
+        .no_proxy()
+        .build()
+        .expect("an HTTPS client")
 }
 
 /// Starts a port-forward to `svc/SERVICE:PORT` in `ns` and waits (at most 60 s) until it listens.
@@ -233,7 +297,11 @@ pub async fn forward(env: &KindEnv, service: &str, port: u16) -> Forward {
     };
     // kubectl prints a line per connection; the pipe is drained so it never blocks on a full one.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Forward { port, _child: child }
+    Forward {
+        port,
+        host: None,
+        _child: child,
+    }
 }
 
 /// One key of a Secret, as text.
@@ -346,17 +414,14 @@ impl Payments {
             client_token.len() >= 16,
             "Secret {pstack}-payment-credentials has no client credential"
         );
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .build()
-            .expect("an HTTP client");
+        let http = api_client(client, &env.ns).await;
         Payments {
             db,
             http,
             payment_resource: tokio::sync::Mutex::new(
-                forward(env, &format!("{pstack}-payment-resource"), 8080).await,
+                forward_api(env, &format!("{pstack}-payment-resource")).await,
             ),
-            rail_stub: forward(env, &format!("{pstack}-rail-stub"), 8080).await,
+            rail_stub: forward_api(env, &format!("{pstack}-rail-stub")).await,
             env: env.clone(),
             pstack: pstack.to_owned(),
             client_token,
@@ -410,7 +475,7 @@ impl Payments {
             ));
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(5));
-            let fresh = forward(&self.env, &format!("{}-payment-resource", self.pstack), 8080).await;
+            let fresh = forward_api(&self.env, &format!("{}-payment-resource", self.pstack)).await;
             *self.payment_resource.lock().await = fresh;
         }
     }

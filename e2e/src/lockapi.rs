@@ -3,10 +3,13 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_operator::actions::sequence::SequenceView;
 use dlock_operator::crd::sequence::SequenceJump;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 use serde_json::{Value, json};
 
 /// How far a jump moves `fencing_token_seq` above what it finds, at least (lock-server's
@@ -14,10 +17,25 @@ use serde_json::{Value, json};
 /// therefore never 1, 2, 3: the first grant of a fresh lockdb is already above 2^48.
 pub const JUMP: i64 = 1 << 32;
 
-/// lock-server on a loopback port.
-#[derive(Debug, Clone, Copy)]
+/// lock-server on a loopback port: plain HTTP (the cluster tier's stand-in pods), or HTTPS verified
+/// against the namespace's CA for the Service's name (the kind tier, through a port-forward).
+#[derive(Debug, Clone)]
 pub struct LockApi {
     pub port: u16,
+    tls: Option<LockTls>,
+}
+
+/// The client side of HTTPS: the CA to trust and the name the certificate must carry.
+#[derive(Clone)]
+struct LockTls {
+    config: Arc<rustls::ClientConfig>,
+    name: rustls::pki_types::ServerName<'static>,
+}
+
+impl std::fmt::Debug for LockTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LockTls({:?})", self.name)
+    }
 }
 
 /// One grant.
@@ -30,6 +48,67 @@ pub struct Grant {
 }
 
 impl LockApi {
+    /// Plain HTTP on `port`.
+    pub fn plain(port: u16) -> Self {
+        Self { port, tls: None }
+    }
+
+    /// HTTPS on `port`, trusting only the CA certificates of `ca_pem`, for server name `name`.
+    pub fn https(port: u16, ca_pem: &str, name: &str) -> Self {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+            let cert = cert.unwrap_or_else(|e| panic!("the CA bundle: {e}"));
+            roots.add(cert).unwrap_or_else(|e| panic!("the CA bundle: {e}"));
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap_or_else(|e| panic!("TLS versions: {e}"))
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let name = rustls::pki_types::ServerName::try_from(name.to_owned())
+            .unwrap_or_else(|e| panic!("server name {name}: {e}"));
+        Self {
+            port,
+            tls: Some(LockTls {
+                config: Arc::new(config),
+                name,
+            }),
+        }
+    }
+
+    /// Sends `request` (one HTTP/1.0 exchange) and reads the whole answer.
+    fn exchange(&self, what: &str, request: &[u8]) -> String {
+        let tcp = TcpStream::connect(("127.0.0.1", self.port))
+            .unwrap_or_else(|e| panic!("connect lock-server on {}: {e}", self.port));
+        tcp.set_read_timeout(Some(Duration::from_secs(10))).ok();
+        let mut buf = Vec::new();
+        let read = match &self.tls {
+            None => {
+                let mut s = tcp;
+                s.write_all(request).unwrap_or_else(|e| panic!("{what}: {e}"));
+                s.read_to_end(&mut buf)
+            }
+            Some(tls) => {
+                let conn = rustls::ClientConnection::new(tls.config.clone(), tls.name.clone())
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                let mut s = rustls::StreamOwned::new(conn, tcp);
+                s.write_all(request)
+                    .and_then(|()| s.flush())
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                s.read_to_end(&mut buf)
+            }
+        };
+        match read {
+            Ok(_) => {}
+            // A server that closes without TLS's close_notify after a complete answer (HTTP/1.0
+            // ends the body with the connection) has said everything.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !buf.is_empty() => {}
+            Err(e) => panic!("{what}: {e}"),
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+
     /// `(status, body)` of one request.
     pub fn call(
         &self,
@@ -38,9 +117,6 @@ impl LockApi {
         body: Option<&Value>,
         headers: &[(&str, &str)],
     ) -> (u16, Value) {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port))
-            .unwrap_or_else(|e| panic!("connect lock-server on {}: {e}", self.port));
-        s.set_read_timeout(Some(Duration::from_secs(10))).ok();
         let payload = body.map(Value::to_string).unwrap_or_default();
         let mut head = format!(
             "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\ncontent-length: {}\r\n",
@@ -53,12 +129,8 @@ impl LockApi {
             head.push_str(&format!("{k}: {v}\r\n"));
         }
         head.push_str("\r\n");
-        s.write_all(head.as_bytes())
-            .and_then(|()| s.write_all(payload.as_bytes()))
-            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-        let mut buf = String::new();
-        s.read_to_string(&mut buf)
-            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        head.push_str(&payload);
+        let buf = self.exchange(&format!("{method} {path}"), head.as_bytes());
         let status = buf
             .split_whitespace()
             .nth(1)

@@ -6,10 +6,20 @@ use std::collections::BTreeMap;
 use dlock_operator::crd::{
     Backend, DatabaseSpec, EtcdSpec, KillSwitches, LeaseSpec, LocalObjectRef, LockServerSpec, LockService,
     LockServiceSpec, PaymentStack, PaymentStackSpec, PayoutExecutorSpec, RailProxySpec, RailStubSpec,
-    WorkloadSpec,
+    TlsMode, TlsSpec, WorkloadSpec,
 };
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+/// `spec.tls` of the cluster tier's objects: plain HTTP, because its stand-in kubelet
+/// (`crate::kubelet`) runs each pod's process with the pod's env but mounts no volume, and its proxy
+/// forwards plain HTTP only. HTTPS between the pods is the kind tier's (every object there takes the
+/// default, `Operator`).
+pub fn tls_disabled() -> TlsSpec {
+    TlsSpec {
+        mode: TlsMode::Disabled,
+    }
+}
 
 /// A LockService with backend postgres over `database`, lock-server at `replicas`.
 pub fn lockservice(name: &str, database: DatabaseSpec, replicas: i32) -> LockService {
@@ -25,6 +35,7 @@ pub fn lockservice(name: &str, database: DatabaseSpec, replicas: i32) -> LockSer
             lease: LeaseSpec::default(),
             backend: Backend::Postgres,
             migration_image: None,
+            tls: tls_disabled(),
         },
     )
 }
@@ -43,6 +54,7 @@ pub fn etcd_lockservice(name: &str, etcd: EtcdSpec, replicas: i32) -> LockServic
             lease: LeaseSpec::default(),
             backend: Backend::Etcd,
             migration_image: None,
+            tls: tls_disabled(),
         },
     )
 }
@@ -65,6 +77,7 @@ pub fn stack_spec(lsvc: &str) -> PaymentStackSpec {
         kill_switches: KillSwitches::default(),
         migration_image: None,
         demo_data: false,
+        tls: tls_disabled(),
     }
 }
 

@@ -86,12 +86,11 @@ impl Stage {
 
     /// lock-server's API of LockService `lsvc`, at the process the stand-in runs for it now.
     pub fn lock_api(&self, lsvc: &str) -> LockApi {
-        LockApi {
-            port: self
-                .kubelet
+        LockApi::plain(
+            self.kubelet
                 .served_port(&format!("{lsvc}-lock-server"))
                 .unwrap_or_else(|| panic!("lock-server of {lsvc} is not running")),
-        }
+        )
     }
 
     /// The local database standing in for lockdb.

@@ -12,6 +12,8 @@
 //! - 9, failover: delete the operator leader's pod: another replica takes the Lease and reconciles
 //! - 10, actions: a revoke of a held lock by annotation (REVOKED, pinned to its token) and a restore
 //!   fast-forward (gate, read and advance Jobs, resume); a third batch is paid
+//! - 10b, plugin: `kubectl-dlock locks` with no kubectl on PATH, through its own port-forward (the
+//!   API server's pods/portforward) and HTTPS: the key held for the check is listed
 //! - 11, etcd: the LockService with backend etcd: two grants whose tokens are the etcd revisions of
 //!   their keys, read back from etcd itself, strictly increasing
 //! - 11b, ha: a LockService and a PaymentStack whose lockdb and paydb run on CloudNativePG (two
@@ -39,8 +41,8 @@ use dlock_e2e::kind::ha::{self, Cnpg};
 use dlock_e2e::kind::netpol::{self, Expect, Source, Target};
 use dlock_e2e::kind::upgrade;
 use dlock_e2e::kind::{
-    Forward, KindEnv, Payments, Steps, client, deployment_rolled_out, forward, kind_env, log, poll,
-    statefulset_rolled_out, wait_until,
+    Forward, KindEnv, Payments, Steps, ca_bundle, client, deployment_rolled_out, forward, forward_api,
+    kind_env, log, poll, statefulset_rolled_out, wait_until,
 };
 use dlock_e2e::lockapi::{Grant, LockApi};
 use dlock_operator::builders::etcd_members::ETCD;
@@ -75,6 +77,20 @@ struct Cluster {
 }
 
 impl Cluster {
+    /// A port-forward to lock-server of `lsvc` and its API over HTTPS, verified against the
+    /// namespace's CA for the Service's name.
+    async fn lock_api(&self, lsvc: &str) -> (Forward, LockApi) {
+        self.lock_api_of(&format!("{lsvc}-lock-server")).await
+    }
+
+    /// The same for the Service (or Deployment: same name) `service`.
+    async fn lock_api_of(&self, service: &str) -> (Forward, LockApi) {
+        let fwd = forward_api(&self.env, service).await;
+        let ca = ca_bundle(&self.client, &self.env.ns).await;
+        let api = fwd.lock_api(&ca);
+        (fwd, api)
+    }
+
     async fn rolled_out(&self, name: &str) {
         wait_until(
             &self.deployments,
@@ -195,6 +211,10 @@ async fn kind_tier_steps() {
     if runs("actions") {
         steps.step("actions");
         actions(&c, &pay).await;
+    }
+    if runs("plugin") {
+        steps.step("plugin");
+        plugin_without_kubectl(&c).await;
     }
     if runs("etcd") {
         steps.step("etcd");
@@ -423,8 +443,7 @@ async fn failover(c: &Cluster) {
 async fn actions(c: &Cluster, pay: &Payments) {
     let lsvc = c.env.lsvc.as_str();
     let pstack = c.env.pstack.as_str();
-    let fwd: Forward = forward(&c.env, &format!("{lsvc}-lock-server"), 8080).await;
-    let locks = LockApi { port: fwd.port };
+    let (fwd, locks) = c.lock_api(lsvc).await;
     let held = tokio::task::block_in_place(|| locks.acquire("kind-stuck-worker", "kind:stuck", 600_000));
     log(format!(
         "revoke: kind:stuck is held with token {}; requesting its revoke",
@@ -507,6 +526,71 @@ async fn actions(c: &Cluster, pay: &Payments) {
     );
 }
 
+// ---- plugin: `kubectl dlock locks` with no kubectl on PATH --------------------------------------
+
+/// Step 10b, plugin: `kubectl-dlock locks` without `--lock-server-url`, run as kubectl runs a plugin
+/// but with a PATH that holds no kubectl: the plugin port-forwards through the API server itself
+/// (pods/portforward over a WebSocket, to a Ready lock-server pod) and reads lock-server over HTTPS,
+/// verified against the namespace's CA for the Service's name. A key held for the check is listed,
+/// with its token, in `-o json`.
+async fn plugin_without_kubectl(c: &Cluster) {
+    let lsvc = c.env.lsvc.as_str();
+    let (fwd, locks) = c.lock_api(lsvc).await;
+    let held =
+        tokio::task::block_in_place(|| locks.acquire("kind-plugin-check", "kind:plugin-check", 600_000));
+    // run.sh builds only this test; the plugin is built here, into the same target directory.
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let built = tokio::process::Command::new(cargo)
+        .args(["build", "-q", "-p", "kubectl-dlock", "--manifest-path"])
+        .arg(&manifest)
+        .status()
+        .await
+        .unwrap_or_else(|e| panic!("cargo build -p kubectl-dlock: {e}"));
+    assert!(built.success(), "cargo build -p kubectl-dlock: {built}");
+    let plugin = dlock_e2e::env::workspace_bin("kubectl-dlock");
+    let scratch = dlock_e2e::env::Scratch::new("path-without-kubectl");
+    assert!(!scratch.path().join("kubectl").exists());
+    let out = tokio::process::Command::new(&plugin)
+        .args([
+            "-n",
+            &c.env.ns,
+            "locks",
+            lsvc,
+            "--prefix",
+            "kind:plugin-",
+            "-o",
+            "json",
+        ])
+        .env_clear()
+        .env("KUBECONFIG", &c.env.kubeconfig)
+        .env("PATH", scratch.path())
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(c.env.timeout, out)
+        .await
+        .unwrap_or_else(|_| panic!("kubectl-dlock locks did not end within {:?}", c.env.timeout))
+        .unwrap_or_else(|e| panic!("run {}: {e}", plugin.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    log(format!("plugin: kubectl-dlock locks -o json: {}", stdout.trim()));
+    assert!(
+        out.status.success(),
+        "kubectl-dlock locks without kubectl on PATH failed ({}):\n{stderr}\n{stdout}",
+        out.status
+    );
+    let doc: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let items = doc["items"].as_array().cloned().unwrap_or_default();
+    assert_eq!(items.len(), 1, "one key under kind:plugin-: {doc}");
+    assert_eq!(items[0]["lockKey"], "kind:plugin-check", "{doc}");
+    assert_eq!(items[0]["ownerId"], "kind-plugin-check", "{doc}");
+    assert_eq!(items[0]["fencingToken"], held.token, "{doc}");
+    tokio::task::block_in_place(|| locks.release(&held));
+    drop(fwd);
+}
+// ---- end of plugin -----------------------------------------------------------------------------
+
 /// `mod_revision` of lock-server's grant key of `lock_key` (0 when absent) and the cluster's revision,
 /// from etcd's own JSON gateway.
 async fn etcd_key(http: &reqwest::Client, etcd: &Forward, lock_key: &str) -> (i64, i64) {
@@ -570,13 +654,12 @@ async fn etcd(c: &Cluster) {
         .expect("list Jobs");
     assert!(elsvc_jobs.items.is_empty(), "an etcd LockService ran a Job");
 
-    let ls = forward(&c.env, &format!("{elsvc}-lock-server"), 8080).await;
+    let (_ls, locks) = c.lock_api(elsvc).await;
     let etcd_fwd = forward(&c.env, &format!("{elsvc}-etcd-client"), 2379).await;
     let http = reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(30))
         .build()
         .expect("an HTTP client");
-    let locks = LockApi { port: ls.port };
     let owner = "kind-etcd-worker";
     let (_, session) = tokio::task::block_in_place(|| {
         locks.call(
@@ -1041,8 +1124,8 @@ async fn ha(c: &Cluster) {
     c.rolled_out(&format!("{HA_LSVC}-lock-server")).await;
     c.rolled_out(&format!("{HA_PSTACK}-payout-executor")).await;
 
-    let fwd = forward(&c.env, &format!("{HA_LSVC}-lock-server"), 8080).await;
-    let mut grants = Grants::open(LockApi { port: fwd.port }, "kind:ha");
+    let (_fwd, locks) = c.lock_api(HA_LSVC).await;
+    let mut grants = Grants::open(locks, "kind:ha");
     let tokens = grants.take(20);
     let pay = std::sync::Arc::new(Payments::connect_cnpg(&c.env, &c.client, HA_PSTACK, &paydb_cluster).await);
     let run = run_name("ha");
@@ -1165,8 +1248,7 @@ async fn ha_negative_control(c: &Cluster, cnpg: &Cnpg) {
         .await
         .expect("switch lock-server's jump off");
     c.rolled_out(&deployment).await;
-    let fwd = forward(&c.env, &deployment, 8080).await;
-    let locks = LockApi { port: fwd.port };
+    let (_fwd, locks) = c.lock_api_of(&deployment).await;
     let view = tokio::task::block_in_place(|| locks.sequence());
     assert!(!view.jumps_enabled, "lock-server still jumps: {view:?}");
     let mut grants = Grants::open(locks, "kind:ha:control");

@@ -35,6 +35,8 @@ pub struct Context {
     pub settings: Settings,
     /// HTTP client for lock-server's API (actions). Honours HTTP_PROXY / NO_PROXY like any client.
     pub http: reqwest::Client,
+    /// Clients that trust one namespace's CA bundle (HTTPS), by the bundle's text.
+    tls_clients: Mutex<HashMap<String, reqwest::Client>>,
     /// Consecutive failures per object, for the error policy's backoff.
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -54,8 +56,47 @@ impl Context {
                 .timeout(Duration::from_secs(10))
                 .build()
                 .unwrap_or_default(),
+            tls_clients: Mutex::new(HashMap::new()),
             failures: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The client for a URL of lock-server's: [`Context::http`] for `http://`; for `https://`, one
+    /// that trusts only the namespace's CA (ConfigMap `dlock-ca-bundle`), never the public roots.
+    pub async fn http_for(&self, namespace: &str, url: &str) -> crate::error::Result<reqwest::Client> {
+        use crate::builders::tls::{CA_BUNDLE, CA_BUNDLE_KEY};
+        use crate::error::Error;
+        if !url.starts_with("https://") {
+            return Ok(self.http.clone());
+        }
+        let configmaps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+            kube::Api::namespaced(self.client.clone(), namespace);
+        let pem = configmaps
+            .get_opt(CA_BUNDLE)
+            .await
+            .map_err(|e| Error::step("read the CA bundle ConfigMap", e))?
+            .and_then(|cm| cm.data?.remove(CA_BUNDLE_KEY))
+            .ok_or_else(|| Error::Bundle(format!("{namespace}/{CA_BUNDLE} has no {CA_BUNDLE_KEY} yet")))?;
+        let mut clients = self
+            .tls_clients
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(c) = clients.get(&pem) {
+            return Ok(c.clone());
+        }
+        let ca = reqwest::Certificate::from_pem(pem.as_bytes()).map_err(|e| Error::Bundle(e.to_string()))?;
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(ca)
+            .build()
+            .map_err(|e| Error::Bundle(e.to_string()))?;
+        // One entry per namespace's CA; a replaced CA leaves a stale entry, so keep the map small.
+        if clients.len() >= 256 {
+            clients.clear();
+        }
+        clients.insert(pem, client.clone());
+        Ok(client)
     }
 
     /// Publishes an Event; failures are logged, never fatal (Events are explanations, not state).

@@ -18,6 +18,12 @@ pub enum Error {
     /// A call to lock-server (an action step) failed.
     #[error("{step}: {message}")]
     LockServer { step: &'static str, message: String },
+    /// A certificate could not be made or read (HTTPS, `controller::tls`).
+    #[error("certificates: {0}")]
+    Certificate(String),
+    /// The namespace's CA bundle cannot be used to build a client.
+    #[error("the CA bundle ConfigMap: {0}")]
+    Bundle(String),
     #[error("cannot serialize {what}: {source}")]
     Serialize {
         what: &'static str,
@@ -34,6 +40,8 @@ impl Error {
             Error::LockServer { .. } => "lock_server",
             Error::MissingObjectKey => "missing_object_key",
             Error::Serialize { .. } => "serialize",
+            Error::Certificate(_) => "certificate",
+            Error::Bundle(_) => "ca_bundle",
         }
     }
 }

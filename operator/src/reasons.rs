@@ -60,10 +60,15 @@ pub enum Reason {
     GrantKeyRetired,
     GrantKeyRequestRefused,
     GrantSigningKeySwitched,
+    // HTTPS: the namespace's CA and the components' certificates.
+    TlsCaInvalid,
+    CaCreated,
+    CertificateIssued,
+    CertificateRenewed,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 50] = [
+    pub const ALL: [Reason; 54] = [
         Reason::Ready,
         Reason::Idle,
         Reason::AsExpected,
@@ -114,6 +119,10 @@ impl Reason {
         Reason::GrantKeyRetired,
         Reason::GrantKeyRequestRefused,
         Reason::GrantSigningKeySwitched,
+        Reason::TlsCaInvalid,
+        Reason::CaCreated,
+        Reason::CertificateIssued,
+        Reason::CertificateRenewed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -168,6 +177,10 @@ impl Reason {
             Reason::GrantKeyRetired => "GrantKeyRetired",
             Reason::GrantKeyRequestRefused => "GrantKeyRequestRefused",
             Reason::GrantSigningKeySwitched => "GrantSigningKeySwitched",
+            Reason::TlsCaInvalid => "TlsCaInvalid",
+            Reason::CaCreated => "CaCreated",
+            Reason::CertificateIssued => "CertificateIssued",
+            Reason::CertificateRenewed => "CertificateRenewed",
         }
     }
 }

@@ -50,10 +50,11 @@ fn lock_url(base: &str, segments: &[&str]) -> Result<url::Url> {
 }
 
 /// `GET /v1/locks/{key}`: the current holder and its fencing token.
-pub async fn get_lock(ctx: &Context, base: &str, key: &str) -> Result<LockView> {
+pub async fn get_lock(ctx: &Context, namespace: &str, base: &str, key: &str) -> Result<LockView> {
     const STEP: &str = "read the current grant (GET /v1/locks/{key})";
     let url = lock_url(base, &["v1", "locks", key])?;
-    send(STEP, ctx.http.get(url)).await
+    let http = ctx.http_for(namespace, base).await?;
+    send(STEP, http.get(url)).await
 }
 
 /// How long the sequence read may take: it is only shown, so a slow lock-server must not hold the
@@ -79,7 +80,8 @@ pub async fn revoke(ctx: &Context, owner: &Owner, base: &str, call: &RevokeCall)
         "requestId": call.id,
         "fencingToken": call.token,
     });
-    send(STEP, ctx.http.post(url).bearer_auth(token).json(&body)).await
+    let http = ctx.http_for(&owner.namespace, base).await?;
+    send(STEP, http.post(url).bearer_auth(token).json(&body)).await
 }
 
 /// Sends one request to lock-server and reads its JSON answer; any failure names `step`.

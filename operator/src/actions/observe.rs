@@ -83,7 +83,11 @@ pub async fn observe(
     // shown: without an answer the status keeps what it had and the reconcile goes on.
     inputs.sequence = status.and_then(|s| s.sequence.clone());
     if !etcd && serving {
-        match client::read_sequence(&ctx.http, lock_server_url).await {
+        let read = match ctx.http_for(ns, lock_server_url).await {
+            Ok(http) => client::read_sequence(&http, lock_server_url).await,
+            Err(e) => Err(e),
+        };
+        match read {
             Ok(view) => inputs.sequence_read = Some(view),
             Err(e) => {
                 tracing::debug!(event = "sequence_not_read", namespace = %ns, name = %owner.name, error = %e, "lock-server did not answer GET /v1/sequence; status.sequence is kept");
@@ -102,7 +106,7 @@ pub async fn observe(
         let recorded = inputs.actions.iter().find(|a| a.id == r.id);
         let needs_lock = recorded.is_none_or(|a| a.phase == ActionPhase::Pending);
         if needs_lock && inputs.lock_server_available {
-            inputs.lock = Some(client::get_lock(ctx, lock_server_url, &r.key).await?);
+            inputs.lock = Some(client::get_lock(ctx, ns, lock_server_url, &r.key).await?);
         }
     }
 

@@ -14,6 +14,7 @@ pub fn owner() -> Owner {
         namespace: "pay".into(),
         kind: "LockService".into(),
         owner_ref: Default::default(),
+        https: false,
     }
 }
 pub fn secret() -> SecretKeyRef {

@@ -335,6 +335,7 @@ mod tests {
                 controller: Some(true),
                 ..OwnerReference::default()
             },
+            https: false,
         }
     }
 

@@ -87,6 +87,7 @@ mod tests {
             namespace: "ns".into(),
             kind: "PaymentStack".into(),
             owner_ref: Default::default(),
+            https: false,
         };
         let a = credentials_secret(&owner);
         let b = credentials_secret(&owner);

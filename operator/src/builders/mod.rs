@@ -14,6 +14,7 @@ pub mod migration_job;
 pub mod network_policies;
 pub mod postgres;
 pub mod security;
+pub mod tls;
 
 use std::collections::BTreeMap;
 
@@ -59,6 +60,8 @@ pub struct Owner {
     pub namespace: String,
     pub kind: String,
     pub owner_ref: OwnerReference,
+    /// The owner's APIs are served over HTTPS (`spec.tls`): its URLs say `https://`.
+    pub https: bool,
 }
 
 impl Owner {
@@ -72,6 +75,7 @@ impl Owner {
             namespace: obj.namespace()?,
             kind: K::kind(&()).into_owned(),
             owner_ref: obj.controller_owner_ref(&())?,
+            https: false,
         })
     }
 
@@ -127,7 +131,8 @@ impl Owner {
 
     /// In-cluster URL of one of the owner's HTTP Services.
     pub fn http_url(&self, service: &str) -> String {
-        format!("http://{service}.{}.svc:{HTTP_PORT}", self.namespace)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{service}.{}.svc:{HTTP_PORT}", self.namespace)
     }
 }
 
@@ -340,6 +345,20 @@ impl Desired {
             }
         }
         self
+    }
+
+    /// The components this set gives a Service (those that serve HTTP), by their component label.
+    pub fn served_components(&self) -> Vec<&'static str> {
+        tls::SERVED
+            .into_iter()
+            .filter(|c| {
+                self.apply.iter().any(|child| {
+                    matches!(child, Child::Service(s) if s.metadata.labels.as_ref()
+                        .and_then(|l| l.get(LABEL_COMPONENT))
+                        .is_some_and(|l| l == c))
+                })
+            })
+            .collect()
     }
 
     pub fn hold_workload(&mut self, owner: &Owner, component: &str) {

@@ -1,5 +1,5 @@
 //! The reconcilers, one per kind ([`lockservice`], [`paymentstack`]), the pipeline they share
-//! ([`pipeline`] over [`steps`]: [`store`], [`schema`], [`apply`], [`verdict`]), the error policy
+//! ([`pipeline`] over [`steps`]: [`store`], [`schema`], [`tls`], [`apply`], [`verdict`]), the error policy
 //! with per-object exponential backoff, instrumentation (metrics, Warning events) and the run loops.
 //!
 //! Each reconcile is level-based: observe the cluster, compute the desired children with the pure
@@ -12,6 +12,7 @@ pub mod pipeline;
 pub mod schema;
 pub mod steps;
 pub mod store;
+pub mod tls;
 pub mod verdict;
 
 use std::collections::BTreeSet;

@@ -24,13 +24,15 @@ use kube::runtime::controller::Action;
 use serde::de::DeserializeOwned;
 
 use super::steps::{self, Plan, Prepared, Store};
+use super::tls::{self, Served};
 use super::verdict::{Applied, Blocked, KindOutcome, MigrationRun, Reconciliation, Stopped};
 use crate::builders::postgres::History;
 use crate::builders::{Owner, SpecError};
 use crate::context::{Context, Settings};
-use crate::crd::DlockStatus;
+use crate::crd::{DlockStatus, TlsSpec};
 use crate::error::{Error, Result};
 use crate::health::DeploymentHealth;
+use crate::reasons::Reason;
 
 /// What one kind contributes to [`reconcile`]; everything else is shared.
 pub trait Reconciled:
@@ -50,7 +52,12 @@ pub trait Reconciled:
     /// What the kind's own writes did: its part of the verdict and of status.
     type Outcome: KindOutcome;
 
+    /// The components whose APIs the kind's children serve (each gets a certificate with HTTPS).
+    const SERVED: &'static [&'static str];
+
     fn status(&self) -> Option<&DlockStatus>;
+    /// `spec.tls`.
+    fn tls(&self) -> &TlsSpec;
     /// The store step 1 resolves (a spec error when the spec names none the controller can use).
     fn store(&self) -> std::result::Result<Store<'_>, SpecError>;
     /// The migration Job the current spec needs (pure).
@@ -90,7 +97,8 @@ pub fn invalid_spec(e: &SpecError) -> Blocked {
 
 /// The reconcile of both kinds.
 pub async fn reconcile<K: Reconciled>(obj: &K, ctx: &Context) -> Result<Action> {
-    let owner = Owner::of(obj).ok_or(Error::MissingObjectKey)?;
+    let mut owner = Owner::of(obj).ok_or(Error::MissingObjectKey)?;
+    owner.https = obj.tls().https();
     let reconciliation = run(obj, ctx, &owner).await?;
     steps::finish(ctx, obj, obj.status(), K::HISTORY, &reconciliation).await
 }
@@ -109,19 +117,38 @@ async fn run<K: Reconciled>(obj: &K, ctx: &Context, owner: &Owner) -> Result<Rec
         Err(stopped) => return Ok(Reconciliation::Stopped(stopped)),
     };
     let observed = obj.observe(ctx, owner, &prepared).await?;
+    let all_served: Vec<Served> = K::SERVED.iter().map(|c| Served::of(owner, c)).collect();
+    let tls_observed = tls::io::observe(ctx, owner, owner.https, &all_served).await?;
 
-    // 2. Plan (pure).
-    let plan = match obj.plan(&ctx.settings, owner, &prepared, &observed) {
-        Ok(p) => p,
-        Err(blocked) => {
-            return Ok(Reconciliation::Stopped(Stopped {
-                blocked,
-                etcd: prepared.etcd.clone(),
-            }));
-        }
+    // 2. Plan (pure): the kind's children, then HTTPS for the components they serve.
+    let stop = |blocked| {
+        Ok(Reconciliation::Stopped(Stopped {
+            blocked,
+            etcd: prepared.etcd.clone(),
+        }))
     };
+    let mut plan = match obj.plan(&ctx.settings, owner, &prepared, &observed) {
+        Ok(p) => p,
+        Err(blocked) => return stop(blocked),
+    };
+    let served: Vec<Served> = plan
+        .desired
+        .served_components()
+        .into_iter()
+        .filter(|c| K::SERVED.contains(c))
+        .map(|c| Served::of(owner, c))
+        .collect();
+    let now = chrono::Utc::now().timestamp();
+    let tls = tls::plan(&tls_observed, &served, &owner.namespace, now)
+        .map_err(|e| Error::Certificate(e.to_string()))?;
+    if let Some(broken) = &tls.broken {
+        return stop(Blocked::new(Reason::TlsCaInvalid, broken.clone()));
+    }
+    plan.desired = std::mem::take(&mut plan.desired).with_tls(owner, &tls.wiring);
 
-    // 3. Apply: Secrets first (the children read them), children and orphans, the kind's writes.
+    // 3. Apply: certificates and Secrets first (the children read them), children and orphans, the
+    // kind's writes.
+    tls::io::write(ctx, owner, regarding, &tls).await?;
     let deployments =
         steps::apply_children(ctx, owner, regarding, K::HISTORY, &plan, &prepared.job_state).await?;
     let kind = obj.apply(ctx, owner, &plan, &deployments).await?;
@@ -138,6 +165,7 @@ async fn run<K: Reconciled>(obj: &K, ctx: &Context, owner: &Owner) -> Result<Rec
         deployments,
         expected_deployments: plan.expected_deployments,
         endpoints: plan.desired.endpoints.clone(),
+        tls: tls.status,
         kind,
     }))
 }

@@ -392,7 +392,29 @@ async fn lock_service_converges_through_the_migration_gate() {
     let status = ls.status.unwrap();
     assert_eq!(
         status.endpoints["lockServer"],
-        "http://locks-lock-server.pay.svc:8080"
+        "https://locks-lock-server.pay.svc:8080"
+    );
+    // HTTPS by default: the namespace's CA, its public bundle and lock-server's certificate are
+    // written before the Deployment that mounts the certificate.
+    for key in [
+        "/api/v1/namespaces/pay/secrets/dlock-ca",
+        "/api/v1/namespaces/pay/configmaps/dlock-ca-bundle",
+        "/api/v1/namespaces/pay/secrets/locks-lock-server-tls",
+    ] {
+        assert!(api.get(key).is_some(), "{key} was not written");
+    }
+    let tls = status.tls.as_ref().expect("status.tls");
+    assert_eq!(tls.certificates[0].component, "lock-server");
+    assert_eq!(tls.certificates[0].secret, "locks-lock-server-tls");
+    let volumes = dep["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        volumes
+            .iter()
+            .any(|v| v["secret"]["secretName"] == "locks-lock-server-tls"),
+        "{volumes:?}"
     );
     assert!(status.migration.as_ref().unwrap().succeeded);
     assert_eq!(status.migration.as_ref().unwrap().applied_version, Some(2));

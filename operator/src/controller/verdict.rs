@@ -140,6 +140,8 @@ pub struct Applied<O> {
     /// How many Deployments the spec asks for once past the gates.
     pub expected_deployments: usize,
     pub endpoints: BTreeMap<String, String>,
+    /// `status.tls` (`None`: the owner serves plain HTTP).
+    pub tls: Option<crate::crd::TlsStatus>,
     /// The kind's own outcome.
     pub kind: O,
 }
@@ -226,6 +228,10 @@ pub fn status_of<O: KindOutcome>(
     new.database = match &obs.cluster {
         Some(c) => Some(c.status(previous.and_then(|p| p.database.as_ref()), &now.to_string())),
         None => previous.and_then(|p| p.database.clone()),
+    };
+    new.tls = match r {
+        Reconciliation::Applied(a) => a.tls.clone(),
+        Reconciliation::Stopped(_) => previous.and_then(|p| p.tls.clone()),
     };
     if let Some(kind) = r.kind() {
         kind.write_status(&mut new);
@@ -452,6 +458,7 @@ pub fn build(
         fencing: previous.and_then(|p| p.fencing.clone()),
         sequence: previous.and_then(|p| p.sequence.clone()),
         etcd: previous.and_then(|p| p.etcd.clone()),
+        tls: previous.and_then(|p| p.tls.clone()),
         database: previous.and_then(|p| p.database.clone()),
         last_action: previous.and_then(|p| p.last_action.clone()),
         grants: previous.and_then(|p| p.grants.clone()),

@@ -81,6 +81,9 @@ pub struct LockServiceSpec {
     /// lock-server image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration_image: Option<String>,
+    /// HTTPS on the APIs the object serves: the operator's certificates (the default) or plain HTTP.
+    #[serde(default)]
+    pub tls: super::tls::TlsSpec,
 }
 
 /// What lock-server keeps its grants in, borrowed from the spec.

@@ -8,6 +8,7 @@ pub mod lockservice;
 pub mod paymentstack;
 pub mod sequence;
 pub mod status;
+pub mod tls;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -24,6 +25,7 @@ pub use paymentstack::{
 };
 pub use sequence::{JumpCause, SequenceJump, SequenceStatus};
 pub use status::{ActionStatus, DlockStatus, EtcdStatus, GrantStatus, MigrationStatus, Phase};
+pub use tls::{CertificateStatus, TlsMode, TlsSpec, TlsStatus};
 
 /// Every CRD the operator serves, with the file name `crdgen` writes it to.
 pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {

@@ -66,6 +66,9 @@ pub struct PaymentStackSpec {
     /// real money). Off by default: a production paydb starts with zero accounts.
     #[serde(default)]
     pub demo_data: bool,
+    /// HTTPS on the APIs the object serves: the operator's certificates (the default) or plain HTTP.
+    #[serde(default)]
+    pub tls: super::tls::TlsSpec,
 }
 
 /// A name in the object's own namespace.

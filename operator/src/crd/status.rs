@@ -154,6 +154,9 @@ pub struct DlockStatus {
     /// PaymentStack's keys its payment-resource and rail-proxy are rolled out with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grants: Option<GrantStatus>,
+    /// HTTPS: the namespace's CA and the certificates issued for the object's components.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<super::tls::TlsStatus>,
 }
 
 /// The grant keys, as `status.grants` reports them (docs/operations.md, "Rotating the grant signing

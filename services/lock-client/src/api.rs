@@ -39,6 +39,9 @@ pub struct ClientConfig {
     /// For negative controls only: accept any server certificate (no CA, name or date check), so
     /// that a test can show its refusals come from the verification. Never set it elsewhere.
     pub unsafe_accept_any_certificate: bool,
+    /// Connect here, whatever the URL's host resolves to (a port-forward to lock-server's
+    /// Service): the certificate is still checked for the URL's host. `None`: DNS.
+    pub connect_to: Option<std::net::SocketAddr>,
 }
 
 impl Default for ClientConfig {
@@ -49,6 +52,7 @@ impl Default for ClientConfig {
             token: None,
             ca: None,
             unsafe_accept_any_certificate: false,
+            connect_to: None,
         }
     }
 }
@@ -79,6 +83,13 @@ impl ClientConfig {
     /// Trusts only the CA certificates in `pem` for an `https://` lock-server.
     pub fn with_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.ca = Some(CaCerts::Pem(pem.into()));
+        self
+    }
+
+    /// Connects to `addr` for the URL's host (e.g. `https://locks-lock-server.shop.svc:41234`
+    /// through a port-forward on 127.0.0.1:41234), still verifying the certificate for that host.
+    pub fn with_connect_to(mut self, addr: std::net::SocketAddr) -> Self {
+        self.connect_to = Some(addr);
         self
     }
 }
@@ -184,6 +195,9 @@ impl LockApi {
         }
         if config.unsafe_accept_any_certificate {
             http = http.danger_accept_invalid_certs(true);
+        }
+        if let (Some(addr), Some(host)) = (config.connect_to, base.host_str()) {
+            http = http.resolve(host, addr);
         }
         // Default headers go on every request that does not set its own (the listing sends the
         // admin's token when it is given one).

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use dlock_common::tls::{TlsError, TlsFiles};
 use dlock_grant::SigningKey;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 
 use crate::clients::{Clients, ClientsError};
 use crate::signing::{SIGNING_KEY_ENV, Signer};
@@ -21,6 +23,45 @@ pub enum BackendConfig {
     Postgres,
     /// etcd v3: the cluster's client URLs, and the key prefix everything lives under.
     Etcd { endpoints: Vec<String>, prefix: String },
+}
+
+/// The etcd backend's TLS: the CA that signs etcd's server certificates (`--etcd-ca-file`), the only
+/// one trusted, and a client certificate for etcd's `--client-cert-auth` (`--etcd-cert-file`,
+/// `--etcd-key-file`). The paths are not secret; the key's content is never logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdTlsFiles {
+    pub ca: PathBuf,
+    pub client: Option<TlsFiles>,
+}
+
+impl EtcdTlsFiles {
+    /// Reads and checks the files as the client will use them, and throws them away: the CA file
+    /// must hold one or more certificates usable as trust anchors; the client pair must be one that
+    /// can be presented (PEM, a key that matches the certificate, not expired). Each error names the
+    /// file and what is wrong with it.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let ca_error = |reason: String| ConfigError::EtcdCaFile {
+            path: self.ca.display().to_string(),
+            reason,
+        };
+        let pem = std::fs::read(&self.ca).map_err(|e| ca_error(format!("cannot read it: {e}")))?;
+        let certs = CertificateDer::pem_slice_iter(&pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ca_error(format!("not PEM: {e}")))?;
+        if certs.is_empty() {
+            return Err(ca_error("not PEM: no -----BEGIN CERTIFICATE----- block".into()));
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in certs {
+            roots
+                .add(cert)
+                .map_err(|e| ca_error(format!("not a usable CA certificate: {e}")))?;
+        }
+        if let Some(client) = &self.client {
+            client.check().map_err(ConfigError::EtcdClientCert)?;
+        }
+        Ok(())
+    }
 }
 
 /// The default key prefix of the etcd backend.
@@ -76,6 +117,9 @@ pub struct Config {
     /// listen address serves HTTPS only, and the files are re-read when they change; `None`: plain
     /// HTTP (a WARN at start-up).
     pub tls: Option<TlsFiles>,
+    /// TLS to etcd (`--etcd-ca-file`, `--etcd-cert-file`, `--etcd-key-file`): `Some` exactly when
+    /// the etcd endpoints are `https://`.
+    pub etcd_tls: Option<EtcdTlsFiles>,
 }
 
 /// Deliberately broken queues, for the negative controls of the blocking acquire only.
@@ -114,7 +158,14 @@ impl Config {
             sequence_jump: true,
             clients: None,
             tls: None,
+            etcd_tls: None,
         }
+    }
+
+    /// Speaks TLS to etcd (its endpoints must be `https://`), trusting `files.ca` alone.
+    pub fn with_etcd_tls(mut self, files: EtcdTlsFiles) -> Self {
+        self.etcd_tls = Some(files);
+        self
     }
 
     /// Serves HTTPS with the certificate and key in `files`.
@@ -179,13 +230,30 @@ impl Config {
             BackendConfig::Postgres if self.database_url.trim().is_empty() => {
                 return Err(ConfigError::MissingDatabaseUrl);
             }
-            BackendConfig::Etcd { endpoints, .. }
-                if endpoints.is_empty() || endpoints.iter().any(|e| !e.starts_with("http://")) =>
-            {
-                return Err(ConfigError::EtcdEndpoints);
+            BackendConfig::Postgres if self.etcd_tls.is_some() => {
+                return Err(ConfigError::EtcdTlsWithoutEtcd);
             }
-            BackendConfig::Etcd { prefix, .. } if prefix.is_empty() || !prefix.ends_with('/') => {
-                return Err(ConfigError::EtcdPrefix);
+            BackendConfig::Etcd { endpoints, prefix } => {
+                let https = endpoints.iter().filter(|e| e.starts_with("https://")).count();
+                let http = endpoints.iter().filter(|e| e.starts_with("http://")).count();
+                if endpoints.is_empty() || http + https != endpoints.len() {
+                    return Err(ConfigError::EtcdEndpoints);
+                }
+                // One cluster, one way to reach it: a mix would send some calls in cleartext.
+                if http > 0 && https > 0 {
+                    return Err(ConfigError::EtcdMixedSchemes);
+                }
+                match (https > 0, &self.etcd_tls) {
+                    // Without a CA of its own the client would need the system's roots, which
+                    // would trust any public certificate for the endpoint's name.
+                    (true, None) => return Err(ConfigError::EtcdHttpsWithoutCa),
+                    // Certificates with http:// endpoints would suggest an encryption there is not.
+                    (false, Some(_)) => return Err(ConfigError::EtcdTlsWithoutHttps),
+                    _ => {}
+                }
+                if prefix.is_empty() || !prefix.ends_with('/') {
+                    return Err(ConfigError::EtcdPrefix);
+                }
             }
             _ => {}
         }
@@ -241,6 +309,7 @@ impl std::fmt::Debug for Config {
             .field("sequence_jump", &self.sequence_jump)
             .field("clients", &self.clients)
             .field("tls", &self.tls)
+            .field("etcd_tls", &self.etcd_tls)
             .finish()
     }
 }
@@ -251,8 +320,37 @@ pub enum ConfigError {
     MissingDatabaseUrl,
     #[error("the admin token is empty; set a non-empty token or none at all")]
     EmptyAdminToken,
-    #[error("the etcd backend needs --etcd-endpoints: one or more comma-separated http:// client URLs")]
+    #[error(
+        "the etcd backend needs --etcd-endpoints: one or more comma-separated client URLs, http:// or https://"
+    )]
     EtcdEndpoints,
+    #[error("the etcd endpoints mix http:// and https://: give all of them in one scheme")]
+    EtcdMixedSchemes,
+    #[error(
+        "the etcd endpoints are https:// but no CA is given: pass --etcd-ca-file (DLOCK_ETCD_CA_FILE), the CA certificate that signs etcd's server certificates"
+    )]
+    EtcdHttpsWithoutCa,
+    #[error(
+        "--etcd-ca-file / --etcd-cert-file / --etcd-key-file are for https:// etcd endpoints, and the endpoints are http://: use https:// client URLs, or drop the TLS flags"
+    )]
+    EtcdTlsWithoutHttps,
+    #[error("--etcd-ca-file / --etcd-cert-file / --etcd-key-file are for the etcd backend (--backend etcd)")]
+    EtcdTlsWithoutEtcd,
+    #[error(
+        "the etcd client certificate needs both files: --etcd-{given}-file is given, --etcd-{missing}-file is not (DLOCK_ETCD_CERT_FILE and DLOCK_ETCD_KEY_FILE)"
+    )]
+    EtcdClientHalf {
+        given: &'static str,
+        missing: &'static str,
+    },
+    #[error(
+        "--etcd-cert-file / --etcd-key-file need --etcd-ca-file: a client certificate is presented over TLS, to https:// endpoints"
+    )]
+    EtcdClientWithoutCa,
+    #[error("the etcd CA file {path} (--etcd-ca-file): {reason}")]
+    EtcdCaFile { path: String, reason: String },
+    #[error("the etcd client certificate (--etcd-cert-file / --etcd-key-file): {0}")]
+    EtcdClientCert(#[source] TlsError),
     #[error("the etcd key prefix must be non-empty and end with '/'")]
     EtcdPrefix,
     #[error("the pool needs at least one connection")]
@@ -336,6 +434,21 @@ pub struct Cli {
     #[arg(long, env = "DLOCK_ETCD_PREFIX", default_value = DEFAULT_ETCD_PREFIX)]
     pub etcd_prefix: String,
 
+    /// The CA certificate (PEM) that signs etcd's server certificates: required with https://
+    /// endpoints, whose certificates are verified against it alone (and must name the endpoint's
+    /// host); refused with http:// ones.
+    #[arg(long, env = "DLOCK_ETCD_CA_FILE")]
+    pub etcd_ca_file: Option<PathBuf>,
+
+    /// A client certificate (PEM, leaf first) for etcd's `--client-cert-auth`, with
+    /// `--etcd-key-file`; both or neither.
+    #[arg(long, env = "DLOCK_ETCD_CERT_FILE")]
+    pub etcd_cert_file: Option<PathBuf>,
+
+    /// The private key (PEM) of `--etcd-cert-file`.
+    #[arg(long, env = "DLOCK_ETCD_KEY_FILE")]
+    pub etcd_key_file: Option<PathBuf>,
+
     /// Address to listen on.
     #[arg(long, env = "DLOCK_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
@@ -411,6 +524,27 @@ impl Cli {
             },
         };
         let tls = self.tls.into_files()?;
+        let client = match (self.etcd_cert_file, self.etcd_key_file) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(ConfigError::EtcdClientHalf {
+                    given: "cert",
+                    missing: "key",
+                });
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::EtcdClientHalf {
+                    given: "key",
+                    missing: "cert",
+                });
+            }
+        };
+        let etcd_tls = match (self.etcd_ca_file, client) {
+            (Some(ca), client) => Some(EtcdTlsFiles { ca, client }),
+            (None, None) => None,
+            (None, Some(_)) => return Err(ConfigError::EtcdClientWithoutCa),
+        };
         let config = Config {
             backend,
             database_url: self.database_url.unwrap_or_default(),
@@ -431,8 +565,14 @@ impl Cli {
                 None => None,
             },
             tls,
+            etcd_tls,
         };
         config.validate()?;
+        // After the endpoints are checked, so that a flag that does not belong is said as such
+        // rather than as a file that cannot be read.
+        if let Some(etcd_tls) = &config.etcd_tls {
+            etcd_tls.check()?;
+        }
         Ok(config)
     }
 }
@@ -656,6 +796,155 @@ mod tests {
             e.contains("/nonexistent/tls.crt") && e.contains("cannot read"),
             "{e}"
         );
+    }
+
+    fn etcd(args: &[&str]) -> Result<Config, ConfigError> {
+        let mut all = vec!["lock-server", "--backend", "etcd"];
+        all.extend_from_slice(args);
+        Cli::try_parse_from(all).unwrap().into_config(None)
+    }
+
+    const HTTPS: &str = "https://127.0.0.1:2379";
+    const HTTP: &str = "http://127.0.0.1:2379";
+
+    #[test]
+    fn etcd_tls_flags_follow_the_scheme_of_the_endpoints() {
+        let e = etcd(&["--etcd-endpoints", HTTPS]).unwrap_err();
+        assert!(matches!(e, ConfigError::EtcdHttpsWithoutCa), "{e:?}");
+        assert!(e.to_string().contains("--etcd-ca-file"), "{e}");
+        let e = etcd(&["--etcd-endpoints", HTTP, "--etcd-ca-file", "/nonexistent/ca.crt"]).unwrap_err();
+        assert!(matches!(e, ConfigError::EtcdTlsWithoutHttps), "{e:?}");
+        let e = etcd(&[
+            "--etcd-endpoints",
+            &format!("{HTTPS},{HTTP}"),
+            "--etcd-ca-file",
+            "/x",
+        ])
+        .unwrap_err();
+        assert!(matches!(e, ConfigError::EtcdMixedSchemes), "{e:?}");
+        let e = etcd(&["--etcd-endpoints", "127.0.0.1:2379"]).unwrap_err();
+        assert!(matches!(e, ConfigError::EtcdEndpoints), "{e:?}");
+        let e = cli(&["--etcd-ca-file", "/x"]).into_config(None).unwrap_err();
+        assert!(matches!(e, ConfigError::EtcdTlsWithoutEtcd), "{e:?}");
+    }
+
+    #[test]
+    fn the_etcd_client_certificate_comes_in_pairs_and_with_a_ca() {
+        let https = ["--etcd-endpoints", HTTPS, "--etcd-ca-file", "/nonexistent/ca.crt"];
+        let e = etcd(&[&https[..], &["--etcd-cert-file", "/c.crt"]].concat()).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ConfigError::EtcdClientHalf {
+                    given: "cert",
+                    missing: "key"
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("--etcd-key-file is not"), "{e}");
+        let e = etcd(&[&https[..], &["--etcd-key-file", "/c.key"]].concat()).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ConfigError::EtcdClientHalf {
+                    given: "key",
+                    missing: "cert"
+                }
+            ),
+            "{e:?}"
+        );
+        let e = etcd(&[
+            "--etcd-endpoints",
+            HTTPS,
+            "--etcd-cert-file",
+            "/c.crt",
+            "--etcd-key-file",
+            "/c.key",
+        ])
+        .unwrap_err();
+        assert!(matches!(e, ConfigError::EtcdClientWithoutCa), "{e:?}");
+    }
+
+    #[test]
+    fn etcd_tls_files_are_read_and_checked_at_start_up() {
+        let ca = dlock_testkit::pg::TestCa::new("config-etcd").unwrap();
+        let client = ca.issue_client("client", "lock-server").unwrap();
+        let other = ca.issue_client("other", "lock-server").unwrap();
+        let ca_file = ca.cert().to_str().unwrap();
+        let (cert, key) = (client.cert.to_str().unwrap(), client.key.to_str().unwrap());
+
+        let c = etcd(&[
+            "--etcd-endpoints",
+            HTTPS,
+            "--etcd-ca-file",
+            ca_file,
+            "--etcd-cert-file",
+            cert,
+            "--etcd-key-file",
+            key,
+        ])
+        .unwrap();
+        assert_eq!(
+            c.etcd_tls,
+            Some(EtcdTlsFiles {
+                ca: ca.cert().to_owned(),
+                client: Some(TlsFiles {
+                    cert: client.cert.clone(),
+                    key: client.key.clone()
+                })
+            })
+        );
+        // Paths may be logged; the key's content never is.
+        let shown = format!("{c:?}");
+        let key_pem = std::fs::read_to_string(&client.key).unwrap();
+        assert!(shown.contains(key) && !shown.contains(key_pem.trim()), "{shown}");
+        // The CA alone: etcd without client certificate auth.
+        let c = etcd(&["--etcd-endpoints", HTTPS, "--etcd-ca-file", ca_file]).unwrap();
+        assert_eq!(c.etcd_tls.unwrap().client, None);
+
+        let e = etcd(&["--etcd-endpoints", HTTPS, "--etcd-ca-file", "/nonexistent/ca.crt"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("/nonexistent/ca.crt") && e.contains("cannot read it"),
+            "{e}"
+        );
+        // A key file as the CA: PEM, but no certificate in it.
+        let e = etcd(&["--etcd-endpoints", HTTPS, "--etcd-ca-file", key])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(key) && e.contains("not PEM"), "{e}");
+        // A key that belongs to another certificate.
+        let e = etcd(&[
+            "--etcd-endpoints",
+            HTTPS,
+            "--etcd-ca-file",
+            ca_file,
+            "--etcd-cert-file",
+            cert,
+            "--etcd-key-file",
+            other.key.to_str().unwrap(),
+        ])
+        .unwrap_err();
+        assert!(
+            matches!(e, ConfigError::EtcdClientCert(TlsError::KeyMismatch { .. })),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("does not match"), "{e}");
+    }
+
+    #[test]
+    fn the_etcd_tls_flags_are_read_from_the_environment_too() {
+        let cmd = <Cli as clap::CommandFactory>::command();
+        for (id, env) in [
+            ("etcd_ca_file", "DLOCK_ETCD_CA_FILE"),
+            ("etcd_cert_file", "DLOCK_ETCD_CERT_FILE"),
+            ("etcd_key_file", "DLOCK_ETCD_KEY_FILE"),
+        ] {
+            let arg = cmd.get_arguments().find(|a| a.get_id() == id).unwrap();
+            assert_eq!(arg.get_env(), Some(std::ffi::OsStr::new(env)), "{id}");
+        }
     }
 
     #[test]

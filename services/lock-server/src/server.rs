@@ -106,7 +106,12 @@ pub async fn spawn(config: Config) -> Result<RunningServer, StartError> {
         }
         BackendConfig::Etcd { endpoints, prefix } => {
             config.validate()?;
-            let repo = EtcdRepo::connect(endpoints, prefix)
+            // The binary checked the files when it read its configuration; in-process callers
+            // get the same refusal here, before anything starts.
+            if let Some(tls) = &config.etcd_tls {
+                tls.check()?;
+            }
+            let repo = EtcdRepo::connect_tls(endpoints, prefix, config.etcd_tls.as_ref())
                 .await
                 .map_err(|e| StartError::Etcd(Box::new(e)))?;
             spawn_with_backend(config, Backend::Etcd(repo)).await

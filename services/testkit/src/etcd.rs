@@ -12,6 +12,13 @@
 //! a data directory for one member (same name, peer URL and cluster token), and
 //! [`EtcdCluster::restart_on`] starts that member on it, on the same ports ([`etcdutl_bin`] finds
 //! the tool, which `scripts/cluster-tools.sh etcdutl` builds).
+//!
+//! TLS: [`EtcdCluster::single_tls`] serves the client URLs over HTTPS only, with a certificate from
+//! a [`TestCa`] for `127.0.0.1` and `localhost`, and (with `client_cert_auth`) requires a client
+//! certificate signed by that CA (`--client-cert-auth --trusted-ca-file`); [`EtcdTls`] holds the CA
+//! and a client certificate. The peer URLs stay plain HTTP (one member). Readiness is then read on a
+//! plain-HTTP metrics URL (`--listen-metrics-urls`, which serves `/health` too), so that the check
+//! needs no client certificate.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -22,6 +29,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::pg::{PgError, ServerCert, TestCa};
 use crate::procs::{ProcError, free_port};
 
 /// The etcd binary the tests run.
@@ -60,7 +68,37 @@ struct Member {
     peer_port: u16,
     data_dir: PathBuf,
     log: PathBuf,
+    /// The plain-HTTP port of `/health` and `/metrics` (TLS clusters only: their client port
+    /// speaks HTTPS).
+    metrics_port: Option<u16>,
     child: Option<Child>,
+}
+
+/// The certificates of a cluster whose client URLs speak TLS ([`EtcdCluster::single_tls`]).
+#[derive(Debug)]
+pub struct EtcdTls {
+    ca: TestCa,
+    server: ServerCert,
+    client: ServerCert,
+    client_cert_auth: bool,
+}
+
+impl EtcdTls {
+    /// The CA that signed the members' certificate and [`Self::client`]: what a client names as
+    /// the CA of etcd's certificate, and (with client certificate auth) etcd's `--trusted-ca-file`.
+    pub fn ca(&self) -> &TestCa {
+        &self.ca
+    }
+
+    /// A client certificate (`clientAuth`) signed by [`Self::ca`]: one etcd accepts.
+    pub fn client(&self) -> &ServerCert {
+        &self.client
+    }
+
+    /// Whether the members require a client certificate (`--client-cert-auth`).
+    pub fn client_cert_auth(&self) -> bool {
+        self.client_cert_auth
+    }
 }
 
 /// One etcd cluster (1 or 3 members) on loopback. Dropping it kills its members and removes the data.
@@ -69,6 +107,8 @@ pub struct EtcdCluster {
     base: PathBuf,
     token: String,
     members: Vec<Member>,
+    // Boxed: a cluster is held inline in test enums, and most clusters have none.
+    tls: Option<Box<EtcdTls>>,
 }
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
@@ -86,7 +126,41 @@ impl EtcdCluster {
         Self::start(3)
     }
 
+    /// A single-member etcd whose client URL speaks HTTPS only, with a certificate for `127.0.0.1`
+    /// and `localhost` from a new [`TestCa`] (`label` names it). With `client_cert_auth` it also
+    /// requires a client certificate signed by that CA (`--client-cert-auth`, `--trusted-ca-file`);
+    /// without, it accepts any TLS client (neither flag).
+    pub fn single_tls(label: &str, client_cert_auth: bool) -> Result<Self, ProcError> {
+        let certs = |e: PgError| ProcError::Io {
+            what: format!("make the etcd TLS certificates ({label})"),
+            source: std::io::Error::other(e.to_string()),
+        };
+        let ca = TestCa::new(&format!("etcd-{label}")).map_err(certs)?;
+        let server = ca
+            .issue("etcd-server", &["127.0.0.1", "localhost"])
+            .map_err(certs)?;
+        let client = ca.issue_client("etcd-client", "lock-server").map_err(certs)?;
+        Self::start_with(
+            1,
+            Some(Box::new(EtcdTls {
+                ca,
+                server,
+                client,
+                client_cert_auth,
+            })),
+        )
+    }
+
+    /// The certificates, when the client URLs speak TLS.
+    pub fn tls(&self) -> Option<&EtcdTls> {
+        self.tls.as_deref()
+    }
+
     fn start(n: usize) -> Result<Self, ProcError> {
+        Self::start_with(n, None)
+    }
+
+    fn start_with(n: usize, tls: Option<Box<EtcdTls>>) -> Result<Self, ProcError> {
         let root = if Path::new("/dev/shm").is_dir() {
             PathBuf::from("/dev/shm")
         } else {
@@ -107,6 +181,10 @@ impl EtcdCluster {
                 peer_port: free_port()?,
                 data_dir: base.join(format!("m{i}")),
                 log: base.join(format!("m{i}.log")),
+                metrics_port: match tls {
+                    Some(_) => Some(free_port()?),
+                    None => None,
+                },
                 child: None,
             });
         }
@@ -114,6 +192,7 @@ impl EtcdCluster {
             base,
             token: format!("dlock-test-{id}"),
             members,
+            tls,
         };
         for i in 0..n {
             cluster.spawn(i)?;
@@ -134,6 +213,7 @@ impl EtcdCluster {
 
     fn spawn(&mut self, i: usize) -> Result<(), ProcError> {
         let initial = self.initial_cluster();
+        let client_url = self.endpoint(i);
         let m = &mut self.members[i];
         let log = fs::OpenOptions::new()
             .create(true)
@@ -146,9 +226,9 @@ impl EtcdCluster {
             .arg("--data-dir")
             .arg(&m.data_dir)
             .arg("--listen-client-urls")
-            .arg(format!("http://127.0.0.1:{}", m.client_port))
+            .arg(&client_url)
             .arg("--advertise-client-urls")
-            .arg(format!("http://127.0.0.1:{}", m.client_port))
+            .arg(&client_url)
             .arg("--listen-peer-urls")
             .arg(format!("http://127.0.0.1:{}", m.peer_port))
             .arg("--initial-advertise-peer-urls")
@@ -166,8 +246,23 @@ impl EtcdCluster {
             .arg("500")
             .arg("--log-level")
             .arg("warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(log.try_clone().map_err(io("dup etcd log"))?))
+            .stdin(Stdio::null());
+        if let Some(tls) = &self.tls {
+            cmd.arg("--cert-file")
+                .arg(&tls.server.cert)
+                .arg("--key-file")
+                .arg(&tls.server.key);
+            if tls.client_cert_auth {
+                cmd.arg("--client-cert-auth")
+                    .arg("--trusted-ca-file")
+                    .arg(tls.ca.cert());
+            }
+        }
+        if let Some(port) = m.metrics_port {
+            cmd.arg("--listen-metrics-urls")
+                .arg(format!("http://127.0.0.1:{port}"));
+        }
+        cmd.stdout(Stdio::from(log.try_clone().map_err(io("dup etcd log"))?))
             .stderr(Stdio::from(log));
         // SAFETY: prctl with PR_SET_PDEATHSIG is async-signal-safe and touches no memory of ours.
         #[allow(unsafe_code)]
@@ -192,7 +287,7 @@ impl EtcdCluster {
     fn wait_healthy(&mut self, i: usize) -> Result<(), ProcError> {
         let started = Instant::now();
         loop {
-            if health(self.members[i].client_port) {
+            if health(self.health_port(i)) {
                 return Ok(());
             }
             let m = &mut self.members[i];
@@ -208,7 +303,10 @@ impl EtcdCluster {
             if started.elapsed() > READY_LIMIT {
                 return Err(ProcError::NotReady {
                     name: format!("etcd {}", m.name),
-                    url: format!("http://127.0.0.1:{}/health", m.client_port),
+                    url: format!(
+                        "http://127.0.0.1:{}/health",
+                        m.metrics_port.unwrap_or(m.client_port)
+                    ),
                     secs: READY_LIMIT.as_secs(),
                     log: m.log.display().to_string(),
                 });
@@ -222,8 +320,17 @@ impl EtcdCluster {
         (0..self.members.len()).map(|i| self.endpoint(i)).collect()
     }
 
+    /// `http://127.0.0.1:<port>`, or `https://…` when the client URLs speak TLS.
     pub fn endpoint(&self, i: usize) -> String {
-        format!("http://127.0.0.1:{}", self.members[i].client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.members[i].client_port)
+    }
+
+    /// Where member `i` answers `/health` in plain HTTP: its client port, or with TLS its metrics
+    /// port.
+    fn health_port(&self, i: usize) -> u16 {
+        let m = &self.members[i];
+        m.metrics_port.unwrap_or(m.client_port)
     }
 
     pub fn len(&self) -> usize {

@@ -81,14 +81,20 @@ impl TestCa {
     /// as `127.0.0.1`, which go into the subjectAltName as IP entries: TLS clients check those,
     /// not the common name), written as `<file_stem>.crt` / `<file_stem>.key` in this CA's folder.
     pub fn issue(&self, file_stem: &str, names: &[&str]) -> Result<ServerCert, PgError> {
-        self.issue_with(file_stem, names, None)
+        self.issue_with(file_stem, names, None, "serverAuth")
+    }
+
+    /// A client certificate signed by this CA (extended key usage `clientAuth`, which servers that
+    /// verify client certificates, etcd's `--client-cert-auth` among them, require), for `name`.
+    pub fn issue_client(&self, file_stem: &str, name: &str) -> Result<ServerCert, PgError> {
+        self.issue_with(file_stem, &[name], None, "clientAuth")
     }
 
     /// [`issue`](Self::issue), but expired: signed as of three days ago, valid for one day (so it
     /// expired two days ago), by this CA, which is valid now. The clock is moved for the one openssl
     /// command with `faketime` (openssl 3.0 has no option to set the dates of `x509 -req`).
     pub fn issue_expired(&self, file_stem: &str, names: &[&str]) -> Result<ServerCert, PgError> {
-        self.issue_with(file_stem, names, Some("-3d"))
+        self.issue_with(file_stem, names, Some("-3d"), "serverAuth")
     }
 
     fn issue_with(
@@ -96,6 +102,7 @@ impl TestCa {
         file_stem: &str,
         names: &[&str],
         signed_at: Option<&str>,
+        usage: &str,
     ) -> Result<ServerCert, PgError> {
         let Some(first) = names.first() else {
             return Err(PgError::State(
@@ -116,11 +123,11 @@ impl TestCa {
             &format!(
                 "basicConstraints = critical, CA:FALSE\n\
                  keyUsage = critical, digitalSignature, keyEncipherment\n\
-                 extendedKeyUsage = serverAuth\n\
+                 extendedKeyUsage = {usage}\n\
                  subjectKeyIdentifier = hash\n\
                  authorityKeyIdentifier = keyid\n\
                  subjectAltName = {}\n",
-                san.join(", ")
+                san.join(", "),
             ),
         )?;
         let csr = self.dir.join(format!("{file_stem}.csr"));

@@ -6,6 +6,7 @@ fn owner() -> Owner {
         namespace: "pay".into(),
         kind: "LockService".into(),
         owner_ref: Default::default(),
+        https: false,
     }
 }
 

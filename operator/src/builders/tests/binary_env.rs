@@ -168,9 +168,22 @@ fn pod_spec(child: &Child) -> Option<&PodSpec> {
 /// included) and its demo-seeded migration; the restore and check Jobs of the actions.
 fn every_pod() -> Vec<(String, PodSpec)> {
     let mut desired = Vec::new();
+    // With HTTPS on, so the certificate and CA variables are checked too.
+    let wiring = crate::builders::tls::TlsWiring {
+        https: true,
+        bundle: Some("bundle-hash".into()),
+    };
+    let https = |obj_owner: Option<Owner>| Owner {
+        https: true,
+        ..obj_owner.unwrap()
+    };
     let ls = managed_ls();
-    let owner = Owner::of(&ls).unwrap();
-    desired.push(lockservice::children::desired(&ls, &owner, &ls_inputs(&JobState::Succeeded)).unwrap());
+    let owner = https(Owner::of(&ls));
+    desired.push(
+        lockservice::children::desired(&ls, &owner, &ls_inputs(&JobState::Succeeded))
+            .unwrap()
+            .with_tls(&owner, &wiring),
+    );
     for etcd in [
         json!({"managed": {"replicas": 3}}),
         json!({"external": {"secretRef": {"name": "etcd-endpoints"}}}),
@@ -180,11 +193,12 @@ fn every_pod() -> Vec<(String, PodSpec)> {
         desired.push(lockservice::children::desired(&ls, &owner, &etcd_inputs(true)).unwrap());
     }
     let ps = default_stack();
-    let ps_owner = Owner::of(&ps).unwrap();
+    let ps_owner = https(Owner::of(&ps));
     let view = ready_lock_service();
     desired.push(
         paymentstack::children::desired(&ps, &ps_owner, &ps_inputs(&JobState::Succeeded, Some(&view)))
-            .unwrap(),
+            .unwrap()
+            .with_tls(&ps_owner, &wiring),
     );
 
     let mut children: Vec<Child> = desired.into_iter().flat_map(|d| d.apply).collect();

@@ -25,6 +25,7 @@ mod migration_job;
 mod network_policies;
 mod postgres;
 mod security;
+mod tls;
 
 const IMAGE: &str = "registry.example/dlock:1.2.3";
 

@@ -24,7 +24,7 @@ use crate::builders::postgres::History;
 use crate::builders::{Child, LOCK_SERVER, Owner, SpecError, credentials};
 use crate::context::{Context, Settings};
 use crate::crd::actions::ActionPhase;
-use crate::crd::{Backend, DlockStatus, LockService, LockStore};
+use crate::crd::{Backend, DlockStatus, LockService, LockStore, TlsSpec};
 use crate::error::{Result, at};
 use crate::health::{DeploymentHealth, JobState};
 use crate::reasons::{EventNote, Reason};
@@ -126,9 +126,14 @@ impl Reconciled for LockService {
     type Observed = Observed;
     type Next = Next;
     type Outcome = ActionsOutcome;
+    const SERVED: &'static [&'static str] = &[LOCK_SERVER];
 
     fn status(&self) -> Option<&DlockStatus> {
         self.status.as_ref()
+    }
+
+    fn tls(&self) -> &TlsSpec {
+        &self.spec.tls
     }
 
     fn store(&self) -> std::result::Result<Store<'_>, SpecError> {
@@ -337,6 +342,7 @@ mod tests {
             deployments: Vec::new(),
             expected_deployments: 0,
             endpoints: BTreeMap::new(),
+            tls: None,
             kind: ActionsOutcome {
                 done,
                 ..ActionsOutcome::default()

@@ -15,9 +15,9 @@ use super::steps::{CreateOnce, Plan, Prepared, Store};
 use super::verdict::{Blocked, KindOutcome, KindVerdict};
 use crate::builders::grant_keys::{self, Published};
 use crate::builders::postgres::History;
-use crate::builders::{Owner, PAYMENT_RESOURCE, RAIL_PROXY, SpecError, credentials};
+use crate::builders::{Owner, PAYMENT_RESOURCE, RAIL_PROXY, RAIL_STUB, SpecError, credentials};
 use crate::context::{Context, Settings};
-use crate::crd::{DlockStatus, GrantStatus, LockService, PaymentStack};
+use crate::crd::{DlockStatus, GrantStatus, LockService, PaymentStack, TlsSpec};
 use crate::error::{Result, at};
 use crate::health::DeploymentHealth;
 use crate::reasons::Reason;
@@ -96,9 +96,14 @@ impl Reconciled for PaymentStack {
     type Observed = Option<LockServiceView>;
     type Next = StackNext;
     type Outcome = StackOutcome;
+    const SERVED: &'static [&'static str] = &[PAYMENT_RESOURCE, RAIL_PROXY, RAIL_STUB];
 
     fn status(&self) -> Option<&DlockStatus> {
         self.status.as_ref()
+    }
+
+    fn tls(&self) -> &TlsSpec {
+        &self.spec.tls
     }
 
     fn store(&self) -> std::result::Result<Store<'_>, SpecError> {

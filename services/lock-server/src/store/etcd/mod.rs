@@ -25,6 +25,7 @@ pub mod batch;
 pub mod feed;
 pub mod leases;
 pub mod repo;
+pub mod tls;
 pub mod wait;
 
 use std::sync::{Arc, Mutex};
@@ -40,6 +41,7 @@ use uuid::Uuid;
 use self::batch::{ReleaseStats, Releases};
 use self::leases::{LeaseLabels, LeasePool, LeaseSource};
 use super::BatchFamilies;
+use crate::config::EtcdTlsFiles;
 use crate::error::Error;
 
 /// Deliberately broken variants, for the negative controls only. Production is [`EtcdFaults::NONE`].
@@ -139,6 +141,15 @@ pub struct EtcdRepo {
     releases: Arc<Releases>,
     /// What the release batches observe (`lock_batch_*{statement="release"}`).
     batches: BatchFamilies,
+    /// Where etcd is and how it is reached, for messages ([`EtcdRepo::connection_problem`]).
+    target: Arc<Target>,
+}
+
+/// The endpoints and TLS files a repository was connected with.
+#[derive(Debug, Default)]
+struct Target {
+    endpoints: Vec<String>,
+    tls: Option<EtcdTlsFiles>,
 }
 
 impl std::fmt::Debug for EtcdRepo {
@@ -224,17 +235,83 @@ impl EtcdRepo {
     /// Connects lazily (the channel dials on first use), so the server starts while etcd is down and
     /// `/readyz` reports it.
     pub async fn connect(endpoints: &[String], prefix: &str) -> Result<Self, Error> {
-        let opts = ConnectOptions::new()
+        Self::connect_tls(endpoints, prefix, None).await
+    }
+
+    /// [`EtcdRepo::connect`], over TLS with `tls` (the endpoints are then `https://`). Also starts a
+    /// task that asks etcd until it answers once, saying why it does not in an operator's words
+    /// (`etcd_connect_failed`: ERROR for a TLS refusal, a configuration to fix; WARN otherwise),
+    /// since the calls' own errors carry only the TLS library's words, and `/readyz` none.
+    pub async fn connect_tls(
+        endpoints: &[String],
+        prefix: &str,
+        tls: Option<&EtcdTlsFiles>,
+    ) -> Result<Self, Error> {
+        let mut opts = ConnectOptions::new()
             .with_connect_timeout(std::time::Duration::from_secs(2))
             .with_timeout(std::time::Duration::from_secs(5))
             .with_keep_alive(
                 std::time::Duration::from_secs(2),
                 std::time::Duration::from_secs(2),
             );
+        if let Some(files) = tls {
+            opts = opts.with_tls(self::tls::options(files).map_err(|e| Error::etcd(e.into()))?);
+        }
         let client = Client::connect(endpoints, Some(opts))
             .await
             .map_err(Error::etcd)?;
-        Ok(Self::with_client(client, prefix, EtcdFaults::NONE))
+        let mut repo = Self::with_client(client, prefix, EtcdFaults::NONE);
+        repo.target = Arc::new(Target {
+            endpoints: endpoints.to_vec(),
+            tls: tls.cloned(),
+        });
+        tokio::spawn(repo.clone().explain_until_connected());
+        Ok(repo)
+    }
+
+    /// Asks etcd once (its status): `None` when it answers, else why not, in an operator's words.
+    pub async fn connection_problem(&self) -> Option<self::tls::Explained> {
+        match self.client().status().await {
+            Ok(_) => None,
+            Err(e) => Some(self::tls::explain(
+                &e,
+                &self.target.endpoints,
+                self.target.tls.as_ref(),
+            )),
+        }
+    }
+
+    /// Asks etcd until it answers, each change of reason logged once, with backoff from 1 s to
+    /// 30 s; `etcd_connected` at the first answer, then the calls' own errors take over.
+    async fn explain_until_connected(self) {
+        let mut backoff = std::time::Duration::from_secs(1);
+        let mut said: Option<String> = None;
+        loop {
+            match self.connection_problem().await {
+                None => {
+                    tracing::info!(
+                        event = "etcd_connected",
+                        endpoints = %self.target.endpoints.join(","),
+                        tls = self.target.tls.is_some(),
+                        "lock-server reached etcd"
+                    );
+                    return;
+                }
+                Some(problem) => {
+                    if said.as_deref() != Some(problem.message.as_str()) {
+                        let endpoints = self.target.endpoints.join(",");
+                        if problem.tls {
+                            tracing::error!(event = "etcd_connect_failed", endpoints = %endpoints, "{}", problem.message);
+                        } else {
+                            tracing::warn!(event = "etcd_connect_failed", endpoints = %endpoints, "{}", problem.message);
+                        }
+                        said = Some(problem.message);
+                    }
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(std::time::Duration::from_secs(30));
+        }
     }
 
     /// For negative controls only: the same backend with a deliberate fault.
@@ -246,6 +323,7 @@ impl EtcdRepo {
             client: Box::new(client),
             prefix: prefix.to_owned(),
             faults,
+            target: Arc::default(),
             pool: Arc::default(),
             leases: {
                 let f = Family::default();

@@ -1,0 +1,207 @@
+//! HTTPS in the pods: each server mounts its certificate Secret and is probed over HTTPS, each client
+//! of an `https://` URL trusts the namespace's bundle (and restarts when it changes), nothing else.
+
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+
+use super::*;
+use crate::builders::tls::{CA_BUNDLE, CA_BUNDLE_ANNOTATION, TlsWiring};
+
+fn template<'a>(d: &'a Desired, name: &str) -> &'a PodTemplateSpec {
+    &deployment(d, name).spec.as_ref().unwrap().template
+}
+
+fn plain_env(c: &Container, name: &str) -> Option<String> {
+    env_of(c, name).and_then(|e| e.value.clone())
+}
+
+fn stack_desired(https: bool, wiring: &TlsWiring, spec: Option<serde_json::Value>) -> Desired {
+    let ps = spec.map_or_else(default_stack, stack);
+    let owner = Owner {
+        https,
+        ..Owner::of(&ps).unwrap()
+    };
+    let view = ready_lock_service();
+    paymentstack::children::desired(&ps, &owner, &ps_inputs(&JobState::Succeeded, Some(&view)))
+        .unwrap()
+        .with_tls(&owner, wiring)
+}
+
+#[test]
+fn each_server_mounts_its_certificate_and_is_probed_over_https() {
+    let wiring = TlsWiring {
+        https: true,
+        bundle: Some("b1".into()),
+    };
+    let d = stack_desired(true, &wiring, None);
+    for component in ["payment-resource", "rail-proxy", "rail-stub"] {
+        let t = template(&d, &format!("shop-{component}"));
+        let pod = t.spec.as_ref().unwrap();
+        let volume = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == "tls")
+            .unwrap_or_else(|| panic!("{component} has no tls volume"));
+        let secret = volume.secret.as_ref().unwrap();
+        assert_eq!(
+            secret.secret_name.as_deref(),
+            Some(format!("shop-{component}-tls").as_str())
+        );
+        assert_eq!(secret.default_mode, Some(0o440));
+        let fs_group = pod.security_context.as_ref().and_then(|s| s.fs_group);
+        assert_eq!(
+            fs_group,
+            Some(crate::builders::security::NONROOT_UID),
+            "{component}"
+        );
+        let c = &pod.containers[0];
+        let mount = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == "tls")
+            .unwrap();
+        assert_eq!(mount.mount_path, "/etc/dlock/tls");
+        assert_eq!(mount.read_only, Some(true));
+        assert_eq!(
+            plain_env(c, "DLOCK_TLS_CERT_FILE").as_deref(),
+            Some("/etc/dlock/tls/tls.crt")
+        );
+        assert_eq!(
+            plain_env(c, "DLOCK_TLS_KEY_FILE").as_deref(),
+            Some("/etc/dlock/tls/tls.key")
+        );
+        for probe in [&c.readiness_probe, &c.liveness_probe] {
+            let get = probe.as_ref().and_then(|p| p.http_get.as_ref()).unwrap();
+            assert_eq!(get.scheme.as_deref(), Some("HTTPS"), "{component}");
+        }
+    }
+    // The executor serves nothing: no certificate.
+    let executor = template(&d, "shop-payout-executor").spec.as_ref().unwrap();
+    assert!(env_of(&executor.containers[0], "DLOCK_TLS_CERT_FILE").is_none());
+}
+
+#[test]
+fn clients_of_https_trust_the_bundle_and_roll_when_it_changes() {
+    let wiring = TlsWiring {
+        https: true,
+        bundle: Some("b1".into()),
+    };
+    let d = stack_desired(true, &wiring, None);
+    let args = |name: &str| {
+        template(&d, name).spec.as_ref().unwrap().containers[0]
+            .args
+            .clone()
+            .unwrap()
+    };
+    // Its own servers' URLs are https (the lock-server URL is the LockService's endpoint).
+    let exec_args = args("shop-payout-executor");
+    assert_eq!(
+        arg_after(&exec_args, "--payment-resource-url"),
+        Some("https://shop-payment-resource.pay.svc:8080")
+    );
+    assert_eq!(
+        arg_after(&args("shop-rail-proxy"), "--rail-url"),
+        Some("https://shop-rail-stub.pay.svc:8080")
+    );
+    assert_eq!(
+        d.endpoints.get("paymentResource").map(String::as_str),
+        Some("https://shop-payment-resource.pay.svc:8080")
+    );
+    for (name, var) in [
+        ("shop-payout-executor", "DLOCK_CA_FILE"),
+        ("shop-rail-proxy", "DLOCK_RAIL_CA_FILE"),
+    ] {
+        let t = template(&d, name);
+        let pod = t.spec.as_ref().unwrap();
+        let ca = pod.volumes.iter().flatten().find(|v| v.name == "ca").unwrap();
+        assert_eq!(ca.config_map.as_ref().unwrap().name, CA_BUNDLE);
+        assert_eq!(
+            plain_env(&pod.containers[0], var).as_deref(),
+            Some("/etc/dlock/ca/ca.crt"),
+            "{name}"
+        );
+        let annotations = t.metadata.as_ref().unwrap().annotations.as_ref().unwrap();
+        assert_eq!(
+            annotations.get(CA_BUNDLE_ANNOTATION).map(String::as_str),
+            Some("b1")
+        );
+    }
+    // payment-resource calls nothing: no bundle.
+    let pr = template(&d, "shop-payment-resource").spec.as_ref().unwrap();
+    assert!(!pr.volumes.iter().flatten().any(|v| v.name == "ca"));
+}
+
+#[test]
+fn a_real_rail_is_checked_against_the_public_roots_not_the_bundle() {
+    let wiring = TlsWiring {
+        https: true,
+        bundle: Some("b1".into()),
+    };
+    let d = stack_desired(
+        true,
+        &wiring,
+        Some(json!({
+            "lockServiceRef": {"name": "locks"},
+            "database": {"managed": {}},
+            "railProxy": {"railUrl": "https://rail.example.com"},
+        })),
+    );
+    let pod = template(&d, "shop-rail-proxy").spec.as_ref().unwrap();
+    assert!(env_of(&pod.containers[0], "DLOCK_RAIL_CA_FILE").is_none());
+    assert!(!pod.volumes.iter().flatten().any(|v| v.name == "ca"));
+}
+
+#[test]
+fn plain_http_mounts_no_certificate_and_keeps_http_urls() {
+    let d = stack_desired(false, &TlsWiring::default(), None);
+    for (name, _) in all_children(&d) {
+        if let Some(Child::Deployment(dep)) = d.find(ChildKind::Deployment, name) {
+            let pod = dep.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+            assert!(
+                !pod.volumes
+                    .iter()
+                    .flatten()
+                    .any(|v| v.name == "tls" || v.name == "ca"),
+                "{name}"
+            );
+            let c = &pod.containers[0];
+            assert!(env_of(c, "DLOCK_TLS_CERT_FILE").is_none(), "{name}");
+            assert!(
+                c.args.iter().flatten().all(|a| !a.starts_with("https://")),
+                "{name}"
+            );
+        }
+    }
+}
+
+/// A stack on plain HTTP whose LockService serves HTTPS: its executor still trusts the bundle.
+#[test]
+fn a_plain_stack_still_trusts_the_bundle_for_an_https_lock_server() {
+    let wiring = TlsWiring {
+        https: false,
+        bundle: Some("b2".into()),
+    };
+    let d = stack_desired(false, &wiring, None);
+    let pod = template(&d, "shop-payout-executor").spec.as_ref().unwrap();
+    assert_eq!(
+        plain_env(&pod.containers[0], "DLOCK_CA_FILE").as_deref(),
+        Some("/etc/dlock/ca/ca.crt")
+    );
+    // Its rail-stub is plain, so rail-proxy needs no CA.
+    let rp = template(&d, "shop-rail-proxy").spec.as_ref().unwrap();
+    assert!(env_of(&rp.containers[0], "DLOCK_RAIL_CA_FILE").is_none());
+}
+
+#[test]
+fn served_components_are_those_with_a_service() {
+    let d = stack_desired(true, &TlsWiring::default(), None);
+    assert_eq!(
+        d.served_components(),
+        vec!["payment-resource", "rail-proxy", "rail-stub"]
+    );
+    let ls = managed_ls();
+    let owner = Owner::of(&ls).unwrap();
+    let d = lockservice::children::desired(&ls, &owner, &ls_inputs(&JobState::Succeeded)).unwrap();
+    assert_eq!(d.served_components(), vec!["lock-server"]);
+}

@@ -1,0 +1,200 @@
+//! HTTPS in the pods (`spec.tls.mode: Operator`): the names of the namespace's CA Secret, its public
+//! bundle and each served component's certificate Secret, and the one pass over a finished set of
+//! children ([`Desired::with_tls`]) that mounts them — a server its certificate and key, a client
+//! the CA bundle — so no builder can forget a hop. The certificates themselves are made in
+//! `controller::tls`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    ConfigMapVolumeSource, Container, PodSpec, PodTemplateSpec, Probe, SecretVolumeSource, Volume,
+    VolumeMount,
+};
+
+use super::{
+    Child, Desired, LOCK_SERVER, Owner, PAYMENT_RESOURCE, PAYOUT_EXECUTOR, RAIL_PROXY, RAIL_STUB, env,
+};
+
+/// The namespace's CA (type `kubernetes.io/tls`: `tls.crt`, `tls.key`). Only the operator reads it.
+pub const CA_SECRET: &str = "dlock-ca";
+/// The CA's certificate, for the clients (a ConfigMap: nothing in it is secret).
+pub const CA_BUNDLE: &str = "dlock-ca-bundle";
+pub const CA_BUNDLE_KEY: &str = "ca.crt";
+/// Pod-template annotation with a hash of the bundle: a new CA restarts the clients, which read the
+/// bundle at start-up (the servers re-read their certificate files on their own).
+pub const CA_BUNDLE_ANNOTATION: &str = "dlock.dev/ca-bundle";
+
+/// The components that serve an HTTP API, and so get a certificate.
+pub const SERVED: [&str; 4] = [LOCK_SERVER, PAYMENT_RESOURCE, RAIL_PROXY, RAIL_STUB];
+
+/// Where the pods find them, and the variables that name the files (each binary's config.rs).
+pub const CERT_DIR: &str = "/etc/dlock/tls";
+pub const CA_DIR: &str = "/etc/dlock/ca";
+pub const TLS_CERT_FILE_ENV: &str = dlock_common::tls::TLS_CERT_FILE_ENV;
+pub const TLS_KEY_FILE_ENV: &str = dlock_common::tls::TLS_KEY_FILE_ENV;
+/// payout-executor: the CA of the three servers it calls.
+pub const CA_FILE_ENV: &str = "DLOCK_CA_FILE";
+/// rail-proxy: the CA of the rail it forwards to (the in-cluster rail-stub's).
+pub const RAIL_CA_FILE_ENV: &str = "DLOCK_RAIL_CA_FILE";
+const CERT_VOLUME: &str = "tls";
+const CA_VOLUME: &str = "ca";
+
+/// `<owner>-<component>-tls`.
+pub fn secret_name(owner: &Owner, component: &str) -> String {
+    format!("{}-tls", owner.child(component))
+}
+
+/// The names a component's Service answers to inside the cluster.
+pub fn dns_names(owner: &Owner, component: &str) -> Vec<String> {
+    let svc = owner.child(component);
+    let ns = &owner.namespace;
+    vec![
+        svc.clone(),
+        format!("{svc}.{ns}"),
+        format!("{svc}.{ns}.svc"),
+        format!("{svc}.{ns}.svc.cluster.local"),
+    ]
+}
+
+/// What [`Desired::with_tls`] mounts.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TlsWiring {
+    /// The owner's servers serve HTTPS with their certificate Secrets.
+    pub https: bool,
+    /// The bundle's hash, when the namespace has one: every client that calls an `https://` URL
+    /// mounts it.
+    pub bundle: Option<String>,
+}
+
+impl Desired {
+    /// Each served component's Deployment serves HTTPS from its certificate Secret (probes too);
+    /// each Deployment that calls an `https://` URL trusts the namespace's bundle.
+    pub fn with_tls(mut self, owner: &Owner, wiring: &TlsWiring) -> Self {
+        for child in &mut self.apply {
+            let Child::Deployment(d) = child else { continue };
+            let Some(component) = d
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(super::LABEL_COMPONENT))
+                .cloned()
+            else {
+                continue;
+            };
+            let Some(template) = d.spec.as_mut().map(|s| &mut s.template) else {
+                continue;
+            };
+            if wiring.https && SERVED.contains(&component.as_str()) {
+                serve_https(template, &secret_name(owner, &component));
+            }
+            if let Some(bundle) = &wiring.bundle {
+                trust_bundle(template, &component, bundle);
+            }
+        }
+        self
+    }
+}
+
+fn container(template: &mut PodTemplateSpec) -> Option<(&mut PodSpec, usize)> {
+    let pod = template.spec.as_mut()?;
+    (!pod.containers.is_empty()).then_some((pod, 0))
+}
+
+fn mount(pod: &mut PodSpec, i: usize, volume: Volume, path: &str) {
+    let name = volume.name.clone();
+    let volumes = pod.volumes.get_or_insert_with(Vec::new);
+    if !volumes.iter().any(|v| v.name == name) {
+        volumes.push(volume);
+    }
+    let c: &mut Container = &mut pod.containers[i];
+    let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
+    if !mounts.iter().any(|m| m.name == name) {
+        mounts.push(VolumeMount {
+            name,
+            mount_path: path.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+    }
+}
+
+fn https_probe(probe: Option<&mut Probe>) {
+    if let Some(get) = probe.and_then(|p| p.http_get.as_mut()) {
+        get.scheme = Some("HTTPS".into());
+    }
+}
+
+fn serve_https(template: &mut PodTemplateSpec, secret: &str) {
+    let Some((pod, i)) = container(template) else {
+        return;
+    };
+    // The Secret's files belong to the pod's fsGroup (mode 0440): the image's user reads its key,
+    // nobody else in the pod would.
+    pod.security_context
+        .get_or_insert_with(Default::default)
+        .fs_group
+        .get_or_insert(super::security::NONROOT_UID);
+    mount(
+        pod,
+        i,
+        Volume {
+            name: CERT_VOLUME.into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.into()),
+                default_mode: Some(0o440),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+        CERT_DIR,
+    );
+    let c = &mut pod.containers[i];
+    let envs = c.env.get_or_insert_with(Vec::new);
+    envs.push(env(TLS_CERT_FILE_ENV, format!("{CERT_DIR}/tls.crt")));
+    envs.push(env(TLS_KEY_FILE_ENV, format!("{CERT_DIR}/tls.key")));
+    https_probe(c.readiness_probe.as_mut());
+    https_probe(c.liveness_probe.as_mut());
+}
+
+/// The bundle into a client: payout-executor always (its three servers), rail-proxy when its rail
+/// is the in-cluster rail-stub over HTTPS (a real rail is checked against the public roots).
+fn trust_bundle(template: &mut PodTemplateSpec, component: &str, bundle: &str) {
+    let Some((pod, i)) = container(template) else {
+        return;
+    };
+    let var = match component {
+        PAYOUT_EXECUTOR => CA_FILE_ENV,
+        RAIL_PROXY if rails_to_stub(&pod.containers[i]) => RAIL_CA_FILE_ENV,
+        _ => return,
+    };
+    mount(
+        pod,
+        i,
+        Volume {
+            name: CA_VOLUME.into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: CA_BUNDLE.into(),
+                ..ConfigMapVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+        CA_DIR,
+    );
+    pod.containers[i]
+        .env
+        .get_or_insert_with(Vec::new)
+        .push(env(var, format!("{CA_DIR}/{CA_BUNDLE_KEY}")));
+    template
+        .metadata
+        .get_or_insert_with(Default::default)
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(CA_BUNDLE_ANNOTATION.into(), bundle.to_owned());
+}
+
+fn rails_to_stub(c: &Container) -> bool {
+    let args = c.args.as_deref().unwrap_or_default();
+    args.windows(2).any(|w| {
+        w[0] == "--rail-url" && w[1].starts_with("https://") && w[1].contains(&format!("-{RAIL_STUB}."))
+    })
+}
