@@ -212,7 +212,13 @@ impl Forward {
 /// A port-forward to the HTTPS API (port 8080) of the dlock Service `service`: every object of the
 /// kind tier serves HTTPS with the operator's certificates (`spec.tls` left at its default).
 pub async fn forward_api(env: &KindEnv, service: &str) -> Forward {
-    let mut f = forward(env, service, 8080).await;
+    forward_tls(env, service, 8080).await
+}
+
+/// A port-forward to port `port` of Service `service`, which serves HTTPS with the operator's
+/// certificate (a dlock API, a managed etcd's client port): its URLs carry the Service's name.
+pub async fn forward_tls(env: &KindEnv, service: &str, port: u16) -> Forward {
+    let mut f = forward(env, service, port).await;
     f.host = Some(format!("{service}.{}.svc", env.ns));
     f
 }

@@ -41,7 +41,7 @@ use dlock_e2e::kind::ha::{self, Cnpg};
 use dlock_e2e::kind::netpol::{self, Expect, Source, Target};
 use dlock_e2e::kind::upgrade;
 use dlock_e2e::kind::{
-    Forward, KindEnv, Payments, Steps, ca_bundle, client, deployment_rolled_out, forward, forward_api,
+    Forward, KindEnv, Payments, Steps, ca_bundle, client, deployment_rolled_out, forward_api, forward_tls,
     kind_env, log, poll, statefulset_rolled_out, wait_until,
 };
 use dlock_e2e::lockapi::{Grant, LockApi};
@@ -538,17 +538,34 @@ async fn plugin_without_kubectl(c: &Cluster) {
     let (fwd, locks) = c.lock_api(lsvc).await;
     let held =
         tokio::task::block_in_place(|| locks.acquire("kind-plugin-check", "kind:plugin-check", 600_000));
-    // run.sh builds only this test; the plugin is built here, into the same target directory.
+    // run.sh builds only this test; the plugin is built here, and run from where cargo says it is.
     let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let built = tokio::process::Command::new(cargo)
-        .args(["build", "-q", "-p", "kubectl-dlock", "--manifest-path"])
+        .args([
+            "build",
+            "-q",
+            "-p",
+            "kubectl-dlock",
+            "--message-format=json",
+            "--manifest-path",
+        ])
         .arg(&manifest)
-        .status()
+        .stderr(std::process::Stdio::inherit())
+        .output()
         .await
         .unwrap_or_else(|e| panic!("cargo build -p kubectl-dlock: {e}"));
-    assert!(built.success(), "cargo build -p kubectl-dlock: {built}");
-    let plugin = dlock_e2e::env::workspace_bin("kubectl-dlock");
+    assert!(
+        built.status.success(),
+        "cargo build -p kubectl-dlock: {}",
+        built.status
+    );
+    let plugin = String::from_utf8_lossy(&built.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "kubectl-dlock")
+        .find_map(|m| m["executable"].as_str().map(std::path::PathBuf::from))
+        .expect("cargo names the kubectl-dlock executable it built");
     let scratch = dlock_e2e::env::Scratch::new("path-without-kubectl");
     assert!(!scratch.path().join("kubectl").exists());
     let out = tokio::process::Command::new(&plugin)
@@ -655,11 +672,10 @@ async fn etcd(c: &Cluster) {
     assert!(elsvc_jobs.items.is_empty(), "an etcd LockService ran a Job");
 
     let (_ls, locks) = c.lock_api(elsvc).await;
-    let etcd_fwd = forward(&c.env, &format!("{elsvc}-etcd-client"), 2379).await;
-    let http = reqwest::Client::builder()
-        .timeout(std::time::Duration::from_secs(30))
-        .build()
-        .expect("an HTTP client");
+    // The managed etcd serves its clients HTTPS with the operator's certificate for its members
+    // and its client Service: read through the forward, verified against the namespace's CA.
+    let etcd_fwd = forward_tls(&c.env, &format!("{elsvc}-etcd-client"), 2379).await;
+    let http = dlock_e2e::kind::api_client(&c.client, &c.env.ns).await;
     let owner = "kind-etcd-worker";
     let (_, session) = tokio::task::block_in_place(|| {
         locks.call(

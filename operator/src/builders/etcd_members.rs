@@ -58,22 +58,48 @@ fn member_host(owner: &Owner, i: i32) -> String {
     format!("{server}-{i}.{server}.{}.svc", owner.namespace)
 }
 
+/// The scheme of the members' client URLs: `https` when the owner serves HTTPS (`spec.tls`), with
+/// the certificate the operator issues for the members ([`tls_names`]). Peers talk plain HTTP.
+fn client_scheme(owner: &Owner) -> &'static str {
+    if owner.https { "https" } else { "http" }
+}
+
 /// Every member's client URL, for lock-server's `--etcd-endpoints` (the etcd client balances over
 /// them and moves on when one is down).
 pub fn member_client_urls(owner: &Owner, replicas: i32) -> Vec<String> {
+    let scheme = client_scheme(owner);
     (0..replicas)
-        .map(|i| format!("http://{}:{CLIENT_PORT}", member_host(owner, i)))
+        .map(|i| format!("{scheme}://{}:{CLIENT_PORT}", member_host(owner, i)))
         .collect()
 }
 
 /// The client Service's URL (status.endpoints.etcd).
 pub fn client_url(owner: &Owner) -> String {
     format!(
-        "http://{}.{}.svc:{CLIENT_PORT}",
+        "{}://{}.{}.svc:{CLIENT_PORT}",
+        client_scheme(owner),
         names(owner).client,
         owner.namespace
     )
 }
+
+/// The names the members' certificate carries: every member (one wildcard over the headless
+/// Service: `<server>-<i>.<server>.<ns>.svc`) and the client Service.
+pub fn tls_names(owner: &Owner) -> Vec<String> {
+    let n = names(owner);
+    let ns = &owner.namespace;
+    vec![
+        format!("*.{}.{ns}.svc", n.server),
+        format!("*.{}.{ns}.svc.cluster.local", n.server),
+        n.client.clone(),
+        format!("{}.{ns}", n.client),
+        format!("{}.{ns}.svc", n.client),
+        format!("{}.{ns}.svc.cluster.local", n.client),
+    ]
+}
+
+/// Where a member finds its certificate (Secret `<owner>-etcd-tls`).
+const TLS_MOUNT: &str = "/etc/etcd/tls";
 
 /// `--initial-cluster`: every member by name and peer URL.
 pub fn initial_cluster(owner: &Owner, replicas: i32) -> String {
@@ -145,14 +171,20 @@ fn probe(path: &str) -> Probe {
 /// member 1 is created, and it cannot be ready without a quorum.
 pub fn statefulset(owner: &Owner, spec: &ManagedEtcd) -> StatefulSet {
     let n = names(owner);
-    let url = |port: i32| format!("http://$(POD_NAME).{}.{}.svc:{port}", n.server, owner.namespace);
-    let args = vec![
+    let url = |scheme: &str, port: i32| {
+        format!(
+            "{scheme}://$(POD_NAME).{}.{}.svc:{port}",
+            n.server, owner.namespace
+        )
+    };
+    let client = client_scheme(owner);
+    let mut args = vec![
         "--name=$(POD_NAME)".to_owned(),
         format!("--data-dir={DATA_MOUNT}/data"),
-        format!("--listen-client-urls=http://0.0.0.0:{CLIENT_PORT}"),
-        format!("--advertise-client-urls={}", url(CLIENT_PORT)),
+        format!("--listen-client-urls={client}://0.0.0.0:{CLIENT_PORT}"),
+        format!("--advertise-client-urls={}", url(client, CLIENT_PORT)),
         format!("--listen-peer-urls=http://0.0.0.0:{PEER_PORT}"),
-        format!("--initial-advertise-peer-urls={}", url(PEER_PORT)),
+        format!("--initial-advertise-peer-urls={}", url("http", PEER_PORT)),
         format!("--listen-metrics-urls=http://0.0.0.0:{METRICS_PORT}"),
         format!("--initial-cluster={}", initial_cluster(owner, spec.replicas)),
         "--initial-cluster-state=new".to_owned(),
@@ -163,6 +195,31 @@ pub fn statefulset(owner: &Owner, spec: &ManagedEtcd) -> StatefulSet {
         "--auto-compaction-mode=periodic".to_owned(),
         "--auto-compaction-retention=1h".to_owned(),
     ];
+    let mut mounts = vec![VolumeMount {
+        name: "data".into(),
+        mount_path: DATA_MOUNT.into(),
+        ..VolumeMount::default()
+    }];
+    let mut tls_volume = None;
+    if owner.https {
+        args.push(format!("--cert-file={TLS_MOUNT}/tls.crt"));
+        args.push(format!("--key-file={TLS_MOUNT}/tls.key"));
+        mounts.push(VolumeMount {
+            name: "tls".into(),
+            mount_path: TLS_MOUNT.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+        tls_volume = Some(Volume {
+            name: "tls".into(),
+            secret: Some(k8s_openapi::api::core::v1::SecretVolumeSource {
+                secret_name: Some(owner.tls_secret(ETCD)),
+                default_mode: Some(0o440),
+                ..Default::default()
+            }),
+            ..Volume::default()
+        });
+    }
     let container_port = |name: &str, port: i32| ContainerPort {
         name: Some(name.into()),
         container_port: port,
@@ -198,11 +255,7 @@ pub fn statefulset(owner: &Owner, spec: &ManagedEtcd) -> StatefulSet {
             failure_threshold: Some(8),
             ..probe("/livez")
         }),
-        volume_mounts: Some(vec![VolumeMount {
-            name: "data".into(),
-            mount_path: DATA_MOUNT.into(),
-            ..VolumeMount::default()
-        }]),
+        volume_mounts: Some(mounts),
         resources: spec.resources.clone(),
         ..Container::default()
     };
@@ -216,7 +269,7 @@ pub fn statefulset(owner: &Owner, spec: &ManagedEtcd) -> StatefulSet {
             }),
             ..Volume::default()
         };
-        (Some(vec![dir]), None)
+        (vec![dir], None)
     } else {
         let claim = PersistentVolumeClaim {
             metadata: ObjectMeta {
@@ -235,8 +288,10 @@ pub fn statefulset(owner: &Owner, spec: &ManagedEtcd) -> StatefulSet {
             }),
             ..PersistentVolumeClaim::default()
         };
-        (None, Some(vec![claim]))
+        (Vec::new(), Some(vec![claim]))
     };
+    let volumes: Vec<Volume> = volumes.into_iter().chain(tls_volume).collect();
+    let volumes = (!volumes.is_empty()).then_some(volumes);
     StatefulSet {
         metadata: owner.meta(n.server.clone(), ETCD),
         spec: Some(StatefulSetSpec {

@@ -129,6 +129,12 @@ impl Owner {
         format!("{}-{suffix}", self.name)
     }
 
+    /// `<owner>-<component>-tls`: the Secret with a served component's certificate
+    /// ([`tls`]).
+    pub fn tls_secret(&self, component: &str) -> String {
+        format!("{}-tls", self.child(component))
+    }
+
     /// In-cluster URL of one of the owner's HTTP Services.
     pub fn http_url(&self, service: &str) -> String {
         let scheme = if self.https { "https" } else { "http" };
@@ -347,9 +353,10 @@ impl Desired {
         self
     }
 
-    /// The components this set gives a Service (those that serve HTTP), by their component label.
+    /// The components this set gives a Service and that get a certificate with HTTPS
+    /// ([`tls::CERTIFIED`]), by their component label.
     pub fn served_components(&self) -> Vec<&'static str> {
-        tls::SERVED
+        tls::CERTIFIED
             .into_iter()
             .filter(|c| {
                 self.apply.iter().any(|child| {

@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::{
     VolumeMount,
 };
 
+use super::etcd_members::ETCD;
 use super::{
     Child, Desired, LOCK_SERVER, Owner, PAYMENT_RESOURCE, PAYOUT_EXECUTOR, RAIL_PROXY, RAIL_STUB, env,
 };
@@ -24,8 +25,11 @@ pub const CA_BUNDLE_KEY: &str = "ca.crt";
 /// bundle at start-up (the servers re-read their certificate files on their own).
 pub const CA_BUNDLE_ANNOTATION: &str = "dlock.dev/ca-bundle";
 
-/// The components that serve an HTTP API, and so get a certificate.
+/// The components that serve an HTTP API from a Deployment, and so get a certificate.
 pub const SERVED: [&str; 4] = [LOCK_SERVER, PAYMENT_RESOURCE, RAIL_PROXY, RAIL_STUB];
+/// Everything that gets a certificate: those, and a managed etcd's members (their client URLs;
+/// the StatefulSet mounts it itself, `etcd_members::statefulset`).
+pub const CERTIFIED: [&str; 5] = [LOCK_SERVER, PAYMENT_RESOURCE, RAIL_PROXY, RAIL_STUB, ETCD];
 
 /// Where the pods find them, and the variables that name the files (each binary's config.rs).
 pub const CERT_DIR: &str = "/etc/dlock/tls";
@@ -36,16 +40,22 @@ pub const TLS_KEY_FILE_ENV: &str = dlock_common::tls::TLS_KEY_FILE_ENV;
 pub const CA_FILE_ENV: &str = "DLOCK_CA_FILE";
 /// rail-proxy: the CA of the rail it forwards to (the in-cluster rail-stub's).
 pub const RAIL_CA_FILE_ENV: &str = "DLOCK_RAIL_CA_FILE";
+/// lock-server: the CA of a managed etcd's members.
+pub const ETCD_CA_FILE_ENV: &str = "DLOCK_ETCD_CA_FILE";
 const CERT_VOLUME: &str = "tls";
 const CA_VOLUME: &str = "ca";
 
-/// `<owner>-<component>-tls`.
+/// `<owner>-<component>-tls` ([`Owner::tls_secret`]).
 pub fn secret_name(owner: &Owner, component: &str) -> String {
-    format!("{}-tls", owner.child(component))
+    owner.tls_secret(component)
 }
 
-/// The names a component's Service answers to inside the cluster.
+/// The names a component's Service answers to inside the cluster (a managed etcd: its members and
+/// its client Service).
 pub fn dns_names(owner: &Owner, component: &str) -> Vec<String> {
+    if component == ETCD {
+        return super::etcd_members::tls_names(owner);
+    }
     let svc = owner.child(component);
     let ns = &owner.namespace;
     vec![
@@ -157,7 +167,8 @@ fn serve_https(template: &mut PodTemplateSpec, secret: &str) {
 }
 
 /// The bundle into a client: payout-executor always (its three servers), rail-proxy when its rail
-/// is the in-cluster rail-stub over HTTPS (a real rail is checked against the public roots).
+/// is the in-cluster rail-stub over HTTPS (a real rail is checked against the public roots),
+/// lock-server when its etcd is the managed one over HTTPS.
 fn trust_bundle(template: &mut PodTemplateSpec, component: &str, bundle: &str) {
     let Some((pod, i)) = container(template) else {
         return;
@@ -165,6 +176,7 @@ fn trust_bundle(template: &mut PodTemplateSpec, component: &str, bundle: &str) {
     let var = match component {
         PAYOUT_EXECUTOR => CA_FILE_ENV,
         RAIL_PROXY if rails_to_stub(&pod.containers[i]) => RAIL_CA_FILE_ENV,
+        LOCK_SERVER if on_managed_etcd_over_https(&pod.containers[i]) => ETCD_CA_FILE_ENV,
         _ => return,
     };
     mount(
@@ -190,6 +202,13 @@ fn trust_bundle(template: &mut PodTemplateSpec, component: &str, bundle: &str) {
         .annotations
         .get_or_insert_with(BTreeMap::new)
         .insert(CA_BUNDLE_ANNOTATION.into(), bundle.to_owned());
+}
+
+/// `--etcd-endpoints` as flags (a managed etcd; an external one comes from a Secret) and https.
+fn on_managed_etcd_over_https(c: &Container) -> bool {
+    let args = c.args.as_deref().unwrap_or_default();
+    args.windows(2)
+        .any(|w| w[0] == "--etcd-endpoints" && w[1].starts_with("https://"))
 }
 
 fn rails_to_stub(c: &Container) -> bool {

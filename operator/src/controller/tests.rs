@@ -771,7 +771,7 @@ async fn an_etcd_lock_service_waits_for_a_quorum_then_runs_lock_server() {
         ),
         ("3/3", Some(3))
     );
-    assert_eq!(status.endpoints["etcd"], "http://locks-etcd-client.pay.svc:2379");
+    assert_eq!(status.endpoints["etcd"], "https://locks-etcd-client.pay.svc:2379");
     assert!(status.migration.is_none());
 
     // A restore request is refused at once, with the runbook, and lock-server keeps serving.

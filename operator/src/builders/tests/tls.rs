@@ -205,3 +205,87 @@ fn served_components_are_those_with_a_service() {
     let d = lockservice::children::desired(&ls, &owner, &ls_inputs(&JobState::Succeeded)).unwrap();
     assert_eq!(d.served_components(), vec!["lock-server"]);
 }
+
+/// A managed etcd with HTTPS: its members serve their client URLs with the operator's certificate
+/// (peers stay plain), lock-server reaches them over https:// and trusts the bundle for them.
+#[test]
+fn a_managed_etcd_serves_its_clients_over_https_and_lock_server_trusts_the_bundle() {
+    let ls = etcd_ls(json!({"managed": {"replicas": 3}}));
+    let owner = Owner {
+        https: true,
+        ..Owner::of(&ls).unwrap()
+    };
+    let wiring = TlsWiring {
+        https: true,
+        bundle: Some("b3".into()),
+    };
+    let d = lockservice::children::desired(&ls, &owner, &etcd_inputs(true))
+        .unwrap()
+        .with_tls(&owner, &wiring);
+    assert_eq!(d.served_components(), vec!["lock-server", "etcd"]);
+    let Some(Child::StatefulSet(sts)) = d.find(ChildKind::StatefulSet, "locks-etcd") else {
+        panic!("no etcd StatefulSet");
+    };
+    let pod = sts.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    let args = pod.containers[0].args.clone().unwrap();
+    for want in [
+        "--listen-client-urls=https://0.0.0.0:2379",
+        "--advertise-client-urls=https://$(POD_NAME).locks-etcd.pay.svc:2379",
+        "--listen-peer-urls=http://0.0.0.0:2380",
+        "--cert-file=/etc/etcd/tls/tls.crt",
+        "--key-file=/etc/etcd/tls/tls.key",
+    ] {
+        assert!(args.iter().any(|a| a == want), "{want} not in {args:?}");
+    }
+    let tls = pod.volumes.iter().flatten().find(|v| v.name == "tls").unwrap();
+    assert_eq!(
+        tls.secret.as_ref().unwrap().secret_name.as_deref(),
+        Some("locks-etcd-tls")
+    );
+    assert_eq!(d.endpoints["etcd"], "https://locks-etcd-client.pay.svc:2379");
+
+    let lock_server = template(&d, "locks-lock-server").spec.as_ref().unwrap();
+    let c = &lock_server.containers[0];
+    let endpoints = arg_after(c.args.as_deref().unwrap(), "--etcd-endpoints").unwrap();
+    assert!(
+        endpoints.split(',').all(|e| e.starts_with("https://")),
+        "{endpoints}"
+    );
+    assert_eq!(
+        plain_env(c, "DLOCK_ETCD_CA_FILE").as_deref(),
+        Some("/etc/dlock/ca/ca.crt")
+    );
+    // The members' certificate covers each member and the client Service.
+    let names = crate::builders::tls::dns_names(&owner, "etcd");
+    assert!(names.contains(&"*.locks-etcd.pay.svc".to_owned()), "{names:?}");
+    assert!(
+        names.contains(&"locks-etcd-client.pay.svc".to_owned()),
+        "{names:?}"
+    );
+
+    // Plain HTTP: no certificate, no CA, http:// everywhere.
+    let plain = Owner::of(&ls).unwrap();
+    let d = lockservice::children::desired(&ls, &plain, &etcd_inputs(true))
+        .unwrap()
+        .with_tls(&plain, &TlsWiring::default());
+    let Some(Child::StatefulSet(sts)) = d.find(ChildKind::StatefulSet, "locks-etcd") else {
+        panic!("no etcd StatefulSet");
+    };
+    let args = sts
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers[0]
+        .args
+        .clone()
+        .unwrap();
+    assert!(
+        args.iter()
+            .all(|a| !a.contains("https") && !a.starts_with("--cert-file")),
+        "{args:?}"
+    );
+}

@@ -20,6 +20,7 @@ use super::verdict::{Blocked, KindOutcome, KindVerdict};
 use crate::actions::check::behind_message;
 use crate::actions::jobs::{CHECK_COMPONENT, RESTORE_COMPONENT, RestoreJobs};
 use crate::actions::{self, ActionInputs, ActionPlan, client, observe, revoke};
+use crate::builders::etcd_members::ETCD;
 use crate::builders::postgres::History;
 use crate::builders::{Child, LOCK_SERVER, Owner, SpecError, credentials};
 use crate::context::{Context, Settings};
@@ -126,7 +127,7 @@ impl Reconciled for LockService {
     type Observed = Observed;
     type Next = Next;
     type Outcome = ActionsOutcome;
-    const SERVED: &'static [&'static str] = &[LOCK_SERVER];
+    const SERVED: &'static [&'static str] = &[LOCK_SERVER, ETCD];
 
     fn status(&self) -> Option<&DlockStatus> {
         self.status.as_ref()
