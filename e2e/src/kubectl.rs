@@ -148,3 +148,22 @@ impl Running {
         }
     }
 }
+
+/// `PLUGIN ARGS…` (a kubectl plugin's executable) started directly, as kubectl would exec it, with
+/// `KUBECONFIG` and a PATH of only `path` (the caller's directory without kubectl): the plugin must
+/// need nothing but itself and the kubeconfig.
+pub fn spawn_plugin(kubeconfig: &Path, plugin: &Path, path: &Path, args: &[&str]) -> Running {
+    let command = format!("{} {}", plugin.display(), args.join(" "));
+    let child = Command::new(plugin)
+        .args(args)
+        .env_clear()
+        .env("KUBECONFIG", kubeconfig)
+        .env("PATH", path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn `{command}`: {e}"));
+    Running { child, command }
+}

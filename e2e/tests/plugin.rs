@@ -1,9 +1,11 @@
-//! `kubectl dlock` on the cluster tier: the actions requested and awaited by the plugin — through
-//! kubectl's own plugin mechanism (`kubectl dlock …` finds `kubectl-dlock` on PATH) — executed by
-//! the operator binary (the chart's args and RBAC) against a real lock-server process over a real
-//! lockdb, with the stand-in kubelet running the restore's Jobs: exit 0 when the action succeeded,
-//! 1 when it failed (also across an operator restart), 2 for a request that cannot be made, 3 when
-//! --wait runs out; `status`; `locks` (lock-server's admin list, with the token from its Secret); and,
+//! `kubectl dlock` on the cluster tier: the actions requested and awaited by the plugin — run as
+//! kubectl runs a plugin, with a PATH that holds no kubectl (the plugin needs only itself and the
+//! kubeconfig; kubectl's own plugin mechanism and its completion convention are checked once, and
+//! `locks`' own port-forward as far as the API server) — executed by the operator binary (the
+//! chart's args and RBAC) against a real lock-server process over a real lockdb, with the stand-in
+//! kubelet running the restore's Jobs: exit 0 when the action succeeded, 1 when it failed (also
+//! across an operator restart), 2 for a request that cannot be made, 3 when --wait runs out;
+//! `status`; `locks` (lock-server's admin list, with the token from its Secret), also as JSON; and,
 //! from the running operator's `/metrics`, every operator metric the chart's alerts and dashboard
 //! read.
 //!
@@ -11,8 +13,9 @@
 //! pod, reached by the operator through `HTTP_PROXY` (`dlock_e2e::proxy`).
 
 use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 
-use dlock_e2e::kubectl::{Out, Running};
+use dlock_e2e::kubectl::{Out, Running, spawn_plugin};
 use dlock_e2e::lockdb::{holder, revocations, sequence};
 use dlock_e2e::specs::{lockservice, paymentstack, stack_spec};
 use dlock_e2e::stage::{Options, Stage};
@@ -43,17 +46,40 @@ async fn stage_with(test: &str, histories: &[History]) -> Option<Stage> {
     Some(st)
 }
 
-/// `kubectl dlock -n <ns> ARGS…`, started: kubectl finds the plugin on PATH, as a user's would.
+/// A directory for PATH that holds no kubectl (nor anything else).
+fn no_kubectl_path() -> PathBuf {
+    let dir = std::env::temp_dir().join("dlock-e2e-path-without-kubectl");
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+    assert!(
+        !dir.join("kubectl").exists(),
+        "{} must not hold kubectl",
+        dir.display()
+    );
+    dir
+}
+
+/// `kubectl-dlock -n <ns> ARGS…` started as kubectl starts a plugin, with no kubectl on PATH.
 fn spawn(st: &Stage, args: &[&str]) -> Running {
     let plugin = env::workspace_bin("kubectl-dlock");
-    let dir = plugin
-        .parent()
-        .unwrap_or_else(|| panic!("{} has no directory", plugin.display()));
-    let mut argv = vec!["dlock", "-n", &st.ns];
+    let mut argv = vec!["-n", st.ns.as_str()];
     argv.extend_from_slice(args);
-    Kubectl::new(&st.cluster.kubeconfig)
-        .with_plugins(dir)
-        .spawn(&argv)
+    spawn_plugin(&st.cluster.kubeconfig, &plugin, &no_kubectl_path(), &argv)
+}
+
+/// A directory holding the plugin and its completion script, as a user installs them on PATH.
+fn installed_plugin(scratch: &Path) -> PathBuf {
+    let dir = scratch.join("plugins");
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../operator/kubectl-dlock/kubectl_complete-dlock");
+    for (from, name) in [
+        (env::workspace_bin("kubectl-dlock"), "kubectl-dlock"),
+        (script, "kubectl_complete-dlock"),
+    ] {
+        std::os::unix::fs::symlink(&from, dir.join(name))
+            .unwrap_or_else(|e| panic!("link {}: {e}", from.display()));
+    }
+    dir
 }
 
 /// Waits for a started `kubectl dlock`, standing in for the kubelet meanwhile when `drive` (the
@@ -301,6 +327,97 @@ async fn kubectl_dlock_revoke_waits_for_the_outcome_and_exits_by_it() {
         r.stdout
     );
 
+    // `-o json`: the same list, machine-readable, in lock-server's field names.
+    let r = run(
+        &mut st,
+        &[
+            "locks",
+            LS,
+            "--prefix",
+            "account:",
+            "--lock-server-url",
+            &url,
+            "-o",
+            "json",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, Some(0), "stdout: {}\nstderr: {}", r.stdout, r.stderr);
+    let doc: serde_json::Value =
+        serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {}", r.stdout));
+    assert_eq!(doc["lockService"], LS);
+    assert_eq!(doc["items"].as_array().map(Vec::len), Some(1), "{doc}");
+    assert_eq!(doc["items"][0]["lockKey"], key);
+    assert_eq!(doc["items"][0]["fencingToken"], d.token);
+    assert_eq!(doc["items"][0]["ownerId"], "worker-d");
+
+    // 6b. `locks` without --lock-server-url port-forwards through the API server itself, to a
+    //     Running and Ready pod of lock-server's Service. No kubelet serves a port-forward here,
+    //     so what is checked is the way there, without kubectl: first no pod to forward to; then
+    //     a Ready pod on a node the API server cannot reach, and the API server's own refusal of
+    //     that pod's pods/portforward reported with the pod's name (exit 4 both times).
+    let r = run(&mut st, &["locks", LS]).await;
+    assert_eq!(r.code, Some(4), "stdout: {}\nstderr: {}", r.stdout, r.stderr);
+    assert!(
+        r.stderr.contains("no Running and Ready pod of Service")
+            && r.stderr.contains(&format!("{LS}-lock-server")),
+        "{}",
+        r.stderr
+    );
+    let pod = stand_in_lock_server_pod(&st).await;
+    let r = run(&mut st, &["locks", LS]).await;
+    assert_eq!(r.code, Some(4), "stdout: {}\nstderr: {}", r.stdout, r.stderr);
+    assert!(
+        r.stderr.contains(&format!("port-forward to pod {pod} port 8080")),
+        "the pod and its container port named http: {}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("kubectl"), "{}", r.stderr);
+    st.api::<k8s_openapi::api::core::v1::Pod>()
+        .delete(&pod, &Default::default())
+        .await
+        .unwrap_or_else(|e| panic!("delete pod {pod}: {e}"));
+
+    // 6c. kubectl's own plugin mechanism finds the plugin, and `kubectl dlock <TAB>` completes
+    //     through `kubectl_complete-dlock` (kubectl's convention for a plugin's completion).
+    let scratch = env::Scratch::new("plugin-install");
+    let installed = installed_plugin(scratch.path());
+    let kubectl = Kubectl::new(&st.cluster.kubeconfig).with_plugins(&installed);
+    let r = kubectl
+        .run(&["dlock", "-n", &st.ns, "status", LS, "-o", "json"])
+        .await
+        .ok();
+    let doc: serde_json::Value =
+        serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {}", r.stdout));
+    assert_eq!(doc["items"][0]["kind"], "LockService");
+    assert_eq!(doc["items"][0]["phase"], "Ready");
+    assert_eq!(doc["items"][0]["fencing"]["lockService"], LS);
+    let actions = doc["items"][0]["status"]["actions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        actions
+            .iter()
+            .any(|a| a["id"] == "r-2" && a["phase"] == "Failed" && a["outcome"] == "HELD_BY_OTHER_TOKEN"),
+        "{actions:?}"
+    );
+    let r = kubectl
+        .run(&["__complete", "dlock", "-n", &st.ns, "re"])
+        .await
+        .ok();
+    assert_eq!(
+        r.stdout.lines().collect::<Vec<_>>(),
+        ["restore", "revoke", ":4"],
+        "{}",
+        r.stderr
+    );
+    let r = kubectl
+        .run(&["__complete", "dlock", "locks", LS, "--out"])
+        .await
+        .ok();
+    assert!(r.stdout.starts_with("--output\n"), "{}", r.stdout);
+
     // 7. Requests that cannot be made change nothing: exit 2.
     let before = st.lsvc(LS).await.metadata.annotations;
     let bad_id = run(
@@ -325,6 +442,45 @@ async fn kubectl_dlock_revoke_waits_for_the_outcome_and_exits_by_it() {
     assert!(missing.stderr.contains("does not exist"), "{}", missing.stderr);
     assert_eq!(st.lsvc(LS).await.metadata.annotations, before);
     st.op.assert_healthy();
+}
+
+/// A pod as lock-server's Deployment would have it (the Service's selector, the container port
+/// `http`), Running and Ready, on a node no kubelet serves: the pod the plugin must pick. Its name.
+async fn stand_in_lock_server_pod(st: &Stage) -> String {
+    use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
+    use kube::api::{Patch, PatchParams, PostParams};
+    // A pod needs its namespace's default ServiceAccount (the stand-in kubelet made it for the
+    // migration Job's pod already; AlreadyExists is as good).
+    let sa: ServiceAccount = serde_json::from_value(serde_json::json!({"metadata": {"name": "default"}}))
+        .unwrap_or_else(|e| panic!("service account: {e}"));
+    let _ = st
+        .api::<ServiceAccount>()
+        .create(&PostParams::default(), &sa)
+        .await;
+    let svc: Service = st.must_get(&format!("{LS}-lock-server")).await;
+    let selector = svc.spec.and_then(|s| s.selector).expect("the Service's selector");
+    let name = format!("{LS}-lock-server-stand-in");
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": selector},
+        "spec": {
+            "nodeName": "no-kubelet-here",
+            "containers": [{"name": "lock-server", "image": "lock-server",
+                            "ports": [{"name": "http", "containerPort": 8080}]}],
+        },
+    }))
+    .unwrap_or_else(|e| panic!("pod: {e}"));
+    let pods = st.api::<Pod>();
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .unwrap_or_else(|e| panic!("create pod {name}: {e}"));
+    let status = serde_json::json!({"status": {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }});
+    pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap_or_else(|e| panic!("write the status of pod {name}: {e}"));
+    name
 }
 
 /// A PaymentStack fenced by the stage's LockService, on a paydb of its own seeded with the demo

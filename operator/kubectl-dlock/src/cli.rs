@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// How long `--wait` waits by default: a revoke is a few seconds, a restore runs two Jobs.
 pub const DEFAULT_WAIT: &str = "10m";
@@ -40,6 +40,26 @@ pub enum Command {
     Status(StatusArgs),
     /// The locks held under a LockService (lock-server's `GET /v1/locks?prefix=`).
     Locks(LocksArgs),
+    /// A completion script for the shell, for `kubectl-dlock` typed as one word (for
+    /// `kubectl dlock`, install `kubectl_complete-dlock`, see operator/README.md).
+    Completion(CompletionArgs),
+}
+
+impl Command {
+    /// Whether the command works without a cluster (no kubeconfig is read for it).
+    pub fn is_local(&self) -> bool {
+        matches!(self, Command::Completion(_))
+    }
+}
+
+/// How `status` and `locks` print.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum Output {
+    /// Lines for people.
+    #[default]
+    Table,
+    /// One JSON document with camelCase fields (the CRD status's and lock-server's names).
+    Json,
 }
 
 /// What every action command shares.
@@ -89,6 +109,9 @@ pub struct RestoreArgs {
 pub struct StatusArgs {
     /// NAME, lsvc/NAME or pstack/NAME.
     pub name: String,
+    /// table, or json (machine-readable).
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
 }
 
 #[derive(Debug, Args)]
@@ -98,10 +121,20 @@ pub struct LocksArgs {
     /// Only keys starting with this.
     #[arg(long, default_value = "")]
     pub prefix: String,
-    /// lock-server's URL when it is reachable already; by default the plugin runs
-    /// `kubectl port-forward svc/NAME-lock-server` for the call.
+    /// lock-server's URL when it is reachable already; by default the plugin port-forwards to a
+    /// ready pod of Service NAME-lock-server through the API server (as `kubectl port-forward`
+    /// does, without needing kubectl) for the call.
     #[arg(long)]
     pub lock_server_url: Option<String>,
+    /// table, or json (machine-readable).
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionArgs {
+    /// bash, zsh, fish, elvish or powershell.
+    pub shell: clap_complete::Shell,
 }
 
 /// `90s`, `10m`, `1h`, `1h30m`, or plain seconds.

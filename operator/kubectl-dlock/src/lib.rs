@@ -5,9 +5,13 @@
 //!
 //! - [`cli`]: the arguments; [`request`]: the annotations, from the operator's own request types;
 //! - [`outcome`]: how a command ended, as an exit code and lines; [`status`]: the status view;
-//! - [`locks`]: lock-server's list of held locks; this module: the Kubernetes calls.
+//! - [`locks`]: lock-server's list of held locks; [`forward`]: the port-forward to it, through the
+//!   API server (no kubectl needed); [`complete`]: shell completion; this module: the Kubernetes
+//!   calls.
 
 pub mod cli;
+pub mod complete;
+pub mod forward;
 pub mod locks;
 pub mod outcome;
 pub mod request;
@@ -27,7 +31,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Config};
 
-use crate::cli::{ActionArgs, Cli, Command, LocksArgs, RestoreArgs, RevokeArgs, StatusArgs, Target};
+use crate::cli::{ActionArgs, Cli, Command, LocksArgs, Output, RestoreArgs, RevokeArgs, StatusArgs, Target};
 use crate::outcome::{EXIT_ERROR, EXIT_USAGE, Outcome, describe};
 use crate::request::Annotation;
 
@@ -65,12 +69,17 @@ impl Error {
 
 /// Runs one command. Read-only commands print as they go; an action's outcome is for [`report`].
 pub async fn run(cli: Cli) -> Result<Outcome, Error> {
+    if let Command::Completion(args) = &cli.command {
+        print!("{}", complete::script(args.shell));
+        return Ok(Outcome::Shown);
+    }
     let (client, namespace) = connect(cli.context.as_deref(), cli.namespace.as_deref()).await?;
     match cli.command {
         Command::Revoke(args) => revoke(client, &namespace, args).await,
         Command::Restore(args) => restore(client, &namespace, args).await,
         Command::Status(args) => show_status(client, &namespace, args).await,
-        Command::Locks(args) => list_locks(client, &namespace, cli.context.as_deref(), args).await,
+        Command::Locks(args) => list_locks(client, &namespace, args).await,
+        Command::Completion(_) => Ok(Outcome::Shown),
     }
 }
 
@@ -243,63 +252,112 @@ async fn show_status(client: Client, namespace: &str, args: StatusArgs) -> Resul
             (ls, ps)
         }
     };
+    let mut views = Vec::new();
     if let Some(ls) = &ls {
         let name = ls.metadata.name.clone().unwrap_or_default();
-        print!(
-            "{}",
-            status::render(
-                "LockService",
-                namespace,
-                &name,
-                ls.status.as_ref(),
-                Some((&name, ls.status.as_ref()))
-            )
-        );
+        views.push(status::View {
+            kind: "LockService",
+            namespace: namespace.to_owned(),
+            fencing_of: Some((name.clone(), ls.status.clone())),
+            name,
+            status: ls.status.clone(),
+        });
     }
     if let Some(ps) = &ps {
         let name = ps.metadata.name.clone().unwrap_or_default();
-        let ls_name = &ps.spec.lock_service_ref.name;
-        let its_ls = lsvcs.get_opt(ls_name).await?;
-        print!(
-            "{}",
-            status::render(
-                "PaymentStack",
-                namespace,
-                &name,
-                ps.status.as_ref(),
-                Some((ls_name, its_ls.as_ref().and_then(|l| l.status.as_ref())))
-            )
-        );
+        let ls_name = ps.spec.lock_service_ref.name.clone();
+        let its_ls = lsvcs.get_opt(&ls_name).await?;
+        views.push(status::View {
+            kind: "PaymentStack",
+            namespace: namespace.to_owned(),
+            name,
+            status: ps.status.clone(),
+            fencing_of: Some((ls_name, its_ls.and_then(|l| l.status))),
+        });
+    }
+    match args.output {
+        Output::Table => {
+            for v in &views {
+                print!("{}", v.render());
+            }
+        }
+        Output::Json => println!("{}", status::json(&views)),
     }
     Ok(Outcome::Shown)
 }
 
-async fn list_locks(
-    client: Client,
-    namespace: &str,
-    context: Option<&str>,
-    args: LocksArgs,
-) -> Result<Outcome, Error> {
+async fn list_locks(client: Client, namespace: &str, args: LocksArgs) -> Result<Outcome, Error> {
     let lsvcs: Api<LockService> = Api::namespaced(client.clone(), namespace);
     let ls = lock_service(&lsvcs, namespace, &args.lock_service).await?;
     let owner = Owner::of(&ls).ok_or_else(|| Error::Usage("the LockService has no uid yet".into()))?;
     // The list is lock-server's admin route: its token, from the Secret the operator generated.
     let token = admin_token(&client, namespace, &admin_secret_name(&owner)).await?;
     // No credential reaches a Service through the API server's proxy (the API server consumes the
-    // Authorization header), so lock-server is reached the way `kubectl port-forward` reaches it,
-    // for as long as `_forward` lives.
-    let (base, _forward) = match args.lock_server_url {
-        Some(url) => (url, None),
+    // Authorization header), so lock-server is reached the way `kubectl port-forward` reaches it
+    // (the API server's pods/portforward, made here: no kubectl needed), for as long as `forward`
+    // lives.
+    // HTTPS (`spec.tls`, on by default): lock-server's certificate is checked against the
+    // namespace's CA, for the Service's name, also through the port-forward.
+    let service = owner.child(LOCK_SERVER);
+    let ca = if ls.spec.tls.https() {
+        Some(ca_bundle(&client, namespace).await?)
+    } else {
+        None
+    };
+    let (base, connect_to, forward) = match args.lock_server_url {
+        Some(url) => (url, None, None),
         None => {
-            let f = PortForward::start(namespace, &owner.child(LOCK_SERVER), context).await?;
-            (f.url(), Some(f))
+            let f = forward::to_service(&client, namespace, &service, HTTP_PORT_NAME)
+                .await
+                .map_err(|e| {
+                    Error::LockServer(format!("port-forward to Service {namespace}/{service}: {e}"))
+                })?;
+            match ca {
+                Some(_) => (
+                    format!("https://{service}.{namespace}.svc:{}", f.port()),
+                    Some(f.addr()),
+                    Some(f),
+                ),
+                None => (format!("http://{}", f.addr()), None, Some(f)),
+            }
         }
     };
-    let items = locks::list(&base, &token, &args.prefix)
+    let items = locks::list(&base, &token, &args.prefix, ca.as_deref(), connect_to)
         .await
-        .map_err(|e| Error::LockServer(e.to_string()))?;
-    print!("{}", locks::render(&items));
+        .map_err(|e| {
+            // The HTTP client only sees a closed connection when the forward failed; say why.
+            let why = forward
+                .as_ref()
+                .and_then(forward::Forward::last_error)
+                .map(|f| format!(" (port-forward: {f})"))
+                .unwrap_or_default();
+            Error::LockServer(format!("{e}{why}"))
+        })?;
+    drop(forward);
+    match args.output {
+        Output::Table => print!("{}", locks::render(&items)),
+        Output::Json => println!(
+            "{}",
+            locks::json(namespace, &args.lock_service, &args.prefix, &items)
+        ),
+    }
     Ok(Outcome::Shown)
+}
+
+/// The namespace's CA certificate (ConfigMap `dlock-ca-bundle`, which the operator publishes).
+async fn ca_bundle(client: &Client, namespace: &str) -> Result<String, Error> {
+    use dlock_operator::builders::tls::{CA_BUNDLE, CA_BUNDLE_KEY};
+    let api: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let cm = api.get(CA_BUNDLE).await.map_err(|e| {
+        Error::LockServer(format!(
+            "lock-server serves HTTPS; its CA is in ConfigMap {namespace}/{CA_BUNDLE}: {e}"
+        ))
+    })?;
+    cm.data.and_then(|mut d| d.remove(CA_BUNDLE_KEY)).ok_or_else(|| {
+        Error::LockServer(format!(
+            "ConfigMap {namespace}/{CA_BUNDLE} has no {CA_BUNDLE_KEY}"
+        ))
+    })
 }
 
 /// lock-server's admin token from its Secret (reading it needs `get` on that Secret).
@@ -315,60 +373,6 @@ async fn admin_token(client: &Client, namespace: &str, secret: &str) -> Result<S
         .and_then(|b| String::from_utf8(b.0).ok())
         .filter(|t| !t.is_empty())
         .ok_or_else(|| Error::LockServer(format!("Secret {namespace}/{secret} has no key token")))
-}
-
-/// `kubectl port-forward svc/NAME :http` for as long as this lives (the child is killed on drop).
-struct PortForward {
-    _child: tokio::process::Child,
-    port: u16,
-}
-
-impl PortForward {
-    async fn start(namespace: &str, service: &str, context: Option<&str>) -> Result<PortForward, Error> {
-        use tokio::io::AsyncBufReadExt;
-        let mut cmd = tokio::process::Command::new("kubectl");
-        cmd.args(["port-forward", "-n", namespace, &format!("svc/{service}")])
-            .arg(format!(":{HTTP_PORT_NAME}"))
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
-            .kill_on_drop(true);
-        if let Some(c) = context {
-            cmd.args(["--context", c]);
-        }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| Error::LockServer(format!("kubectl port-forward: {e}")))?;
-        let stdout = child
-            .stdout
-            .take()
-            .ok_or_else(|| Error::LockServer("kubectl port-forward printed nothing".into()))?;
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let port = tokio::time::timeout(Duration::from_secs(30), async {
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Some(port) = forwarded_port(&line) {
-                    return Some(port);
-                }
-            }
-            None
-        })
-        .await
-        .ok()
-        .flatten()
-        .ok_or_else(|| Error::LockServer(format!("kubectl port-forward to svc/{service} did not start")))?;
-        // kubectl prints a line per connection; a closed pipe would end it (SIGPIPE on stdout).
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok(PortForward { _child: child, port })
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-}
-
-/// The local port of `kubectl port-forward`'s "Forwarding from 127.0.0.1:PORT -> 8080".
-fn forwarded_port(line: &str) -> Option<u16> {
-    let rest = line.strip_prefix("Forwarding from 127.0.0.1:")?;
-    rest.split_whitespace().next()?.parse().ok()
 }
 
 #[cfg(test)]
@@ -389,15 +393,5 @@ mod tests {
         );
         assert_eq!(Error::Watch("x".into()).exit_code(), 4);
         assert_eq!(Error::LockServer("x".into()).exit_code(), 4);
-    }
-
-    #[test]
-    fn the_forwarded_port_is_read_off_kubectl() {
-        assert_eq!(
-            forwarded_port("Forwarding from 127.0.0.1:43567 -> 8080"),
-            Some(43567)
-        );
-        assert_eq!(forwarded_port("Forwarding from [::1]:43567 -> 8080"), None);
-        assert_eq!(forwarded_port("Handling connection for 43567"), None);
     }
 }

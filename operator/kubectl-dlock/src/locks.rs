@@ -1,20 +1,31 @@
 //! `kubectl dlock locks`: the keys held under a LockService, from lock-server's `GET /v1/locks`
 //! (admin; keyset pages of [`dlock_wire::lock::LockList`]) through dlock's own client.
 
-use dlock_client::{LockClient, LockListItem};
+use dlock_client::{ClientConfig, LockClient, LockListItem};
 
 /// Keys per page asked for (lock-server's largest page).
 pub const PAGE_LIMIT: i64 = dlock_wire::lock::MAX_LIST_PAGE;
 /// Pages read at most (a runaway cursor must end).
 pub const MAX_PAGES: usize = 1_000;
 
-/// Every held key starting with `prefix`, page by page.
+/// Every held key starting with `prefix`, page by page, from lock-server at `base_url`; over HTTPS
+/// trusting only `ca_pem` (the namespace's CA bundle), connected to `connect_to` when given (the
+/// port-forward) while the certificate is checked for the URL's host.
 pub async fn list(
     base_url: &str,
     admin_token: &str,
     prefix: &str,
+    ca_pem: Option<&str>,
+    connect_to: Option<std::net::SocketAddr>,
 ) -> Result<Vec<LockListItem>, dlock_client::ClientError> {
-    let client = LockClient::new(base_url)?;
+    let mut config = ClientConfig::default();
+    if let Some(ca) = ca_pem {
+        config = config.with_ca_pem(ca.as_bytes().to_vec());
+    }
+    if let Some(addr) = connect_to {
+        config = config.with_connect_to(addr);
+    }
+    let client = LockClient::with_config(base_url, config)?;
     let mut all = Vec::new();
     let mut after: Option<String> = None;
     for _ in 0..MAX_PAGES {
@@ -51,6 +62,19 @@ pub fn render(locks: &[LockListItem]) -> String {
     out
 }
 
+/// `-o json`: the LockService, the prefix asked for and lock-server's items as its API names them
+/// (`lockKey`, `state`, `fencingToken`, `ownerId`, `sessionId`, `acquiredAt`, `expiresAt`,
+/// `waiters`).
+pub fn json(namespace: &str, lock_service: &str, prefix: &str, locks: &[LockListItem]) -> String {
+    let doc = serde_json::json!({
+        "namespace": namespace,
+        "lockService": lock_service,
+        "prefix": prefix,
+        "items": locks,
+    });
+    serde_json::to_string_pretty(&doc).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,5 +96,30 @@ mod tests {
             assert!(line.contains(want), "{want} in {line}");
         }
         assert!(line.trim_end().ends_with('2'), "the waiters: {line}");
+    }
+
+    #[test]
+    fn json_lists_the_items_with_lock_servers_field_names() {
+        let page: dlock_wire::lock::LockList = serde_json::from_str(
+            r#"{"items":[{"lockKey":"account:7","state":"HELD","fencingToken":42,"ownerId":"ex-1",
+                 "sessionId":"00000000-0000-4000-8000-000000000001",
+                 "acquiredAt":"2026-03-01T10:00:00Z","expiresAt":"2026-03-01T10:00:10Z","waiters":2}]}"#,
+        )
+        .unwrap();
+        let doc: serde_json::Value =
+            serde_json::from_str(&json("pay", "locks", "account:", &page.items)).unwrap();
+        assert_eq!(doc["namespace"], "pay");
+        assert_eq!(doc["lockService"], "locks");
+        assert_eq!(doc["prefix"], "account:");
+        let item = &doc["items"][0];
+        assert_eq!(item["lockKey"], "account:7");
+        assert_eq!(item["state"], "HELD");
+        assert_eq!(item["fencingToken"], 42);
+        assert_eq!(item["ownerId"], "ex-1");
+        assert_eq!(item["waiters"], 2);
+        let back: Vec<LockListItem> = serde_json::from_value(doc["items"].clone()).unwrap();
+        assert_eq!(back, page.items);
+        let empty: serde_json::Value = serde_json::from_str(&json("pay", "locks", "", &[])).unwrap();
+        assert_eq!(empty["items"], serde_json::json!([]));
     }
 }

@@ -8,6 +8,62 @@ use dlock_operator::crd::DlockStatus;
 
 use crate::outcome::describe;
 
+/// One object as `status` shows it.
+#[derive(Debug, Clone)]
+pub struct View {
+    pub kind: &'static str,
+    pub namespace: String,
+    pub name: String,
+    pub status: Option<DlockStatus>,
+    /// The LockService whose fencing check applies, with its status (see [`render`]).
+    pub fencing_of: Option<(String, Option<DlockStatus>)>,
+}
+
+impl View {
+    /// The lines for people.
+    pub fn render(&self) -> String {
+        render(
+            self.kind,
+            &self.namespace,
+            &self.name,
+            self.status.as_ref(),
+            self.fencing_of.as_ref().map(|(n, s)| (n.as_str(), s.as_ref())),
+        )
+    }
+
+    /// The object for `-o json`: its `status` exactly as the CRD's (camelCase; `null` before the
+    /// operator wrote one) and the fencing verdict the table prints, as data.
+    pub fn to_json(&self) -> serde_json::Value {
+        let fencing = self.fencing_of.as_ref().map(|(ls, st)| {
+            let f = st.as_ref().and_then(|s| s.fencing.as_ref());
+            serde_json::json!({
+                "lockService": ls,
+                "checked": f.is_some(),
+                "behind": f.map(|f| f.is_behind()),
+                "sequence": f.map(|f| f.sequence),
+                "highWater": f.map(|f| f.high_water),
+                "highWaterStack": f.and_then(|f| f.high_water_stack.clone()),
+                "checkedAt": f.map(|f| f.checked_at.clone()),
+            })
+        });
+        serde_json::json!({
+            "kind": self.kind,
+            "namespace": self.namespace,
+            "name": self.name,
+            "phase": self.status.as_ref().map(|s| s.phase.to_string()),
+            "fencing": fencing,
+            "status": self.status,
+        })
+    }
+}
+
+/// `-o json`: `{"items": [...]}`, one item per object shown (a bare NAME can name both kinds).
+pub fn json(views: &[View]) -> String {
+    let items: Vec<serde_json::Value> = views.iter().map(View::to_json).collect();
+    serde_json::to_string_pretty(&serde_json::json!({ "items": items }))
+        .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+}
+
 /// The lines for one object. `fencing_of` is the LockService whose fencing check applies (the
 /// object itself for a LockService, the referenced one for a PaymentStack), with its status.
 pub fn render(
@@ -251,5 +307,75 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("fencing check"), "{text}");
+    }
+
+    #[test]
+    fn json_has_the_status_as_the_crd_names_it_and_the_fencing_verdict() {
+        let mut s = status();
+        s.fencing = Some(FencingStatus {
+            sequence: 3,
+            high_water: 9,
+            high_water_stack: Some("shop".into()),
+            checked_at: "2026-03-01T10:00:00Z".into(),
+            job_name: None,
+        });
+        let views = [
+            View {
+                kind: "LockService",
+                namespace: "pay".into(),
+                name: "locks".into(),
+                status: Some(s.clone()),
+                fencing_of: Some(("locks".into(), Some(s.clone()))),
+            },
+            View {
+                kind: "PaymentStack",
+                namespace: "pay".into(),
+                name: "shop".into(),
+                status: None,
+                fencing_of: Some(("locks".into(), None)),
+            },
+        ];
+        let doc: serde_json::Value = serde_json::from_str(&json(&views)).unwrap();
+        let items = doc["items"].as_array().unwrap();
+        assert_eq!(items.len(), 2);
+        let ls = &items[0];
+        assert_eq!(
+            (ls["kind"].as_str(), ls["name"].as_str()),
+            (Some("LockService"), Some("locks"))
+        );
+        assert_eq!(ls["phase"], "Degraded");
+        assert_eq!(ls["status"]["conditions"][0]["reason"], "FencingSequenceBehind");
+        assert_eq!(
+            ls["status"]["conditions"][0]["lastTransitionTime"],
+            "2026-03-01T10:00:00Z"
+        );
+        assert_eq!(
+            ls["status"]["endpoints"]["lockServer"],
+            "http://locks-lock-server.pay.svc:8080"
+        );
+        assert_eq!(ls["status"]["fencing"]["highWater"], 9);
+        let f = &ls["fencing"];
+        assert_eq!(f["lockService"], "locks");
+        assert_eq!(
+            (f["checked"].as_bool(), f["behind"].as_bool()),
+            (Some(true), Some(true))
+        );
+        assert_eq!(
+            (f["sequence"].as_i64(), f["highWater"].as_i64()),
+            (Some(3), Some(9))
+        );
+        assert_eq!(f["highWaterStack"], "shop");
+        // The status round-trips into the CRD's own type.
+        let back: DlockStatus = serde_json::from_value(ls["status"].clone()).unwrap();
+        assert_eq!(back, s);
+        let ps = &items[1];
+        assert!(ps["status"].is_null() && ps["phase"].is_null(), "{ps}");
+        assert_eq!(
+            (
+                ps["fencing"]["checked"].as_bool(),
+                ps["fencing"]["behind"].is_null()
+            ),
+            (Some(false), true)
+        );
     }
 }
