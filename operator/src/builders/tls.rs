@@ -45,11 +45,6 @@ pub const ETCD_CA_FILE_ENV: &str = "DLOCK_ETCD_CA_FILE";
 const CERT_VOLUME: &str = "tls";
 const CA_VOLUME: &str = "ca";
 
-/// `<owner>-<component>-tls` ([`Owner::tls_secret`]).
-pub fn secret_name(owner: &Owner, component: &str) -> String {
-    owner.tls_secret(component)
-}
-
 /// The names a component's Service answers to inside the cluster (a managed etcd: its members and
 /// its client Service).
 pub fn dns_names(owner: &Owner, component: &str) -> Vec<String> {
@@ -95,7 +90,7 @@ impl Desired {
                 continue;
             };
             if wiring.https && SERVED.contains(&component.as_str()) {
-                serve_https(template, &secret_name(owner, &component));
+                serve_https(template, &owner.tls_secret(&component));
             }
             if let Some(bundle) = &wiring.bundle {
                 trust_bundle(template, &component, bundle);

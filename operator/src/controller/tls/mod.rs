@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use certs::{CertError, Pair};
 
-use crate::builders::tls::{TlsWiring, dns_names, secret_name};
+use crate::builders::tls::{TlsWiring, dns_names};
 use crate::builders::{Owner, short_hash};
 use crate::crd::{CertificateStatus, TlsStatus};
 
@@ -44,7 +44,7 @@ impl Served {
     pub fn of(owner: &Owner, component: &str) -> Served {
         Served {
             component: component.into(),
-            secret: secret_name(owner, component),
+            secret: owner.tls_secret(component),
             dns_names: dns_names(owner, component),
         }
     }
