@@ -231,27 +231,10 @@ fn root_cert_file(database_url: &str) -> Option<PathBuf> {
 
 /// The CA file can be read and holds at least one certificate a TLS client accepts as a root.
 fn check_root_cert(path: &std::path::Path) -> Result<(), UrlError> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-
-    let refused = |reason: String| UrlError::RootCert {
+    crate::tls::check_ca_file(path).map_err(|reason| UrlError::RootCert {
         path: path.display().to_string(),
         reason,
-    };
-    let pem = std::fs::read(path).map_err(|e| refused(format!("cannot read it: {e}")))?;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&pem) {
-        let cert = cert.map_err(|e| refused(format!("it is not valid PEM: {e}")))?;
-        roots
-            .add(cert)
-            .map_err(|e| refused(format!("it holds a certificate that cannot be a CA root: {e}")))?;
-    }
-    if roots.is_empty() {
-        return Err(refused(
-            "it holds no certificate (no -----BEGIN CERTIFICATE----- block)".to_owned(),
-        ));
-    }
-    Ok(())
+    })
 }
 
 /// A lazy pool: connections open on first use, so a service starts (and its `/readyz` says 503)

@@ -58,6 +58,24 @@ impl TlsArgs {
     }
 }
 
+/// A CA file as a TLS client will trust it: readable, PEM, at least one certificate, each usable as
+/// a root. On failure, the reason (the caller's error names the file): `cannot read it: …`,
+/// `not PEM: …`, `not a usable CA certificate: …`.
+pub fn check_ca_file(path: &Path) -> Result<(), String> {
+    let pem = fs::read(path).map_err(|e| format!("cannot read it: {e}"))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let cert = cert.map_err(|e| format!("not PEM: {e}"))?;
+        roots
+            .add(cert)
+            .map_err(|e| format!("not a usable CA certificate: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err("not PEM: it holds no certificate (no -----BEGIN CERTIFICATE----- block)".into());
+    }
+    Ok(())
+}
+
 /// A server's certificate chain (PEM, leaf first) and its private key (PEM: PKCS#8, PKCS#1 or
 /// SEC1), as two files. The paths are not secret; the key's content never leaves [`ServerTls`].
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,8 +7,6 @@ use std::time::Duration;
 
 use dlock_common::tls::{TlsError, TlsFiles};
 use dlock_grant::SigningKey;
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
 
 use crate::clients::{Clients, ClientsError};
 use crate::signing::{SIGNING_KEY_ENV, Signer};
@@ -40,23 +38,10 @@ impl EtcdTlsFiles {
     /// can be presented (PEM, a key that matches the certificate, not expired). Each error names the
     /// file and what is wrong with it.
     pub fn check(&self) -> Result<(), ConfigError> {
-        let ca_error = |reason: String| ConfigError::EtcdCaFile {
+        dlock_common::tls::check_ca_file(&self.ca).map_err(|reason| ConfigError::EtcdCaFile {
             path: self.ca.display().to_string(),
             reason,
-        };
-        let pem = std::fs::read(&self.ca).map_err(|e| ca_error(format!("cannot read it: {e}")))?;
-        let certs = CertificateDer::pem_slice_iter(&pem)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| ca_error(format!("not PEM: {e}")))?;
-        if certs.is_empty() {
-            return Err(ca_error("not PEM: no -----BEGIN CERTIFICATE----- block".into()));
-        }
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in certs {
-            roots
-                .add(cert)
-                .map_err(|e| ca_error(format!("not a usable CA certificate: {e}")))?;
-        }
+        })?;
         if let Some(client) = &self.client {
             client.check().map_err(ConfigError::EtcdClientCert)?;
         }
