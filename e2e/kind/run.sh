@@ -307,10 +307,23 @@ for d in "$lsvc-lock-server" "$pstack-payment-resource" "$pstack-rail-proxy" "$p
     kubectl -n "$ns" rollout status "deploy/$d" --timeout="${timeout}s" >&2
 done
 kubectl -n "$ns" get jobs,sts,deploy,pods -o wide >&2
-all_running() { # every pod of the stack and the operator Running and ready, except finished Jobs'
-    kubectl get pods -n "$ns" -o json | jq -e '[.items[] | select(.status.phase != "Succeeded")
-        | select(.status.phase != "Running" or ([.status.containerStatuses[]?.ready] | all | not))] | length == 0' >/dev/null &&
-        kubectl get pods -n "$op_ns" -o json | jq -e '[.items[] | select(.status.phase != "Running")] | length == 0' >/dev/null
+not_running() { # the pods of the stack and the operator not Running and ready (finished Jobs' aside),
+    # and those still going away (a rolled Deployment's old pod in its grace period), one line each
+    { kubectl get pods -n "$ns" -o json; kubectl get pods -n "$op_ns" -o json; } | jq -r '.items[]
+        | select(.status.phase != "Succeeded")
+        | select(.metadata.deletionTimestamp != null or .status.phase != "Running"
+            or ([.status.containerStatuses[]?.ready] | all | not))
+        | "\(.metadata.namespace)/\(.metadata.name) phase=\(.status.phase) ready=\([.status.containerStatuses[]?.ready])"
+            + (if .metadata.deletionTimestamp then " terminating" else "" end)'
+}
+last_not_running=""
+all_running() { # logs who is not, when that changes
+    local left
+    left="$(not_running)" || return 1
+    [[ -z "$left" ]] && return 0
+    if [[ "$left" != "$last_not_running" ]]; then log "not yet Running and ready: $(tr '\n' ';' <<<"$left")"; fi
+    last_not_running="$left"
+    return 1
 }
 wait_for 120 "every pod Running" all_running
 jobs_ok="$(kubectl -n "$ns" get jobs -o jsonpath='{range .items[*]}{.metadata.name}={.status.succeeded}{"\n"}{end}')"
@@ -333,5 +346,7 @@ DLOCK_KIND_KUBECONFIG="$kubeconfig" DLOCK_KIND_NAMESPACE="$ns" DLOCK_KIND_OPERAT
     die "the kind tier's checks failed (output above)"
 
 step done
-all_running || die "not every pod is Running at the end"
+# The last step rolled Deployments: their old pods may still be in their grace period. Every pod
+# must be Running and ready, and the old ones gone, within two minutes; a crash-looping pod never is.
+wait_for 120 "every pod Running and ready at the end (the lines above name those that were not)" all_running
 kubectl -n "$ns" get pods -o wide >&2
