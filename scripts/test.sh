@@ -21,6 +21,12 @@ export DLOCK_REQUIRE_SCHEMATHESIS=1
 "$DLOCK_ROOT/scripts/flyway-tools.sh"
 export DLOCK_REQUIRE_FLYWAY=1
 cargo test --workspace --all-targets --no-fail-fast 2>&1
+# The crates a client depends on are published: each must package (cargo package builds it from
+# its .crate alone, so a missing file or an unpublished dependency fails here), and their documented
+# examples compile (--all-targets above leaves doctests out).
+say "cargo package dlock-wire dlock-client, and their doctests"
+cargo package -p dlock-wire -p dlock-client --allow-dirty --quiet
+cargo test --doc -p dlock-wire -p dlock-client
 if [ "${DLOCK_SKIP_CLUSTER:-0}" = 1 ]; then
   say "DLOCK_SKIP_CLUSTER=1: cluster tier not run"
 else

@@ -11,6 +11,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::token::TokenError;
+use crate::validate::Invalid;
 
 /// `{"code": "...", "message": "...", ...details}` with an HTTP status.
 #[derive(Debug, Clone)]
@@ -19,6 +20,13 @@ pub struct ApiError {
     pub code: &'static str,
     pub message: String,
     pub details: Map<String, Value>,
+}
+
+/// A validator's refusal is the caller's mistake: 400 with its code.
+impl From<Invalid> for ApiError {
+    fn from(e: Invalid) -> Self {
+        Self::bad_request(e.code, e.message)
+    }
 }
 
 impl ApiError {

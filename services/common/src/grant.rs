@@ -25,7 +25,7 @@ use crate::error::ApiError;
 use crate::token::FencingToken;
 
 /// The header that carries the signed grant of the presented token (lock-server's `LockGrant.grant`).
-pub const FENCING_GRANT_HEADER: &str = "X-Fencing-Grant";
+pub use dlock_wire::FENCING_GRANT_HEADER;
 
 /// lock-server's signing key (`<keyId>=<base64url seed>`): this variable, or the file named by the
 /// same with `_FILE` — never a flag.

@@ -1,10 +1,10 @@
 //! Pieces every dlock service shares. Each module has one job:
 //!
-//! - [`token`]: strict parsing of `X-Fencing-Token` (never coerced to 0);
-//! - [`validate`]: bounds on lock keys and TTLs;
+//! - [`token`], [`validate`], [`fencing`], [`payout`]: re-exported from `dlock-wire`, where the
+//!   clients share them: strict parsing of `X-Fencing-Token` (never coerced to 0), the bounds on
+//!   lock keys, owner ids and TTLs, the `FENCED_OUT` details, the payout state machine;
 //! - [`error`]: the JSON error body and the extractors that turn bad input into 4xx;
 //! - [`telemetry`]: tracing set-up (JSON lines by default);
-//! - [`payout`]: the payout state machine (`payout_state_ck`);
 //! - [`metrics`]: the `/metrics` handler over a prometheus-client registry;
 //! - [`serve`]: the server kit — a binary's life ([`serve::main`]: config, signals, start, drain,
 //!   [`serve::exit`] codes), health endpoints, serving in the background, in HTTP or HTTPS;
@@ -16,15 +16,13 @@
 pub mod auth;
 pub mod db;
 pub mod error;
-pub mod fencing;
 pub mod grant;
 pub mod metrics;
-pub mod payout;
 pub mod serve;
 pub mod telemetry;
 pub mod tls;
-pub mod token;
-pub mod validate;
+
+pub use dlock_wire::{fencing, payout, token, validate};
 
 pub use error::{ApiError, ApiJson, ApiPath, ApiQuery};
 pub use grant::FENCING_GRANT_HEADER;

@@ -9,12 +9,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use dlock_common::{FENCING_TOKEN_HEADER, FencingToken};
 use dlock_wire::lock::{AcquireRequest, CreateSessionRequest, TtlRequest};
 pub use dlock_wire::lock::{
     LockEvent, LockEventType, LockGrant, LockList, LockListItem, LockReleased, LockRenewed, LockState,
     LockView, SessionClosed, SessionCreated, SessionHeartbeat,
 };
+use dlock_wire::{FENCING_TOKEN_HEADER, FencingToken};
 use reqwest::{StatusCode, Url};
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
@@ -135,9 +135,9 @@ impl std::fmt::Debug for BearerToken {
     }
 }
 
-/// The `Authorization` header of `token`, marked sensitive (HTTP/2 never indexes it, and its
+/// The `Authorization` value of `token`, marked sensitive (HTTP/2 never indexes it, and its
 /// `Debug` is `Sensitive`).
-fn authorization(token: &BearerToken) -> Result<reqwest::header::HeaderMap, ClientError> {
+fn authorization(token: &BearerToken) -> Result<reqwest::header::HeaderValue, ClientError> {
     // The error must not quote the value: it is a secret.
     let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {}", token.0)).map_err(|_| {
         ClientError::InvalidArgument {
@@ -146,9 +146,22 @@ fn authorization(token: &BearerToken) -> Result<reqwest::header::HeaderMap, Clie
         }
     })?;
     value.set_sensitive(true);
-    let mut headers = reqwest::header::HeaderMap::new();
-    headers.insert(reqwest::header::AUTHORIZATION, value);
-    Ok(headers)
+    Ok(value)
+}
+
+/// `base_url` as the base of every call: an absolute `http`/`https` URL.
+fn base_url(base_url: &str) -> Result<Url, ClientError> {
+    let base = Url::parse(base_url).map_err(|e| ClientError::InvalidArgument {
+        code: "INVALID_BASE_URL",
+        message: format!("{base_url:?} is not a URL: {e}"),
+    })?;
+    if base.cannot_be_a_base() || !matches!(base.scheme(), "http" | "https") {
+        return Err(ClientError::InvalidArgument {
+            code: "INVALID_BASE_URL",
+            message: format!("{base_url:?} is not an http(s) base URL"),
+        });
+    }
+    Ok(base)
 }
 
 /// The raw lock-server API over one pooled reqwest client. Cheap to clone.
@@ -157,20 +170,15 @@ pub struct LockApi {
     pub(crate) http: reqwest::Client,
     base: Url,
     request_timeout: Duration,
+    /// The lock client's `Authorization`, on every call but the admin's listing.
+    auth: Option<reqwest::header::HeaderValue>,
 }
 
 impl LockApi {
+    /// A client built for `base_url` from `config`: its timeouts, its token, and for `https://`
+    /// its CA, the only root it trusts.
     pub fn new(base_url: &str, config: &ClientConfig) -> Result<Self, ClientError> {
-        let base = Url::parse(base_url).map_err(|e| ClientError::InvalidArgument {
-            code: "INVALID_BASE_URL",
-            message: format!("{base_url:?} is not a URL: {e}"),
-        })?;
-        if base.cannot_be_a_base() || !matches!(base.scheme(), "http" | "https") {
-            return Err(ClientError::InvalidArgument {
-                code: "INVALID_BASE_URL",
-                message: format!("{base_url:?} is not an http(s) base URL"),
-            });
-        }
+        let base = self::base_url(base_url)?;
         let mut http = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
             .timeout(config.request_timeout)
@@ -199,17 +207,60 @@ impl LockApi {
         if let (Some(addr), Some(host)) = (config.connect_to, base.host_str()) {
             http = http.resolve(host, addr);
         }
-        // Default headers go on every request that does not set its own (the listing sends the
-        // admin's token when it is given one).
-        if let Some(token) = &config.token {
-            http = http.default_headers(authorization(token)?);
+        Self::from_parts(base, http.build()?, config)
+    }
+
+    /// A client over `http`, a `reqwest::Client` the caller built (a proxy, its own TLS roots or
+    /// client certificate, its own connection pool). From `config` it takes the token and the
+    /// request timeout (every call carries it, so no call waits longer whatever `http` says); the
+    /// CA, `connect_to` and the unsafe switch are settings of the HTTP client, so they are refused
+    /// here (`CUSTOM_CLIENT_CONFLICT`) rather than silently ignored: put them on `http`.
+    pub fn with_http_client(
+        base_url: &str,
+        http: reqwest::Client,
+        config: &ClientConfig,
+    ) -> Result<Self, ClientError> {
+        let base = self::base_url(base_url)?;
+        let conflicts: Vec<&str> = [
+            (config.ca.is_some(), "ca"),
+            (config.connect_to.is_some(), "connect_to"),
+            (
+                config.unsafe_accept_any_certificate,
+                "unsafe_accept_any_certificate",
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(set, name)| set.then_some(name))
+        .collect();
+        if !conflicts.is_empty() {
+            return Err(ClientError::InvalidArgument {
+                code: "CUSTOM_CLIENT_CONFLICT",
+                message: format!(
+                    "{} configure the HTTP client; with a custom reqwest::Client set them on that client",
+                    conflicts.join(", ")
+                ),
+            });
         }
-        let http = http.build()?;
+        Self::from_parts(base, http, config)
+    }
+
+    fn from_parts(base: Url, http: reqwest::Client, config: &ClientConfig) -> Result<Self, ClientError> {
         Ok(Self {
             http,
             base,
             request_timeout: config.request_timeout,
+            auth: config.token.as_ref().map(authorization).transpose()?,
         })
+    }
+
+    /// A call to lock-server: the configured timeout (a call may set a longer one after) and the
+    /// lock client's token.
+    pub(crate) fn request(&self, method: reqwest::Method, url: Url) -> reqwest::RequestBuilder {
+        let request = self.http.request(method, url).timeout(self.request_timeout);
+        match &self.auth {
+            Some(auth) => request.header(reqwest::header::AUTHORIZATION, auth.clone()),
+            None => request,
+        }
     }
 
     /// `base` + the given path segments, each percent-encoded (a `/` in a key becomes `%2F`).
@@ -224,8 +275,7 @@ impl LockApi {
 
     pub async fn open_session(&self, owner_id: &str, ttl_ms: i64) -> Result<SessionCreated, ClientError> {
         let response = self
-            .http
-            .post(self.url(&["v1", "sessions"]))
+            .request(reqwest::Method::POST, self.url(&["v1", "sessions"]))
             .json(&CreateSessionRequest {
                 owner_id: owner_id.to_owned(),
                 ttl_ms,
@@ -238,8 +288,10 @@ impl LockApi {
     /// 410 `SESSION_GONE` → [`ClientError::SessionGone`].
     pub async fn heartbeat(&self, session_id: Uuid, ttl_ms: i64) -> Result<SessionHeartbeat, ClientError> {
         let response = self
-            .http
-            .post(self.url(&["v1", "sessions", &session_id.to_string(), "heartbeat"]))
+            .request(
+                reqwest::Method::POST,
+                self.url(&["v1", "sessions", &session_id.to_string(), "heartbeat"]),
+            )
             .json(&TtlRequest { ttl_ms })
             .send()
             .await?;
@@ -248,8 +300,10 @@ impl LockApi {
 
     pub async fn close_session(&self, session_id: Uuid) -> Result<SessionClosed, ClientError> {
         let response = self
-            .http
-            .delete(self.url(&["v1", "sessions", &session_id.to_string()]))
+            .request(
+                reqwest::Method::DELETE,
+                self.url(&["v1", "sessions", &session_id.to_string()]),
+            )
             .send()
             .await?;
         read(response).await
@@ -264,8 +318,7 @@ impl LockApi {
         ttl_ms: i64,
     ) -> Result<LockGrant, ClientError> {
         let response = self
-            .http
-            .post(self.url(&["v1", "locks", key, "acquire"]))
+            .request(reqwest::Method::POST, self.url(&["v1", "locks", key, "acquire"]))
             .json(&AcquireRequest {
                 session_id,
                 owner_id: owner_id.to_owned(),
@@ -289,8 +342,7 @@ impl LockApi {
         wait_ms: i64,
     ) -> Result<LockGrant, ClientError> {
         let response = self
-            .http
-            .post(self.url(&["v1", "locks", key, "acquire"]))
+            .request(reqwest::Method::POST, self.url(&["v1", "locks", key, "acquire"]))
             .timeout(Duration::from_millis(wait_ms.unsigned_abs()) + self.request_timeout)
             .json(&AcquireRequest {
                 session_id,
@@ -323,7 +375,14 @@ impl LockApi {
             }
             q.append_pair("limit", &limit.to_string());
         }
-        let response = self.http.get(url).bearer_auth(admin_token).send().await?;
+        // The admin's token instead of the client's (not through `request`, which adds the client's).
+        let response = self
+            .http
+            .get(url)
+            .timeout(self.request_timeout)
+            .bearer_auth(admin_token)
+            .send()
+            .await?;
         read(response).await
     }
 
@@ -335,8 +394,7 @@ impl LockApi {
         ttl_ms: i64,
     ) -> Result<LockRenewed, ClientError> {
         let response = self
-            .http
-            .post(self.url(&["v1", "locks", key, "renew"]))
+            .request(reqwest::Method::POST, self.url(&["v1", "locks", key, "renew"]))
             .header(FENCING_TOKEN_HEADER, token.to_string())
             .json(&TtlRequest { ttl_ms })
             .send()
@@ -357,8 +415,7 @@ impl LockApi {
 
     pub async fn release(&self, key: &str, token: FencingToken) -> Result<LockReleased, ClientError> {
         let response = self
-            .http
-            .post(self.url(&["v1", "locks", key, "release"]))
+            .request(reqwest::Method::POST, self.url(&["v1", "locks", key, "release"]))
             .header(FENCING_TOKEN_HEADER, token.to_string())
             .send()
             .await?;
@@ -366,7 +423,10 @@ impl LockApi {
     }
 
     pub async fn lock_status(&self, key: &str) -> Result<LockView, ClientError> {
-        let response = self.http.get(self.url(&["v1", "locks", key])).send().await?;
+        let response = self
+            .request(reqwest::Method::GET, self.url(&["v1", "locks", key]))
+            .send()
+            .await?;
         read(response).await
     }
 }

@@ -6,8 +6,8 @@
 
 use std::fmt;
 
-use dlock_common::FencingToken;
-use dlock_common::fencing::{FENCED_OUT, FencedOutDetails};
+use dlock_wire::FencingToken;
+use dlock_wire::fencing::{FENCED_OUT, FencedOutDetails};
 use reqwest::StatusCode;
 use serde::Deserialize;
 
@@ -239,7 +239,7 @@ impl ClientError {
         }
     }
 
-    pub(crate) fn invalid(e: dlock_common::ApiError) -> Self {
+    pub(crate) fn invalid(e: dlock_wire::validate::Invalid) -> Self {
         ClientError::InvalidArgument {
             code: e.code,
             message: e.message,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use dlock_common::{FENCING_GRANT_HEADER, FENCING_TOKEN_HEADER, FencingToken};
+use dlock_wire::{FENCING_GRANT_HEADER, FENCING_TOKEN_HEADER, FencingToken};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_common::FencingToken;
+use dlock_wire::FencingToken;
 use dlock_wire::lock::{LockEvent, LockEventType, LockState, LockView};
 use tokio_util::sync::CancellationToken;
 
@@ -20,8 +20,7 @@ impl LockApi {
     /// stream (after its watch lifetime; `max_stream` bounds how long this client waits for that).
     pub async fn watch(&self, key: &str, max_stream: Duration) -> Result<LockWatch, ClientError> {
         let response = self
-            .http
-            .get(self.url(&["v1", "locks", key, "watch"]))
+            .request(reqwest::Method::GET, self.url(&["v1", "locks", key, "watch"]))
             .timeout(max_stream)
             .send()
             .await?;

@@ -50,13 +50,13 @@ impl utoipa::IntoParams for FencingTokenHeader {
         use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
         vec![
             ParameterBuilder::new()
-                .name(dlock_common::FENCING_TOKEN_HEADER)
+                .name(crate::FENCING_TOKEN_HEADER)
                 .parameter_in(ParameterIn::Header)
                 .required(Required::True)
                 .description(Some(
                     "The fencing token of the caller's grant: a decimal integer in 1..=9223372036854775807.",
                 ))
-                .schema(Some(dlock_common::FencingToken::text_schema()))
+                .schema(Some(crate::FencingToken::text_schema()))
                 .build(),
         ]
     }
@@ -76,7 +76,7 @@ impl utoipa::IntoParams for FencingGrantHeader {
         use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
         vec![
             ParameterBuilder::new()
-                .name(dlock_common::FENCING_GRANT_HEADER)
+                .name(crate::FENCING_GRANT_HEADER)
                 .parameter_in(ParameterIn::Header)
                 .required(Required::True)
                 .description(Some(

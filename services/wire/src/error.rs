@@ -2,17 +2,17 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use utoipa::ToSchema;
 
 /// `{"code": "...", "message": "...", ...details}`. `code` is machine-readable and stable
 /// (`INVALID_LOCK_KEY`, `FENCED_OUT`, …); `message` is for people; some codes carry details beside
 /// them (a `FENCED_OUT` carries `presented`, `highest`, `resourceType`, `resourceId`, `ownerId`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
-    #[schema(schema_with = crate::shape::code)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::shape::code))]
     pub code: String,
     pub message: String,
     #[serde(flatten)]
-    #[schema(additional_properties)]
+    #[cfg_attr(feature = "openapi", schema(additional_properties))]
     pub details: Map<String, Value>,
 }

@@ -85,7 +85,7 @@ impl JsonInt {
     /// `7`, `7.0` and `7e0` are 7) or its decimal text (`"7"`, read as the `X-Fencing-Token`
     /// header is). Anything else, or a value outside 1..=i64::MAX, is `Err` with a message that says
     /// what is wrong, in the caller's words for the field.
-    pub fn fencing_token(&self, field: &str) -> Result<dlock_common::FencingToken, String> {
+    pub fn fencing_token(&self, field: &str) -> Result<crate::FencingToken, String> {
         let text = self.text();
         let shown: String = text.chars().take(40).collect();
         let wrong = || {
@@ -96,7 +96,7 @@ impl JsonInt {
             return decimal.parse().map_err(|e| format!("{field}: {e}"));
         }
         let value = parse(text).ok_or_else(wrong)?;
-        dlock_common::FencingToken::new(value).map_err(|_| wrong())
+        crate::FencingToken::new(value).map_err(|_| wrong())
     }
 }
 
@@ -154,8 +154,7 @@ mod tests {
 
     fn token(json: &str) -> Result<i64, String> {
         let v: JsonInt = serde_json::from_str(json).expect("json");
-        v.fencing_token("fencingToken")
-            .map(dlock_common::FencingToken::get)
+        v.fencing_token("fencingToken").map(crate::FencingToken::get)
     }
 
     #[test]

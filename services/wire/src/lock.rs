@@ -1,29 +1,35 @@
 //! lock-server's bodies (docs/lock-api.md). Keys and owner ids follow
-//! `dlock_common::validate`; TTLs are integers of milliseconds in 10..=86 400 000.
+//! [`crate::validate`]; TTLs are integers of milliseconds in 10..=86 400 000.
 
+use crate::FencingToken;
 use chrono::{DateTime, Utc};
-use dlock_common::FencingToken;
 use serde::{Deserialize, Serialize};
+#[cfg(feature = "openapi")]
+use utoipa::IntoParams;
+#[cfg(feature = "openapi")]
 use utoipa::openapi::path::{Parameter, ParameterIn};
+#[cfg(feature = "openapi")]
 use utoipa::openapi::schema::ObjectBuilder;
-use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
+#[cfg(feature = "openapi")]
 use crate::shape;
 
 /// `POST /v1/sessions`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateSessionRequest {
-    #[schema(schema_with = crate::shape::owner_id)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::shape::owner_id))]
     pub owner_id: String,
     #[serde(deserialize_with = "crate::int::integral")]
-    #[schema(minimum = 10, maximum = 86400000)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 10, maximum = 86400000))]
     pub ttl_ms: i64,
 }
 
 /// `201` of `POST /v1/sessions`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionCreated {
     pub session_id: Uuid,
@@ -32,16 +38,18 @@ pub struct SessionCreated {
 }
 
 /// The body of a heartbeat or a renew: the new TTL.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TtlRequest {
     #[serde(deserialize_with = "crate::int::integral")]
-    #[schema(minimum = 10, maximum = 86400000)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 10, maximum = 86400000))]
     pub ttl_ms: i64,
 }
 
 /// `200` of `POST /v1/sessions/{sessionId}/heartbeat`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionHeartbeat {
     pub session_id: Uuid,
@@ -49,7 +57,8 @@ pub struct SessionHeartbeat {
 }
 
 /// `200` of `DELETE /v1/sessions/{sessionId}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionClosed {
     pub session_id: Uuid,
@@ -61,14 +70,15 @@ pub struct SessionClosed {
 pub const MAX_WAIT_MS: i64 = 60_000;
 
 /// `POST /v1/locks/{key}/acquire`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AcquireRequest {
     pub session_id: Uuid,
-    #[schema(schema_with = crate::shape::owner_id)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::shape::owner_id))]
     pub owner_id: String,
     #[serde(deserialize_with = "crate::int::integral")]
-    #[schema(minimum = 10, maximum = 86400000)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 10, maximum = 86400000))]
     pub ttl_ms: i64,
     /// Wait for the lock: join the key's queue and answer when granted (in arrival order), or
     /// `CONTENDED` when this many milliseconds have passed. Absent: do not wait (one attempt).
@@ -77,12 +87,13 @@ pub struct AcquireRequest {
         deserialize_with = "crate::int::optional",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schema(minimum = 0, maximum = 60000, nullable = false)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 60000, nullable = false))]
     pub wait_ms: Option<i64>,
 }
 
 /// `200` of `POST /v1/locks/{key}/acquire` (GRANTED).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct LockGrant {
     pub lock_key: String,
@@ -95,12 +106,13 @@ pub struct LockGrant {
     /// session): present it in `X-Fencing-Grant` beside `X-Fencing-Token`. Absent when lock-server
     /// has no signing key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(schema_with = signed_grant)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = signed_grant))]
     pub grant: Option<String>,
 }
 
 /// `200` of `POST /v1/locks/{key}/renew`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct LockRenewed {
     pub lock_key: String,
@@ -109,17 +121,19 @@ pub struct LockRenewed {
     /// The same grant signed again, with the key lock-server signs with now (after a key rotation,
     /// the new one): use it from here on. Absent when lock-server has no signing key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(schema_with = signed_grant)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = signed_grant))]
     pub grant: Option<String>,
 }
 
+#[cfg(feature = "openapi")]
 fn signed_grant() -> ObjectBuilder {
     shape::signed_grant()
 }
 
 /// `200` of `POST /v1/locks/{key}/release`; a stale release (`released: false, stale: true`) is a
 /// success too.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct LockReleased {
     pub lock_key: String,
@@ -128,7 +142,8 @@ pub struct LockReleased {
     pub stale: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum LockState {
     Free,
@@ -138,7 +153,8 @@ pub enum LockState {
 
 /// Why lock-server jumped `fencing_token_seq`: the lockdb history behind it was one it could not
 /// vouch for (docs/design.md, "Never a reused token").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum JumpCause {
     /// The process had vouched for no history yet.
@@ -153,7 +169,8 @@ pub enum JumpCause {
 }
 
 /// One jump of the sequence.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SequenceJump {
     pub at: DateTime<Utc>,
@@ -170,7 +187,8 @@ pub struct SequenceJump {
 }
 
 /// `200` of `GET /v1/sequence`: this replica's last jump.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SequenceView {
     /// `postgres` or `etcd` (etcd's revision never goes back on a live cluster: no jumps there).
@@ -179,40 +197,42 @@ pub struct SequenceView {
     pub jumps_enabled: bool,
     /// Absent until the first jump (on PostgreSQL, the first grant's connection makes it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub last_jump: Option<SequenceJump>,
 }
 
 /// `200` of `GET /v1/locks/{key}`. The grant's fields are absent when the key is `FREE`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct LockView {
     pub lock_key: String,
     pub state: LockState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<FencingToken>, nullable = false)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<FencingToken>, nullable = false))]
     pub fencing_token: Option<FencingToken>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub owner_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub acquired_at: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub expires_at: Option<DateTime<Utc>>,
 }
 
 /// `POST /v1/admin/locks/{key}/revoke`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RevokeRequest {
-    #[schema(schema_with = operator)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = operator))]
     pub operator: String,
-    #[schema(schema_with = crate::shape::revoke_reason)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::shape::revoke_reason))]
     pub reason: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(schema_with = request_id)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = request_id))]
     pub request_id: Option<String>,
     /// The grant to remove (an integer > 0, or its decimal text); absent removes whatever grant is
     /// live. Kept as its JSON text (read by [`crate::int::JsonInt::fencing_token`]) so that a bad
@@ -222,14 +242,16 @@ pub struct RevokeRequest {
         deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schema(schema_with = token_input)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = token_input))]
     pub fencing_token: Option<crate::int::JsonInt>,
 }
 
+#[cfg(feature = "openapi")]
 fn token_input() -> utoipa::openapi::schema::Schema {
     FencingToken::input_schema()
 }
 
+#[cfg(feature = "openapi")]
 fn operator() -> ObjectBuilder {
     shape::described(
         shape::owner_id(),
@@ -237,6 +259,7 @@ fn operator() -> ObjectBuilder {
     )
 }
 
+#[cfg(feature = "openapi")]
 fn request_id() -> ObjectBuilder {
     shape::or_null(shape::owner_id())
 }
@@ -246,7 +269,8 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<crate::int::
     crate::int::JsonInt::deserialize(d).map(Some)
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum RevokeOutcome {
     Revoked,
@@ -256,28 +280,30 @@ pub enum RevokeOutcome {
 }
 
 /// The force-revoke result record (`LockOutcome` in the contracts).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct LockOutcome {
     pub outcome: RevokeOutcome,
     pub lock_key: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub previous_owner: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<FencingToken>, nullable = false)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<FencingToken>, nullable = false))]
     pub previous_token: Option<i64>,
     /// With `HELD_BY_OTHER_TOKEN`: the token of the live grant that was left alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<FencingToken>, nullable = false)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<FencingToken>, nullable = false))]
     pub current_token: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub request_id: Option<String>,
 }
 
 /// What happened to a key's grant, as a watch reports it (`GET /v1/locks/{key}/watch`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum LockEventType {
     /// A new grant: a free key taken, an expired lease taken over, or a re-entry. Any earlier grant
@@ -294,7 +320,8 @@ pub enum LockEventType {
 }
 
 /// One change of a key's holder (the `change` events of a watch).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct LockEvent {
     #[serde(rename = "type")]
@@ -303,16 +330,17 @@ pub struct LockEvent {
     /// The grant the event is about.
     pub fencing_token: FencingToken,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub owner_id: Option<String>,
     /// With `GRANTED`: the lease's end as the grant reported it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub expires_at: Option<DateTime<Utc>>,
 }
 
 /// One server-sent event of a watch, as it is on the wire (its `event:` and `data:` lines).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WatchMessage {
     pub event: WatchMessageKind,
     /// JSON text: a `LockView` for `state`, a `LockEvent` for `change`.
@@ -320,7 +348,8 @@ pub struct WatchMessage {
 }
 
 /// The `event:` of a watch's message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum WatchMessageKind {
     /// The key as it is: the first message of every stream.
@@ -333,27 +362,35 @@ pub enum WatchMessageKind {
 pub const MAX_LIST_PAGE: i64 = 500;
 
 /// The query of `GET /v1/locks`.
-#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
+#[derive(Debug, Clone, Default, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams))]
+#[cfg_attr(feature = "openapi", into_params(parameter_in = Query))]
 #[serde(deny_unknown_fields)]
 pub struct ListLocksQuery {
     /// Only keys that start with this text (default: every key).
-    #[param(max_length = 256, pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$")]
+    #[cfg_attr(
+        feature = "openapi",
+        param(max_length = 256, pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$")
+    )]
     pub prefix: Option<String>,
     /// The `nextCursor` of the previous page: keys after it, in the store's key order.
-    #[param(
-        min_length = 1,
-        max_length = 256,
-        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$"
+    #[cfg_attr(
+        feature = "openapi",
+        param(
+            min_length = 1,
+            max_length = 256,
+            pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$"
+        )
     )]
     pub after: Option<String>,
     /// Page size, 1..=500 (default 100).
-    #[param(minimum = 1, maximum = 500)]
+    #[cfg_attr(feature = "openapi", param(minimum = 1, maximum = 500))]
     pub limit: Option<i64>,
 }
 
 /// One held key of `GET /v1/locks`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct LockListItem {
     pub lock_key: String,
@@ -365,18 +402,19 @@ pub struct LockListItem {
     pub acquired_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
     /// Blocking acquires queued for the key.
-    #[schema(minimum = 0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0))]
     pub waiters: i64,
 }
 
 /// `200` of `GET /v1/locks`: one page, in key order (keyset paging).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct LockList {
     pub items: Vec<LockListItem>,
     /// Present when the page was full: pass it as `after` for the next page.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub next_cursor: Option<String>,
 }
 
@@ -386,6 +424,7 @@ pub struct LockKeyPath {
     pub key: String,
 }
 
+#[cfg(feature = "openapi")]
 impl IntoParams for LockKeyPath {
     fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
         vec![shape::path_param(
@@ -397,13 +436,14 @@ impl IntoParams for LockKeyPath {
 }
 
 /// The `{sessionId}` of the session routes.
-#[derive(Debug, Clone, Deserialize, IntoParams)]
-#[into_params(parameter_in = Path, rename_all = "camelCase")]
+#[derive(Debug, Clone, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams))]
+#[cfg_attr(feature = "openapi", into_params(parameter_in = Path, rename_all = "camelCase"))]
 pub struct SessionIdPath {
     pub session_id: Uuid,
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "openapi"))]
 mod tests {
     use super::*;
     use crate::pattern;

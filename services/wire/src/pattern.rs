@@ -2,7 +2,7 @@
 //! validators' rules in the documents. Tests in this module run each one against the validator it
 //! mirrors.
 
-/// `dlock_common::validate::lock_key` / `owner_id`: printable characters (no control characters,
+/// `crate::validate::lock_key` / `owner_id`: printable characters (no control characters,
 /// no whitespace but the plain space), and no space at either end. Lengths are the schema's
 /// `minLength`/`maxLength`, in characters.
 pub const PRINTABLE: &str = "^[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]([^\\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]*[^ \\u0000-\\u001f\\u007f-\\u009f\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000])?$";
@@ -60,11 +60,7 @@ mod tests {
     fn printable_is_the_lock_key_rule() {
         let p = re(PRINTABLE);
         for s in samples() {
-            assert_eq!(
-                p.is_match(&s),
-                dlock_common::validate::lock_key(&s).is_ok(),
-                "{s:?}"
-            );
+            assert_eq!(p.is_match(&s), crate::validate::lock_key(&s).is_ok(), "{s:?}");
         }
     }
 
@@ -96,7 +92,7 @@ mod tests {
 
     #[test]
     fn the_token_pattern_is_what_the_parser_accepts() {
-        let p = re(dlock_common::token::DECIMAL_PATTERN);
+        let p = re(crate::token::DECIMAL_PATTERN);
         for s in [
             "1",
             "0001",
@@ -118,11 +114,7 @@ mod tests {
             " 1",
             "1.0",
         ] {
-            assert_eq!(
-                p.is_match(s),
-                s.parse::<dlock_common::FencingToken>().is_ok(),
-                "{s:?}"
-            );
+            assert_eq!(p.is_match(s), s.parse::<crate::FencingToken>().is_ok(), "{s:?}");
         }
     }
 }

@@ -2,13 +2,13 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
-pub use dlock_common::payout::PayoutState;
+pub use crate::payout::PayoutState;
 
 /// `account.kind` (V3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum AccountKind {
     Customer,
@@ -37,16 +37,17 @@ impl TryFrom<String> for AccountKind {
 }
 
 /// `POST /v1/accounts`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateAccountRequest {
     /// Absent or `null` picks a fresh id.
     #[serde(default)]
     pub account_id: Option<Uuid>,
-    #[schema(schema_with = crate::shape::currency)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::shape::currency))]
     pub currency: String,
     #[serde(deserialize_with = "crate::int::integral")]
-    #[schema(minimum = 0, maximum = 9223372036854775807_i64)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 9223372036854775807_i64))]
     pub opening_balance_minor: i64,
     /// Absent or `null` is `CUSTOMER`.
     #[serde(default)]
@@ -54,7 +55,8 @@ pub struct CreateAccountRequest {
 }
 
 /// An account as stored, beside what its ledger says it should be (docs/accounting.md).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Account {
     pub account_id: Uuid,
@@ -75,25 +77,27 @@ pub struct Account {
     /// Settlement accounts only: Σ amount of POSTED payouts in the currency, what the credits must
     /// equal.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub posted_payouts_minor: Option<i64>,
     pub consistent: bool,
 }
 
 /// `POST /v1/payouts`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreatePayoutRequest {
     pub account_id: Uuid,
     #[serde(deserialize_with = "crate::int::integral")]
-    #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 9223372036854775807_i64))]
     pub amount_minor: i64,
-    #[schema(schema_with = crate::shape::currency)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::shape::currency))]
     pub currency: String,
-    #[schema(schema_with = payout_idempotency_key)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = payout_idempotency_key))]
     pub idempotency_key: String,
 }
 
+#[cfg(feature = "openapi")]
 fn payout_idempotency_key() -> utoipa::openapi::schema::ObjectBuilder {
     crate::shape::described(
         crate::shape::idempotency_key(),
@@ -102,7 +106,8 @@ fn payout_idempotency_key() -> utoipa::openapi::schema::ObjectBuilder {
 }
 
 /// A payout as payment-resource stores and returns it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "sqlx", derive(sqlx::FromRow))]
 #[serde(rename_all = "camelCase")]
 pub struct Payout {
@@ -129,23 +134,25 @@ pub struct Payout {
 }
 
 /// The query of `GET /v1/payouts`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams))]
 #[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
+#[cfg_attr(feature = "openapi", into_params(parameter_in = Query))]
 pub struct ListPayoutsQuery {
     /// `PENDING` (the default: the work queue) or an in-flight state; terminal states are refused.
-    #[param(value_type = Option<ListedState>)]
+    #[cfg_attr(feature = "openapi", param(value_type = Option<ListedState>))]
     pub state: Option<String>,
     /// Page size, 1..=500 (default 100).
-    #[param(minimum = 1, maximum = 500)]
+    #[cfg_attr(feature = "openapi", param(minimum = 1, maximum = 500))]
     pub limit: Option<i64>,
     /// The `nextCursor` of the previous page.
-    #[param(pattern = "^v1\\.[0-9]{1,16}\\.[0-9a-fA-F]{32}$")]
+    #[cfg_attr(feature = "openapi", param(pattern = "^v1\\.[0-9]{1,16}\\.[0-9a-fA-F]{32}$"))]
     pub after: Option<String>,
 }
 
 /// The states `GET /v1/payouts` lists.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ListedState {
     Pending,
@@ -156,7 +163,8 @@ pub enum ListedState {
 }
 
 /// One page of payouts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Page {
     pub items: Vec<Payout>,
@@ -165,14 +173,16 @@ pub struct Page {
 }
 
 /// `POST /v1/payouts/{payoutId}/claim`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClaimRequest {
-    #[schema(schema_with = crate::shape::owner_id)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::shape::owner_id))]
     pub owner_id: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Claimed {
     pub payout: Payout,
@@ -195,6 +205,7 @@ pub struct TransitionRequest {
     pub reason: Option<String>,
 }
 
+#[cfg(feature = "openapi")]
 impl utoipa::PartialSchema for TransitionRequest {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
         use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, OneOfBuilder, SchemaType, Type};
@@ -235,13 +246,15 @@ impl utoipa::PartialSchema for TransitionRequest {
     }
 }
 
+#[cfg(feature = "openapi")]
 impl utoipa::ToSchema for TransitionRequest {
     fn name() -> std::borrow::Cow<'static, str> {
         "TransitionRequest".into()
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Transitioned {
     pub payout: Payout,
@@ -250,7 +263,8 @@ pub struct Transitioned {
 }
 
 /// A successful posting, or the idempotent answer for a payout some holder already posted.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Posted {
     pub payout: Payout,
@@ -262,28 +276,31 @@ pub struct Posted {
 }
 
 /// The query of `GET /v1/reconciliation`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[into_params(parameter_in = Query, rename_all = "camelCase")]
+#[cfg_attr(feature = "openapi", into_params(parameter_in = Query, rename_all = "camelCase"))]
 pub struct ReconciliationQuery {
     /// A payout in flight for longer than this is reported stuck (default 900).
-    #[param(minimum = 1, maximum = 2592000)]
+    #[cfg_attr(feature = "openapi", param(minimum = 1, maximum = 2592000))]
     pub stuck_after_seconds: Option<i64>,
     /// Rows read per page (default 500).
-    #[param(minimum = 1, maximum = 5000)]
+    #[cfg_attr(feature = "openapi", param(minimum = 1, maximum = 5000))]
     pub page_size: Option<i64>,
 }
 
 /// The `{accountId}` of the account routes.
-#[derive(Debug, Clone, Deserialize, IntoParams)]
-#[into_params(parameter_in = Path, rename_all = "camelCase")]
+#[derive(Debug, Clone, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams))]
+#[cfg_attr(feature = "openapi", into_params(parameter_in = Path, rename_all = "camelCase"))]
 pub struct AccountIdPath {
     pub account_id: Uuid,
 }
 
 /// The `{payoutId}` of the payout routes.
-#[derive(Debug, Clone, Deserialize, IntoParams)]
-#[into_params(parameter_in = Path, rename_all = "camelCase")]
+#[derive(Debug, Clone, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams))]
+#[cfg_attr(feature = "openapi", into_params(parameter_in = Path, rename_all = "camelCase"))]
 pub struct PayoutIdPath {
     pub payout_id: Uuid,
 }

@@ -2,20 +2,21 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 /// `POST /v1/submissions`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SubmitRequest {
     /// Read as text so that a malformed id is `INVALID_PAYOUT_ID`, not a generic body error.
-    #[schema(value_type = Uuid)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Uuid))]
     pub payout_id: String,
 }
 
 /// What the rail did with one attempt, as rail-proxy records it in `rail_submission.outcome`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum RailOutcome {
     Acked,
@@ -45,7 +46,8 @@ impl RailOutcome {
 
 /// One `rail_submission` row, as the API returns it. `outcome` is `null` while the forward is in
 /// flight (or after a crash mid-forward): as ambiguous as a `TIMEOUT`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Submission {
     pub submission_id: Uuid,
@@ -68,7 +70,8 @@ impl Submission {
 }
 
 /// `200` of `GET /v1/submissions/{payoutId}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SubmissionList {
     pub payout_id: Uuid,
@@ -83,9 +86,10 @@ impl SubmissionList {
 }
 
 /// The `{payoutId}` of the submission routes (read as text: a malformed id is `INVALID_PAYOUT_ID`).
-#[derive(Debug, Clone, Deserialize, IntoParams)]
-#[into_params(parameter_in = Path, rename_all = "camelCase")]
+#[derive(Debug, Clone, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams))]
+#[cfg_attr(feature = "openapi", into_params(parameter_in = Path, rename_all = "camelCase"))]
 pub struct PayoutIdPath {
-    #[param(value_type = Uuid)]
+    #[cfg_attr(feature = "openapi", param(value_type = Uuid))]
     pub payout_id: String,
 }

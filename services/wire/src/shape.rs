@@ -28,13 +28,13 @@ pub fn or_null(shape: ObjectBuilder) -> ObjectBuilder {
     shape.schema_type(SchemaType::from_iter([Type::String, Type::Null]))
 }
 
-/// An owner id (`dlock_common::validate::owner_id`): 1..=128 printable characters without
+/// An owner id (`crate::validate::owner_id`): 1..=128 printable characters without
 /// surrounding spaces. Also the shape of a revoke's operator and request id.
 pub fn owner_id() -> ObjectBuilder {
     text(1, 128, pattern::PRINTABLE)
 }
 
-/// A lock key (`dlock_common::validate::lock_key`): 1..=256 printable characters without
+/// A lock key (`crate::validate::lock_key`): 1..=256 printable characters without
 /// surrounding spaces.
 pub fn lock_key() -> ObjectBuilder {
     text(1, 256, pattern::PRINTABLE)

@@ -6,31 +6,37 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+#[cfg(feature = "openapi")]
+use utoipa::IntoParams;
+#[cfg(feature = "openapi")]
 use utoipa::openapi::path::{Parameter, ParameterIn};
+#[cfg(feature = "openapi")]
 use utoipa::openapi::schema::ObjectBuilder;
-use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
+#[cfg(feature = "openapi")]
 use crate::shape;
 
 /// `POST /v1/payments`. Ids and the amount are read raw so that each bad value gets its own code
 /// (`INVALID_PAYOUT_ID`, `INVALID_AMOUNT`, …) rather than a generic decoding error.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PaymentOrder {
-    #[schema(schema_with = order_idempotency_key)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = order_idempotency_key))]
     pub idempotency_key: String,
-    #[schema(value_type = Uuid)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Uuid))]
     pub payout_id: String,
-    #[schema(value_type = Uuid)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Uuid))]
     pub account_id: String,
     /// A JSON integer of minor units, > 0.
-    #[schema(value_type = i64, minimum = 1, maximum = 9223372036854775807_i64)]
+    #[cfg_attr(feature = "openapi", schema(value_type = i64, minimum = 1, maximum = 9223372036854775807_i64))]
     pub amount_minor: crate::int::JsonInt,
-    #[schema(schema_with = crate::shape::currency)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::shape::currency))]
     pub currency: String,
 }
 
+#[cfg(feature = "openapi")]
 fn order_idempotency_key() -> ObjectBuilder {
     shape::described(
         shape::rail_idempotency_key(),
@@ -38,7 +44,8 @@ fn order_idempotency_key() -> ObjectBuilder {
     )
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum PaymentStatus {
     Acked,
@@ -46,7 +53,8 @@ pub enum PaymentStatus {
 }
 
 /// `200` (`ACKED`) or `422` (`REJECTED`) of `POST /v1/payments`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct PaymentAnswer {
     pub status: PaymentStatus,
@@ -62,7 +70,8 @@ pub struct PaymentAnswer {
 }
 
 /// What the rail decided for one idempotency key; decided once, by the first request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Payment {
     pub idempotency_key: String,
@@ -72,10 +81,10 @@ pub struct Payment {
     pub currency: String,
     pub status: PaymentStatus,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub rail_reference: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub reason: Option<String>,
     /// The first answer for this key was a timeout: the money moved, the caller never heard.
     pub timed_out: bool,
@@ -83,7 +92,8 @@ pub struct Payment {
 }
 
 /// One request as it arrived, in arrival order.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Received {
     pub seq: u64,
@@ -94,7 +104,8 @@ pub struct Received {
     pub presented_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct KeyCount {
     pub payout_id: Uuid,
@@ -102,7 +113,8 @@ pub struct KeyCount {
     pub paid: u64,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct PayoutCount {
     pub received: u64,
@@ -111,7 +123,8 @@ pub struct PayoutCount {
 }
 
 /// `GET /v1/received`: every request, and what was paid per key and per payout.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ReceivedReport {
     pub requests: Vec<Received>,
@@ -134,18 +147,23 @@ impl ReceivedReport {
 }
 
 /// `PUT /v1/admin/behaviour` (test mode only).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BehaviourRequest {
     /// `ack`, `reject` or `timeout`, in any case.
-    #[schema(pattern = "^([aA][cC][kK]|[rR][eE][jJ][eE][cC][tT]|[tT][iI][mM][eE][oO][uU][tT])$")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^([aA][cC][kK]|[rR][eE][jJ][eE][cC][tT]|[tT][iI][mM][eE][oO][uU][tT])$")
+    )]
     pub mode: String,
     /// Added to every answer, 0..=600000 ms.
-    #[schema(value_type = u64, minimum = 0, maximum = 600000)]
+    #[cfg_attr(feature = "openapi", schema(value_type = u64, minimum = 0, maximum = 600000))]
     pub latency_ms: Value,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Pay and answer 200 ACKED.
@@ -157,7 +175,8 @@ pub enum Mode {
 }
 
 /// `200` of `GET`/`PUT /v1/admin/behaviour`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct BehaviourView {
     pub mode: Mode,
@@ -172,6 +191,7 @@ pub struct IdempotencyKeyPath {
     pub idempotency_key: String,
 }
 
+#[cfg(feature = "openapi")]
 impl IntoParams for IdempotencyKeyPath {
     fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
         vec![shape::path_param(

@@ -111,6 +111,7 @@ impl<'de> Deserialize<'de> for FencingToken {
 /// documents give it for the `X-Fencing-Token` header, so that they say exactly what is accepted.
 pub const DECIMAL_PATTERN: &str = "^0*([1-9][0-9]{0,17}|[1-8][0-9]{18}|9[0-1][0-9]{17}|92[0-1][0-9]{16}|922[0-2][0-9]{15}|9223[0-2][0-9]{14}|92233[0-6][0-9]{13}|922337[0-1][0-9]{12}|92233720[0-2][0-9]{10}|922337203[0-5][0-9]{9}|9223372036[0-7][0-9]{8}|92233720368[0-4][0-9]{7}|922337203685[0-3][0-9]{6}|9223372036854[0-6][0-9]{5}|92233720368547[0-6][0-9]{4}|922337203685477[0-4][0-9]{3}|9223372036854775[0-7][0-9]{2}|922337203685477580[0-6]|9223372036854775807)$";
 
+#[cfg(feature = "openapi")]
 impl FencingToken {
     /// The token as the services print it: a JSON integer in 1..=i64::MAX.
     pub fn integer_schema() -> utoipa::openapi::schema::Object {
@@ -142,12 +143,14 @@ impl FencingToken {
     }
 }
 
+#[cfg(feature = "openapi")]
 impl utoipa::PartialSchema for FencingToken {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
         Self::integer_schema().into()
     }
 }
 
+#[cfg(feature = "openapi")]
 impl utoipa::ToSchema for FencingToken {
     fn name() -> std::borrow::Cow<'static, str> {
         "FencingToken".into()

@@ -1,6 +1,24 @@
 //! Bounds on the inputs the lock service accepts. Rejections say what was wrong; nothing is clamped.
+//! lock-server answers an [`Invalid`] with a 400 carrying its code; `dlock-client` refuses the same
+//! input before sending it.
 
-use crate::error::ApiError;
+/// A refused input: a machine-readable `code` (`INVALID_LOCK_KEY`, `INVALID_OWNER_ID`,
+/// `INVALID_TTL`) and a message for people.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct Invalid {
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl Invalid {
+    fn new(code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
 
 /// Longest accepted lock key, in characters (as JSON Schema counts `maxLength`, so that the OpenAPI
 /// documents can state the bound exactly).
@@ -19,19 +37,19 @@ fn printable(s: &str) -> bool {
 }
 
 /// A lock key: non-empty, at most [`MAX_KEY_LEN`] characters, printable, no leading/trailing space.
-pub fn lock_key(key: &str) -> Result<(), ApiError> {
+pub fn lock_key(key: &str) -> Result<(), Invalid> {
     if key.is_empty() {
-        return Err(ApiError::bad_request("INVALID_LOCK_KEY", "the lock key is empty"));
+        return Err(Invalid::new("INVALID_LOCK_KEY", "the lock key is empty"));
     }
     let chars = key.chars().count();
     if chars > MAX_KEY_LEN {
-        return Err(ApiError::bad_request(
+        return Err(Invalid::new(
             "INVALID_LOCK_KEY",
             format!("the lock key is {chars} characters long; at most {MAX_KEY_LEN} are allowed"),
         ));
     }
     if !printable(key) {
-        return Err(ApiError::bad_request(
+        return Err(Invalid::new(
             "INVALID_LOCK_KEY",
             "the lock key must be printable characters without control characters or surrounding spaces",
         ));
@@ -40,9 +58,9 @@ pub fn lock_key(key: &str) -> Result<(), ApiError> {
 }
 
 /// An owner id: the same shape as a key, shorter.
-pub fn owner_id(owner: &str) -> Result<(), ApiError> {
+pub fn owner_id(owner: &str) -> Result<(), Invalid> {
     if owner.is_empty() || owner.chars().count() > MAX_OWNER_LEN || !printable(owner) {
-        return Err(ApiError::bad_request(
+        return Err(Invalid::new(
             "INVALID_OWNER_ID",
             format!(
                 "the owner id must be 1..={MAX_OWNER_LEN} printable characters without surrounding spaces"
@@ -53,9 +71,9 @@ pub fn owner_id(owner: &str) -> Result<(), ApiError> {
 }
 
 /// A TTL in milliseconds within [`MIN_TTL_MS`]..=[`MAX_TTL_MS`]; returns seconds for `make_interval`.
-pub fn ttl_ms(field: &str, ttl_ms: i64) -> Result<f64, ApiError> {
+pub fn ttl_ms(field: &str, ttl_ms: i64) -> Result<f64, Invalid> {
     if !(MIN_TTL_MS..=MAX_TTL_MS).contains(&ttl_ms) {
-        return Err(ApiError::bad_request(
+        return Err(Invalid::new(
             "INVALID_TTL",
             format!("{field} must be between {MIN_TTL_MS} and {MAX_TTL_MS} milliseconds, got {ttl_ms}"),
         ));
