@@ -231,8 +231,20 @@ fn the_pod_monitor_scrapes_the_ports_the_operator_names() {
         .iter()
         .filter_map(|e| e["port"].as_str())
         .collect();
-    // The dlock workloads' port (every Deployment the operator builds) and etcd's metrics port.
-    assert_eq!(ports, [dlock_operator::builders::HTTP_PORT_NAME, "metrics"]);
+    // The dlock workloads' port (every Deployment the operator builds), the same port of a pod
+    // that serves HTTPS (scraped with scheme https), and etcd's metrics port.
+    assert_eq!(
+        ports,
+        [
+            dlock_operator::builders::HTTP_PORT_NAME,
+            dlock_operator::builders::HTTPS_PORT_NAME,
+            "metrics"
+        ]
+    );
+    let https = &pm["spec"]["podMetricsEndpoints"][1];
+    assert_eq!(https["scheme"].as_str(), Some("https"));
+    assert_eq!(https["tlsConfig"]["insecureSkipVerify"].as_bool(), Some(true));
+    assert!(pm["spec"]["podMetricsEndpoints"][0]["scheme"].is_null());
     assert_eq!(pm["spec"]["namespaceSelector"]["any"].as_bool(), Some(true));
 }
 

@@ -461,7 +461,8 @@ pub fn service(owner: &Owner, component: &str) -> Service {
             ports: Some(vec![ServicePort {
                 name: Some(HTTP_PORT_NAME.into()),
                 port: HTTP_PORT,
-                target_port: Some(IntOrString::String(HTTP_PORT_NAME.into())),
+                // By number: the container port's name says whether it serves HTTPS.
+                target_port: Some(IntOrString::Int(HTTP_PORT)),
                 ..ServicePort::default()
             }]),
             ..ServiceSpec::default()

@@ -48,8 +48,12 @@ pub const RAIL_STUB: &str = "rail-stub";
 pub const PAYOUT_EXECUTOR: &str = "payout-executor";
 /// Every dlock HTTP service listens here inside its pod.
 pub const HTTP_PORT: i32 = 8080;
-/// The container port's name: the chart's PodMonitor scrapes `/metrics` on the port of this name.
+/// The container port's name when it serves plain HTTP: the chart's PodMonitor scrapes `/metrics` on
+/// the port of this name. It is also the name of the Services' port, either way.
 pub const HTTP_PORT_NAME: &str = "http";
+/// The same port's name in a pod that serves HTTPS (`spec.tls`): the PodMonitor scrapes it with
+/// `scheme: https`, so that one PodMonitor serves namespaces with and without TLS.
+pub const HTTPS_PORT_NAME: &str = "https";
 pub const LISTEN_ADDR: &str = "0.0.0.0:8080";
 pub const POSTGRES_PORT: i32 = 5432;
 

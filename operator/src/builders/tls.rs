@@ -10,10 +10,12 @@ use k8s_openapi::api::core::v1::{
     ConfigMapVolumeSource, Container, PodSpec, PodTemplateSpec, Probe, SecretVolumeSource, Volume,
     VolumeMount,
 };
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::etcd_members::ETCD;
 use super::{
-    Child, Desired, LOCK_SERVER, Owner, PAYMENT_RESOURCE, PAYOUT_EXECUTOR, RAIL_PROXY, RAIL_STUB, env,
+    Child, Desired, HTTP_PORT_NAME, HTTPS_PORT_NAME, LOCK_SERVER, Owner, PAYMENT_RESOURCE, PAYOUT_EXECUTOR,
+    RAIL_PROXY, RAIL_STUB, env,
 };
 
 /// The namespace's CA (type `kubernetes.io/tls`: `tls.crt`, `tls.key`). Only the operator reads it.
@@ -126,6 +128,9 @@ fn mount(pod: &mut PodSpec, i: usize, volume: Volume, path: &str) {
 fn https_probe(probe: Option<&mut Probe>) {
     if let Some(get) = probe.and_then(|p| p.http_get.as_mut()) {
         get.scheme = Some("HTTPS".into());
+        if get.port == IntOrString::String(HTTP_PORT_NAME.into()) {
+            get.port = IntOrString::String(HTTPS_PORT_NAME.into());
+        }
     }
 }
 
@@ -157,6 +162,12 @@ fn serve_https(template: &mut PodTemplateSpec, secret: &str) {
     let envs = c.env.get_or_insert_with(Vec::new);
     envs.push(env(TLS_CERT_FILE_ENV, format!("{CERT_DIR}/tls.crt")));
     envs.push(env(TLS_KEY_FILE_ENV, format!("{CERT_DIR}/tls.key")));
+    // The port's name tells the chart's PodMonitor to scrape it over HTTPS.
+    for port in c.ports.iter_mut().flatten() {
+        if port.name.as_deref() == Some(HTTP_PORT_NAME) {
+            port.name = Some(HTTPS_PORT_NAME.into());
+        }
+    }
     https_probe(c.readiness_probe.as_mut());
     https_probe(c.liveness_probe.as_mut());
 }

@@ -2,6 +2,7 @@
 //! of an `https://` URL trusts the namespace's bundle (and restarts when it changes), nothing else.
 
 use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::*;
 use crate::builders::tls::{CA_BUNDLE, CA_BUNDLE_ANNOTATION, TlsWiring};
@@ -71,14 +72,37 @@ fn each_server_mounts_its_certificate_and_is_probed_over_https() {
             plain_env(c, "DLOCK_TLS_KEY_FILE").as_deref(),
             Some("/etc/dlock/tls/tls.key")
         );
+        // The port is named `https`, so that the chart's PodMonitor scrapes it over HTTPS, and the
+        // probes name it.
+        let ports: Vec<_> = c
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| (p.name.as_deref(), p.container_port))
+            .collect();
+        assert_eq!(ports, [(Some("https"), 8080)], "{component}");
         for probe in [&c.readiness_probe, &c.liveness_probe] {
             let get = probe.as_ref().and_then(|p| p.http_get.as_ref()).unwrap();
             assert_eq!(get.scheme.as_deref(), Some("HTTPS"), "{component}");
+            assert_eq!(get.port, IntOrString::String("https".into()), "{component}");
         }
+        // The Service reaches it by number, whichever its name.
+        let Some(Child::Service(svc)) = d.find(ChildKind::Service, &format!("shop-{component}")) else {
+            panic!("{component} has no Service");
+        };
+        let port = &svc.spec.as_ref().unwrap().ports.as_ref().unwrap()[0];
+        assert_eq!(port.target_port, Some(IntOrString::Int(8080)), "{component}");
     }
-    // The executor serves nothing: no certificate.
+    // The executor serves nothing but its probes and metrics: no certificate, plain `http`.
     let executor = template(&d, "shop-payout-executor").spec.as_ref().unwrap();
     assert!(env_of(&executor.containers[0], "DLOCK_TLS_CERT_FILE").is_none());
+    let ports: Vec<_> = executor.containers[0]
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| p.name.as_deref())
+        .collect();
+    assert_eq!(ports, [Some("http")]);
 }
 
 #[test]
@@ -167,6 +191,13 @@ fn plain_http_mounts_no_certificate_and_keeps_http_urls() {
             );
             let c = &pod.containers[0];
             assert!(env_of(c, "DLOCK_TLS_CERT_FILE").is_none(), "{name}");
+            assert!(
+                c.ports
+                    .iter()
+                    .flatten()
+                    .all(|p| p.name.as_deref() == Some("http")),
+                "{name}"
+            );
             assert!(
                 c.args.iter().flatten().all(|a| !a.starts_with("https://")),
                 "{name}"
