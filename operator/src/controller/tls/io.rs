@@ -142,11 +142,10 @@ pub async fn write(ctx: &Context, owner: &Owner, regarding: &ObjectReference, pl
                 component,
                 secret,
                 pair,
-                ca_pem,
                 why,
             } => {
                 let meta = owner.meta(secret.clone(), component);
-                apply::apply(&ctx.client, ns, &tls_secret(meta, pair, Some(ca_pem)))
+                apply::apply(&ctx.client, ns, &tls_secret(meta, pair, plan.ca_pem.as_deref()))
                     .await
                     .map_err(crate::error::at("write a certificate Secret"))?;
                 let (reason, note) = match why {

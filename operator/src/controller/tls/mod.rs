@@ -57,12 +57,12 @@ pub enum Write {
     Ca(Pair),
     /// The bundle does not carry the CA's certificate.
     Bundle(String),
-    /// A component's certificate, new or renewed (`why`: what was wrong with the one there).
+    /// A component's certificate, new or renewed (`why`: what was wrong with the one there),
+    /// signed by the plan's CA ([`TlsPlan::ca_pem`], written beside it as `ca.crt`).
     Leaf {
         component: String,
         secret: String,
         pair: Pair,
-        ca_pem: String,
         why: Option<String>,
     },
 }
@@ -71,6 +71,9 @@ pub enum Write {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TlsPlan {
     pub writes: Vec<Write>,
+    /// The CA's certificate (PEM) every certificate of the plan is checked against and signed by;
+    /// `None` on plain HTTP or with a broken CA.
+    pub ca_pem: Option<String>,
     pub wiring: TlsWiring,
     pub status: Option<TlsStatus>,
     /// The CA Secret exists but cannot be used: a human decides (deleting it makes a new CA).
@@ -126,11 +129,13 @@ pub fn plan(obs: &Observed, served: &[Served], namespace: &str, now: i64) -> Res
         });
     }
     let mut writes = Vec::new();
-    let ca = match &obs.ca {
+    // The CA and its certificate's facts, read once for the whole plan.
+    let (ca, ca_facts) = match &obs.ca {
         None => {
             let ca = certs::make_ca(namespace, now)?;
+            let facts = certs::facts(&ca.cert_pem)?;
             writes.push(Write::Ca(ca.clone()));
-            ca
+            (ca, facts)
         }
         Some(Ok(ca)) => {
             let usable = certs::facts(&ca.cert_pem)
@@ -143,13 +148,13 @@ pub fn plan(obs: &Observed, served: &[Served], namespace: &str, now: i64) -> Res
                     } else if !certs::key_matches(ca) {
                         Err("its key does not match its certificate".into())
                     } else {
-                        Ok(())
+                        Ok(f)
                     }
                 });
-            if let Err(why) = usable {
-                return Ok(broken(&why));
+            match usable {
+                Ok(facts) => (ca.clone(), facts),
+                Err(why) => return Ok(broken(&why)),
             }
-            ca.clone()
         }
         Some(Err(why)) => return Ok(broken(why)),
     };
@@ -167,7 +172,6 @@ pub fn plan(obs: &Observed, served: &[Served], namespace: &str, now: i64) -> Res
                     component: s.component.clone(),
                     secret: s.secret.clone(),
                     pair: pair.clone(),
-                    ca_pem: ca.cert_pem.clone(),
                     why: existing.and(why),
                 });
                 pair
@@ -188,9 +192,10 @@ pub fn plan(obs: &Observed, served: &[Served], namespace: &str, now: i64) -> Res
             bundle: Some(bundle_hash(&ca.cert_pem)),
         },
         status: Some(TlsStatus {
-            ca_not_after: Some(rfc3339(certs::facts(&ca.cert_pem)?.not_after)),
+            ca_not_after: Some(rfc3339(ca_facts.not_after)),
             certificates,
         }),
+        ca_pem: Some(ca.cert_pem),
         broken: None,
     })
 }

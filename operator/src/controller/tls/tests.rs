@@ -90,12 +90,11 @@ fn the_first_reconcile_makes_the_ca_publishes_it_and_issues_each_certificate() {
             component,
             secret,
             pair,
-            ca_pem,
             ..
         } = w
         {
             assert_eq!(secret, &format!("pay-{component}-tls"));
-            assert_eq!(ca_pem, &ca.cert_pem);
+            assert_eq!(p.ca_pem.as_ref(), Some(&ca.cert_pem));
             assert!(certs::signed_by(&pair.cert_pem, &ca.cert_pem));
             assert!(certs::key_matches(pair));
             let f = certs::facts(&pair.cert_pem).unwrap();
@@ -250,7 +249,7 @@ async fn an_issued_certificate_is_served_and_verified_for_the_service_name_only(
         ..Observed::default()
     };
     let p = plan(&obs, &served(), NS, now).unwrap();
-    let Some(Write::Leaf { pair, ca_pem, .. }) = p.writes.get(2) else {
+    let (Some(Write::Leaf { pair, .. }), Some(ca_pem)) = (p.writes.get(2), &p.ca_pem) else {
         panic!("{:?}", p.writes);
     };
     let dir = std::env::temp_dir().join(format!("dlock-operator-tls-{}", std::process::id()));
