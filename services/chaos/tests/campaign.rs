@@ -154,7 +154,10 @@ async fn control_kill_switches_off_is_caught() {
 
 /// Positive control: lockdb's sequence rewound mid-run without the fast-forward (a restore done
 /// wrong) shows up as grants whose tokens go backwards and as fenced-out writes — never as money
-/// lost: nothing paid twice, the books exact.
+/// lost: nothing paid twice, the books exact, and once the restore runbook's fast-forward comes
+/// (when the faults heal) every payout ends, paid exactly when posted. (Before the fast-forward a
+/// payout the rail had paid when its holder was killed cannot be posted by any later grant: the run
+/// used to end with it stranded, counted by the rail check as paid and not recorded.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn control_rewound_sequence_is_caught_and_loses_no_money() {
     let _turn = ONE_AT_A_TIME.lock().await;
@@ -176,6 +179,8 @@ async fn control_rewound_sequence_is_caught_and_loses_no_money() {
     assert_eq!(s.ledger_breaks, 0, "the books broke");
     let rail = out.verdict.check("rail").map(|c| c.passed);
     assert_eq!(rail, Some(true), "the rail check failed: money lost");
+    let ends = out.verdict.check("ends").map(|c| c.passed);
+    assert_eq!(ends, Some(true), "a payout did not end after the fast-forward");
     let _ = std::fs::remove_dir_all(&out.dir);
 }
 

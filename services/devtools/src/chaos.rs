@@ -46,7 +46,8 @@ pub struct ChaosArgs {
     /// Positive control: both kill switches off (payment.fencing.enabled, rail.proxy.fencing.enabled).
     #[arg(long)]
     kill_switches_off: bool,
-    /// Positive control: rewind lockdb's sequence half-way through without the fast-forward.
+    /// Positive control: rewind lockdb's sequence half-way through without the fast-forward (which
+    /// the run applies only when the faults heal, so that every payout can end).
     #[arg(long)]
     rewind_sequence: bool,
     /// The failover nemesis: how the standby replicates. sync: the primary waits for the standby

@@ -57,7 +57,9 @@ pub struct Options {
     /// The kill switches (a positive control turns them off).
     pub payment_fencing: bool,
     pub rail_fencing: bool,
-    /// Positive control: rewind lockdb's sequence half-way through, without the fast-forward.
+    /// Positive control: rewind lockdb's sequence half-way through, without the fast-forward; the
+    /// restore runbook's fast-forward comes only when the faults heal, so that the payouts the
+    /// rewind stranded can end.
     pub rewind_sequence: bool,
     /// The failover nemesis: how the standbys replicate, and which databases fail over (only
     /// those run with a standby, and only when the failover nemesis is on).
@@ -287,6 +289,9 @@ pub async fn run(opts: &Options) -> Result<Outcome> {
         rewind(&stack).await?;
     }
     stack.heal_all().await?;
+    if opts.rewind_sequence {
+        fast_forward(&stack).await?;
+    }
     let last_heal_ns = recorder.now_ns();
     let _ = client_task.await;
 
@@ -366,6 +371,24 @@ async fn rewind(stack: &Stack) -> Result<()> {
         .execute(&mut c)
         .await?;
     println!("\n  ! lockdb's fencing_token_seq rewound to 1 (positive control: no fast-forward)");
+    Ok(())
+}
+
+/// The end of the positive control's rewind: what the restore runbook does (C1 §1.7, `dlock-dev
+/// drill restore`'s step 6) — the sequence moved past the highest token paydb has seen. Until then
+/// every grant after the rewind is fenced out, so a payout the rail had paid when its holder died
+/// could never be posted: stranded with its reservation, not lost, and ended by the first holder
+/// after this.
+async fn fast_forward(stack: &Stack) -> Result<()> {
+    /// The drill's margin above the high-water mark.
+    const MARGIN: i64 = 1_000;
+    let l = stack.lockdb.as_ref().ok_or_else(|| anyhow!("no lockdb"))?;
+    let high = dlock_fastforward::read_high_water("paydb", &stack.paydb_admin_url()).await?;
+    let moved = dlock_fastforward::advance(&l.admin_url(), high.highest + MARGIN).await?;
+    println!(
+        "\n  ! lockdb's fencing_token_seq fast-forwarded from {} to {} (paydb's high-water mark {} + {MARGIN})",
+        moved.before, moved.after, high.highest
+    );
     Ok(())
 }
 

@@ -103,6 +103,11 @@ pub(super) fn libfaketime() -> Option<PathBuf> {
 }
 
 impl Stack {
+    /// paydb as postgres (the fast-forward reads its high-water marks).
+    pub(super) fn paydb_admin_url(&self) -> String {
+        self.paydb.admin_url()
+    }
+
     pub(super) async fn start(opts: &Options, recorder: &Arc<Recorder>) -> Result<Self> {
         let dir = opts.dir.join("logs");
         std::fs::create_dir_all(&dir)?;
