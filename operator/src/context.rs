@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
+use crate::builders::cnpg::{Cluster, Promotion};
 use crate::builders::network_policies::Scraper;
 use crate::metrics::Metrics;
 use crate::reasons::Reason;
@@ -39,6 +40,9 @@ pub struct Context {
     tls_clients: Mutex<HashMap<String, reqwest::Client>>,
     /// Consecutive failures per object, for the error policy's backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// The last promotion seen under way per CloudNativePG Cluster (namespace, name), from the
+    /// watch of the Clusters ([`crate::controller::run`]).
+    promotions: Mutex<HashMap<(String, String), Promotion>>,
 }
 
 impl Context {
@@ -58,7 +62,37 @@ impl Context {
                 .unwrap_or_default(),
             tls_clients: Mutex::new(HashMap::new()),
             failures: Mutex::new(HashMap::new()),
+            promotions: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Remembers the promotion a watched Cluster shows under way. Its phase lasts seconds: a
+    /// reconcile that looks once can miss it, so the kind of the change it sees is taken from here.
+    pub fn observe_cluster(&self, cluster: &Cluster) {
+        let (Some(ns), Some(name)) = (cluster.metadata.namespace.clone(), cluster.metadata.name.clone())
+        else {
+            return;
+        };
+        if let Some(p) = cluster.status.as_ref().and_then(Promotion::under_way) {
+            let mut promotions = self
+                .promotions
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if promotions.get(&(ns.clone(), name.clone())) != Some(&p) {
+                let kind = if p.switchover { "Switchover" } else { "Failover" };
+                tracing::info!(event = "database_promotion_seen", namespace = %ns, cluster = %name, kind, from = %p.from, to = %p.to);
+                promotions.insert((ns, name), p);
+            }
+        }
+    }
+
+    /// The last promotion seen under way on a Cluster.
+    pub fn promotion(&self, namespace: &str, cluster: &str) -> Option<Promotion> {
+        self.promotions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&(namespace.to_owned(), cluster.to_owned()))
+            .cloned()
     }
 
     /// The client for a URL of lock-server's: [`Context::http`] for `http://`; for `https://`, one

@@ -208,6 +208,32 @@ pub struct ClusterHealth {
     pub phase: Option<String>,
     /// `any N (required)`, or `None` for asynchronous replication.
     pub synchronous: Option<String>,
+    /// The last promotion CloudNativePG was seen running, from the operator's watch of the
+    /// Cluster (every change, not one look per reconcile); `None` until one was seen.
+    pub promotion: Option<Promotion>,
+}
+
+/// A promotion CloudNativePG ran: its kind, told by its phase while it ran, and the primary it
+/// went from and to. Its phase lasts seconds; a reconcile can miss it, the watch cannot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Promotion {
+    pub switchover: bool,
+    pub from: String,
+    pub to: String,
+}
+
+impl Promotion {
+    /// The promotion a Cluster's status shows under way, if any.
+    pub fn under_way(status: &ClusterStatus) -> Option<Promotion> {
+        let switchover = match status.phase.as_deref()? {
+            PHASE_SWITCHOVER => true,
+            PHASE_FAILING_OVER => false,
+            _ => return None,
+        };
+        let from = status.current_primary.clone().filter(|p| !p.is_empty())?;
+        let to = status.target_primary.clone().filter(|p| !p.is_empty())?;
+        (from != to).then_some(Promotion { switchover, from, to })
+    }
 }
 
 /// CloudNativePG's phase while it promotes a standby after losing the primary.
@@ -234,6 +260,7 @@ impl ClusterHealth {
                 };
                 format!("any {} ({durability})", s.number)
             }),
+            promotion: None,
         }
     }
 
@@ -284,22 +311,30 @@ impl ClusterHealth {
         }
     }
 
-    /// A new primary where `previous` showed another one. A switchover when CloudNativePG's phase,
-    /// now or at the last look, said one was under way; a failover otherwise (the Cluster is
-    /// watched, so the operator sees the phase CloudNativePG sets while it promotes).
+    /// A new primary where `previous` showed another one. Its kind is the one of the promotion
+    /// the watch saw from this primary to that one; without one (an operator started after it),
+    /// a switchover when CloudNativePG's phase, now or at the last look, said one was under way,
+    /// and a failover otherwise.
     pub fn primary_change(&self, previous: Option<&DatabaseStatus>, now: &str) -> Option<PrimaryChange> {
         let from = previous?.primary.clone()?;
         let to = self.primary.clone()?;
         if from == to {
             return None;
         }
-        let switchover = [
-            self.phase.as_deref(),
-            previous.and_then(|p| p.engine_phase.as_deref()),
-        ]
-        .into_iter()
-        .flatten()
-        .any(|p| p == PHASE_SWITCHOVER);
+        let watched = self
+            .promotion
+            .as_ref()
+            .filter(|p| p.from == from && p.to == to)
+            .map(|p| p.switchover);
+        let switchover = watched.unwrap_or_else(|| {
+            [
+                self.phase.as_deref(),
+                previous.and_then(|p| p.engine_phase.as_deref()),
+            ]
+            .into_iter()
+            .flatten()
+            .any(|p| p == PHASE_SWITCHOVER)
+        });
         // The timeline once it is the promoted one's (above the one shown before); until then
         // unknown, and filled in by a later look ([`ClusterHealth::status`]).
         let timeline = self
@@ -533,5 +568,76 @@ mod tests {
             ..back
         };
         assert!(none.primary_change(Some(&during), "t7").is_none());
+    }
+
+    #[test]
+    fn the_watched_promotion_decides_when_the_reconciles_missed_its_phase() {
+        let before = ClusterHealth {
+            instances: 2,
+            ready: 2,
+            primary: Some("db-1".into()),
+            phase: Some("Cluster in healthy state".into()),
+            ..ClusterHealth::default()
+        };
+        let first = before.status(None, "t0");
+        // Two looks, both healthy: without the watch this reads as a failover.
+        let after = ClusterHealth {
+            primary: Some("db-2".into()),
+            ..before.clone()
+        };
+        let missed = after.primary_change(Some(&first), "t1").expect("a change");
+        assert_eq!(missed.kind, "Failover");
+
+        let status = |phase: &str, current: &str, target: &str| ClusterStatus {
+            phase: Some(phase.into()),
+            current_primary: Some(current.into()),
+            target_primary: Some(target.into()),
+            ..ClusterStatus::default()
+        };
+        let switchover = Promotion::under_way(&status(PHASE_SWITCHOVER, "db-1", "db-2"));
+        assert_eq!(
+            switchover,
+            Some(Promotion {
+                switchover: true,
+                from: "db-1".into(),
+                to: "db-2".into()
+            })
+        );
+        let seen = ClusterHealth {
+            promotion: switchover,
+            ..after.clone()
+        };
+        let change = seen.primary_change(Some(&first), "t1").expect("a change");
+        assert_eq!(change.kind, "Switchover");
+
+        // A failover the watch saw is one, whatever phase the looks caught.
+        let failover = Promotion::under_way(&status(PHASE_FAILING_OVER, "db-1", "db-2"));
+        let seen = ClusterHealth {
+            promotion: failover,
+            phase: Some(PHASE_SWITCHOVER.into()),
+            ..after.clone()
+        };
+        assert_eq!(
+            seen.primary_change(Some(&first), "t1").expect("a change").kind,
+            "Failover"
+        );
+
+        // A promotion between other instances (an older one) does not decide this change.
+        let other = ClusterHealth {
+            promotion: Some(Promotion {
+                switchover: true,
+                from: "db-2".into(),
+                to: "db-1".into(),
+            }),
+            ..after
+        };
+        assert_eq!(
+            other.primary_change(Some(&first), "t1").expect("a change").kind,
+            "Failover"
+        );
+
+        // Healthy, or CloudNativePG's "pending" marker equal to nothing under way: no promotion.
+        assert!(Promotion::under_way(&status("Cluster in healthy state", "db-1", "db-2")).is_none());
+        assert!(Promotion::under_way(&status(PHASE_SWITCHOVER, "db-1", "db-1")).is_none());
     }
 }

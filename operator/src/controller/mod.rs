@@ -30,7 +30,7 @@ use kube::core::DeserializeGuard;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
 pub use crate::context::{Context, Settings};
@@ -304,6 +304,31 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         )
         .for_each(|res| async move { log_outcome(res) });
 
+    // Every change of the Clusters, for the promotions under way: a promotion's phase lasts
+    // seconds and a reconcile looks once, so the kind of a change of primary is taken from here.
+    let promotions = {
+        let ctx = ctx.clone();
+        let watched = cnpg.then(|| api::<Cluster>(&client, ns));
+        let mut rx = rx.clone();
+        async move {
+            let Some(clusters) = watched else { return };
+            let seen = watcher(clusters, children())
+                .default_backoff()
+                .touched_objects()
+                .for_each(|c| {
+                    match c {
+                        Ok(c) => ctx.observe_cluster(&c),
+                        Err(e) => tracing::debug!(event = "cluster_watch_error", error = %e),
+                    }
+                    std::future::ready(())
+                });
+            tokio::select! {
+                () = seen => {}
+                _ = rx.wait_for(|s| *s) => {}
+            }
+        }
+    };
+
     // Series of deleted objects go, so that no alert fires for what no longer exists.
     let prune = {
         let metrics = ctx.metrics.clone();
@@ -327,7 +352,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         shutdown.await;
         let _ = tx.send(true);
     };
-    tokio::join!(lock_services, stacks, prune, signal);
+    tokio::join!(lock_services, stacks, prune, promotions, signal);
     tracing::info!(event = "controllers_stopped");
 }
 

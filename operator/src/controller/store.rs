@@ -152,7 +152,10 @@ pub async fn resolve_database(
             if let Some(secret) = cnpg::superuser_secret(owner, history, &credentials) {
                 apply::apply(client, ns, &secret).await?;
             }
-            let health = ClusterHealth::of(&names.server, m, found.as_ref());
+            let health = ClusterHealth {
+                promotion: ctx.promotion(ns, &names.server),
+                ..ClusterHealth::of(&names.server, m, found.as_ref())
+            };
             (health.has_primary(), Some(health))
         }
         DatabaseMode::Managed(_) => {
