@@ -37,6 +37,8 @@ pub const CERTIFIED: [&str; 5] = [LOCK_SERVER, PAYMENT_RESOURCE, RAIL_PROXY, RAI
 pub const CERT_DIR: &str = "/etc/dlock/tls";
 pub const CA_DIR: &str = "/etc/dlock/ca";
 pub const TLS_CERT_FILE_ENV: &str = dlock_common::tls::TLS_CERT_FILE_ENV;
+/// The server's `--plaintext`, set when the object's `spec.tls.mode` is `Disabled`.
+pub const PLAINTEXT_ENV: &str = dlock_common::tls::PLAINTEXT_ENV;
 pub const TLS_KEY_FILE_ENV: &str = dlock_common::tls::TLS_KEY_FILE_ENV;
 /// payout-executor: the CA of the three servers it calls.
 pub const CA_FILE_ENV: &str = "DLOCK_CA_FILE";
@@ -91,8 +93,12 @@ impl Desired {
             let Some(template) = d.spec.as_mut().map(|s| &mut s.template) else {
                 continue;
             };
-            if wiring.https && SERVED.contains(&component.as_str()) {
-                serve_https(template, &owner.tls_secret(&component));
+            if SERVED.contains(&component.as_str()) {
+                if wiring.https {
+                    serve_https(template, &owner.tls_secret(&component));
+                } else {
+                    serve_plaintext(template);
+                }
             }
             if let Some(bundle) = &wiring.bundle {
                 trust_bundle(template, &component, bundle);
@@ -170,6 +176,18 @@ fn serve_https(template: &mut PodTemplateSpec, secret: &str) {
     }
     https_probe(c.readiness_probe.as_mut());
     https_probe(c.liveness_probe.as_mut());
+}
+
+/// `spec.tls.mode: Disabled`: the server is told plain HTTP in so many words (`--plaintext`), as
+/// it requires when it has no certificate; it then WARNs at start-up.
+fn serve_plaintext(template: &mut PodTemplateSpec) {
+    let Some((pod, i)) = container(template) else {
+        return;
+    };
+    let envs = pod.containers[i].env.get_or_insert_with(Vec::new);
+    if !envs.iter().any(|e| e.name == PLAINTEXT_ENV) {
+        envs.push(env(PLAINTEXT_ENV, "true"));
+    }
 }
 
 /// The bundle into a client: payout-executor always (its three servers), rail-proxy when its rail

@@ -30,6 +30,9 @@ pub const TLS_CERT_FILE_ENV: &str = "DLOCK_TLS_CERT_FILE";
 /// The environment variable that may name the private key file (as `--tls-key-file` does).
 pub const TLS_KEY_FILE_ENV: &str = "DLOCK_TLS_KEY_FILE";
 
+/// The environment variable that may say `--plaintext`.
+pub const PLAINTEXT_ENV: &str = "DLOCK_PLAINTEXT";
+
 /// The ALPN protocols the servers offer, preferred first.
 pub const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
 
@@ -38,21 +41,32 @@ pub const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
 pub struct TlsArgs {
     /// The server certificate (PEM, leaf first, then any intermediates) of HTTPS. With
     /// `--tls-key-file` the listen address serves HTTPS only (TLS 1.2 and 1.3); the files are
-    /// re-read when they change. Without both: plain HTTP.
+    /// re-read when they change. Without both, the server starts only with `--plaintext`.
     #[arg(long, env = TLS_CERT_FILE_ENV)]
     pub tls_cert_file: Option<PathBuf>,
     /// The private key (PEM) of `--tls-cert-file`.
     #[arg(long, env = TLS_KEY_FILE_ENV)]
     pub tls_key_file: Option<PathBuf>,
+    /// Serve plain HTTP, without TLS: credentials and grants then cross the network in
+    /// cleartext, and the server says so at start-up (`plaintext_http`, WARN). Must be asked for:
+    /// without it, a server given no certificate refuses to start.
+    #[arg(long, env = PLAINTEXT_ENV, conflicts_with_all = ["tls_cert_file", "tls_key_file"],
+          value_parser = clap::builder::FalseyValueParser::new())]
+    pub plaintext: bool,
 }
 
 impl TlsArgs {
-    /// Both or neither, and a pair that can be served: checked when the configuration is read, so
-    /// that a bad file stops the binary before it starts anything, naming the file and the reason.
+    /// Both files, and a pair that can be served, or `--plaintext` (`None`): checked when the
+    /// configuration is read, so that a bad file, or no choice at all, stops the binary before it
+    /// starts anything, naming the file and the reason.
     pub fn into_files(self) -> Result<Option<TlsFiles>, TlsError> {
         let files = TlsFiles::from_options(self.tls_cert_file, self.tls_key_file)?;
-        if let Some(files) = &files {
-            files.check()?;
+        match (&files, self.plaintext) {
+            (Some(files), false) => files.check()?,
+            (None, true) => {}
+            (None, false) => return Err(TlsError::NoChoice),
+            // clap refuses both on the command line; a caller building `TlsArgs` itself may not.
+            (Some(_), true) => return Err(TlsError::Both),
         }
         Ok(files)
     }
@@ -142,6 +156,12 @@ pub enum TlsError {
     NotYetValid { path: String, not_before: String },
     #[error("TLS set-up: {0}")]
     Setup(String),
+    #[error(
+        "no TLS certificate: give --tls-cert-file / {TLS_CERT_FILE_ENV} and --tls-key-file / {TLS_KEY_FILE_ENV} to serve HTTPS, or --plaintext / {PLAINTEXT_ENV}=true to serve plain HTTP (credentials and grants then cross the network in cleartext)"
+    )]
+    NoChoice,
+    #[error("--plaintext / {PLAINTEXT_ENV} and a TLS certificate were both given: choose one")]
+    Both,
 }
 
 /// The crypto provider of every TLS endpoint here: ring.
@@ -309,14 +329,15 @@ impl ServerTls {
     }
 
     /// At a service's start-up: the pair loaded (a bad one is a configuration error naming the
-    /// file), and how the API is served said once: `tls_enabled` (INFO), or without files
-    /// `plaintext_http` (WARN) naming what then crosses the network in cleartext (`cleartext`).
+    /// file), and how the API is served said once: `tls_enabled` (INFO), or without files (the
+    /// `--plaintext` the configuration insisted on) `plaintext_http` (WARN) naming what then
+    /// crosses the network in cleartext (`cleartext`).
     pub fn start(files: Option<&TlsFiles>, cleartext: &str) -> Result<Option<Self>, TlsError> {
         let Some(files) = files else {
             tracing::warn!(
                 event = "plaintext_http",
-                setting = TLS_CERT_FILE_ENV,
-                "no TLS certificate configured: the API is served in plain HTTP, so {cleartext} cross the network in cleartext"
+                setting = PLAINTEXT_ENV,
+                "--plaintext: the API is served in plain HTTP, so {cleartext} cross the network in cleartext"
             );
             return Ok(None);
         };
@@ -522,6 +543,55 @@ fn format_utc(secs: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(clap::Parser, Debug)]
+    struct Flags {
+        #[command(flatten)]
+        tls: TlsArgs,
+    }
+
+    fn parsed(args: &[&str]) -> Result<TlsArgs, clap::Error> {
+        use clap::Parser;
+        Flags::try_parse_from(std::iter::once("server").chain(args.iter().copied())).map(|f| f.tls)
+    }
+
+    #[test]
+    fn plain_http_must_be_asked_for() {
+        // Neither a certificate nor --plaintext: refused, naming both ways out.
+        let none = parsed(&[]).expect("parses").into_files();
+        let message = none.expect_err("no choice is refused").to_string();
+        assert!(
+            message.contains("--tls-cert-file") && message.contains("--plaintext"),
+            "{message}"
+        );
+
+        // --plaintext alone: plain HTTP.
+        assert!(
+            parsed(&["--plaintext"])
+                .expect("parses")
+                .into_files()
+                .expect("plain")
+                .is_none()
+        );
+
+        // Both: clap refuses the command line, and a TlsArgs built by hand is refused too.
+        assert!(
+            parsed(&[
+                "--plaintext",
+                "--tls-cert-file",
+                "c.pem",
+                "--tls-key-file",
+                "k.pem"
+            ])
+            .is_err()
+        );
+        let both = TlsArgs {
+            tls_cert_file: Some("c.pem".into()),
+            tls_key_file: Some("k.pem".into()),
+            plaintext: true,
+        };
+        assert!(matches!(both.into_files(), Err(TlsError::Both)));
+    }
 
     #[test]
     fn dates_round_trip_and_known_points() {

@@ -33,7 +33,7 @@ const PAYOUTS_PER_ACCOUNT: i64 = 4;
 const OTHER_GRANTS: usize = 1_500;
 const OTHER_CLIENTS: usize = 4;
 /// Added to the highest token any resource has seen (the operator's default margin).
-const MARGIN: i64 = 1_000;
+const MARGIN: i64 = dlock_fastforward::DEFAULT_MARGIN;
 const LIMIT: Duration = Duration::from_secs(90);
 
 /// How the drill runs.

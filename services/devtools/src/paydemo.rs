@@ -230,6 +230,9 @@ pub async fn run(fencing: bool, run_dir: &Path, backend: LockBackend) -> Result<
     opts.rail_fencing = fencing;
     opts.payment_fencing = fencing;
     opts.lock_backend = backend;
+    // HTTPS on every hop, as a deployment made by the operator has it: a CA made for the run,
+    // a certificate per server, every client trusting that CA alone.
+    opts.tls = true;
     let lockdb_url = lockdb.as_ref().map(Database::app_url).unwrap_or_default();
     let stack = Stack::start(&lockdb_url, &paydb.app_url(), &opts).await?;
     if let Some(etcd) = &stack.etcd {
@@ -250,6 +253,14 @@ pub async fn run(fencing: bool, run_dir: &Path, backend: LockBackend) -> Result<
             "  — payment.fencing.enabled=false, rail.proxy.fencing.enabled=false"
         }
     ));
+
+    if let Some(ca) = stack.ca_file() {
+        step(format!(
+            "HTTPS on every API: each server's certificate is signed by the run's CA {}, the only root \
+             its clients trust",
+            ca.display()
+        ));
+    }
 
     // A batch across the seeded synthetic accounts.
     let mut opening = BTreeMap::new();
@@ -289,9 +300,7 @@ pub async fn run(fencing: bool, run_dir: &Path, backend: LockBackend) -> Result<
         ])
         .no_wait();
     let mut e1 = stack.start_executor(e1_spec).await?;
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()?;
+    let http = stack.http_client();
     let stopped = eventually("executor-1 to stop itself at before_post", LIMIT, || async {
         (process_state(e1.pid()) == Some('T')).then_some(())
     })
@@ -448,7 +457,8 @@ pub async fn run(fencing: bool, run_dir: &Path, backend: LockBackend) -> Result<
 
 /// Claims `payout` at payment-resource with `fence`, as an executor would; `<status> <code>`.
 async fn claim_with(stack: &Stack, payout: Uuid, fence: &Fence) -> Result<String> {
-    let request = reqwest::Client::new()
+    let request = stack
+        .http_client()
         .post(format!("{}/v1/payouts/{payout}/claim", stack.payment.url()))
         .bearer_auth(&stack.credentials.executor)
         .json(&serde_json::json!({"ownerId": "grant-probe"}));
@@ -495,7 +505,7 @@ async fn grant_probes(stack: &Stack, verdict: &mut Verdict) -> Result<()> {
         verdict.forged_grant
     ));
 
-    let session = LockClient::new(&stack.lock_url)?
+    let session = LockClient::with_config(&stack.lock_url, stack.lock_client_config())?
         .open_session("grant-probe", Duration::from_secs(30))
         .await?;
     let lock = session

@@ -15,6 +15,11 @@
 
 pub mod sql;
 
+/// The margin added to the high-water mark when nobody names one: the tokens handed out but not
+/// yet presented to any resource when the high-water was read (the operator's restore action takes
+/// the same default).
+pub const DEFAULT_MARGIN: i64 = 1_000;
+
 use std::time::Duration;
 
 use serde::Serialize;

@@ -149,16 +149,18 @@ fn authorization(token: &BearerToken) -> Result<reqwest::header::HeaderValue, Cl
     Ok(value)
 }
 
-/// `base_url` as the base of every call: an absolute `http`/`https` URL.
-fn base_url(base_url: &str) -> Result<Url, ClientError> {
-    let base = Url::parse(base_url).map_err(|e| ClientError::InvalidArgument {
+/// `url` as the base of every call to the service `name` (e.g. `lock-server`): an absolute
+/// `http`/`https` URL that can be a base; otherwise `INVALID_BASE_URL`, naming the service. Public:
+/// the payout executor checks its resources' URLs with it.
+pub fn base_url(name: &str, url: &str) -> Result<Url, ClientError> {
+    let base = Url::parse(url).map_err(|e| ClientError::InvalidArgument {
         code: "INVALID_BASE_URL",
-        message: format!("{base_url:?} is not a URL: {e}"),
+        message: format!("{name} URL {url:?} is not a URL: {e}"),
     })?;
     if base.cannot_be_a_base() || !matches!(base.scheme(), "http" | "https") {
         return Err(ClientError::InvalidArgument {
             code: "INVALID_BASE_URL",
-            message: format!("{base_url:?} is not an http(s) base URL"),
+            message: format!("{name} URL {url:?} is not an http(s) base URL"),
         });
     }
     Ok(base)
@@ -178,7 +180,7 @@ impl LockApi {
     /// A client built for `base_url` from `config`: its timeouts, its token, and for `https://`
     /// its CA, the only root it trusts.
     pub fn new(base_url: &str, config: &ClientConfig) -> Result<Self, ClientError> {
-        let base = self::base_url(base_url)?;
+        let base = self::base_url("lock-server", base_url)?;
         let mut http = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
             .timeout(config.request_timeout)
@@ -220,7 +222,7 @@ impl LockApi {
         http: reqwest::Client,
         config: &ClientConfig,
     ) -> Result<Self, ClientError> {
-        let base = self::base_url(base_url)?;
+        let base = self::base_url("lock-server", base_url)?;
         let conflicts: Vec<&str> = [
             (config.ca.is_some(), "ca"),
             (config.connect_to.is_some(), "connect_to"),

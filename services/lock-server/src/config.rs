@@ -565,7 +565,13 @@ impl Cli {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
+
+    /// The command line as given, with `--plaintext` unless it names a TLS file: these tests are
+    /// about other flags.
+    fn parse<I: IntoIterator<Item = S>, S: Into<String>>(args: I) -> Result<Cli, clap::Error> {
+        use clap::Parser;
+        Cli::try_parse_from(dlock_testkit::procs::plaintext_unless_tls(args))
+    }
 
     fn cli(args: &[&str]) -> Cli {
         let mut all = vec![
@@ -574,7 +580,7 @@ mod tests {
             "postgres://lockapp@127.0.0.1/lockdb",
         ];
         all.extend_from_slice(args);
-        Cli::try_parse_from(all).unwrap()
+        parse(all).unwrap()
     }
 
     #[test]
@@ -636,7 +642,7 @@ mod tests {
 
     #[test]
     fn etcd_backend_needs_endpoints_not_a_database_url() {
-        let c = Cli::try_parse_from([
+        let c = parse([
             "lock-server",
             "--backend",
             "etcd",
@@ -654,14 +660,14 @@ mod tests {
             }
         );
         assert!(matches!(
-            Cli::try_parse_from(["lock-server", "--backend", "etcd"])
+            parse(["lock-server", "--backend", "etcd"])
                 .unwrap()
                 .into_config(None),
             Err(ConfigError::EtcdEndpoints)
         ));
         assert!(
             matches!(
-                Cli::try_parse_from(["lock-server"]).unwrap().into_config(None),
+                parse(["lock-server"]).unwrap().into_config(None),
                 Err(ConfigError::MissingDatabaseUrl)
             ),
             "postgres needs --database-url"
@@ -786,7 +792,7 @@ mod tests {
     fn etcd(args: &[&str]) -> Result<Config, ConfigError> {
         let mut all = vec!["lock-server", "--backend", "etcd"];
         all.extend_from_slice(args);
-        Cli::try_parse_from(all).unwrap().into_config(None)
+        parse(all).unwrap().into_config(None)
     }
 
     const HTTPS: &str = "https://127.0.0.1:2379";

@@ -37,6 +37,7 @@ static KEY: std::sync::LazyLock<dlock_grant::SigningKey> = std::sync::LazyLock::
 async fn serves_with_env_config_and_exits_cleanly_on_sigterm() {
     let db = lockdb().await;
     let mut child = Command::new(BIN)
+        .env("DLOCK_PLAINTEXT", "true")
         .args([
             "--listen",
             "127.0.0.1:0",
@@ -169,6 +170,7 @@ fn a_refused_database_certificate_is_logged_naming_the_ca_file() {
             ca.display()
         );
         let mut child = Command::new(BIN)
+            .env("DLOCK_PLAINTEXT", "true")
             .args(["--listen", "127.0.0.1:0"])
             .env("DATABASE_URL", url)
             .env("DLOCK_ADMIN_TOKEN", ADMIN_TOKEN)
@@ -215,6 +217,7 @@ fn a_refused_database_certificate_is_logged_naming_the_ca_file() {
 #[test]
 fn switching_the_sequence_jump_off_is_an_error_at_start_up() {
     let mut child = Command::new(BIN)
+        .env("DLOCK_PLAINTEXT", "true")
         .args([
             "--listen",
             "127.0.0.1:0",
@@ -243,6 +246,7 @@ fn switching_the_sequence_jump_off_is_an_error_at_start_up() {
 #[test]
 fn refuses_an_invalid_configuration_with_exit_code_2() {
     let out = Command::new(BIN)
+        .env("DLOCK_PLAINTEXT", "true")
         .args([
             "--database-url",
             "postgres://lockapp@127.0.0.1:1/lockdb",
@@ -256,6 +260,7 @@ fn refuses_an_invalid_configuration_with_exit_code_2() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("config_invalid"));
 
     let out = Command::new(BIN)
+        .env("DLOCK_PLAINTEXT", "true")
         .args(["--database-url", "postgres://lockapp@127.0.0.1:1/lockdb"])
         .env("DLOCK_ADMIN_TOKEN", " ")
         .output()
@@ -273,6 +278,7 @@ fn a_bad_or_doubly_given_signing_key_is_a_configuration_error() {
     std::fs::write(&file, format!("{}\n", KEY.expose_text())).unwrap();
     let run = |env: &[(&str, &str)]| {
         let mut cmd = Command::new(BIN);
+        cmd.env("DLOCK_PLAINTEXT", "true");
         cmd.args(["--database-url", "postgres://lockapp@127.0.0.1:1/lockdb"])
             .env_remove("DLOCK_GRANT_SIGNING_KEY")
             .env_remove("DLOCK_GRANT_SIGNING_KEY_FILE")
@@ -309,6 +315,7 @@ fn a_bad_or_doubly_given_signing_key_is_a_configuration_error() {
 async fn lock_clients_are_said_at_start_up_and_each_refusal_is_logged() {
     let start = |clients_file: Option<&std::path::Path>| {
         let mut cmd = Command::new(BIN);
+        cmd.env("DLOCK_PLAINTEXT", "true");
         cmd.args([
             "--listen",
             "127.0.0.1:0",
@@ -424,6 +431,7 @@ async fn lock_clients_are_said_at_start_up_and_each_refusal_is_logged() {
     )
     .unwrap();
     let out = Command::new(BIN)
+        .env("DLOCK_PLAINTEXT", "true")
         .args(["--database-url", "postgres://lockapp@127.0.0.1:1/lockdb"])
         .env("DLOCK_CLIENTS_FILE", &file)
         .env_remove("DLOCK_LOG_FORMAT")

@@ -258,6 +258,7 @@ fn the_binary_logs_a_refused_etcd_certificate_naming_the_ca_file() {
     let t = tls(&cluster);
     let first_etcd_event = |ca: &Path| -> Value {
         let mut child = Command::new(BIN)
+            .env("DLOCK_PLAINTEXT", "true")
             .args(["--listen", "127.0.0.1:0", "--backend", "etcd"])
             .env("DLOCK_ETCD_ENDPOINTS", cluster.endpoint(0))
             .env("DLOCK_ETCD_PREFIX", PREFIX)
@@ -305,6 +306,7 @@ fn the_binary_refuses_a_missing_or_non_pem_ca_file_with_exit_2() {
     let missing = dir.join("missing.crt");
     for (ca, words) in [(&missing, "cannot read it"), (&not_pem, "not PEM")] {
         let out = Command::new(BIN)
+            .env("DLOCK_PLAINTEXT", "true")
             .args(["--listen", "127.0.0.1:0", "--backend", "etcd"])
             .args(["--etcd-endpoints", "https://127.0.0.1:1"])
             .arg("--etcd-ca-file")

@@ -14,7 +14,8 @@
 //!   session opened before keeps working; a broken replacement keeps the last good pair; the
 //!   binary logs `tls_certificate_reloaded` and `tls_certificate_reload_failed`;
 //! - start-up (the binary): half a pair, a missing key file, a mismatched pair, an expired
-//!   certificate, each refused with exit 2 and its message; the `plaintext_http` WARN without TLS.
+//!   certificate, each refused with exit 2 and its message; neither a pair nor `--plaintext`
+//!   refused; the `plaintext_http` WARN with `--plaintext`.
 
 mod common;
 
@@ -403,6 +404,7 @@ fn run_bin(args: &[&str]) -> std::process::Output {
         .args(args)
         .env_remove("DLOCK_TLS_CERT_FILE")
         .env_remove("DLOCK_TLS_KEY_FILE")
+        .env_remove("DLOCK_PLAINTEXT")
         .env_remove("DLOCK_LOG_FORMAT")
         .output()
         .unwrap()
@@ -493,8 +495,13 @@ fn first_start_up_event(envs: &[(&str, &str)], names: &[&str]) -> Value {
 }
 
 #[test]
-fn plain_http_is_warned_at_start_up_and_tls_is_not() {
-    let said = first_start_up_event(&[], &["plaintext_http", "tls_enabled", "listening"]);
+fn plain_http_must_be_asked_for_and_is_warned_at_start_up() {
+    // Neither a certificate nor --plaintext: refused, naming both ways out, nothing started.
+    refused_with(&[], &["no TLS certificate", "--tls-cert-file", "--plaintext"]);
+    let said = first_start_up_event(
+        &[("DLOCK_PLAINTEXT", "true")],
+        &["plaintext_http", "tls_enabled", "listening"],
+    );
     assert_eq!(said["event"], "plaintext_http", "{said}");
     assert_eq!(said["level"], "WARN", "{said}");
     let message = said["message"].as_str().unwrap_or_default();

@@ -317,6 +317,13 @@ pub fn parse_bool(value: &str) -> Result<bool, String> {
 mod tests {
     use super::*;
 
+    /// The command line as given, with `--plaintext` unless it names a TLS file: these tests are
+    /// about other flags.
+    fn parse<I: IntoIterator<Item = S>, S: Into<String>>(args: I) -> Result<Cli, clap::Error> {
+        use clap::Parser;
+        Cli::try_parse_from(dlock_testkit::procs::plaintext_unless_tls(args))
+    }
+
     #[test]
     fn fencing_defaults_on() {
         assert_eq!(Fencing::default(), Fencing::Enabled);
@@ -340,7 +347,7 @@ mod tests {
             "postgres://payapp@db/paydb",
         ];
         all.extend_from_slice(args);
-        match Cli::try_parse_from(all).expect("parses").command {
+        match parse(all).expect("parses").command {
             Command::Serve(args) => args.into_config(),
             Command::Reconcile { .. } => unreachable!("serve was given"),
         }
@@ -357,7 +364,7 @@ mod tests {
             "false",
         ];
         args.extend_from_slice(extra);
-        match Cli::try_parse_from(args)?.command {
+        match parse(args)?.command {
             Command::Serve(serve) => Ok(serve.into_config().expect("no credentials in the env").monitor),
             Command::Reconcile { .. } => panic!("parsed as reconcile"),
         }

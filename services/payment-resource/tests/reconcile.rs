@@ -19,6 +19,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_payment-resource");
 /// Runs `payment-resource reconcile`; returns (exit code, parsed stdout).
 async fn reconcile_cli(database_url: &str) -> (i32, Value) {
     let out = Command::new(BIN)
+        .env("DLOCK_PLAINTEXT", "true")
         .args(["reconcile", "--database-url", database_url])
         .env_remove("DATABASE_URL")
         .output()
@@ -169,6 +170,7 @@ async fn reconcile_cli_rejects_a_bad_database_url() {
     let (code, json) = reconcile_cli("not a url").await;
     assert_eq!((code, json), (2, Value::Null));
     let out = Command::new(BIN)
+        .env("DLOCK_PLAINTEXT", "true")
         .args(["serve", "--database-url", "postgres://x@127.0.0.1:1/x"])
         .args(["--payment-fencing-enabled", "maybe"])
         .env_remove("PAYMENT_FENCING_ENABLED")
@@ -187,6 +189,7 @@ async fn reconcile_cli_rejects_a_bad_database_url() {
 #[tokio::test]
 async fn serve_refuses_to_start_with_grant_verification_on_and_no_keys() {
     let out = Command::new(BIN)
+        .env("DLOCK_PLAINTEXT", "true")
         .args(["serve", "--database-url", "postgres://x@127.0.0.1:1/x"])
         .env_remove("PAYMENT_GRANT_VERIFICATION_ENABLED")
         .env_remove("DLOCK_GRANT_PUBLIC_KEYS")
@@ -208,6 +211,7 @@ async fn serve_refuses_to_start_with_grant_verification_on_and_no_keys() {
 async fn binary_logs_json_warns_when_fencing_is_off_and_stops_on_sigterm() {
     let f = fixture().await;
     let mut child = Command::new(BIN)
+        .env("DLOCK_PLAINTEXT", "true")
         .args([
             "serve",
             "--database-url",

@@ -4,7 +4,8 @@
 //!   paydb); a client that trusts another CA is refused with the certificate error (`UnknownIssuer`),
 //!   and a plain-HTTP request to the HTTPS port gets no answer;
 //! - the binary refuses half a pair (exit 2, naming the missing file) and a key that does not
-//!   match, before it starts anything; without TLS it says `plaintext_http` (WARN), and with the
+//!   match, before it starts anything, and neither a pair nor `--plaintext`; with `--plaintext` it
+//!   says `plaintext_http` (WARN), and with the
 //!   files from the environment `tls_enabled` instead (the control).
 
 mod common;
@@ -129,6 +130,7 @@ fn serve_cmd() -> Command {
     ])
     .env_remove("DLOCK_TLS_CERT_FILE")
     .env_remove("DLOCK_TLS_KEY_FILE")
+    .env_remove("DLOCK_PLAINTEXT")
     .env_remove("DLOCK_LOG_FORMAT");
     cmd
 }
@@ -184,9 +186,11 @@ fn first_start_up_event(envs: &[(&str, &str)], names: &[&str]) -> Value {
 }
 
 #[test]
-fn plain_http_is_warned_at_start_up_and_tls_is_not() {
+fn plain_http_must_be_asked_for_and_is_warned_at_start_up() {
+    // Neither a certificate nor --plaintext: refused before anything starts.
+    refused_with(&[], &["no TLS certificate", "--plaintext"]);
     let names = ["plaintext_http", "tls_enabled", "listening"];
-    let said = first_start_up_event(&[], &names);
+    let said = first_start_up_event(&[("DLOCK_PLAINTEXT", "true")], &names);
     assert_eq!(said["event"], "plaintext_http", "{said}");
     assert_eq!(said["level"], "WARN", "{said}");
 

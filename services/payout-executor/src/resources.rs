@@ -9,6 +9,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use dlock_client::api::base_url;
 use dlock_client::{ClientError, Fence, error_from_body};
 use dlock_common::auth::Credential;
 use reqwest::Url;
@@ -21,25 +22,10 @@ use dlock_wire::rail::SubmitRequest;
 use crate::model::Payout;
 use crate::model::{Claimed, Page, PayoutState, Posted, Submission, SubmissionList, Transitioned};
 
-/// The base URL of a service, checked once.
-fn base_url(name: &str, url: &str) -> Result<Url, ClientError> {
-    let base = Url::parse(url).map_err(|e| ClientError::InvalidArgument {
-        code: "INVALID_BASE_URL",
-        message: format!("{name} URL {url:?} is not a URL: {e}"),
-    })?;
-    if base.cannot_be_a_base() || !matches!(base.scheme(), "http" | "https") {
-        return Err(ClientError::InvalidArgument {
-            code: "INVALID_BASE_URL",
-            message: format!("{name} URL {url:?} is not an http(s) base URL"),
-        });
-    }
-    Ok(base)
-}
-
 fn url(base: &Url, segments: &[&str]) -> Url {
     let mut url = base.clone();
     if let Ok(mut path) = url.path_segments_mut() {
-        // `base_url` checked that the base can be a base, so this branch always runs.
+        // `dlock_client::api::base_url` checked that the base can be a base, so this branch always runs.
         path.pop_if_empty().extend(segments);
     }
     url

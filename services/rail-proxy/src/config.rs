@@ -290,6 +290,13 @@ impl Config {
 mod tests {
     use super::*;
 
+    /// The command line as given, with `--plaintext` unless it names a TLS file: these tests are
+    /// about other flags.
+    fn parse<I: IntoIterator<Item = S>, S: Into<String>>(args: I) -> Result<Cli, clap::Error> {
+        use clap::Parser;
+        Cli::try_parse_from(dlock_testkit::procs::plaintext_unless_tls(args))
+    }
+
     #[test]
     fn debug_hides_the_database_password() {
         let config = Config::new("postgres://payapp:hunter2@db/paydb", "http://rail");
@@ -307,7 +314,6 @@ mod tests {
 
     #[test]
     fn grant_verification_is_on_by_default_and_needs_keys() {
-        use clap::Parser;
         let config = Config::new("postgres://payapp@localhost/paydb", "http://127.0.0.1:1");
         assert!(config.grants.is_on());
         assert!(matches!(config.validate(), Err(ConfigError::Grants(_))));
@@ -320,7 +326,7 @@ mod tests {
                 "http://127.0.0.1:1",
             ];
             args.extend_from_slice(extra);
-            Cli::try_parse_from(args).expect("parses").into_config()
+            parse(args).expect("parses").into_config()
         };
         assert!(matches!(
             cli(&[]),

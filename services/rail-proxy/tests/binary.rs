@@ -43,6 +43,7 @@ async fn serves_warns_when_fencing_is_off_and_exits_cleanly_on_sigterm() {
     let db = dlock_testkit::paydb().await;
     let stub = rail_stub::spawn(rail_stub::Config::for_tests()).await.unwrap();
     let mut child = Command::new(BIN)
+        .env("DLOCK_PLAINTEXT", "true")
         .args(["--listen", "127.0.0.1:0", "--rail-url", &stub.url()])
         .env("DATABASE_URL", db.app_url())
         .env("RAIL_PROXY_FENCING_ENABLED", "false")
@@ -89,6 +90,7 @@ fn public_keys() -> String {
 #[tokio::test]
 async fn fencing_and_grant_verification_are_on_by_default() {
     let mut child = Command::new(BIN)
+        .env("DLOCK_PLAINTEXT", "true")
         .args([
             "--listen",
             "127.0.0.1:0",
@@ -141,6 +143,7 @@ fn refuses_an_invalid_configuration_with_exit_code_2() {
         ],
     ] {
         let out = Command::new(BIN)
+            .env("DLOCK_PLAINTEXT", "true")
             .args(base)
             .args(&extra)
             .env_remove("RAIL_PROXY_RAIL_URL")
@@ -159,6 +162,7 @@ fn refuses_an_invalid_configuration_with_exit_code_2() {
 #[test]
 fn grant_verification_without_keys_refuses_to_start() {
     let out = Command::new(BIN)
+        .env("DLOCK_PLAINTEXT", "true")
         .args([
             "--listen",
             "127.0.0.1:0",

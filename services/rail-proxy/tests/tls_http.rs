@@ -242,6 +242,7 @@ fn refused_with(args: &[&str], words: &[&str]) {
         .env_remove("DLOCK_TLS_CERT_FILE")
         .env_remove("DLOCK_TLS_KEY_FILE")
         .env_remove("DLOCK_RAIL_CA_FILE")
+        .env_remove("DLOCK_PLAINTEXT")
         .env_remove("DLOCK_LOG_FORMAT")
         .output()
         .unwrap();
@@ -271,6 +272,7 @@ fn half_a_pair_and_an_unreadable_rail_ca_are_refused() {
             "https://127.0.0.1:1",
             "--rail-ca-file",
             "/nonexistent/rail-ca.crt",
+            "--plaintext",
         ],
         &["/nonexistent/rail-ca.crt"],
     );

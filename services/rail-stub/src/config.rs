@@ -140,12 +140,18 @@ impl Cli {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
+
+    /// The command line as given, with `--plaintext` unless it names a TLS file: these tests are
+    /// about other flags.
+    fn parse<I: IntoIterator<Item = S>, S: Into<String>>(args: I) -> Result<Cli, clap::Error> {
+        use clap::Parser;
+        Cli::try_parse_from(dlock_testkit::procs::plaintext_unless_tls(args))
+    }
 
     fn cli(args: &[&str]) -> Cli {
         let mut all = vec!["rail-stub"];
         all.extend_from_slice(args);
-        Cli::try_parse_from(all).expect("parses")
+        parse(all).expect("parses")
     }
 
     #[test]

@@ -40,6 +40,7 @@ fn next_event(rx: &mpsc::Receiver<Value>, name: &str) -> Value {
 #[tokio::test]
 async fn serves_with_flags_and_env_warns_in_test_mode_and_exits_cleanly_on_sigterm() {
     let mut child = Command::new(BIN)
+        .env("DLOCK_PLAINTEXT", "true")
         .args(["--listen", "127.0.0.1:0", "--test-mode"])
         .env("RAIL_STUB_MODE", "reject")
         .env_remove("DLOCK_LOG_FORMAT")
@@ -92,10 +93,15 @@ fn refuses_an_invalid_configuration_with_exit_code_2() {
         vec!["--listen", "127.0.0.1:0", "--latency-ms", "600001"],
         vec!["--listen", "127.0.0.1:0", "--mode", "explode"],
     ] {
-        let out = Command::new(BIN).args(&args).output().unwrap();
+        let out = Command::new(BIN)
+            .env("DLOCK_PLAINTEXT", "true")
+            .args(&args)
+            .output()
+            .unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
     }
     let out = Command::new(BIN)
+        .env("DLOCK_PLAINTEXT", "true")
         .args(["--listen", "127.0.0.1:0", "--timeout-hang-ms", "0"])
         .env_remove("DLOCK_LOG_FORMAT")
         .output()

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use dlock_common::tls::PLAINTEXT_ENV;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ProcError {
     #[error(
@@ -70,6 +72,8 @@ pub struct Service {
     pub name: String,
     pub port: u16,
     pub log: PathBuf,
+    /// The CA its HTTPS certificate is signed by; `None`: it serves plain HTTP.
+    pub ca: Option<PathBuf>,
     child: Child,
 }
 
@@ -84,18 +88,50 @@ pub struct Spec {
     pub port: u16,
     /// Path polled for readiness; `None` means "do not wait".
     pub ready_path: Option<String>,
+    /// Set by [`Spec::https`]: the CA that signs the certificate the service serves.
+    pub ca: Option<PathBuf>,
 }
 
+/// A server's command line with `--plaintext` added unless it names a TLS file (`--tls-…`): for
+/// tests of its other flags (a server given neither refuses to start).
+pub fn plaintext_unless_tls<I: IntoIterator<Item = S>, S: Into<String>>(args: I) -> Vec<String> {
+    let mut all: Vec<String> = args.into_iter().map(Into::into).collect();
+    if !all.iter().any(|a| a.starts_with("--tls-")) {
+        all.push("--plaintext".into());
+    }
+    all
+}
+
+/// The binaries that serve an HTTP API and must be told HTTPS or `--plaintext`.
+const SERVERS: [&str; 4] = ["lock-server", "payment-resource", "rail-proxy", "rail-stub"];
+
 impl Spec {
+    /// A service on a free port. A server (lock-server, payment-resource, rail-proxy, rail-stub)
+    /// serves plain HTTP, asked for explicitly (`DLOCK_PLAINTEXT`), until [`Spec::https`].
     pub fn new(name: &str, binary: &str) -> Result<Self, ProcError> {
+        let env = if SERVERS.contains(&binary) {
+            vec![(PLAINTEXT_ENV.to_owned(), "true".to_owned())]
+        } else {
+            Vec::new()
+        };
         Ok(Self {
             name: name.to_owned(),
             binary: binary.to_owned(),
             args: Vec::new(),
-            env: Vec::new(),
+            env,
             port: free_port()?,
             ready_path: Some("/readyz".to_owned()),
+            ca: None,
         })
+    }
+
+    /// Serve HTTPS with this certificate, signed by `ca` (the service's URL becomes `https://`, and
+    /// readiness is asked over TLS, trusting `ca` alone).
+    pub fn https(mut self, cert: &crate::pg::tls::ServerCert, ca: &Path) -> Self {
+        self.env.retain(|(k, _)| k != PLAINTEXT_ENV);
+        self.ca = Some(ca.to_path_buf());
+        self.env("DLOCK_TLS_CERT_FILE", cert.cert.display().to_string())
+            .env("DLOCK_TLS_KEY_FILE", cert.key.display().to_string())
     }
 
     pub fn arg(mut self, a: impl Into<String>) -> Self {
@@ -152,6 +188,7 @@ impl Service {
             name: spec.name.clone(),
             port: spec.port,
             log,
+            ca: spec.ca.clone(),
             child,
         };
         if let Some(path) = &spec.ready_path {
@@ -161,7 +198,8 @@ impl Service {
     }
 
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.ca.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     pub fn pid(&self) -> u32 {
@@ -179,7 +217,11 @@ impl Service {
                     log: self.log.display().to_string(),
                 });
             }
-            if http_ok(self.port, path).await {
+            let ok = match &self.ca {
+                None => http_ok(self.port, path).await,
+                Some(ca) => https_ok(&url, ca).await,
+            };
+            if ok {
                 return Ok(());
             }
             if started.elapsed() > limit {
@@ -258,6 +300,27 @@ impl Drop for Service {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A GET over HTTPS answering 2xx, the server verified against `ca` alone.
+async fn https_ok(url: &str, ca: &Path) -> bool {
+    let Ok(pem) = fs::read(ca) else { return false };
+    let Ok(cert) = reqwest::Certificate::from_pem(&pem) else {
+        return false;
+    };
+    let Ok(client) = reqwest::Client::builder()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(cert)
+        .timeout(Duration::from_secs(1))
+        .build()
+    else {
+        return false;
+    };
+    client
+        .get(url)
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
 }
 
 /// A bare HTTP/1.1 GET on loopback answering 2xx (no HTTP client dependency in the kit).

@@ -17,9 +17,10 @@ use std::time::Duration;
 
 use crate::etcd::EtcdCluster;
 use crate::metrics::metric_value;
+use crate::pg::tls::{ServerCert, TestCa};
 use crate::procs::{Service, Spec};
 use anyhow::{Context, Result, anyhow, bail};
-use dlock_client::{LockClient, LockView};
+use dlock_client::{ClientConfig, LockClient, LockView};
 use dlock_common::grant::{PUBLIC_KEYS_ENV, SIGNING_KEY_ENV};
 use dlock_grant::{KeyId, PublicKeys, SigningKey};
 use serde_json::{Value, json};
@@ -85,6 +86,45 @@ pub struct StackOptions {
     pub grant_verification: bool,
     /// More public keys the resources trust besides the run's own (a rotation in a test).
     pub extra_public_keys: PublicKeys,
+    /// HTTPS on every API (a CA made for the run, a certificate per server, every client trusting
+    /// that CA alone); off: plain HTTP, asked for with `--plaintext`.
+    pub tls: bool,
+}
+
+/// The run's CA and the certificate of each server, when [`StackOptions::tls`] is on.
+#[derive(Debug)]
+struct StackTls {
+    ca: TestCa,
+    rail_stub: ServerCert,
+    rail_proxy: ServerCert,
+    payment: ServerCert,
+    lock_server: ServerCert,
+}
+
+impl StackTls {
+    fn new() -> Result<Self> {
+        let ca = TestCa::new("stack").context("the stack's CA")?;
+        let names = ["127.0.0.1", "localhost"];
+        let issue = |stem: &str| {
+            ca.issue(stem, &names)
+                .with_context(|| format!("{stem}'s certificate"))
+        };
+        Ok(Self {
+            rail_stub: issue("rail-stub")?,
+            rail_proxy: issue("rail-proxy")?,
+            payment: issue("payment-resource")?,
+            lock_server: issue("lock-server")?,
+            ca,
+        })
+    }
+
+    /// `spec` serving HTTPS with `cert`, if there is a [`StackTls`].
+    fn serve(tls: Option<&Self>, spec: Spec, cert: impl Fn(&Self) -> &ServerCert) -> Spec {
+        match tls {
+            Some(t) => spec.https(cert(t), t.ca.cert()),
+            None => spec,
+        }
+    }
 }
 
 /// The credentials of one stack, generated fresh for every start. Services receive them through
@@ -131,6 +171,7 @@ impl StackOptions {
             grant_signing: true,
             grant_verification: true,
             extra_public_keys: PublicKeys::default(),
+            tls: false,
         }
     }
 
@@ -193,6 +234,8 @@ pub struct Stack {
     /// How the resources were started with respect to grants ([`Stack::restart_rail_proxy`] keeps it).
     grant_opts: StackOptions,
     paydb_url: String,
+    /// The CA and certificates of an HTTPS stack; kept for the processes restarted later.
+    tls: Option<StackTls>,
     http: reqwest::Client,
     lock: LockClient,
 }
@@ -204,12 +247,13 @@ impl Stack {
     /// `dlock` do): the etcd member dies with the thread that started it.
     pub async fn start(lockdb_url: &str, paydb_url: &str, opts: &StackOptions) -> Result<Self> {
         let dir = opts.log_dir.as_path();
+        let tls = opts.tls.then(StackTls::new).transpose()?;
         let mut stub =
             Spec::new("rail-stub", "rail-stub")?.args(["--listen", "127.0.0.1:{port}", "--mode", "ack"]);
         if opts.rail_stub_test_mode {
             stub = stub.arg("--test-mode");
         }
-        let rail_stub = Service::start(stub, dir).await?;
+        let rail_stub = Service::start(StackTls::serve(tls.as_ref(), stub, |t| &t.rail_stub), dir).await?;
         let credentials = StackCredentials::generate();
         let rail_proxy = Service::start(
             rail_proxy_spec(
@@ -219,14 +263,15 @@ impl Stack {
                 opts,
                 opts.rail_fencing,
                 &credentials,
+                tls.as_ref(),
             )?
             .args(opts.rail_proxy_args.iter().cloned()),
             dir,
         )
         .await?;
         // The grant settings are `serve`'s: after the subcommand.
-        let payment = Service::start(
-            opts.grant_settings(Spec::new("payment-resource", "payment-resource")?.args([
+        let payment = opts
+            .grant_settings(Spec::new("payment-resource", "payment-resource")?.args([
                 "serve".to_owned(),
                 "--database-url".to_owned(),
                 paydb_url.to_owned(),
@@ -237,10 +282,8 @@ impl Stack {
             ]))?
             .env("PAYMENT_RESOURCE_ADMIN_TOKEN", &credentials.admin)
             .env("PAYMENT_RESOURCE_EXECUTOR_TOKEN", &credentials.executor)
-            .env("PAYMENT_RESOURCE_CLIENT_TOKEN", &credentials.client),
-            dir,
-        )
-        .await?;
+            .env("PAYMENT_RESOURCE_CLIENT_TOKEN", &credentials.client);
+        let payment = Service::start(StackTls::serve(tls.as_ref(), payment, |t| &t.payment), dir).await?;
         let mut lock_server_spec = None;
         let (lock_server, lock_url, etcd) = match &opts.lock_server_url {
             Some(url) => (None, url.clone(), None),
@@ -269,16 +312,24 @@ impl Stack {
                 if opts.grant_signing {
                     spec = spec.env(SIGNING_KEY_ENV, opts.grant_key.expose_text());
                 }
+                let spec = StackTls::serve(tls.as_ref(), spec, |t| &t.lock_server);
                 lock_server_spec = Some(spec.clone());
                 let svc = Service::start(spec, dir).await?;
                 let url = svc.url();
                 (Some(svc), url, etcd)
             }
         };
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .build()?;
-        let lock = LockClient::new(&lock_url)?;
+        let mut http = reqwest::Client::builder().timeout(Duration::from_secs(30));
+        let mut lock_config = ClientConfig::default();
+        if let Some(t) = &tls {
+            let pem = std::fs::read(t.ca.cert()).context("the stack's CA certificate")?;
+            http = http
+                .tls_built_in_root_certs(false)
+                .add_root_certificate(reqwest::Certificate::from_pem(&pem)?);
+            lock_config = lock_config.with_ca_pem(pem);
+        }
+        let http = http.build()?;
+        let lock = LockClient::with_config(&lock_url, lock_config)?;
         Ok(Self {
             lock_server,
             lock_server_spec,
@@ -293,9 +344,29 @@ impl Stack {
             grant_key: opts.grant_key.clone(),
             grant_opts: opts.clone(),
             paydb_url: paydb_url.to_owned(),
+            tls,
             http,
             lock,
         })
+    }
+
+    /// The CA every server's certificate is signed by, when the stack serves HTTPS: what its
+    /// clients must trust (`--ca-file`, [`ClientConfig::with_ca_file`]).
+    pub fn ca_file(&self) -> Option<&Path> {
+        self.tls.as_ref().map(|t| t.ca.cert())
+    }
+
+    /// An HTTP client for this stack's APIs (trusting its CA alone, when it serves HTTPS).
+    pub fn http_client(&self) -> reqwest::Client {
+        self.http.clone()
+    }
+
+    /// The settings of a lock client of this stack's lock-server (its CA, when HTTPS).
+    pub fn lock_client_config(&self) -> ClientConfig {
+        match self.ca_file() {
+            Some(ca) => ClientConfig::default().with_ca_file(ca),
+            None => ClientConfig::default(),
+        }
     }
 
     /// A payout-executor against this stack in batch mode (`--exit-when-idle`), owner id `name`.
@@ -311,7 +382,12 @@ impl Stack {
     /// A long-running payout-executor (until SIGTERM); [`Stack::start_executor`] waits until it
     /// answers `/readyz`.
     pub fn service_executor_spec(&self, name: &str) -> Result<Spec> {
-        Ok(Spec::new(name, "payout-executor")?
+        let spec = Spec::new(name, "payout-executor")?;
+        let spec = match self.ca_file() {
+            Some(ca) => spec.env("DLOCK_CA_FILE", ca.display().to_string()),
+            None => spec,
+        };
+        Ok(spec
             .env(
                 payout_executor::config::PAYMENT_CREDENTIAL_ENV,
                 &self.credentials.executor,
@@ -382,6 +458,7 @@ impl Stack {
             &self.grant_opts,
             fencing,
             &self.credentials,
+            self.tls.as_ref(),
         )?
         .args(extra.iter().copied());
         if let Some(port) = port {
@@ -523,6 +600,7 @@ fn rail_proxy_spec(
     opts: &StackOptions,
     fencing: bool,
     credentials: &StackCredentials,
+    tls: Option<&StackTls>,
 ) -> Result<Spec> {
     let (rail_timeout_ms, abandon_after_ms) = (opts.rail_timeout_ms, opts.rail_abandon_after_ms);
     let mut spec = opts
@@ -543,7 +621,11 @@ fn rail_proxy_spec(
     if let Some(ms) = abandon_after_ms {
         spec = spec.args(["--abandon-after-ms".to_owned(), ms.to_string()]);
     }
-    Ok(spec)
+    if let Some(t) = tls {
+        // The rail (rail-stub) serves HTTPS too, under the same CA.
+        spec = spec.env("DLOCK_RAIL_CA_FILE", t.ca.cert().display().to_string());
+    }
+    Ok(StackTls::serve(tls, spec, |t| &t.rail_proxy))
 }
 
 /// The scheduler state letter of a process (`R`, `S`, `T` stopped, `Z`, ...) from `/proc/<pid>/stat`.

@@ -72,6 +72,10 @@ fn each_server_mounts_its_certificate_and_is_probed_over_https() {
             plain_env(c, "DLOCK_TLS_KEY_FILE").as_deref(),
             Some("/etc/dlock/tls/tls.key")
         );
+        assert!(
+            plain_env(c, "DLOCK_PLAINTEXT").is_none(),
+            "HTTPS, not --plaintext"
+        );
         // The port is named `https`, so that the chart's PodMonitor scrapes it over HTTPS, and the
         // probes name it.
         let ports: Vec<_> = c
@@ -191,6 +195,16 @@ fn plain_http_mounts_no_certificate_and_keeps_http_urls() {
             );
             let c = &pod.containers[0];
             assert!(env_of(c, "DLOCK_TLS_CERT_FILE").is_none(), "{name}");
+            // A server is told plain HTTP explicitly (it refuses to start without either); the
+            // executor serves no API and has no such flag.
+            let served = crate::builders::tls::SERVED.iter().any(|s| {
+                dep.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get("app.kubernetes.io/component"))
+                    == Some(&(*s).to_owned())
+            });
+            assert_eq!(plain_env(c, "DLOCK_PLAINTEXT").is_some(), served, "{name}");
             assert!(
                 c.ports
                     .iter()

@@ -381,7 +381,7 @@ async fn rewind(stack: &Stack) -> Result<()> {
 /// after this.
 async fn fast_forward(stack: &Stack) -> Result<()> {
     /// The drill's margin above the high-water mark.
-    const MARGIN: i64 = 1_000;
+    const MARGIN: i64 = dlock_fastforward::DEFAULT_MARGIN;
     let l = stack.lockdb.as_ref().ok_or_else(|| anyhow!("no lockdb"))?;
     let high = dlock_fastforward::read_high_water("paydb", &stack.paydb_admin_url()).await?;
     let moved = dlock_fastforward::advance(&l.admin_url(), high.highest + MARGIN).await?;
