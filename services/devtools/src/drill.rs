@@ -289,7 +289,7 @@ async fn other_traffic(lock_url: &str) -> Result<i64> {
     for c in 0..OTHER_CLIENTS {
         let url = lock_url.to_owned();
         clients.spawn(async move {
-            let api = Api::new(url)?;
+            let api = Api::new(url, None)?;
             let owner = format!("other-{c}");
             let key = format!("other:{c}");
             let session = api.session(&owner).await?;

@@ -28,7 +28,7 @@ use dlock_chaos::tcp::TcpLink;
 use dlock_common::grant::account_key;
 use dlock_fastforward::read_sequence;
 use dlock_testkit::procs::{Service, Spec};
-use dlock_testkit::stack::{Stack, StackOptions, log_events, process_state};
+use dlock_testkit::stack::{Stack, StackOptions, StackTls, log_events, process_state};
 use dlock_testkit::wait::eventually;
 use dlock_testkit::{History, PgServer};
 use dlock_wire::rail::{RailOutcome, SubmissionList};
@@ -222,6 +222,9 @@ pub async fn run(jump: bool, run_dir: &Path) -> Result<Verdict> {
         "failover-jump-off"
     });
     let mut opts = StackOptions::new(dir.clone());
+    // HTTPS on every API, lock-server's included: one CA for the run, trusted alone.
+    let tls = StackTls::new()?;
+    opts.tls = Some(tls.clone());
     let spec = Spec::new("lock-server", "lock-server")?.args([
         "--database-url",
         lockdb_url.as_str(),
@@ -232,7 +235,7 @@ pub async fn run(jump: bool, run_dir: &Path) -> Result<Verdict> {
     if !jump {
         spec = spec.env(NO_JUMP_ENV, "true");
     }
-    let lock_server = Service::start(spec, &dir).await?;
+    let lock_server = Service::start(tls.serve_lock_server(spec), &dir).await?;
     opts.lock_server_url = Some(lock_server.url());
     let stack = Stack::start(&lockdb_url, &paydb.app_url(), &opts).await?;
     step(format!(
@@ -266,7 +269,7 @@ pub async fn run(jump: bool, run_dir: &Path) -> Result<Verdict> {
     step(format!(
         "the standby has replayed the primary's WAL up to {lsn}; from here on it receives nothing (held behind)"
     ));
-    let mut handed_out = other_traffic(&lock_server.url()).await?;
+    let mut handed_out = other_traffic(&lock_server.url(), tls.ca_file()).await?;
     step(format!(
         "the primary goes on: {OTHER_GRANTS} grants on other keys, tokens {} to {}",
         handed_out.first().copied().unwrap_or_default(),
@@ -315,10 +318,10 @@ pub async fn run(jump: bool, run_dir: &Path) -> Result<Verdict> {
          to the old primary is cut",
         standby.port
     ));
-    let api = Api::new(lock_server.url())?;
+    let api = Api::new(lock_server.url(), Some(tls.ca_file()))?;
     v.first_token_after = first_grant(&api).await?;
     v.lock_after_failover = api.read(&key).await?["state"].as_str().unwrap_or("?").to_owned();
-    v.sequence_jump = sequence_jump(&lock_server.url()).await;
+    v.sequence_jump = sequence_jump(&stack.http_client(), &lock_server.url()).await;
     step(format!(
         "lock-server reconnected: {key} reads {} (executor-1's grant was in the WAL the standby never got); its \
          first grant on the new primary: token {}",
@@ -553,8 +556,8 @@ async fn wal_behind(primary: &str, standby: &str) -> Result<i64> {
 }
 
 /// Grants and releases on keys no payout uses, one after the other; returns their tokens in order.
-async fn other_traffic(lock_url: &str) -> Result<Vec<i64>> {
-    let api = Api::new(lock_url.to_owned())?;
+async fn other_traffic(lock_url: &str, ca: &Path) -> Result<Vec<i64>> {
+    let api = Api::new(lock_url.to_owned(), Some(ca))?;
     let owner = "other-traffic";
     let session = api.session(owner).await?;
     let mut tokens = Vec::with_capacity(OTHER_GRANTS);
@@ -588,9 +591,10 @@ async fn first_grant(api: &Api) -> Result<i64> {
 }
 
 /// What lock-server says of its last sequence jump (`GET /v1/sequence`).
-async fn sequence_jump(lock_url: &str) -> String {
+async fn sequence_jump(http: &reqwest::Client, lock_url: &str) -> String {
     let view: Option<Value> = async {
-        reqwest::get(format!("{lock_url}/v1/sequence"))
+        http.get(format!("{lock_url}/v1/sequence"))
+            .send()
             .await
             .ok()?
             .error_for_status()

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -14,11 +14,19 @@ pub struct Api {
 }
 
 impl Api {
-    pub fn new(base: String) -> Result<Self> {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .build()?;
-        Ok(Self { http, base })
+    /// A client of the lock-server at `base`; for `https://`, trusting `ca` alone.
+    pub fn new(base: String, ca: Option<&std::path::Path>) -> Result<Self> {
+        let mut http = reqwest::Client::builder().timeout(Duration::from_secs(10));
+        if let Some(ca) = ca {
+            let pem = std::fs::read(ca).with_context(|| format!("read {}", ca.display()))?;
+            http = http
+                .tls_built_in_root_certs(false)
+                .add_root_certificate(reqwest::Certificate::from_pem(&pem)?);
+        }
+        Ok(Self {
+            http: http.build()?,
+            base,
+        })
     }
 
     async fn send(&self, req: reqwest::RequestBuilder) -> Result<(StatusCode, Value)> {

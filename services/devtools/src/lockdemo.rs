@@ -11,7 +11,7 @@ use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::lockapi::Api;
-use crate::stack::{LockStore, RunDir, lock_server_on, run_key, step};
+use crate::stack::{DemoTls, LockStore, RunDir, lock_server_on, run_key, step};
 
 const KEY: &str = "account:demo";
 const LEASE_MS: i64 = 1500;
@@ -34,9 +34,11 @@ pub async fn run(run_dir: &RunDir, payments: bool, backend: LockBackend) -> Resu
     println!("Starting {store_name} and lock-server (--backend {backend}) on loopback:");
     let store = LockStore::start(backend).await?;
     let key = run_key("demo")?;
-    let ls = lock_server_on(&store, run_dir.path(), &[], Some(&key)).await?;
+    // HTTPS, as everywhere the operator deploys it: the scenes' client trusts the run's CA alone.
+    let tls = DemoTls::new("demo-locks")?;
+    let ls = lock_server_on(&store, run_dir.path(), &[], Some(&key), Some(&tls)).await?;
     let trusted = dlock_grant::PublicKeys::new(vec![key.public_key()])?;
-    let api = Api::new(ls.url())?;
+    let api = Api::new(ls.url(), Some(tls.ca_file()))?;
     let mut ok = true;
     let mut check = |what: &str, held: bool| {
         println!("    {} {what}", if held { "✔" } else { "✘" });

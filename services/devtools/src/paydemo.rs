@@ -19,7 +19,7 @@ use dlock_client::{Fence, FencingToken, LockClient};
 use dlock_common::grant::account_key;
 use dlock_grant::{Claims, KeyId, SigningKey};
 use dlock_testkit::History;
-use dlock_testkit::stack::{LockBackend, Stack, StackOptions, log_events, process_state};
+use dlock_testkit::stack::{LockBackend, Stack, StackOptions, StackTls, log_events, process_state};
 use dlock_testkit::wait::eventually;
 use serde_json::Value;
 use uuid::Uuid;
@@ -232,7 +232,7 @@ pub async fn run(fencing: bool, run_dir: &Path, backend: LockBackend) -> Result<
     opts.lock_backend = backend;
     // HTTPS on every hop, as a deployment made by the operator has it: a CA made for the run,
     // a certificate per server, every client trusting that CA alone.
-    opts.tls = true;
+    opts.tls = Some(StackTls::new()?);
     let lockdb_url = lockdb.as_ref().map(Database::app_url).unwrap_or_default();
     let stack = Stack::start(&lockdb_url, &paydb.app_url(), &opts).await?;
     if let Some(etcd) = &stack.etcd {

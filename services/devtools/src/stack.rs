@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use dlock_common::grant::SIGNING_KEY_ENV;
 use dlock_grant::{KeyId, SigningKey};
 use dlock_testkit::etcd::{EtcdCluster, etcd_bin};
+use dlock_testkit::pg::tls::{ServerCert, TestCa};
 use dlock_testkit::procs::{Service, Spec};
 use dlock_testkit::served;
 use dlock_testkit::stack::LockBackend;
@@ -96,17 +97,49 @@ pub fn lock_server_env(spec: Spec, signing: Option<&SigningKey>) -> Spec {
     }
 }
 
-/// lock-server on lockdb; it signs grants with `signing` (none: unsigned grants).
+/// HTTPS for a demo's lock-server: a CA made for the run and a certificate it signs for
+/// 127.0.0.1 and localhost. Its clients trust that CA alone.
+#[derive(Debug)]
+pub struct DemoTls {
+    ca: TestCa,
+    cert: ServerCert,
+}
+
+impl DemoTls {
+    pub fn new(label: &str) -> Result<Self> {
+        let ca = TestCa::new(label).context("the run's CA")?;
+        let cert = ca
+            .issue("lock-server", &["127.0.0.1", "localhost"])
+            .context("lock-server's certificate")?;
+        Ok(Self { ca, cert })
+    }
+
+    /// The CA certificate the clients trust.
+    pub fn ca_file(&self) -> &Path {
+        self.ca.cert()
+    }
+
+    fn serve(tls: Option<&Self>, spec: Spec) -> Spec {
+        match tls {
+            Some(t) => spec.https(&t.cert, t.ca.cert()),
+            None => spec,
+        }
+    }
+}
+
+/// lock-server on lockdb; it signs grants with `signing` (none: unsigned grants); HTTPS with `tls`,
+/// else plain HTTP (`--plaintext`).
 pub async fn lock_server(
     db: &Database,
     run_dir: &Path,
     extra: &[&str],
     signing: Option<&SigningKey>,
+    tls: Option<&DemoTls>,
 ) -> Result<Service> {
     let spec = Spec::new("lock-server", "lock-server")?
         .args(["--database-url", &db.app_url(), "--listen", "127.0.0.1:{port}"])
         .args(extra.iter().copied());
-    let spec = lock_server_env(spec, signing);
+    let spec = DemoTls::serve(tls, lock_server_env(spec, signing));
     let svc = Service::start(spec, run_dir).await?;
     step(format!(
         "lock-server on {} (pid {}), backend postgres",
@@ -149,9 +182,10 @@ pub async fn lock_server_on(
     run_dir: &Path,
     extra: &[&str],
     signing: Option<&SigningKey>,
+    tls: Option<&DemoTls>,
 ) -> Result<Service> {
     let etcd = match store {
-        LockStore::Postgres(db) => return lock_server(db, run_dir, extra, signing).await,
+        LockStore::Postgres(db) => return lock_server(db, run_dir, extra, signing, tls).await,
         LockStore::Etcd(etcd) => etcd,
     };
     let spec = Spec::new("lock-server", "lock-server")?
@@ -164,7 +198,7 @@ pub async fn lock_server_on(
             "127.0.0.1:{port}".to_owned(),
         ])
         .args(extra.iter().copied());
-    let spec = lock_server_env(spec, signing);
+    let spec = DemoTls::serve(tls, lock_server_env(spec, signing));
     let svc = Service::start(spec, run_dir).await?;
     step(format!(
         "lock-server on {} (pid {}), backend etcd",
@@ -182,7 +216,7 @@ pub async fn up(run_dir: &RunDir) -> Result<bool> {
     );
     let lockdb = Database::start(History::Lockdb).await?;
     let key = run_key("up")?;
-    let ls = lock_server(&lockdb, run_dir.path(), &[], Some(&key)).await?;
+    let ls = lock_server(&lockdb, run_dir.path(), &[], Some(&key), None).await?;
     println!();
     println!("lockdb          {}", lockdb.app_url());
     println!("lock-server     {}   (admin token: demo-admin-token)", ls.url());

@@ -87,13 +87,14 @@ pub struct StackOptions {
     /// More public keys the resources trust besides the run's own (a rotation in a test).
     pub extra_public_keys: PublicKeys,
     /// HTTPS on every API (a CA made for the run, a certificate per server, every client trusting
-    /// that CA alone); off: plain HTTP, asked for with `--plaintext`.
-    pub tls: bool,
+    /// that CA alone: [`StackTls::new`]); `None`: plain HTTP, asked for with `--plaintext`. A
+    /// lock-server of [`StackOptions::lock_server_url`] serves with [`StackTls::serve_lock_server`].
+    pub tls: Option<std::sync::Arc<StackTls>>,
 }
 
 /// The run's CA and the certificate of each server, when [`StackOptions::tls`] is on.
 #[derive(Debug)]
-struct StackTls {
+pub struct StackTls {
     ca: TestCa,
     rail_stub: ServerCert,
     rail_proxy: ServerCert,
@@ -102,7 +103,11 @@ struct StackTls {
 }
 
 impl StackTls {
-    fn new() -> Result<Self> {
+    pub fn new() -> Result<std::sync::Arc<Self>> {
+        Self::issued().map(std::sync::Arc::new)
+    }
+
+    fn issued() -> Result<Self> {
         let ca = TestCa::new("stack").context("the stack's CA")?;
         let names = ["127.0.0.1", "localhost"];
         let issue = |stem: &str| {
@@ -116,6 +121,17 @@ impl StackTls {
             lock_server: issue("lock-server")?,
             ca,
         })
+    }
+
+    /// The CA certificate every server's is signed by: what the clients trust.
+    pub fn ca_file(&self) -> &Path {
+        self.ca.cert()
+    }
+
+    /// A lock-server started outside the stack ([`StackOptions::lock_server_url`]) serving HTTPS
+    /// with the run's lock-server certificate.
+    pub fn serve_lock_server(&self, spec: Spec) -> Spec {
+        spec.https(&self.lock_server, self.ca.cert())
     }
 
     /// `spec` serving HTTPS with `cert`, if there is a [`StackTls`].
@@ -171,7 +187,7 @@ impl StackOptions {
             grant_signing: true,
             grant_verification: true,
             extra_public_keys: PublicKeys::default(),
-            tls: false,
+            tls: None,
         }
     }
 
@@ -235,7 +251,7 @@ pub struct Stack {
     grant_opts: StackOptions,
     paydb_url: String,
     /// The CA and certificates of an HTTPS stack; kept for the processes restarted later.
-    tls: Option<StackTls>,
+    tls: Option<std::sync::Arc<StackTls>>,
     http: reqwest::Client,
     lock: LockClient,
 }
@@ -247,13 +263,13 @@ impl Stack {
     /// `dlock` do): the etcd member dies with the thread that started it.
     pub async fn start(lockdb_url: &str, paydb_url: &str, opts: &StackOptions) -> Result<Self> {
         let dir = opts.log_dir.as_path();
-        let tls = opts.tls.then(StackTls::new).transpose()?;
+        let tls = opts.tls.clone();
         let mut stub =
             Spec::new("rail-stub", "rail-stub")?.args(["--listen", "127.0.0.1:{port}", "--mode", "ack"]);
         if opts.rail_stub_test_mode {
             stub = stub.arg("--test-mode");
         }
-        let rail_stub = Service::start(StackTls::serve(tls.as_ref(), stub, |t| &t.rail_stub), dir).await?;
+        let rail_stub = Service::start(StackTls::serve(tls.as_deref(), stub, |t| &t.rail_stub), dir).await?;
         let credentials = StackCredentials::generate();
         let rail_proxy = Service::start(
             rail_proxy_spec(
@@ -263,7 +279,7 @@ impl Stack {
                 opts,
                 opts.rail_fencing,
                 &credentials,
-                tls.as_ref(),
+                tls.as_deref(),
             )?
             .args(opts.rail_proxy_args.iter().cloned()),
             dir,
@@ -283,7 +299,7 @@ impl Stack {
             .env("PAYMENT_RESOURCE_ADMIN_TOKEN", &credentials.admin)
             .env("PAYMENT_RESOURCE_EXECUTOR_TOKEN", &credentials.executor)
             .env("PAYMENT_RESOURCE_CLIENT_TOKEN", &credentials.client);
-        let payment = Service::start(StackTls::serve(tls.as_ref(), payment, |t| &t.payment), dir).await?;
+        let payment = Service::start(StackTls::serve(tls.as_deref(), payment, |t| &t.payment), dir).await?;
         let mut lock_server_spec = None;
         let (lock_server, lock_url, etcd) = match &opts.lock_server_url {
             Some(url) => (None, url.clone(), None),
@@ -312,7 +328,7 @@ impl Stack {
                 if opts.grant_signing {
                     spec = spec.env(SIGNING_KEY_ENV, opts.grant_key.expose_text());
                 }
-                let spec = StackTls::serve(tls.as_ref(), spec, |t| &t.lock_server);
+                let spec = StackTls::serve(tls.as_deref(), spec, |t| &t.lock_server);
                 lock_server_spec = Some(spec.clone());
                 let svc = Service::start(spec, dir).await?;
                 let url = svc.url();
@@ -458,7 +474,7 @@ impl Stack {
             &self.grant_opts,
             fencing,
             &self.credentials,
-            self.tls.as_ref(),
+            self.tls.as_deref(),
         )?
         .args(extra.iter().copied());
         if let Some(port) = port {

@@ -50,7 +50,8 @@ pub(super) async fn run(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
     if let Some(db) = &db {
         for &signed in signings {
             let signing = signed.then_some(&key);
-            let server = lock_server(db, run_dir.path(), &["--db-pool-size", &pool_size], signing).await?;
+            let server =
+                lock_server(db, run_dir.path(), &["--db-pool-size", &pool_size], signing, None).await?;
             pg_servers.push((signed, server));
         }
     }
