@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Result, anyhow, bail};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -16,17 +16,12 @@ pub struct Api {
 impl Api {
     /// A client of the lock-server at `base`; for `https://`, trusting `ca` alone.
     pub fn new(base: String, ca: Option<&std::path::Path>) -> Result<Self> {
-        let mut http = reqwest::Client::builder().timeout(Duration::from_secs(10));
-        if let Some(ca) = ca {
-            let pem = std::fs::read(ca).with_context(|| format!("read {}", ca.display()))?;
-            http = http
-                .tls_built_in_root_certs(false)
-                .add_root_certificate(reqwest::Certificate::from_pem(&pem)?);
-        }
-        Ok(Self {
-            http: http.build()?,
-            base,
-        })
+        let timeout = Duration::from_secs(10);
+        let http = match ca {
+            Some(ca) => dlock_testkit::pg::tls::client_trusting(ca, timeout)?,
+            None => reqwest::Client::builder().timeout(timeout).build()?,
+        };
+        Ok(Self { http, base })
     }
 
     async fn send(&self, req: reqwest::RequestBuilder) -> Result<(StatusCode, Value)> {

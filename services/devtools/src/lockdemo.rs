@@ -6,12 +6,12 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use dlock_testkit::stack::LockBackend;
+use dlock_testkit::stack::{LockBackend, StackTls};
 use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::lockapi::Api;
-use crate::stack::{DemoTls, LockStore, RunDir, lock_server_on, run_key, step};
+use crate::stack::{LockStore, RunDir, lock_server_on, run_key, step};
 
 const KEY: &str = "account:demo";
 const LEASE_MS: i64 = 1500;
@@ -35,7 +35,7 @@ pub async fn run(run_dir: &RunDir, payments: bool, backend: LockBackend) -> Resu
     let store = LockStore::start(backend).await?;
     let key = run_key("demo")?;
     // HTTPS, as everywhere the operator deploys it: the scenes' client trusts the run's CA alone.
-    let tls = DemoTls::new("demo-locks")?;
+    let tls = StackTls::new()?;
     let ls = lock_server_on(&store, run_dir.path(), &[], Some(&key), Some(&tls)).await?;
     let trusted = dlock_grant::PublicKeys::new(vec![key.public_key()])?;
     let api = Api::new(ls.url(), Some(tls.ca_file()))?;

@@ -7,10 +7,9 @@ use anyhow::{Context, Result};
 use dlock_common::grant::SIGNING_KEY_ENV;
 use dlock_grant::{KeyId, SigningKey};
 use dlock_testkit::etcd::{EtcdCluster, etcd_bin};
-use dlock_testkit::pg::tls::{ServerCert, TestCa};
 use dlock_testkit::procs::{Service, Spec};
 use dlock_testkit::served;
-use dlock_testkit::stack::LockBackend;
+use dlock_testkit::stack::{LockBackend, StackTls};
 use dlock_testkit::{History, PgServer};
 
 /// Where data and logs go; removed at the end unless something failed or the user named it.
@@ -97,33 +96,11 @@ pub fn lock_server_env(spec: Spec, signing: Option<&SigningKey>) -> Spec {
     }
 }
 
-/// HTTPS for a demo's lock-server: a CA made for the run and a certificate it signs for
-/// 127.0.0.1 and localhost. Its clients trust that CA alone.
-#[derive(Debug)]
-pub struct DemoTls {
-    ca: TestCa,
-    cert: ServerCert,
-}
-
-impl DemoTls {
-    pub fn new(label: &str) -> Result<Self> {
-        let ca = TestCa::new(label).context("the run's CA")?;
-        let cert = ca
-            .issue("lock-server", &["127.0.0.1", "localhost"])
-            .context("lock-server's certificate")?;
-        Ok(Self { ca, cert })
-    }
-
-    /// The CA certificate the clients trust.
-    pub fn ca_file(&self) -> &Path {
-        self.ca.cert()
-    }
-
-    fn serve(tls: Option<&Self>, spec: Spec) -> Spec {
-        match tls {
-            Some(t) => spec.https(&t.cert, t.ca.cert()),
-            None => spec,
-        }
+/// `spec` serving HTTPS with the run's lock-server certificate, when there is a [`StackTls`].
+fn serve_lock_server(tls: Option<&StackTls>, spec: Spec) -> Spec {
+    match tls {
+        Some(t) => t.serve_lock_server(spec),
+        None => spec,
     }
 }
 
@@ -134,12 +111,12 @@ pub async fn lock_server(
     run_dir: &Path,
     extra: &[&str],
     signing: Option<&SigningKey>,
-    tls: Option<&DemoTls>,
+    tls: Option<&StackTls>,
 ) -> Result<Service> {
     let spec = Spec::new("lock-server", "lock-server")?
         .args(["--database-url", &db.app_url(), "--listen", "127.0.0.1:{port}"])
         .args(extra.iter().copied());
-    let spec = DemoTls::serve(tls, lock_server_env(spec, signing));
+    let spec = serve_lock_server(tls, lock_server_env(spec, signing));
     let svc = Service::start(spec, run_dir).await?;
     step(format!(
         "lock-server on {} (pid {}), backend postgres",
@@ -182,7 +159,7 @@ pub async fn lock_server_on(
     run_dir: &Path,
     extra: &[&str],
     signing: Option<&SigningKey>,
-    tls: Option<&DemoTls>,
+    tls: Option<&StackTls>,
 ) -> Result<Service> {
     let etcd = match store {
         LockStore::Postgres(db) => return lock_server(db, run_dir, extra, signing, tls).await,
@@ -198,7 +175,7 @@ pub async fn lock_server_on(
             "127.0.0.1:{port}".to_owned(),
         ])
         .args(extra.iter().copied());
-    let spec = DemoTls::serve(tls, lock_server_env(spec, signing));
+    let spec = serve_lock_server(tls, lock_server_env(spec, signing));
     let svc = Service::start(spec, run_dir).await?;
     step(format!(
         "lock-server on {} (pid {}), backend etcd",

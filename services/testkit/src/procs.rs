@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dlock_common::tls::PLAINTEXT_ENV;
+use dlock_common::tls::{PLAINTEXT_ENV, TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProcError {
@@ -130,8 +130,8 @@ impl Spec {
     pub fn https(mut self, cert: &crate::pg::tls::ServerCert, ca: &Path) -> Self {
         self.env.retain(|(k, _)| k != PLAINTEXT_ENV);
         self.ca = Some(ca.to_path_buf());
-        self.env("DLOCK_TLS_CERT_FILE", cert.cert.display().to_string())
-            .env("DLOCK_TLS_KEY_FILE", cert.key.display().to_string())
+        self.env(TLS_CERT_FILE_ENV, cert.cert.display().to_string())
+            .env(TLS_KEY_FILE_ENV, cert.key.display().to_string())
     }
 
     pub fn arg(mut self, a: impl Into<String>) -> Self {
@@ -209,6 +209,11 @@ impl Service {
     async fn wait_ready(&mut self, path: &str, limit: Duration) -> Result<(), ProcError> {
         let url = format!("{}{path}", self.url());
         let started = Instant::now();
+        // One client for every poll (a CA file that cannot be read never answers: NotReady).
+        let https = self
+            .ca
+            .as_deref()
+            .map(|ca| crate::pg::tls::client_trusting(ca, Duration::from_secs(1)).ok());
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return Err(ProcError::Exited {
@@ -217,9 +222,10 @@ impl Service {
                     log: self.log.display().to_string(),
                 });
             }
-            let ok = match &self.ca {
+            let ok = match &https {
                 None => http_ok(self.port, path).await,
-                Some(ca) => https_ok(&url, ca).await,
+                Some(Some(client)) => https_ok(client, &url).await,
+                Some(None) => false,
             };
             if ok {
                 return Ok(());
@@ -302,20 +308,8 @@ impl Drop for Service {
     }
 }
 
-/// A GET over HTTPS answering 2xx, the server verified against `ca` alone.
-async fn https_ok(url: &str, ca: &Path) -> bool {
-    let Ok(pem) = fs::read(ca) else { return false };
-    let Ok(cert) = reqwest::Certificate::from_pem(&pem) else {
-        return false;
-    };
-    let Ok(client) = reqwest::Client::builder()
-        .tls_built_in_root_certs(false)
-        .add_root_certificate(cert)
-        .timeout(Duration::from_secs(1))
-        .build()
-    else {
-        return false;
-    };
+/// A GET over HTTPS with `client` (which trusts the service's CA alone) answering 2xx.
+async fn https_ok(client: &reqwest::Client, url: &str) -> bool {
     client
         .get(url)
         .send()

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use crate::etcd::EtcdCluster;
 use crate::metrics::metric_value;
-use crate::pg::tls::{ServerCert, TestCa};
+use crate::pg::tls::{ServerCert, TestCa, client_trusting};
 use crate::procs::{Service, Spec};
 use anyhow::{Context, Result, anyhow, bail};
 use dlock_client::{ClientConfig, LockClient, LockView};
@@ -335,16 +335,17 @@ impl Stack {
                 (Some(svc), url, etcd)
             }
         };
-        let mut http = reqwest::Client::builder().timeout(Duration::from_secs(30));
-        let mut lock_config = ClientConfig::default();
-        if let Some(t) = &tls {
-            let pem = std::fs::read(t.ca.cert()).context("the stack's CA certificate")?;
-            http = http
-                .tls_built_in_root_certs(false)
-                .add_root_certificate(reqwest::Certificate::from_pem(&pem)?);
-            lock_config = lock_config.with_ca_pem(pem);
-        }
-        let http = http.build()?;
+        let timeout = Duration::from_secs(30);
+        let (http, lock_config) = match &tls {
+            Some(t) => (
+                client_trusting(t.ca.cert(), timeout)?,
+                ClientConfig::default().with_ca_file(t.ca.cert()),
+            ),
+            None => (
+                reqwest::Client::builder().timeout(timeout).build()?,
+                ClientConfig::default(),
+            ),
+        };
         let lock = LockClient::with_config(&lock_url, lock_config)?;
         Ok(Self {
             lock_server,
@@ -400,7 +401,7 @@ impl Stack {
     pub fn service_executor_spec(&self, name: &str) -> Result<Spec> {
         let spec = Spec::new(name, "payout-executor")?;
         let spec = match self.ca_file() {
-            Some(ca) => spec.env("DLOCK_CA_FILE", ca.display().to_string()),
+            Some(ca) => spec.env(payout_executor::config::CA_FILE_ENV, ca.display().to_string()),
             None => spec,
         };
         Ok(spec

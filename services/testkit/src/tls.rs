@@ -15,6 +15,18 @@ use std::process::{Command, Stdio};
 
 use super::PgError;
 
+/// An HTTP client that trusts the CA certificate(s) in `ca` and nothing else (no built-in
+/// roots), as every dlock client of an `https://` URL does.
+pub fn client_trusting(ca: &Path, timeout: std::time::Duration) -> anyhow::Result<reqwest::Client> {
+    use anyhow::Context;
+    let pem = fs::read(ca).with_context(|| format!("read the CA file {}", ca.display()))?;
+    Ok(reqwest::Client::builder()
+        .timeout(timeout)
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(&pem)?)
+        .build()?)
+}
+
 /// A CA for one test's servers: `ca.crt` (the file a client names in `sslrootcert`) and its key,
 /// in a folder of their own. Two `TestCa`s never trust each other's certificates.
 #[derive(Debug)]
