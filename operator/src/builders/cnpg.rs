@@ -636,7 +636,7 @@ mod tests {
             "Failover"
         );
 
-        // Healthy, or CloudNativePG's "pending" marker equal to nothing under way: no promotion.
+        // A healthy phase, or a target that is the current primary: nothing under way.
         assert!(Promotion::under_way(&status("Cluster in healthy state", "db-1", "db-2")).is_none());
         assert!(Promotion::under_way(&status(PHASE_SWITCHOVER, "db-1", "db-1")).is_none());
     }

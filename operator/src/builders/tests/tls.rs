@@ -201,7 +201,7 @@ fn plain_http_mounts_no_certificate_and_keeps_http_urls() {
                 dep.metadata
                     .labels
                     .as_ref()
-                    .and_then(|l| l.get("app.kubernetes.io/component"))
+                    .and_then(|l| l.get(crate::builders::LABEL_COMPONENT))
                     == Some(&(*s).to_owned())
             });
             assert_eq!(plain_env(c, "DLOCK_PLAINTEXT").is_some(), served, "{name}");
