@@ -64,7 +64,12 @@ pub struct Database {
 
 impl Database {
     pub async fn start(history: History) -> Result<Self> {
-        let (server, report) = served::start(&format!("demo-{}", history.name()), &[], history).await?;
+        Self::start_with(history, &[]).await
+    }
+
+    /// [`Database::start`] with extra `-c name=value` settings (a bench's `pg_stat_statements`).
+    pub async fn start_with(history: History, settings: &[(&str, &str)]) -> Result<Self> {
+        let (server, report) = served::start(&format!("demo-{}", history.name()), settings, history).await?;
         step(format!(
             "{}: PostgreSQL 16 on 127.0.0.1:{} (pid {}), migrations applied: {}",
             history.name(),

@@ -76,6 +76,9 @@ pub struct LockHandle {
     suspended: watch::Sender<bool>,
     /// The grant as last signed by lock-server (acquire, then each renewal).
     signed: watch::Receiver<Option<String>>,
+    /// The lease asked for, kept for [`LockHandle::reenter`].
+    ttl: Duration,
+    ttl_ms: i64,
 }
 
 impl LockHandle {
@@ -115,6 +118,8 @@ impl LockHandle {
             stop,
             suspended,
             signed,
+            ttl,
+            ttl_ms,
         }
     }
 
@@ -242,6 +247,65 @@ impl LockHandle {
                 "the grant was no longer ours"
             );
             Ok(ReleaseOutcome::Stale)
+        }
+    }
+
+    /// A newer token for the same key without giving the lock up: this handle is void from here, and
+    /// the key is acquired again in the same session, which C1 grants as a re-entry with a fresh
+    /// token from the sequence (§1.3: "same session re-entering"). For a holder that does one
+    /// piece of fenced work per token — each payout on an account needs a newer token than the one
+    /// before it, strict at (a) and (d) — that is one request instead of a release and an acquire,
+    /// and no other holder comes in between. [`ClientError::Contended`] if the grant had lapsed and
+    /// another holder has the key now.
+    ///
+    /// On any error the old grant is released (compare-and-delete on its token: it deletes nothing
+    /// if the re-entry did happen), so that an unanswered re-entry does not hold the key for a lease.
+    pub async fn reenter(self) -> Result<LockHandle, ClientError> {
+        self.stop.cancel();
+        self.live.lose(LossReason::Released);
+        let session = self.session.clone();
+        let key = self.grant.lock_key.clone();
+        let token = self.grant.fencing_token;
+        let (ttl, ttl_ms) = (self.ttl, self.ttl_ms);
+        drop(self);
+        session
+            .live
+            .check()
+            .map_err(|reason| ClientError::SessionGone { reason })?;
+        let sent = Instant::now();
+        let answer = session
+            .api
+            .acquire(&key, session.id, &session.owner_id, ttl_ms)
+            .await
+            .and_then(|grant| {
+                if grant.session_id != session.id || grant.lock_key != key {
+                    Err(ClientError::Protocol(format!(
+                        "re-entered {key:?} in session {} and was granted {:?} in session {}",
+                        session.id, grant.lock_key, grant.session_id
+                    )))
+                } else if grant.fencing_token <= token {
+                    Err(ClientError::Protocol(format!(
+                        "re-entered {key:?} after token {token} and was granted token {}",
+                        grant.fencing_token
+                    )))
+                } else {
+                    Ok(grant)
+                }
+            });
+        match answer {
+            Ok(grant) => {
+                tracing::debug!(event = "lock_reentered", lock_key = %key, previous = %token, fencing_token = %grant.fencing_token);
+                Ok(LockHandle::start(session, grant, ttl, ttl_ms, sent))
+            }
+            Err(e) => {
+                if let ClientError::SessionGone { reason } = &e {
+                    session.live.lose(*reason);
+                }
+                if let Err(release) = session.api.release(&key, token).await {
+                    tracing::warn!(event = "lock_release_failed", lock_key = %key, fencing_token = %token, error = %release);
+                }
+                Err(e)
+            }
         }
     }
 

@@ -607,3 +607,63 @@ async fn the_handle_carries_its_signed_grant_and_a_renewal_brings_the_new_key() 
     session.close().await.unwrap();
     second.shutdown().await.unwrap();
 }
+
+/// `LockHandle::reenter` (what the executor does between two payouts of one account): a newer
+/// token in the same session, the key never free in between — a waiter in its queue is granted
+/// only after the final release — and the old handle void.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reenter_hands_a_newer_token_and_nobody_comes_in_between() {
+    let env = Env::start().await;
+    let s1 = env.session("visitor").await;
+    let s2 = env.session("waiter").await;
+    let first = s1
+        .acquire("account:visit", LONG, Duration::ZERO)
+        .await
+        .expect("granted");
+    let t1 = first.token();
+    // Waiting in the key's queue from before the re-entries on.
+    let waiting = tokio::spawn(async move {
+        let h = s2
+            .acquire("account:visit", LONG, Duration::from_secs(30))
+            .await
+            .expect("granted after the release");
+        (h.token(), s2, h)
+    });
+    let mut h = first;
+    let mut tokens = vec![t1];
+    for _ in 0..3 {
+        h = h.reenter().await.expect("re-entered");
+        assert_eq!(env.holder_token("account:visit").await, Some(h.token()));
+        tokens.push(h.token());
+    }
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    assert!(!waiting.is_finished(), "the waiter came in between");
+    let last = h.token();
+    assert_eq!(h.release().await.expect("release"), ReleaseOutcome::Released);
+    let (theirs, _s2, _h2) = within("the waiter's grant", waiting).await.expect("task");
+    assert!(theirs > last, "{theirs} after {last}");
+}
+
+/// A re-entry after the lease lapsed and another holder took the key: contended, and the new
+/// holder keeps it (the old token's release inside `reenter` deletes nothing of theirs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reenter_after_a_takeover_is_contended_and_leaves_the_new_holder_alone() {
+    let env = Env::start().await;
+    let s1 = env.session("paused").await;
+    let s2 = env.session("successor").await;
+    let h = s1
+        .acquire("account:lapsed", SHORT, Duration::ZERO)
+        .await
+        .expect("granted");
+    h.suspend_renewal();
+    let theirs = s2
+        .acquire("account:lapsed", LONG, Duration::from_secs(30))
+        .await
+        .expect("taken over");
+    match h.reenter().await {
+        Err(ClientError::Contended { .. }) => {}
+        other => panic!("expected Contended, got {other:?}"),
+    }
+    assert_eq!(env.holder_token("account:lapsed").await, Some(theirs.token()));
+    assert!(theirs.ensure_held().is_ok());
+}

@@ -2,13 +2,11 @@
 //! owners and session ids go to logs, never to labels.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::store::{Backend, WaitMetrics, WakeLabels, WakeReason};
@@ -93,16 +91,6 @@ pub struct RefusalLabels {
     pub reason: RefusalReason,
 }
 
-/// `route` is the matched route template (`/v1/locks/{key}/renew`), never the raw path.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct HttpLabels {
-    pub method: String,
-    pub route: String,
-    pub status: u16,
-}
-
-type HistogramFamily = Family<HttpLabels, Histogram, fn() -> Histogram>;
-
 #[derive(Debug)]
 pub struct Metrics {
     registry: Arc<Registry>,
@@ -112,7 +100,7 @@ pub struct Metrics {
     pub release: Family<ReleaseLabels, Counter>,
     pub revoke: Family<RevokeLabels, Counter>,
     pub reaper_sessions_deleted: Counter,
-    pub http_duration: HistogramFamily,
+    pub http: dlock_common::metrics::HttpMetrics,
     /// Watch streams open in this process now.
     pub watchers: Gauge,
     pub waits: Family<WaitLabels, Counter>,
@@ -120,11 +108,6 @@ pub struct Metrics {
     pub wait: WaitMetrics,
     /// Requests refused to lock clients, by client and reason (only with a clients file).
     pub client_refusals: Family<RefusalLabels, Counter>,
-}
-
-fn http_histogram() -> Histogram {
-    // 0.5 ms … ~16 s: lock calls are a round trip to lockdb.
-    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
 }
 
 impl Metrics {
@@ -158,12 +141,7 @@ impl Metrics {
             "Expired sessions deleted by the reaper (their locks go by the cascade)",
             reaper_sessions_deleted.clone(),
         );
-        let http_duration: HistogramFamily = Family::new_with_constructor(http_histogram);
-        registry.register(
-            "http_request_duration_seconds",
-            "HTTP request duration by matched route",
-            http_duration.clone(),
-        );
+        let http = dlock_common::metrics::HttpMetrics::register(&mut registry);
         let wait = WaitMetrics::default();
         registry.register(
             "lock_waiting",
@@ -233,7 +211,7 @@ impl Metrics {
             release,
             revoke,
             reaper_sessions_deleted,
-            http_duration,
+            http,
             watchers,
             waits,
             wait,
@@ -286,16 +264,6 @@ impl Metrics {
 
     pub fn revoked(&self, outcome: RevokeOutcome) {
         self.revoke.get_or_create(&RevokeLabels { outcome }).inc();
-    }
-
-    pub fn observe_http(&self, method: &str, route: &str, status: u16, elapsed: Duration) {
-        self.http_duration
-            .get_or_create(&HttpLabels {
-                method: method.to_owned(),
-                route: route.to_owned(),
-                status,
-            })
-            .observe(elapsed.as_secs_f64());
     }
 }
 

@@ -2,14 +2,11 @@
 //! registers, so [`routes`] is exactly what the router serves (tests compare it with the OpenAPI
 //! document).
 
-use std::time::Instant;
-
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::extract::DefaultBodyLimit;
 use axum::handler::Handler;
 use axum::http::Method;
-use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::middleware;
 use axum::routing::{delete, get, post};
 
 use crate::api;
@@ -96,27 +93,12 @@ pub fn app(state: AppState) -> Router {
         .router
         // route_layer: runs after routing, so the matched template is known (never the raw path,
         // which would put lock keys into a label).
-        .route_layer(middleware::from_fn_with_state(state.clone(), observe))
+        .route_layer(middleware::from_fn_with_state(
+            state.metrics().http.clone(),
+            dlock_common::metrics::observe_http,
+        ))
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
         .fallback(dlock_common::error::not_found_fallback)
         .method_not_allowed_fallback(api::method_not_allowed)
         .with_state(state)
-}
-
-async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let method = req.method().clone();
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "unmatched".to_owned());
-    let response = next.run(req).await;
-    state.metrics().observe_http(
-        method.as_str(),
-        &route,
-        response.status().as_u16(),
-        started.elapsed(),
-    );
-    response
 }

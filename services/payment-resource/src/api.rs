@@ -143,6 +143,10 @@ pub fn router(state: AppState, registry: Arc<Registry>) -> Router {
         .route("/openapi.yaml", get(openapi))
         .route("/healthz", get(dlock_common::serve::healthz))
         .route("/readyz", get(readyz))
+        .route_layer(from_fn_with_state(
+            state.metrics.http.clone(),
+            dlock_common::metrics::observe_http,
+        ))
         .with_state(state)
         .merge(metrics)
         .fallback(not_found_fallback)

@@ -75,6 +75,8 @@ pub struct Metrics {
     stuck: Gauge,
     /// `grant_refused_total{code}` (dlock_common::grant).
     pub grants: GrantMetrics,
+    /// `http_request_duration_seconds` by route (dlock_common::metrics).
+    pub http: dlock_common::metrics::HttpMetrics,
     breaks: Family<KindLabel, Gauge>,
     runs: Family<RunLabel, Counter>,
     last_success: Gauge,
@@ -88,6 +90,7 @@ impl Metrics {
         let mut registry = Registry::default();
         let metrics = Metrics {
             grants: GrantMetrics::register(&mut registry),
+            http: dlock_common::metrics::HttpMetrics::register(&mut registry),
             ..Metrics::default()
         };
         registry.register(

@@ -44,8 +44,11 @@ pub struct Cli {
     #[arg(long, env = "PAYOUT_EXECUTOR_SESSION_TTL_MS", default_value_t = 15_000)]
     pub session_ttl_ms: i64,
 
-    /// How long to wait for a contended account lock before moving on to another payout.
-    #[arg(long, env = "PAYOUT_EXECUTOR_ACQUIRE_WAIT_MS", default_value_t = 200)]
+    /// How long to wait for a contended account lock before moving on to another account. Short:
+    /// the holder works the account's payouts in one visit, and the waiter would mostly find them
+    /// done; a pass that met only held accounts still waits in one account's queue for the poll
+    /// interval.
+    #[arg(long, env = "PAYOUT_EXECUTOR_ACQUIRE_WAIT_MS", default_value_t = 50)]
     pub acquire_wait_ms: u64,
 
     /// Pause between passes that found nothing to do (or only contended work).
@@ -431,7 +434,7 @@ mod tests {
         let c = cli(&[]).unwrap().into_config().unwrap();
         assert_eq!(c.workers, 1);
         assert_eq!(c.lease_ttl, Duration::from_millis(5_000));
-        assert_eq!(c.acquire_wait, Duration::from_millis(200));
+        assert_eq!(c.acquire_wait, Duration::from_millis(50));
         assert!(c.payout_ids.is_empty());
         assert!(!c.exit_when_idle);
         assert_eq!(c.pause_at, None);

@@ -48,6 +48,9 @@ pub enum Ended {
         state: PayoutState,
         claim_token: Option<i64>,
     },
+    /// Not claimable (already terminal: another holder finished it), refused by the claim before
+    /// anything was written with this grant. `message` is payment-resource's, naming the state.
+    NotClaimable { message: String },
     /// The rail cannot tell yet what became of the ambiguous submission.
     Unresolved,
     /// Ended ABANDONED by this grant: the rail never received it and rail-proxy's deadline passed.
@@ -148,13 +151,14 @@ impl Critical<'_> {
             .await;
         let claimed = match claimed {
             Ok(c) => c,
-            // Terminal already: another holder finished (or failed) it.
-            Err(e) if is_api_error(&e, 409, "NOT_CLAIMABLE") => {
-                let now = self.guarded(api.get(self.payout_id)).await?;
-                return Ok(Ended::AlreadyTerminal {
-                    state: now.state,
-                    claim_token: now.claim_token,
-                });
+            // Terminal already: another holder finished (or failed) it. Nothing was written with
+            // this token, so the holder may use it for its next payout; the answer names the state.
+            Err(ClientError::Api {
+                status,
+                code,
+                message,
+            }) if status.as_u16() == 409 && code == "NOT_CLAIMABLE" => {
+                return Ok(Ended::NotClaimable { message });
             }
             Err(e) => return Err(e),
         };

@@ -1,18 +1,20 @@
-//! One worker: its own lock session, a loop of passes, one payout attempt at a time.
+//! One worker: its own lock session, a loop of passes, one account at a time.
 //!
 //! A pass finds the work ([`Discovery`]), shuffles it (so that workers spread over accounts), and
-//! for each payout acquires `account:<account_id>` with a short bounded wait in the account's queue
-//! on lock-server — contended means another live holder has it, so the worker moves on. A pass that
-//! met only held accounts waits in the queue of one of them for the poll interval instead of
-//! sleeping and asking again: the holder's release wakes it. Every attempt acquires its own grant, so
-//! every payout attempt on an account carries a newer token than the one before it (strict `<` at
-//! (a) and (d)). The lock is released after each attempt, whatever happened.
+//! visits each account in turn: it acquires `account:<account_id>` with a short bounded wait in the
+//! account's queue on lock-server — contended means another live holder has it, so the worker
+//! moves on — and works that account's payouts one after the other. A pass that met only held
+//! accounts waits in the queue of one of them for the poll interval instead of sleeping and asking
+//! again: the holder's release wakes it. Every payout attempt on an account carries a newer token
+//! than the one before it (strict `<` at (a) and (d)): between two attempts the worker re-enters
+//! the key in its session for a fresh token, one request instead of a release and an acquire. The
+//! lock is released at the end of the visit, whatever happened.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dlock_client::{ClientError, LockClient, Session};
+use dlock_client::{ClientError, LockClient, LockHandle, Session};
 use dlock_common::metrics::Resource;
 use rand::Rng;
 use rand::seq::SliceRandom;
@@ -284,11 +286,17 @@ pub enum WorkerExit {
 /// Finds the payouts to work on. Bounded work: a pass reads **one** page of PENDING payouts (from the
 /// worker's keyset cursor, which moves on page by page and wraps around at the end, so every payout
 /// is reached however long the backlog) and one page of each in-flight state — never the whole
-/// backlog.
+/// backlog. The in-flight pages (a dead holder's payouts, rare) are read at most once per poll
+/// interval: a busy worker's passes come every few payouts, and four lists each time were most of
+/// its discovery requests. A worker about to call itself idle lists them first.
 struct Discovery<'a> {
     shared: &'a Shared,
     /// Where this worker's next PENDING page starts (`None`: the oldest).
     pending_cursor: &'a mut Option<String>,
+    /// When this worker last listed the in-flight states (`None`: never, or asked for now).
+    inflight_listed_at: &'a mut Option<Instant>,
+    /// Set by [`Discovery::pass`]: whether it listed them.
+    listed_inflight: bool,
 }
 
 impl Discovery<'_> {
@@ -306,7 +314,17 @@ impl Discovery<'_> {
                 .await?;
             // A short page is the end of the queue: the next pass starts from the oldest again.
             *self.pending_cursor = next;
+            let due = self
+                .inflight_listed_at
+                .is_none_or(|at| at.elapsed() >= shared.config.poll_interval);
+            if due {
+                *self.inflight_listed_at = Some(Instant::now());
+                self.listed_inflight = true;
+            }
             for state in PayoutState::IN_FLIGHT {
+                if !due {
+                    break;
+                }
                 if !shared.inflight_listing.load(std::sync::atomic::Ordering::Relaxed) {
                     break;
                 }
@@ -378,14 +396,54 @@ impl Discovery<'_> {
     }
 }
 
-/// One attempt's result, for the pass loop.
-struct Attempt {
-    outcome: Outcome,
+/// One account visit's result, for the pass loop.
+struct Visit {
+    /// Another live holder had the account for the whole wait.
+    contended: bool,
     session_lost: bool,
     /// The acquire failed with an error (the lock service down, or its session gone): not the
-    /// payout's fault, so no error is counted against it; the pass ends and the worker pauses
+    /// payouts' fault, so no error is counted against them; the pass ends and the worker pauses
     /// before it asks the lock service again.
     lock_unreachable: bool,
+    /// A listed payout was already terminal: the pass's list is stale, the next pass lists afresh.
+    stale: bool,
+}
+
+impl Visit {
+    fn contended() -> Self {
+        Self {
+            contended: true,
+            session_lost: false,
+            lock_unreachable: false,
+            stale: false,
+        }
+    }
+
+    fn done(session: &Session, stale: bool) -> Self {
+        Self {
+            contended: false,
+            session_lost: session.is_lost(),
+            lock_unreachable: false,
+            stale,
+        }
+    }
+}
+
+/// The payouts grouped by account, accounts in the order of their first payout (the pass's
+/// shuffle), payouts in their order.
+fn by_account(work: Vec<Payout>) -> Vec<(Uuid, Vec<Payout>)> {
+    let mut visits: Vec<(Uuid, Vec<Payout>)> = Vec::new();
+    let mut at: HashMap<Uuid, usize> = HashMap::new();
+    for p in work {
+        match at.get(&p.account_id) {
+            Some(i) => visits[*i].1.push(p),
+            None => {
+                at.insert(p.account_id, visits.len());
+                visits.push((p.account_id, vec![p]));
+            }
+        }
+    }
+    visits
 }
 
 pub struct Worker {
@@ -400,6 +458,7 @@ impl Worker {
         let config = &shared.config;
         let mut session: Option<Session> = None;
         let mut pending_cursor: Option<String> = None;
+        let mut inflight_listed_at: Option<Instant> = None;
         let mut failures = 0u32;
         let exit = loop {
             if shared.shutdown.is_cancelled() {
@@ -408,8 +467,12 @@ impl Worker {
             let mut discovery = Discovery {
                 shared,
                 pending_cursor: &mut pending_cursor,
+                inflight_listed_at: &mut inflight_listed_at,
+                listed_inflight: false,
             };
-            let found = match discovery.pass().await {
+            let pass = discovery.pass().await;
+            let listed_inflight = discovery.listed_inflight || !config.payout_ids.is_empty();
+            let found = match pass {
                 Ok(found) => found,
                 Err(e) => {
                     failures += 1;
@@ -435,6 +498,11 @@ impl Worker {
                 if pending_cursor.take().is_some() {
                     continue;
                 }
+                // Nor is a pass that did not list the in-flight states: list them now.
+                if !listed_inflight {
+                    inflight_listed_at = None;
+                    continue;
+                }
                 // A payout waiting out its backoff is still work: a batch run waits for it (its
                 // error budget bounds the wait) instead of exiting idle.
                 if let Some(at) = shared.tracked.next_retry() {
@@ -451,16 +519,12 @@ impl Worker {
             work.shuffle(&mut rand::rng());
 
             let mut progressed = false;
-            let mut busy_accounts: HashSet<Uuid> = HashSet::new();
-            // The first payout of the pass whose account was held: waited for below, if nothing else
-            // could be done.
-            let mut contended: Option<Payout> = None;
-            for p in work {
+            // The first account of the pass that was held: waited for below, if nothing else could
+            // be done.
+            let mut contended: Option<(Uuid, Vec<Payout>)> = None;
+            for (account, payouts) in by_account(work) {
                 if shared.shutdown.is_cancelled() {
                     break;
-                }
-                if busy_accounts.contains(&p.account_id) {
-                    continue;
                 }
                 let current = match self.session(&mut session).await {
                     Ok(s) => s,
@@ -471,21 +535,22 @@ impl Worker {
                     }
                 };
                 failures = 0;
-                let attempt = self.attempt(current, &p, config.acquire_wait).await;
-                if attempt.session_lost {
+                let visit = self.visit(current, account, &payouts, config.acquire_wait).await;
+                if visit.session_lost {
                     session = None;
                 }
-                if attempt.lock_unreachable {
-                    // Every other payout of this pass would meet the same lock service: end the
+                if visit.lock_unreachable {
+                    // Every other account of this pass would meet the same lock service: end the
                     // pass without progress, so the worker pauses instead of spinning on it.
                     break;
                 }
-                match attempt.outcome {
-                    Outcome::contended => {
-                        busy_accounts.insert(p.account_id);
-                        contended.get_or_insert(p);
-                    }
-                    _ => progressed = true,
+                if visit.contended {
+                    contended.get_or_insert((account, payouts));
+                } else {
+                    progressed = true;
+                }
+                if visit.stale {
+                    break;
                 }
             }
             if config.exit_when_idle && failures >= MAX_CONSECUTIVE_FAILURES {
@@ -495,17 +560,17 @@ impl Worker {
                 // Only held accounts stood in the way: rather than sleep and ask again, wait in
                 // that account's queue for the poll interval (woken by its release).
                 let waited = match (contended, session.as_ref()) {
-                    (Some(p), Some(current)) if !shared.shutdown.is_cancelled() => {
-                        Some(self.attempt(current, &p, config.poll_interval).await)
+                    (Some((account, payouts)), Some(current)) if !shared.shutdown.is_cancelled() => {
+                        Some(self.visit(current, account, &payouts, config.poll_interval).await)
                     }
                     _ => None,
                 };
                 match waited {
-                    Some(attempt) => {
-                        if attempt.session_lost {
+                    Some(visit) => {
+                        if visit.session_lost {
                             session = None;
                         }
-                        if attempt.lock_unreachable {
+                        if visit.lock_unreachable {
                             self.pause(config.poll_interval).await;
                         }
                     }
@@ -547,92 +612,133 @@ impl Worker {
             .ok_or_else(|| ClientError::Protocol("no session after opening one".into()))
     }
 
-    /// One payout: acquire its account's lock (waiting up to `wait` in the account's queue on
-    /// lock-server, woken by the release before it), run the critical section, release.
-    async fn attempt(&self, session: &Session, p: &Payout, wait: Duration) -> Attempt {
+    /// One account: acquire its lock (waiting up to `wait` in the account's queue on lock-server,
+    /// woken by the release before it), work its payouts one after the other, and release. Every
+    /// payout attempt carries a newer token than the one before it on the account (strict `<` at
+    /// (a) and (d)): after an attempt that may have written with the token, the key is re-entered
+    /// for the next one ([`LockHandle::reenter`]: one request, and nobody comes in between). The
+    /// visit ends early when a listed payout was already terminal (another holder visited the
+    /// account since the pass listed it: the rest of the list is stale, and the pass ends too),
+    /// when the lock is lost, a resource fenced the token out, an attempt failed with an error, or
+    /// the process is shutting down.
+    async fn visit(&self, session: &Session, account: Uuid, payouts: &[Payout], wait: Duration) -> Visit {
         let shared = &self.shared;
         let config = &shared.config;
-        let picked = Instant::now();
-        let key = dlock_common::grant::account_key(p.account_id);
+        let key = dlock_common::grant::account_key(account);
 
-        let acquiring = Instant::now();
-        let lock = match session.acquire(&key, config.lease_ttl, wait).await {
+        let mut picked = Instant::now();
+        let mut lock = match session.acquire(&key, config.lease_ttl, wait).await {
             Ok(lock) => {
-                shared
-                    .metrics
-                    .acquire(AcquireResult::granted, acquiring.elapsed());
+                shared.metrics.acquire(AcquireResult::granted, picked.elapsed());
                 lock
             }
             Err(ClientError::Contended { .. }) => {
-                shared
-                    .metrics
-                    .acquire(AcquireResult::contended, acquiring.elapsed());
+                shared.metrics.acquire(AcquireResult::contended, picked.elapsed());
                 shared.metrics.processed(Outcome::contended);
-                tracing::debug!(event = "payout_contended", payout_id = %p.payout_id, lock_key = %key);
-                return Attempt {
-                    outcome: Outcome::contended,
-                    session_lost: false,
-                    lock_unreachable: false,
-                };
+                tracing::debug!(event = "payout_contended", account_id = %account, lock_key = %key);
+                return Visit::contended();
             }
-            Err(e) => {
-                let session_lost = matches!(e, ClientError::SessionGone { .. }) || session.is_lost();
-                tracing::warn!(
-                    event = "lock_acquire_failed",
-                    worker = self.n,
-                    payout_id = %p.payout_id,
-                    lock_key = %key,
-                    error = %e,
-                );
-                shared.metrics.processed(Outcome::error);
-                return Attempt {
-                    outcome: Outcome::error,
-                    session_lost,
-                    lock_unreachable: true,
-                };
-            }
+            Err(e) => return self.lock_failed(session, &key, payouts.first(), e),
         };
+        let mut stale = false;
+        for (i, p) in payouts.iter().enumerate() {
+            if shared.shutdown.is_cancelled() {
+                break;
+            }
+            if i > 0 {
+                picked = Instant::now();
+                lock = match lock.reenter().await {
+                    Ok(lock) => {
+                        shared.metrics.acquire(AcquireResult::granted, picked.elapsed());
+                        lock
+                    }
+                    // Our lease had lapsed and another holder has the account now: it works it.
+                    Err(ClientError::Contended { .. }) => {
+                        shared.metrics.acquire(AcquireResult::contended, picked.elapsed());
+                        return Visit::done(session, false);
+                    }
+                    Err(e) => return self.lock_failed(session, &key, Some(p), e),
+                };
+            }
+            let ended = self.attempt(&lock, p).await;
+            // Already terminal: another holder visited the account since this pass listed it, so
+            // the rest of what the pass listed is stale too. The next pass lists afresh.
+            stale = matches!(ended, Some(Ok(Ended::NotClaimable { .. })));
+            let go_on = matches!(
+                ended,
+                Some(Ok(Ended::Posted { .. }
+                    | Ended::Failed { .. }
+                    | Ended::AlreadyTerminal { .. }
+                    | Ended::Unresolved
+                    | Ended::Abandoned { .. }))
+            );
+            let outcome = self.classify(p, &key, lock.token().get(), ended);
+            shared.metrics.processed(outcome);
+            if matches!(outcome, Outcome::posted | Outcome::failed) {
+                shared.metrics.payout_done(picked.elapsed());
+            }
+            if !go_on || lock.is_lost() {
+                break;
+            }
+        }
+        // Always give the lock back. A stale release (the grant was no longer ours) is logged by the
+        // client and never retried.
         let token = lock.token();
+        if let Err(e) = lock.release().await {
+            tracing::warn!(event = "lock_release_failed", lock_key = %key, fencing_token = token.get(), error = %e);
+        }
+        Visit::done(session, stale)
+    }
+
+    /// The account's lock could not be had for an error (the lock service down, or our session
+    /// gone): not the payouts' fault, so no error is counted against them. `next` is the payout
+    /// the lock was wanted for, for the log.
+    fn lock_failed(&self, session: &Session, key: &str, next: Option<&Payout>, e: ClientError) -> Visit {
+        let session_lost = matches!(e, ClientError::SessionGone { .. }) || session.is_lost();
+        let payout_id = next.map(|p| p.payout_id.to_string()).unwrap_or_default();
+        tracing::warn!(
+            event = "lock_acquire_failed",
+            worker = self.n,
+            payout_id = %payout_id,
+            lock_key = %key,
+            error = %e,
+        );
+        self.shared.metrics.processed(Outcome::error);
+        Visit {
+            contended: false,
+            session_lost,
+            lock_unreachable: true,
+            stale: false,
+        }
+    }
+
+    /// One payout under `lock`: the critical section, or `None` if SIGTERM's grace period ran out
+    /// first.
+    async fn attempt(&self, lock: &LockHandle, p: &Payout) -> Option<Result<Ended, ClientError>> {
+        let shared = &self.shared;
         tracing::info!(
             event = "lock_acquired",
             worker = self.n,
-            lock_key = %key,
-            fencing_token = token.get(),
+            lock_key = %lock.key(),
+            fencing_token = lock.token().get(),
             payout_id = %p.payout_id,
             state = %p.state,
         );
-
         let critical = Critical {
             resources: &shared.resources,
-            lock: &lock,
+            lock,
             payout_id: p.payout_id,
             owner_id: &self.owner_id,
         };
         // On SIGTERM the current payout may finish within the grace period; past it, the section is
         // dropped mid-way, which is safe: every step is fenced and recorded, and a successor resumes.
         let grace = async {
-            self.shared.shutdown.cancelled().await;
-            tokio::time::sleep(config.shutdown_grace).await;
+            shared.shutdown.cancelled().await;
+            tokio::time::sleep(shared.config.shutdown_grace).await;
         };
-        let ended = tokio::select! {
+        tokio::select! {
             ended = critical.run() => Some(ended),
             _ = grace => None,
-        };
-        // Always give the lock back. A stale release (the grant was no longer ours) is logged by the
-        // client and never retried.
-        if let Err(e) = lock.release().await {
-            tracing::warn!(event = "lock_release_failed", lock_key = %key, fencing_token = token.get(), error = %e);
-        }
-
-        let outcome = self.classify(p, &key, token.get(), ended);
-        shared.metrics.processed(outcome);
-        if matches!(outcome, Outcome::posted | Outcome::failed) {
-            shared.metrics.payout_done(picked.elapsed());
-        }
-        Attempt {
-            outcome,
-            session_lost: session.is_lost(),
-            lock_unreachable: false,
         }
     }
 
@@ -671,6 +777,11 @@ impl Worker {
                     claim_token = ?claim_token,
                     "already terminal"
                 );
+                tracked.done(id);
+                Outcome::skipped
+            }
+            Ok(Ended::NotClaimable { message }) => {
+                tracing::info!(event = "payout_skipped", payout_id = %id, fencing_token = token, reason = %message, "already terminal");
                 tracked.done(id);
                 Outcome::skipped
             }
@@ -847,6 +958,35 @@ mod tests {
         assert_eq!(t.error(unknown, 1).retry_in, None);
         t.done(id);
         assert_eq!(t.given_up(), vec![unknown]);
+    }
+
+    fn payout(account: u128, n: u128) -> Payout {
+        serde_json::from_value(serde_json::json!({
+            "payoutId": Uuid::from_u128(n), "accountId": Uuid::from_u128(account), "amountMinor": 1,
+            "currency": "EUR", "state": "PENDING", "claimedBy": null, "claimToken": null,
+            "idempotencyKey": format!("k{n}"), "attemptCount": 0, "reservedMinor": 0,
+            "createdAt": "2026-01-01T00:00:00Z", "updatedAt": "2026-01-01T00:00:00Z"
+        }))
+        .unwrap()
+    }
+
+    /// One visit per account, in the order of each account's first payout in the (shuffled) list,
+    /// its payouts in list order; nothing lost or repeated.
+    #[test]
+    fn the_pass_visits_each_account_once_in_the_order_it_first_appears() {
+        let work = vec![
+            payout(2, 10),
+            payout(1, 11),
+            payout(2, 12),
+            payout(3, 13),
+            payout(1, 14),
+        ];
+        let visits: Vec<(u128, Vec<u128>)> = by_account(work)
+            .into_iter()
+            .map(|(a, ps)| (a.as_u128(), ps.iter().map(|p| p.payout_id.as_u128()).collect()))
+            .collect();
+        assert_eq!(visits, vec![(2, vec![10, 12]), (1, vec![11, 14]), (3, vec![13])]);
+        assert!(by_account(Vec::new()).is_empty());
     }
 
     #[test]

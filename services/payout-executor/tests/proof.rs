@@ -651,6 +651,16 @@ async fn batch_of_two_executors_posts_every_payout_exactly_once(backend: LockBac
         let now = stack.account(*account).await.unwrap();
         assert_eq!(now.balance_minor, opening - debited);
         assert!(now.consistent, "{now:?}");
+        // A worker visits an account and re-enters its key between two payouts: each payout was
+        // still claimed with a grant of its own.
+        let mut claims = Vec::new();
+        for p in payouts.iter().filter(|p| p.account_id == *account) {
+            claims.push(payout_state(stack, p.payout_id).await.claim_token);
+        }
+        let mut distinct: Vec<i64> = claims.iter().flatten().copied().collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 5, "claim tokens {claims:?}");
     }
     // Each payout was posted by exactly one executor, once.
     let mut posted: Vec<String> = [&e1, &e2]

@@ -81,6 +81,10 @@ pub fn router(proxy: Arc<Proxy>, registry: Arc<Registry>, credentials: Arc<Crede
         .route("/healthz", get(dlock_common::serve::healthz))
         .route("/readyz", get(readyz))
         .route("/openapi.yaml", get(openapi))
+        .route_layer(from_fn_with_state(
+            proxy.metrics.http.clone(),
+            dlock_common::metrics::observe_http,
+        ))
         .with_state(proxy)
         .merge(metrics)
         .fallback(dlock_common::error::not_found_fallback)

@@ -34,11 +34,15 @@ pub struct Metrics {
     pub submissions: Family<OutcomeLabel, Counter>,
     /// Attempts given up: the rail, asked after the deadline, had never received them.
     pub abandoned: Counter,
+    pub http: dlock_common::metrics::HttpMetrics,
 }
 
 impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
-        let m = Self::default();
+        let m = Self {
+            http: dlock_common::metrics::HttpMetrics::register(registry),
+            ..Self::default()
+        };
         // Created up front so that the must-be-zero series is visible at zero, not absent.
         let _ = m.fenced_out.get_or_create(&ResourceLabel {
             resource: Resource::rail,

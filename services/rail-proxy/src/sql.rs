@@ -2,6 +2,8 @@
 //!
 //! rail-proxy writes only `rail_submission` and `rail_high_water` (C1 §1.5: nothing else writes
 //! `rail_high_water`); it reads `payout` to learn the account, amount, currency and idempotency key.
+//! The statements of a submission's happy path are public: the payout bench's floor runs exactly
+//! them under pgbench (`dlock-dev bench payouts`).
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -23,7 +25,8 @@ RETURNING highest_token";
 /// so this reads the value that decided, or a later, higher one.
 const SELECT_HIGH_WATER: &str = "SELECT highest_token FROM rail_high_water WHERE account_id = $1";
 
-const SELECT_PAYOUT: &str = "\
+/// The payout a submission names: its account (for (d)), amount, currency and idempotency key.
+pub const SELECT_PAYOUT: &str = "\
 SELECT payout_id, account_id, amount_minor, currency, claimed_by, claim_token, idempotency_key,
        state, reserved_minor
   FROM payout
@@ -43,7 +46,7 @@ RETURNING submission_id, payout_id, idempotency_key, presented_token, outcome, r
 /// payout is RAIL_SUBMITTED and holds its reservation, which payment-resource made under the
 /// account's fence only if the account covered it — so zero rows also means "not reserved", and
 /// nothing is forwarded. The caller tells the two apart by reading the attempt.
-const INSERT_ATTEMPT: &str = "\
+pub const INSERT_ATTEMPT: &str = "\
 INSERT INTO rail_submission (submission_id, payout_id, idempotency_key, presented_token)
 SELECT $1, p.payout_id, $3, $4
   FROM payout p
@@ -70,7 +73,7 @@ SELECT submission_id, payout_id, idempotency_key, presented_token, outcome, rail
 
 /// What the rail answered to the one forward. Only an unanswered attempt can take it, so a
 /// resolution that raced ahead of a slow answer is never overwritten.
-const RECORD_FORWARD_OUTCOME: &str = "\
+pub const RECORD_FORWARD_OUTCOME: &str = "\
 UPDATE rail_submission
    SET outcome = $2, rail_reference = $3, resolved_at = now()
  WHERE submission_id = $1 AND outcome IS NULL

@@ -67,6 +67,21 @@ pub fn tree_secs(root: u32) -> f64 {
     total as f64 / ticks_per_sec()
 }
 
+/// [`tree_secs`] plus what `root`'s children that already exited cost (their CPU-seconds, which the
+/// kernel adds to their parent's when it reaps them: fields 13 and 14 of `/proc/<pid>/stat`). For
+/// PostgreSQL's postmaster, which reaps every backend and autovacuum worker, this counts the work of
+/// connections that lived only inside a measurement (pgbench's) as well as of those that outlive it.
+pub fn tree_secs_with_exited(root: u32) -> f64 {
+    tree_secs(root) + exited_secs(root)
+}
+
+/// CPU-seconds of `root`'s children that exited and were reaped.
+fn exited_secs(root: u32) -> f64 {
+    stat_fields(root)
+        .and_then(|f| Some(f.get(13)?.parse::<u64>().ok()? + f.get(14)?.parse::<u64>().ok()?))
+        .map_or(0.0, |t| t as f64 / ticks_per_sec())
+}
+
 /// The whole machine's CPU time so far, in ticks: (busy, all), from `/proc/stat`'s first line
 /// (busy is all but idle and iowait).
 pub fn machine_ticks() -> Option<(u64, u64)> {
@@ -108,6 +123,22 @@ mod tests {
         let (busy, all) = machine_ticks().expect("/proc/stat");
         assert!(busy > 0 && all >= busy);
         assert_eq!(load_average().split(' ').count(), 3);
+    }
+
+    /// A child that spun and was reaped is gone from the tree, and still counted with the exited.
+    #[test]
+    fn a_reaped_child_still_counts_with_the_exited() {
+        let me = std::process::id();
+        let before = exited_secs(me);
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done"])
+            .spawn()
+            .expect("spawn sh");
+        let pid = child.id();
+        child.wait().expect("wait");
+        assert_eq!(process_secs(pid), None);
+        assert!(exited_secs(me) >= before + 0.05);
+        assert!(tree_secs_with_exited(me) >= exited_secs(me));
     }
 
     #[test]

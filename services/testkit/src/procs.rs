@@ -90,6 +90,8 @@ pub struct Spec {
     pub ready_path: Option<String>,
     /// Set by [`Spec::https`]: the CA that signs the certificate the service serves.
     pub ca: Option<PathBuf>,
+    /// Set by [`Spec::bin_dir`]: where the binary is, instead of [`binary`]'s search.
+    pub bin_dir: Option<PathBuf>,
 }
 
 /// A server's command line with `--plaintext` added unless it names a TLS file (`--tls-…`): for
@@ -122,7 +124,14 @@ impl Spec {
             port: free_port()?,
             ready_path: Some("/readyz".to_owned()),
             ca: None,
+            bin_dir: None,
         })
+    }
+
+    /// Start the binary from `dir` (when given) instead of [`binary`]'s search.
+    pub fn bin_dir(mut self, dir: Option<PathBuf>) -> Self {
+        self.bin_dir = dir;
+        self
     }
 
     /// Serve HTTPS with this certificate, signed by `ca` (the service's URL becomes `https://`, and
@@ -158,7 +167,12 @@ impl Spec {
 impl Service {
     /// Starts the process with its output in `<log_dir>/<name>.log` and waits until it is ready.
     pub async fn start(spec: Spec, log_dir: &Path) -> Result<Self, ProcError> {
-        let bin = binary(&spec.binary)?;
+        let bin = match &spec.bin_dir {
+            Some(dir) => Some(dir.join(&spec.binary))
+                .filter(|p| p.is_file())
+                .ok_or_else(|| ProcError::NotBuilt(format!("{}/{}", dir.display(), spec.binary)))?,
+            None => binary(&spec.binary)?,
+        };
         fs::create_dir_all(log_dir).map_err(|source| ProcError::Io {
             what: "create log dir".into(),
             source,

@@ -15,7 +15,8 @@
 //!
 //! - [`lock`]: `bench lock`, its phases ([`phases`]), what each cost ([`meter`]) and the floors
 //!   under the dlock rows ([`floors`]); [`hop`]: the HTTP hop alone, a process of its own.
-//! - [`payouts`]: `bench payouts`, end to end through the payments stack.
+//! - [`payouts`]: `bench payouts`, end to end through the payments stack; [`per_payout`]: the
+//!   requests and statements a payout makes, by route and by statement.
 //! - [`costs`]: what a signed grant and a cycle's JSON cost in this process (both benchmarks).
 
 mod costs;
@@ -23,7 +24,9 @@ mod floors;
 pub mod hop;
 mod lock;
 mod meter;
+mod payout_floor;
 mod payouts;
+mod per_payout;
 mod phases;
 
 use anyhow::Result;
@@ -67,9 +70,39 @@ pub struct PayoutArgs {
     /// fall with the size of the backlog).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     backlog: Vec<u32>,
+    /// Rows with fencing on, off, or both (the default: the cost of fencing, side by side).
+    #[arg(long, value_enum, default_value_t = Fencing::Both)]
+    fencing: Fencing,
+    /// Accounts the payouts are spread over: 1 is the contended case (every payout on one
+    /// account); above the 20 seeded ones, more are made through the API.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    accounts: u32,
+    /// A folder with a base build's service binaries (lock-server, payment-resource, rail-proxy,
+    /// rail-stub, payout-executor): every row runs twice, the base's services and this build's,
+    /// alternated in the same run (A/B).
+    #[arg(long, value_name = "DIR")]
+    base_bin: Option<std::path::PathBuf>,
     /// Backlog mode: payouts that must end (POSTED) for one measurement.
     #[arg(long, default_value_t = 800, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     measure: u32,
+}
+
+/// Which fencing settings a payouts run has rows for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Fencing {
+    On,
+    Off,
+    Both,
+}
+
+impl Fencing {
+    pub fn has(self, on: bool) -> bool {
+        match self {
+            Fencing::On => on,
+            Fencing::Off => !on,
+            Fencing::Both => true,
+        }
+    }
 }
 
 /// Whether a run signs (and verifies) grants.
@@ -134,15 +167,15 @@ pub async fn run(cmd: BenchCommand, run_dir: &RunDir) -> Result<bool> {
             .await
         }
         BenchCommand::Payouts(args) => {
-            payouts::run(
-                args.payouts,
-                args.executors,
-                args.workers,
-                args.rounds,
-                args.grants,
-                run_dir,
-            )
-            .await
+            let setup = payouts::Setup {
+                payouts: args.payouts,
+                executors: args.executors,
+                workers: args.workers,
+                accounts: args.accounts,
+                base_bin: args.base_bin,
+                fencing: args.fencing,
+            };
+            payouts::run(&setup, args.rounds, args.grants, run_dir).await
         }
     }
 }

@@ -313,8 +313,9 @@ fn renumber(stmt: &str, offset: usize, out: &mut String) {
 }
 
 /// `stmt` with every placeholder `$j` replaced by `to(j)`; `None` if `to` refuses one. A `$` not
-/// followed by digits is not a placeholder and is copied as it is.
-fn placeholders(stmt: &str, to: impl Fn(usize) -> Option<String>) -> Option<String> {
+/// followed by digits is not a placeholder and is copied as it is. (Also how the payout bench's
+/// floor names a statement's binds as pgbench variables.)
+pub fn placeholders(stmt: &str, to: impl Fn(usize) -> Option<String>) -> Option<String> {
     let mut out = String::with_capacity(stmt.len() + 64);
     let mut rest = stmt;
     while let Some(at) = rest.find('$') {
