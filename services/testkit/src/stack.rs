@@ -195,6 +195,11 @@ impl StackOptions {
         }
     }
 
+    /// A service of this stack: its binary from [`StackOptions::bin_dir`] when set.
+    fn spec(&self, name: &str, binary: &str) -> Result<Spec, crate::procs::ProcError> {
+        Ok(Spec::new(name, binary)?.bin_dir(self.bin_dir.clone()))
+    }
+
     /// The public keys the resources of this stack trust.
     pub fn public_keys(&self) -> Result<PublicKeys> {
         let keys = std::iter::once(self.grant_key.public_key())
@@ -268,9 +273,9 @@ impl Stack {
     pub async fn start(lockdb_url: &str, paydb_url: &str, opts: &StackOptions) -> Result<Self> {
         let dir = opts.log_dir.as_path();
         let tls = opts.tls.clone();
-        let mut stub = Spec::new("rail-stub", "rail-stub")?
-            .bin_dir(opts.bin_dir.clone())
-            .args(["--listen", "127.0.0.1:{port}", "--mode", "ack"]);
+        let mut stub =
+            opts.spec("rail-stub", "rail-stub")?
+                .args(["--listen", "127.0.0.1:{port}", "--mode", "ack"]);
         if opts.rail_stub_test_mode {
             stub = stub.arg("--test-mode");
         }
@@ -292,19 +297,15 @@ impl Stack {
         .await?;
         // The grant settings are `serve`'s: after the subcommand.
         let payment = opts
-            .grant_settings(
-                Spec::new("payment-resource", "payment-resource")?
-                    .bin_dir(opts.bin_dir.clone())
-                    .args([
-                        "serve".to_owned(),
-                        "--database-url".to_owned(),
-                        paydb_url.to_owned(),
-                        "--listen".to_owned(),
-                        "127.0.0.1:{port}".to_owned(),
-                        "--fencing-enabled".to_owned(),
-                        opts.payment_fencing.to_string(),
-                    ]),
-            )?
+            .grant_settings(opts.spec("payment-resource", "payment-resource")?.args([
+                "serve".to_owned(),
+                "--database-url".to_owned(),
+                paydb_url.to_owned(),
+                "--listen".to_owned(),
+                "127.0.0.1:{port}".to_owned(),
+                "--fencing-enabled".to_owned(),
+                opts.payment_fencing.to_string(),
+            ]))?
             .env("PAYMENT_RESOURCE_ADMIN_TOKEN", &credentials.admin)
             .env("PAYMENT_RESOURCE_EXECUTOR_TOKEN", &credentials.executor)
             .env("PAYMENT_RESOURCE_CLIENT_TOKEN", &credentials.client);
@@ -315,8 +316,7 @@ impl Stack {
             None => {
                 let (spec, etcd) = match opts.lock_backend {
                     LockBackend::Postgres => (
-                        Spec::new("lock-server", "lock-server")?
-                            .bin_dir(opts.bin_dir.clone())
+                        opts.spec("lock-server", "lock-server")?
                             .args(["--database-url", lockdb_url]),
                         None,
                     ),
@@ -326,14 +326,12 @@ impl Stack {
                         // idle blocking threads after 10 s — etcd would die mid-run. Startup
                         // blocks this thread for about a second.
                         let etcd = EtcdCluster::single().context("start etcd for the locks")?;
-                        let spec = Spec::new("lock-server", "lock-server")?
-                            .bin_dir(opts.bin_dir.clone())
-                            .args([
-                                "--backend".to_owned(),
-                                "etcd".to_owned(),
-                                "--etcd-endpoints".to_owned(),
-                                etcd.endpoints().join(","),
-                            ]);
+                        let spec = opts.spec("lock-server", "lock-server")?.args([
+                            "--backend".to_owned(),
+                            "etcd".to_owned(),
+                            "--etcd-endpoints".to_owned(),
+                            etcd.endpoints().join(","),
+                        ]);
                         (spec, Some(etcd))
                     }
                 };
@@ -412,7 +410,7 @@ impl Stack {
     /// A long-running payout-executor (until SIGTERM); [`Stack::start_executor`] waits until it
     /// answers `/readyz`.
     pub fn service_executor_spec(&self, name: &str) -> Result<Spec> {
-        let spec = Spec::new(name, "payout-executor")?.bin_dir(self.grant_opts.bin_dir.clone());
+        let spec = self.grant_opts.spec(name, "payout-executor")?;
         let spec = match self.ca_file() {
             Some(ca) => spec.env(payout_executor::config::CA_FILE_ENV, ca.display().to_string()),
             None => spec,
@@ -634,7 +632,7 @@ fn rail_proxy_spec(
 ) -> Result<Spec> {
     let (rail_timeout_ms, abandon_after_ms) = (opts.rail_timeout_ms, opts.rail_abandon_after_ms);
     let mut spec = opts
-        .grant_settings(Spec::new(name, "rail-proxy")?.bin_dir(opts.bin_dir.clone()))?
+        .grant_settings(opts.spec(name, "rail-proxy")?)?
         .args([
             "--database-url".to_owned(),
             paydb_url.to_owned(),
