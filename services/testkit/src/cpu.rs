@@ -24,14 +24,21 @@ fn ticks(fields: &[String]) -> Option<u64> {
     Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
 }
 
+/// What the process's children that exited and were reaped cost (fields 13 and 14: the kernel adds
+/// a child's time to its parent's when the parent reaps it).
+fn reaped_ticks(fields: &[String]) -> Option<u64> {
+    Some(fields.get(13)?.parse::<u64>().ok()? + fields.get(14)?.parse::<u64>().ok()?)
+}
+
 /// CPU-seconds (user + system, every thread) the process has used so far; `None` once it is gone.
 pub fn process_secs(pid: u32) -> Option<f64> {
     Some(ticks(&stat_fields(pid)?)? as f64 / ticks_per_sec())
 }
 
-/// CPU-seconds used so far by `root` and every live process descended from it (a process that
-/// already exited no longer counts: read before and after a measurement, its backends must live
-/// through it, as pooled connections do).
+/// CPU-seconds used so far by `root` and every process descended from it: the live ones, and those
+/// that exited and were reaped by a live one (for PostgreSQL's postmaster, which reaps every backend
+/// and autovacuum worker, the work of connections that lived only inside a measurement — pgbench's
+/// — counts as well as that of pooled ones).
 pub fn tree_secs(root: u32) -> f64 {
     let mut parent_of: HashMap<u32, (u32, u64)> = HashMap::new();
     if let Ok(dir) = fs::read_dir("/proc") {
@@ -40,9 +47,10 @@ pub fn tree_secs(root: u32) -> f64 {
                 continue;
             };
             if let Some(f) = stat_fields(pid)
-                && let (Some(ppid), Some(t)) = (f.get(1).and_then(|p| p.parse().ok()), ticks(&f))
+                && let (Some(ppid), Some(t), Some(reaped)) =
+                    (f.get(1).and_then(|p| p.parse().ok()), ticks(&f), reaped_ticks(&f))
             {
-                parent_of.insert(pid, (ppid, t));
+                parent_of.insert(pid, (ppid, t + reaped));
             }
         }
     }
@@ -65,21 +73,6 @@ pub fn tree_secs(root: u32) -> f64 {
         .map(|(_, (_, t))| t)
         .sum();
     total as f64 / ticks_per_sec()
-}
-
-/// [`tree_secs`] plus what `root`'s children that already exited cost (their CPU-seconds, which the
-/// kernel adds to their parent's when it reaps them: fields 13 and 14 of `/proc/<pid>/stat`). For
-/// PostgreSQL's postmaster, which reaps every backend and autovacuum worker, this counts the work of
-/// connections that lived only inside a measurement (pgbench's) as well as of those that outlive it.
-pub fn tree_secs_with_exited(root: u32) -> f64 {
-    tree_secs(root) + exited_secs(root)
-}
-
-/// CPU-seconds of `root`'s children that exited and were reaped.
-fn exited_secs(root: u32) -> f64 {
-    stat_fields(root)
-        .and_then(|f| Some(f.get(13)?.parse::<u64>().ok()? + f.get(14)?.parse::<u64>().ok()?))
-        .map_or(0.0, |t| t as f64 / ticks_per_sec())
 }
 
 /// The whole machine's CPU time so far, in ticks: (busy, all), from `/proc/stat`'s first line
@@ -129,7 +122,8 @@ mod tests {
     #[test]
     fn a_reaped_child_still_counts_with_the_exited() {
         let me = std::process::id();
-        let before = exited_secs(me);
+        let reaped = || stat_fields(me).and_then(|f| reaped_ticks(&f)).unwrap_or(0) as f64 / ticks_per_sec();
+        let before = reaped();
         let mut child = std::process::Command::new("sh")
             .args(["-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done"])
             .spawn()
@@ -137,8 +131,8 @@ mod tests {
         let pid = child.id();
         child.wait().expect("wait");
         assert_eq!(process_secs(pid), None);
-        assert!(exited_secs(me) >= before + 0.05);
-        assert!(tree_secs_with_exited(me) >= exited_secs(me));
+        assert!(reaped() >= before + 0.05);
+        assert!(tree_secs(me) >= reaped());
     }
 
     #[test]

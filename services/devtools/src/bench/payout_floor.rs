@@ -244,9 +244,9 @@ fn pgbench(
         cmd.arg("-D").arg(format!("{k}={v}"));
     }
     cmd.arg("-f").arg(script).arg(url);
-    let before = cpu::tree_secs_with_exited(db.server.pid);
+    let before = cpu::tree_secs(db.server.pid);
     let out = cmd.output().context("run pgbench")?;
-    let after = cpu::tree_secs_with_exited(db.server.pid);
+    let after = cpu::tree_secs(db.server.pid);
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         bail!(

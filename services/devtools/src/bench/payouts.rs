@@ -68,8 +68,8 @@ fn cpu_now(
     if let Some(l) = &stack.lock_server {
         v.push(("lock-server", one(l.pid())));
     }
-    v.push(("paydb", cpu::tree_secs_with_exited(paydb.server.pid)));
-    v.push(("lockdb", cpu::tree_secs_with_exited(lockdb.server.pid)));
+    v.push(("paydb", cpu::tree_secs(paydb.server.pid)));
+    v.push(("lockdb", cpu::tree_secs(lockdb.server.pid)));
     v.push(("bench", one(std::process::id())));
     v
 }
