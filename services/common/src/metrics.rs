@@ -80,13 +80,13 @@ impl Default for HttpMetrics {
 
 impl HttpMetrics {
     pub fn register(registry: &mut Registry) -> Self {
-        let duration: HttpHistograms = Family::new_with_constructor(http_histogram);
+        let m = Self::default();
         registry.register(
             "http_request_duration_seconds",
             "HTTP request duration by matched route",
-            duration.clone(),
+            m.duration.clone(),
         );
-        Self { duration }
+        m
     }
 
     pub fn observe(&self, method: &str, route: &str, status: u16, elapsed: Duration) {
