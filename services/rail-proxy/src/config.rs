@@ -35,6 +35,14 @@ pub const DEFAULT_ABANDON_AFTER: Duration = Duration::from_secs(600);
 pub enum Fault {
     /// Exit the process right after the attempt row commits, before forwarding to the rail.
     ExitAfterAttempt,
+    /// The attempt INSERT runs but its reply is lost (as when paydb's primary dies with the reply
+    /// in flight): every attempt insert — whether it committed a new attempt or found one there —
+    /// answers a connection-reset I/O error instead of its result, so the submission must read the
+    /// attempt back to learn which.
+    LoseAttemptReply,
+    /// Negative control of `LoseAttemptReply`: the reply is lost and the read-back is skipped, as
+    /// before it existed (the submission answers 503 and never forwards).
+    LoseAttemptReplyNoReadBack,
 }
 
 /// Bounds on the rail timeout: long enough to be meaningful, short enough to never hang a worker.
@@ -164,7 +172,8 @@ pub struct Cli {
     /// loudly.
     #[arg(long, env = "RAIL_PROXY_ENABLE_FAULT_INJECTION")]
     pub enable_fault_injection: bool,
-    /// Fault injection: e.g. `exit-after-attempt` exits right after an attempt row commits.
+    /// Fault injection: `exit-after-attempt` exits right after an attempt row commits;
+    /// `lose-attempt-reply` loses the reply of every attempt insert.
     #[arg(
         long,
         env = "RAIL_PROXY_FAULT",

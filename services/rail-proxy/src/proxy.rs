@@ -1,6 +1,8 @@
 //! The submission flow: (d), the one attempt, the one forward, the recorded outcome; and the
 //! resolution of ambiguous attempts by asking the rail. The fencing token is always a parameter.
 
+use std::time::Duration;
+
 use dlock_common::FencingToken;
 use dlock_common::fencing::FencedOutDetails;
 use dlock_common::grant::{GrantGate, Presented};
@@ -11,10 +13,38 @@ use crate::config::{Fault, RailFence};
 use crate::error::ProxyError;
 use crate::metrics::{Metrics, SubmissionOutcome};
 use crate::rail::{Forwarded, Lookup, Rail};
-use crate::sql::{self, Outcome, Payout, Submission};
+use crate::sql::{self, AgedAttempt, Outcome, Payout, Submission};
 
 /// The exit code of the `exit_after_attempt` fault.
 pub const FAULT_EXIT_CODE: i32 = 75;
+
+/// Reading back an attempt whose INSERT lost its reply: a first read at once, then reads 50 ms
+/// apart, doubling up to 1 s apart, for at most [`READ_BACK_BUDGET`] in all (each read bounded by
+/// what is left of it). A failover of paydb's synchronous pair (promotion, then fresh connections)
+/// takes a second or two, which this covers; the budget keeps the read-back plus the one forward
+/// (the rail timeout, 2 s by default) inside the executor's request timeout (10 s by default).
+/// Past it the answer is the 503 it was before the read-back: the executor's retry finds the
+/// attempt, and resolution ends it.
+pub const READ_BACK_FIRST_DELAY: Duration = Duration::from_millis(50);
+pub const READ_BACK_MAX_DELAY: Duration = Duration::from_secs(1);
+pub const READ_BACK_BUDGET: Duration = Duration::from_secs(4);
+
+/// Whether a failed attempt INSERT may nonetheless have committed, its reply lost: the connection
+/// broke (`Io`: the primary died or a failover cut it, as in "peer closed connection"), or the
+/// server ended the session (SQLSTATE classes 08 and 57P: a backend terminated while it waited for
+/// the synchronous standby has already committed locally). Not the pool's own errors
+/// (`PoolTimedOut`, `PoolClosed`: no connection was had, so the statement never left this
+/// process), not a read-only server (`25006`: refused, so not committed), not a constraint or a
+/// value PostgreSQL refused (rolled back): those answer as they always did.
+pub fn reply_may_be_lost(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) => true,
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P")),
+        _ => false,
+    }
+}
 
 #[derive(Debug)]
 pub struct Proxy {
@@ -57,7 +87,17 @@ impl Proxy {
             RailFence::Disabled => {}
         }
 
-        let Some(attempt) = sql::insert_attempt(&self.pool, &payout, token.get()).await? else {
+        // Bound here rather than in the statement: if the INSERT's reply is lost, this id is how
+        // the row read back is recognised as this request's own.
+        let submission_id = Uuid::new_v4();
+        let inserted = match self.insert_attempt(&payout, token, submission_id).await {
+            Ok(inserted) => inserted,
+            Err(e) if reply_may_be_lost(&e) => {
+                return self.after_lost_reply(&payout, token, submission_id, e).await;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let Some(attempt) = inserted else {
             // An attempt exists (it may be in flight, answered, or ambiguous: never a second
             // forward), or the payout does not hold its funds reservation (never a first one).
             let existing = sql::select_attempt(&self.pool, payout_id).await?;
@@ -78,19 +118,190 @@ impl Proxy {
                     state: now.state,
                 });
             };
-            self.metrics.submission(SubmissionOutcome::duplicate_attempt);
-            tracing::warn!(
-                event = "rail_attempt_exists",
-                payout_id = %payout_id,
-                account_id = %payout.account_id,
-                presented = token.get(),
-                existing_submission_id = %existing.submission_id,
-                existing_outcome = existing.outcome.as_deref().unwrap_or("NULL"),
-                "payout already has a rail attempt; not forwarding"
-            );
-            return Err(ProxyError::DuplicateAttempt(Box::new(existing)));
+            return Err(self.duplicate_attempt(&payout, token, existing));
         };
+        self.forward(&payout, token, attempt).await
+    }
 
+    /// The attempt INSERT, and the `lose-attempt-reply` faults.
+    async fn insert_attempt(
+        &self,
+        payout: &Payout,
+        token: FencingToken,
+        submission_id: Uuid,
+    ) -> sqlx::Result<Option<Submission>> {
+        let inserted = sql::insert_attempt(&self.pool, payout, token.get(), submission_id).await;
+        // Compiled only into builds with the `fault-injection` feature (never the release image).
+        #[cfg(feature = "fault-injection")]
+        if matches!(
+            self.fault,
+            Some(Fault::LoseAttemptReply | Fault::LoseAttemptReplyNoReadBack)
+        ) && inserted.is_ok()
+        {
+            // The statement ran (and committed the attempt, if it inserted one); the caller sees
+            // what a connection dying with the reply in flight gives instead of its result.
+            tracing::error!(
+                event = "fault_lose_attempt_reply",
+                payout_id = %payout.payout_id,
+                submission_id = %submission_id,
+                inserted = matches!(inserted, Ok(Some(_))),
+                "fault injection: the attempt insert ran; answering a lost reply instead of its result"
+            );
+            return Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "fault injection: the reply of the attempt insert was lost",
+            )));
+        }
+        inserted
+    }
+
+    /// The attempt INSERT failed in a way that may have committed it. Only the request that
+    /// created an attempt ever forwards it (every other one gets DUPLICATE_ATTEMPT, and resolution
+    /// never submits), so if the row read back is ours and unanswered, no one else will forward
+    /// it: forward it now, once, if it is young enough that no resolution can abandon it meanwhile.
+    /// Anything else answers as the request would have without the read-back.
+    async fn after_lost_reply(
+        &self,
+        payout: &Payout,
+        token: FencingToken,
+        submission_id: Uuid,
+        error: sqlx::Error,
+    ) -> Result<Submission, ProxyError> {
+        tracing::warn!(
+            event = "rail_attempt_reply_lost",
+            payout_id = %payout.payout_id,
+            account_id = %payout.account_id,
+            presented = token.get(),
+            submission_id = %submission_id,
+            error = %error,
+            "the attempt insert failed in a way that may have committed it; reading the attempt back"
+        );
+        // The negative control: the read-back skipped, as before it existed.
+        #[cfg(feature = "fault-injection")]
+        if self.fault == Some(Fault::LoseAttemptReplyNoReadBack) {
+            return Err(error.into());
+        }
+        let (found, reads) = match self.read_back(payout.payout_id).await {
+            Ok(read) => read,
+            Err((last, reads)) => {
+                tracing::warn!(
+                    event = "rail_attempt_read_back_failed",
+                    payout_id = %payout.payout_id,
+                    submission_id = %submission_id,
+                    reads,
+                    error = %last,
+                    "could not read the attempt back in time; not forwarding (a retry gets \
+                     DUPLICATE_ATTEMPT if it committed, and resolution ends it)"
+                );
+                return Err(error.into());
+            }
+        };
+        let Some(AgedAttempt { attempt, age_seconds }) = found else {
+            tracing::warn!(
+                event = "rail_attempt_not_recorded",
+                payout_id = %payout.payout_id,
+                submission_id = %submission_id,
+                reads,
+                "the attempt insert did not commit; nothing to forward"
+            );
+            return Err(error.into());
+        };
+        if attempt.submission_id != submission_id || attempt.outcome.is_some() {
+            // Another request's attempt (ours did not commit), or ours already ended (only an
+            // abandonment can have done that): an existing attempt, never forwarded again.
+            return Err(self.duplicate_attempt(payout, token, attempt));
+        }
+        let max_age = self.max_forward_age();
+        if age_seconds >= max_age.as_secs_f64() {
+            tracing::warn!(
+                event = "rail_attempt_too_old_to_forward",
+                payout_id = %payout.payout_id,
+                submission_id = %submission_id,
+                age_ms = (age_seconds * 1000.0) as i64,
+                max_age_ms = u64::try_from(max_age.as_millis()).unwrap_or(u64::MAX),
+                "our attempt committed but is too old to forward safely; resolution will end it"
+            );
+            return Err(error.into());
+        }
+        tracing::info!(
+            event = "rail_attempt_read_back",
+            payout_id = %payout.payout_id,
+            submission_id = %submission_id,
+            reads,
+            age_ms = (age_seconds * 1000.0) as i64,
+            "our attempt committed although its reply was lost; forwarding it"
+        );
+        self.forward(payout, token, attempt).await
+    }
+
+    /// [`Proxy::read_attempt`] until it answers, with backoff, within [`READ_BACK_BUDGET`].
+    /// `Ok` with the number of reads; `Err` with the last error and the number of reads.
+    async fn read_back(&self, payout_id: Uuid) -> Result<(Option<AgedAttempt>, u32), (String, u32)> {
+        let deadline = tokio::time::Instant::now() + READ_BACK_BUDGET;
+        let mut delay = READ_BACK_FIRST_DELAY;
+        let mut reads = 0;
+        loop {
+            reads += 1;
+            let read = tokio::time::timeout_at(deadline, self.read_attempt(payout_id));
+            let last = match read.await {
+                Ok(Ok(found)) => return Ok((found, reads)),
+                // Still going away, or coming back: read again.
+                Ok(Err(e)) if dlock_common::db::unavailable(&e) => e.to_string(),
+                Ok(Err(e)) => return Err((e.to_string(), reads)),
+                Err(_) => return Err(("no answer within the read-back budget".to_owned(), reads)),
+            };
+            if tokio::time::Instant::now() + delay >= deadline {
+                return Err((last, reads));
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(READ_BACK_MAX_DELAY);
+        }
+    }
+
+    /// The attempt and its age, answered only once the reading transaction has committed: then
+    /// the synchronous standby holds the attempt too ([`sql::select_attempt_age`]).
+    async fn read_attempt(&self, payout_id: Uuid) -> sqlx::Result<Option<AgedAttempt>> {
+        let mut tx = self.pool.begin().await?;
+        let found = sql::select_attempt_age(&mut *tx, payout_id).await?;
+        tx.commit().await?;
+        Ok(found)
+    }
+
+    /// The oldest attempt a lost reply's read-back still forwards. A resolution abandons an
+    /// attempt the rail has never seen once it is older than `abandon_after`; a forward begun at
+    /// age `a` has ended by `a + rail timeout`. Requiring `a` below half of what the deadline
+    /// leaves after the rail timeout means the forward ends by age (abandon_after + rail timeout)
+    /// / 2, well before any abandonment: the other half is margin for what the ages do not
+    /// measure — a pause of this process between the read and the forward, and, after a failover,
+    /// a promoted standby's clock judging a `submitted_at` the old primary stamped. So nothing is
+    /// forwarded that the ledger can record as abandoned.
+    fn max_forward_age(&self) -> Duration {
+        self.abandon_after.saturating_sub(self.rail.timeout()) / 2
+    }
+
+    /// An attempt exists (in flight, answered, or ambiguous): never a second forward.
+    fn duplicate_attempt(&self, payout: &Payout, token: FencingToken, existing: Submission) -> ProxyError {
+        self.metrics.submission(SubmissionOutcome::duplicate_attempt);
+        tracing::warn!(
+            event = "rail_attempt_exists",
+            payout_id = %payout.payout_id,
+            account_id = %payout.account_id,
+            presented = token.get(),
+            existing_submission_id = %existing.submission_id,
+            existing_outcome = existing.outcome.as_deref().unwrap_or("NULL"),
+            "payout already has a rail attempt; not forwarding"
+        );
+        ProxyError::DuplicateAttempt(Box::new(existing))
+    }
+
+    /// The one forward of the attempt this request created, and its recorded outcome.
+    async fn forward(
+        &self,
+        payout: &Payout,
+        token: FencingToken,
+        attempt: Submission,
+    ) -> Result<Submission, ProxyError> {
+        let payout_id = payout.payout_id;
         // Compiled only into builds with the `fault-injection` feature (never the release image).
         #[cfg(feature = "fault-injection")]
         if self.fault == Some(Fault::ExitAfterAttempt) {
@@ -104,13 +315,13 @@ impl Proxy {
             );
             std::process::exit(FAULT_EXIT_CODE);
         }
-        let forwarded = self.rail.forward(&payout).await;
+        let forwarded = self.rail.forward(payout).await;
         let (outcome, reference) = match &forwarded {
             Forwarded::Acked { rail_reference } => (Outcome::Acked, Some(rail_reference.as_str())),
             Forwarded::Rejected { .. } => (Outcome::Rejected, None),
             Forwarded::Ambiguous { .. } => (Outcome::Timeout, None),
         };
-        self.log_forwarded(&payout, token, &forwarded);
+        self.log_forwarded(payout, token, &forwarded);
         self.metrics.submission(match outcome {
             Outcome::Acked => SubmissionOutcome::acked,
             Outcome::Rejected => SubmissionOutcome::rejected,
@@ -283,5 +494,21 @@ impl Proxy {
 
     pub async fn ready(&self) -> Result<(), ProxyError> {
         Ok(sql::ping(&self.pool).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_broken_connection_may_have_lost_a_committed_reply() {
+        let io = |kind| sqlx::Error::Io(std::io::Error::new(kind, "gone"));
+        assert!(reply_may_be_lost(&io(std::io::ErrorKind::ConnectionReset)));
+        assert!(reply_may_be_lost(&io(std::io::ErrorKind::UnexpectedEof)));
+        // No connection was had: the statement never left this process.
+        assert!(!reply_may_be_lost(&sqlx::Error::PoolTimedOut));
+        assert!(!reply_may_be_lost(&sqlx::Error::PoolClosed));
+        assert!(!reply_may_be_lost(&sqlx::Error::RowNotFound));
     }
 }

@@ -18,6 +18,8 @@ use crate::sql::Payout;
 pub struct Rail {
     client: reqwest::Client,
     payments: Url,
+    /// The bound on one forward (the client's whole-request timeout).
+    timeout: Duration,
 }
 
 /// What one forward produced.
@@ -94,7 +96,16 @@ impl Rail {
             }
         }
         let client = client.build().map_err(|_| bad())?;
-        Ok(Self { client, payments })
+        Ok(Self {
+            client,
+            payments,
+            timeout,
+        })
+    }
+
+    /// How long one forward can take at most: it has ended, one way or the other, by then.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// Forwards the payout once. Never retried: a retry is a second submission.

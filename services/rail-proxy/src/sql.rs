@@ -64,6 +64,25 @@ SELECT submission_id, payout_id, idempotency_key, presented_token, outcome, rail
   FROM rail_submission
  WHERE payout_id = $1 AND outcome IS DISTINCT FROM 'FENCED'";
 
+/// [`SELECT_ATTEMPT`] with the attempt's age in seconds by the database clock: read back by a
+/// submission whose attempt INSERT lost its reply, which forwards its own attempt only while it is
+/// young enough that no resolution can abandon it (`RECORD_ABANDONED` compares `submitted_at` with
+/// the same clock).
+///
+/// `FOR KEY SHARE` (the weakest row lock: it blocks no update of the attempt) makes the reading
+/// transaction write WAL, so its COMMIT waits for the synchronous standby like the INSERT's own
+/// reply would have. An INSERT whose wait for the standby was cut short (its backend terminated in a
+/// failover) is visible on the primary before it is replicated; once the reading transaction has
+/// committed, the standby holds everything up to it, the attempt included, so a promotion cannot
+/// lose an attempt that was then forwarded.
+const SELECT_ATTEMPT_AGE: &str = "\
+SELECT submission_id, payout_id, idempotency_key, presented_token, outcome, rail_reference,
+       submitted_at, resolved_at, abandoned_at,
+       extract(epoch FROM now() - submitted_at)::float8 AS age_seconds
+  FROM rail_submission
+ WHERE payout_id = $1 AND outcome IS DISTINCT FROM 'FENCED'
+   FOR KEY SHARE";
+
 const SELECT_SUBMISSIONS: &str = "\
 SELECT submission_id, payout_id, idempotency_key, presented_token, outcome, rail_reference,
        submitted_at, resolved_at, abandoned_at
@@ -139,6 +158,16 @@ pub struct Submission {
     pub abandoned_at: Option<DateTime<Utc>>,
 }
 
+/// An attempt read back with its age by the database clock ([`SELECT_ATTEMPT_AGE`]).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AgedAttempt {
+    #[sqlx(flatten)]
+    pub attempt: Submission,
+    /// `now() - submitted_at` in seconds; negative if a promoted standby's clock is behind the one
+    /// that stamped the row.
+    pub age_seconds: f64,
+}
+
 /// The outcomes rail-proxy records (`rail_outcome_ck`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -200,14 +229,16 @@ pub async fn insert_fenced<'e>(
         .await
 }
 
-/// `None`: a forwardable attempt already exists for this payout.
+/// `None`: a forwardable attempt already exists for this payout (or it holds no reservation).
+/// `submission_id` is the caller's, so that it can recognise the row as its own if the reply is lost.
 pub async fn insert_attempt<'e>(
     db: impl PgExecutor<'e>,
     payout: &Payout,
     token: i64,
+    submission_id: Uuid,
 ) -> sqlx::Result<Option<Submission>> {
     sqlx::query_as(INSERT_ATTEMPT)
-        .bind(Uuid::new_v4())
+        .bind(submission_id)
         .bind(payout.payout_id)
         .bind(&payout.idempotency_key)
         .bind(token)
@@ -220,6 +251,17 @@ pub async fn select_attempt<'e>(
     payout_id: Uuid,
 ) -> sqlx::Result<Option<Submission>> {
     sqlx::query_as(SELECT_ATTEMPT)
+        .bind(payout_id)
+        .fetch_optional(db)
+        .await
+}
+
+/// Run in a transaction of its own and used only once it has committed ([`SELECT_ATTEMPT_AGE`]).
+pub async fn select_attempt_age<'e>(
+    db: impl PgExecutor<'e>,
+    payout_id: Uuid,
+) -> sqlx::Result<Option<AgedAttempt>> {
+    sqlx::query_as(SELECT_ATTEMPT_AGE)
         .bind(payout_id)
         .fetch_optional(db)
         .await

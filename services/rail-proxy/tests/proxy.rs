@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use dlock_testkit::TestDb;
-use rail_proxy::{Config, RailFence, RunningServer};
+use rail_proxy::{Config, Fault, RailFence, RunningServer};
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -159,6 +159,22 @@ impl Harness {
 
     /// Every call carries the rightful grant of its token (these tests are about the proxy;
     /// tests/grants.rs is about wrong grants).
+    /// An attempt of `payout` presented with `token` and never answered, written straight into
+    /// paydb: what a request that recorded it and then crashed (or lost the reply) leaves behind.
+    async fn unanswered_attempt(&self, payout: &Payout, token: i64) {
+        sqlx::query(
+            "INSERT INTO rail_submission (submission_id, payout_id, idempotency_key, presented_token)
+             VALUES ($1, $2, $3, $4)",
+        )
+        .bind(Uuid::new_v4())
+        .bind(payout.id)
+        .bind(&payout.key)
+        .bind(token)
+        .execute(&self.admin)
+        .await
+        .unwrap();
+    }
+
     async fn submit_raw(&self, body: Value, token: Option<&str>) -> (StatusCode, Value) {
         let mut req = self
             .http
@@ -603,16 +619,7 @@ async fn an_attempt_left_unanswered_by_a_crash_is_resolved_from_the_rail() {
     let account = h.account().await;
     let p = h.payout(account, 700, 30, "worker-dead").await;
     // The proxy crashed after recording the attempt: outcome NULL, resolved_at NULL.
-    sqlx::query(
-        "INSERT INTO rail_submission (submission_id, payout_id, idempotency_key, presented_token)
-         VALUES ($1, $2, $3, 30)",
-    )
-    .bind(Uuid::new_v4())
-    .bind(p.id)
-    .bind(&p.key)
-    .execute(&h.admin)
-    .await
-    .unwrap();
+    h.unanswered_attempt(&p, 30).await;
 
     // The rail has no record yet: nothing is recorded, the attempt stays open.
     let (status, body) = h.resolve(p.id, Some("31")).await;
@@ -1117,16 +1124,7 @@ async fn an_attempt_the_rail_never_received_is_abandoned_only_after_the_deadline
     let account = h.account().await;
     let p = h.payout(account, 700, 30, "worker-dead").await;
     // The crash between recording the attempt and forwarding it: outcome NULL, the rail never saw it.
-    sqlx::query(
-        "INSERT INTO rail_submission (submission_id, payout_id, idempotency_key, presented_token)
-         VALUES ($1, $2, $3, 30)",
-    )
-    .bind(Uuid::new_v4())
-    .bind(p.id)
-    .bind(&p.key)
-    .execute(&h.admin)
-    .await
-    .unwrap();
+    h.unanswered_attempt(&p, 30).await;
 
     // Before the deadline: unknown, nothing recorded.
     let (status, body) = h.resolve(p.id, Some("31")).await;
@@ -1241,6 +1239,267 @@ async fn writes_need_the_executor_credential_reads_and_probes_do_not() {
     let mut bad = Config::new("postgres://payapp@127.0.0.1:1/paydb", "http://127.0.0.1:1");
     bad.abandon_after = bad.rail_timeout;
     assert!(rail_proxy::spawn(bad.with_grants(grants())).await.is_err());
+}
+
+// ---- a lost attempt reply ----------------------------------------------------------------------
+
+/// What a submission whose attempt INSERT committed but lost its reply left behind, and what the
+/// executor's retry of it got.
+struct LostReplyEvidence {
+    first: (StatusCode, Value),
+    rail_after_first: usize,
+    rows: Vec<(Option<String>, bool, i64, Option<String>)>,
+    retry: (StatusCode, Value),
+    rail_after_retry: usize,
+    acked: u64,
+}
+
+/// One payout submitted with `fault` on (its attempt commits, the reply is lost, as when paydb's
+/// primary dies with the reply in flight), then submitted again, as the executor retries (that
+/// insert's reply is lost too: it finds the first request's attempt).
+async fn lost_reply_scenario(fault: Fault) -> LostReplyEvidence {
+    let h = Harness::start_with(RailFence::from_flag(true), |c| c.fault = Some(fault)).await;
+    let account = h.account().await;
+    let p = h.payout(account, 1_200, 10, "worker-a").await;
+    let first = h.submit(&p, 10).await;
+    let rail_after_first = h.rail_requests().await;
+    let rows = h.rows_for(p.id).await;
+    let retry = h.submit(&p, 11).await;
+    let evidence = LostReplyEvidence {
+        first,
+        rail_after_first,
+        rows,
+        retry,
+        rail_after_retry: h.rail_requests().await,
+        acked: h.metric("rail_proxy_submissions_total{outcome=\"acked\"}").await,
+    };
+    h.stop().await;
+    evidence
+}
+
+/// The invariants the lost-reply test asserts, as a list of violations (empty = as it should be).
+fn lost_reply_violations(e: &LostReplyEvidence) -> Vec<&'static str> {
+    let mut v = Vec::new();
+    if e.first.0 != StatusCode::OK || e.first.1["outcome"] != "ACKED" {
+        v.push("the submission whose reply was lost was not forwarded");
+    }
+    if e.rail_after_first != 1 {
+        v.push("the rail did not see exactly one forward");
+    }
+    let recorded = e.rows.len() == 1
+        && e.rows[0].0.as_deref() == Some("ACKED")
+        && e.rows[0].1
+        && e.rows[0].3.is_some()
+        && e.first.1["railReference"].as_str() == e.rows[0].3.as_deref();
+    if !recorded {
+        v.push("the attempt does not record the forward's outcome");
+    }
+    if e.retry.0 != StatusCode::CONFLICT || e.retry.1["code"] != "DUPLICATE_ATTEMPT" {
+        v.push("the retry was not refused DUPLICATE_ATTEMPT");
+    }
+    if e.rail_after_retry != e.rail_after_first {
+        v.push("the retry reached the rail");
+    }
+    if e.acked != 1 {
+        v.push("the forward was not counted acked");
+    }
+    v
+}
+
+/// The failover bug: the attempt INSERT committed, its reply was lost, and the submission used to
+/// answer 503 and never forward (the payout then waited out the abandonment deadline). The
+/// submission reads its own attempt back and forwards it, once.
+#[tokio::test]
+async fn an_attempt_whose_insert_reply_was_lost_is_read_back_and_forwarded_once() {
+    let e = lost_reply_scenario(Fault::LoseAttemptReply).await;
+    assert_eq!(lost_reply_violations(&e), Vec::<&str>::new(), "{:?}", e.first);
+    assert_eq!(e.rows[0].2, 10);
+    assert_eq!(e.retry.1["submissionId"], e.first.1["submissionId"]);
+    assert_eq!(e.retry.1["outcome"], "ACKED");
+    assert_eq!(e.retry.1["railReference"], e.first.1["railReference"]);
+}
+
+/// Negative control: with the read-back skipped (test code only), the same lost reply answers 503
+/// and the rail never hears of the payout, so the test above would fail without the read-back (as
+/// the retry does: a lost reply that is not read back is a 503 whatever the insert did).
+#[tokio::test]
+async fn negative_control_without_the_read_back_a_lost_reply_is_never_forwarded() {
+    let e = lost_reply_scenario(Fault::LoseAttemptReplyNoReadBack).await;
+    let violations = lost_reply_violations(&e);
+    assert!(
+        violations.contains(&"the submission whose reply was lost was not forwarded")
+            && violations.contains(&"the rail did not see exactly one forward"),
+        "{violations:?}"
+    );
+    assert_eq!(
+        (e.first.0, e.first.1["code"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("UNAVAILABLE")),
+        "{}",
+        e.first.1
+    );
+    assert_eq!((e.rail_after_first, e.rail_after_retry), (0, 0));
+    // The attempt did commit: unanswered, left to resolution and, in the end, abandonment.
+    assert_eq!(e.rows, vec![(None, false, 10, None)]);
+    assert_eq!(e.retry.0, StatusCode::SERVICE_UNAVAILABLE, "{}", e.retry.1);
+}
+
+/// Only the request that created an attempt forwards it: a lost reply read back that finds another
+/// request's unanswered attempt (here one whose proxy crashed before forwarding) answers
+/// DUPLICATE_ATTEMPT, and one that finds no attempt (the insert did not commit: the payout holds no
+/// reservation) answers 503 as before. Neither reaches the rail.
+#[tokio::test]
+async fn a_lost_reply_read_back_forwards_only_its_own_attempt() {
+    let h = Harness::start_with(RailFence::from_flag(true), |c| {
+        c.fault = Some(Fault::LoseAttemptReply);
+    })
+    .await;
+    let account = h.account().await;
+    let p = h.payout(account, 700, 30, "worker-dead").await;
+    h.unanswered_attempt(&p, 30).await;
+    let (status, dup) = h.submit(&p, 31).await;
+    assert_eq!(
+        (status, dup["code"].as_str(), &dup["outcome"]),
+        (StatusCode::CONFLICT, Some("DUPLICATE_ATTEMPT"), &Value::Null),
+        "{dup}"
+    );
+    assert_eq!(h.rows_for(p.id).await, vec![(None, false, 30, None)]);
+
+    let unreserved = h.claimed(account, 100, 32, "worker-a").await;
+    let (status, body) = h.submit(&unreserved, 32).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("UNAVAILABLE")),
+        "{body}"
+    );
+    assert_eq!(h.rows_for(unreserved.id).await, vec![]);
+    assert_eq!(h.rail_requests().await, 0);
+    assert_eq!(
+        h.metric("rail_proxy_submissions_total{outcome=\"duplicate_attempt\"}")
+            .await,
+        1
+    );
+    h.stop().await;
+}
+
+/// Makes the attempts recorded from now on already `secs` old by the database clock (this test's
+/// private paydb: the attempt insert takes `submitted_at` from its default), as if the failover had
+/// lasted that long before the read-back.
+async fn attempts_recorded_aged(h: &Harness, secs: u32) {
+    // DDL takes no bind parameters; `secs` is a number.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE rail_submission ALTER COLUMN submitted_at SET DEFAULT now() - interval '{secs} seconds'"
+    )))
+    .execute(&h.admin)
+    .await
+    .unwrap();
+}
+
+/// The abandonment race: a resolution abandons an attempt the rail has never seen once it is past
+/// the deadline, so a read-back must not forward an attempt that could be abandoned meanwhile. It
+/// forwards only below half of what the deadline leaves after the rail timeout; an older attempt
+/// answers 503 as before, and the executor's way on (retry, resolution) ends it without a payment.
+#[tokio::test]
+async fn a_lost_reply_attempt_past_half_the_abandonment_deadline_is_not_forwarded() {
+    let h = Harness::start_with(RailFence::from_flag(true), |c| {
+        c.fault = Some(Fault::LoseAttemptReply);
+        c.rail_timeout = Duration::from_millis(200);
+        c.abandon_after = Duration::from_secs(60);
+    })
+    .await;
+    let account = h.account().await;
+
+    // Past (60 s - 0.2 s) / 2 = 29.9 s, yet short of the deadline itself.
+    attempts_recorded_aged(&h, 40).await;
+    let old = h.payout(account, 500, 10, "worker-a").await;
+    let (status, body) = h.submit(&old, 10).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("UNAVAILABLE")),
+        "{body}"
+    );
+    assert_eq!(h.rail_requests().await, 0, "an aged attempt was forwarded");
+    assert_eq!(h.rows_for(old.id).await, vec![(None, false, 10, None)]);
+    let (status, dup) = h.submit(&old, 11).await;
+    assert_eq!(
+        (status, dup["code"].as_str()),
+        (StatusCode::CONFLICT, Some("DUPLICATE_ATTEMPT"))
+    );
+    // Past the deadline the resolution abandons it (the rail never saw it), and nothing was paid.
+    sqlx::query(
+        "UPDATE rail_submission SET submitted_at = now() - interval '61 seconds' WHERE payout_id = $1",
+    )
+    .bind(old.id)
+    .execute(&h.admin)
+    .await
+    .unwrap();
+    let (status, resolved) = h.resolve(old.id, Some("11")).await;
+    assert_eq!(
+        (status, resolved["outcome"].as_str()),
+        (StatusCode::OK, Some("TIMEOUT")),
+        "{resolved}"
+    );
+    assert!(resolved["abandonedAt"].is_string(), "{resolved}");
+    assert_eq!(h.rail_requests().await, 0);
+
+    // Below the bound the same lost reply is forwarded: the guard is half the deadline, not "never".
+    attempts_recorded_aged(&h, 20).await;
+    let young = h.payout(account, 300, 12, "worker-a").await;
+    let (status, body) = h.submit(&young, 12).await;
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (StatusCode::OK, Some("ACKED")),
+        "{body}"
+    );
+    assert_eq!(h.rail_requests().await, 1);
+    assert_eq!(h.rail().await["requests"][0]["idempotencyKey"], json!(young.key));
+    h.stop().await;
+}
+
+/// An attempt INSERT that failed for a reason that cannot have committed it (here a CHECK refusing
+/// its token) is not read back: it answers 500 as before. The payout already has another request's
+/// attempt, which PostgreSQL checks only after the CHECK: a read-back would have found that attempt
+/// and answered 409 DUPLICATE_ATTEMPT.
+#[tokio::test]
+async fn a_refused_attempt_insert_is_not_read_back() {
+    let h = Harness::start(RailFence::from_flag(true)).await;
+    let account = h.account().await;
+    let p = h.payout(account, 700, 30, "worker-a").await;
+    h.unanswered_attempt(&p, 30).await;
+    sqlx::query(
+        "ALTER TABLE rail_submission ADD CONSTRAINT test_refuse_ck CHECK (presented_token < 31) NOT VALID",
+    )
+    .execute(&h.admin)
+    .await
+    .unwrap();
+
+    let (status, body) = h.submit(&p, 31).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::INTERNAL_SERVER_ERROR, Some("INTERNAL")),
+        "{body}"
+    );
+    assert_eq!(h.rows_for(p.id).await, vec![(None, false, 30, None)]);
+    assert_eq!(h.rail_requests().await, 0);
+    assert_eq!(
+        h.metric("rail_proxy_submissions_total{outcome=\"duplicate_attempt\"}")
+            .await,
+        0
+    );
+
+    // The error itself, as the proxy met it: a constraint, not a lost reply.
+    let payout = rail_proxy::sql::select_payout(&h.admin, p.id)
+        .await
+        .unwrap()
+        .expect("the payout");
+    let err = rail_proxy::sql::insert_attempt(&h.admin, &payout, 31, Uuid::new_v4())
+        .await
+        .expect_err("the CHECK refuses it");
+    assert!(
+        matches!(&err, sqlx::Error::Database(e) if e.code().as_deref() == Some("23514")),
+        "{err:?}"
+    );
+    assert!(!rail_proxy::proxy::reply_may_be_lost(&err));
+    h.stop().await;
 }
 
 // ---- signed grants ------------------------------------------------------------------------------
