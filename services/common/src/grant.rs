@@ -10,11 +10,12 @@
 //! checked from the request alone ([`GrantPolicy::check`], before any database work); the account
 //! is known only with the payout, so [`Granted::check_account`] runs where the payout is first read.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use axum::http::{HeaderMap, StatusCode};
-use dlock_grant::{GrantError, PublicKeys};
+use dlock_grant::{Grant, GrantError, PublicKeys};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -109,10 +110,68 @@ impl From<GrantRefused> for ApiError {
 #[derive(Debug, Clone)]
 pub enum GrantPolicy {
     /// The default: every fenced request needs a grant signed by one of these keys.
-    Verify(Arc<PublicKeys>),
+    Verify(Arc<TrustedKeys>),
     /// `…_GRANT_VERIFICATION_ENABLED=false`: grants are not read at all (a rolling migration of a
     /// deployment whose executors do not send them yet). Logged as a WARN at start-up.
     Off,
+}
+
+/// How many verified grants a resource remembers; past it the memory starts again empty. A payout
+/// presents one grant (its token's) in every fenced write, so a few thousand cover every payout in
+/// flight many times over; a few MiB at most.
+pub const VERIFIED_GRANTS_KEPT: usize = 4096;
+
+/// The public keys a verifying resource trusts, and the grants they verified lately.
+///
+/// A payout presents the same grant in each of its fenced writes (claim, two transitions, post; the
+/// submission at rail-proxy), and an Ed25519 verification is most of a fenced write's CPU at the
+/// resource (docs/benchmarks.md). The outcome of verifying a grant depends only on its exact text
+/// and on these keys, which a running resource never changes (a key rotation restarts it with a new
+/// set), so a grant whose text was verified before is accepted again without the signature
+/// arithmetic. Only verified grants are kept: a refused one is checked afresh every time, and a text
+/// that differs in any byte is a different grant.
+#[derive(Debug, Default)]
+pub struct TrustedKeys {
+    keys: PublicKeys,
+    verified: Mutex<HashMap<Box<str>, Grant>>,
+}
+
+impl TrustedKeys {
+    pub fn new(keys: PublicKeys) -> Self {
+        TrustedKeys {
+            keys,
+            verified: Mutex::default(),
+        }
+    }
+
+    pub fn keys(&self) -> &PublicKeys {
+        &self.keys
+    }
+
+    /// [`PublicKeys::verify`], remembering what verified.
+    pub fn verify(&self, wire: &str) -> Result<Grant, GrantError> {
+        if let Some(grant) = self.verified().get(wire) {
+            return Ok(grant.clone());
+        }
+        let grant = self.keys.verify(wire)?;
+        let mut verified = self.verified();
+        if verified.len() >= VERIFIED_GRANTS_KEPT {
+            verified.clear();
+        }
+        verified.insert(wire.into(), grant.clone());
+        Ok(grant)
+    }
+
+    /// How many verified grants are remembered now.
+    pub fn remembered(&self) -> usize {
+        self.verified().len()
+    }
+
+    fn verified(&self) -> MutexGuard<'_, HashMap<Box<str>, Grant>> {
+        // The map is consistent after every statement that changes it: a panic elsewhere while it
+        // was held leaves nothing half-written.
+        self.verified.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// What a verified grant says about the resource, for the check that needs the payout.
@@ -193,13 +252,15 @@ impl GrantPolicy {
         if keys.is_empty() {
             return Err(GrantConfigError::NoKeys { setting });
         }
-        Ok(GrantPolicy::Verify(Arc::new(keys)))
+        Ok(GrantPolicy::Verify(Arc::new(TrustedKeys::new(keys))))
     }
 
     /// Refuses a verifying policy without keys (a configuration built in code skips [`Self::new`]).
     pub fn validate(&self, setting: &'static str) -> Result<(), GrantConfigError> {
         match self {
-            GrantPolicy::Verify(keys) if keys.is_empty() => Err(GrantConfigError::NoKeys { setting }),
+            GrantPolicy::Verify(trusted) if trusted.keys().is_empty() => {
+                Err(GrantConfigError::NoKeys { setting })
+            }
             _ => Ok(()),
         }
     }
@@ -218,10 +279,10 @@ impl GrantPolicy {
                 key = setting,
                 "GRANT VERIFICATION IS OFF: a fencing token is accepted without a signed grant, so a token granted on any lock can fence this resource's accounts"
             ),
-            GrantPolicy::Verify(keys) => tracing::info!(
+            GrantPolicy::Verify(trusted) => tracing::info!(
                 event = "grant_verification_enabled",
                 service,
-                key_ids = %keys.ids().map(|k| k.as_str()).collect::<Vec<_>>().join(","),
+                key_ids = %trusted.keys().ids().map(|k| k.as_str()).collect::<Vec<_>>().join(","),
             ),
         }
     }
@@ -450,6 +511,53 @@ mod tests {
             RefusalCode::GRANT_WRONG_RESOURCE
         );
         assert_eq!(Granted::Unverified.check_account(other), Ok(()));
+    }
+
+    fn trusted(p: &GrantPolicy) -> &TrustedKeys {
+        match p {
+            GrantPolicy::Verify(t) => t,
+            GrantPolicy::Off => panic!("a verifying policy"),
+        }
+    }
+
+    /// A grant verified once is accepted again from memory, and the memory changes no answer: a
+    /// copy with one byte of its signature changed is refused (and not remembered), and the
+    /// remembered grant presented with another token is refused as before.
+    #[test]
+    fn a_remembered_grant_is_accepted_and_nothing_else_is() {
+        let k = key("k1");
+        let p = policy(&[&k]);
+        let a = Uuid::new_v4();
+        let g = grant(&k, &account_key(a), 9);
+        assert_eq!(p.check(&headers(Some(&g)), tok(9)), Ok(Granted::Account(a)));
+        assert_eq!(trusted(&p).remembered(), 1);
+        assert_eq!(p.check(&headers(Some(&g)), tok(9)), Ok(Granted::Account(a)));
+        assert_eq!(trusted(&p).remembered(), 1);
+        let mut tampered = g.clone().into_bytes();
+        let last = tampered.len() - 2;
+        tampered[last] = if tampered[last] == b'A' { b'B' } else { b'A' };
+        let tampered = String::from_utf8(tampered).unwrap();
+        assert_eq!(
+            code(p.check(&headers(Some(&tampered)), tok(9))),
+            Some("GRANT_INVALID")
+        );
+        assert_eq!(trusted(&p).remembered(), 1);
+        assert_eq!(code(p.check(&headers(Some(&g)), tok(10))), Some("GRANT_INVALID"));
+    }
+
+    /// The memory is bounded: past [`VERIFIED_GRANTS_KEPT`] grants it starts again, and every grant
+    /// still verifies.
+    #[test]
+    fn the_remembered_grants_are_bounded() {
+        let k = key("k1");
+        let p = policy(&[&k]);
+        let a = Uuid::new_v4();
+        for t in 1..=VERIFIED_GRANTS_KEPT as i64 + 1 {
+            let g = grant(&k, &account_key(a), t);
+            assert_eq!(p.check(&headers(Some(&g)), tok(t)), Ok(Granted::Account(a)));
+            assert!(trusted(&p).remembered() <= VERIFIED_GRANTS_KEPT);
+        }
+        assert_eq!(trusted(&p).remembered(), 1);
     }
 
     #[test]

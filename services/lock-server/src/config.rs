@@ -114,12 +114,16 @@ pub struct QueueFaults {
     pub wake_every_waiter: bool,
     /// The newest waiter is served first (LIFO), not the oldest.
     pub lifo: bool,
+    /// A blocking acquire takes a free key without looking whether anyone is queued for it (it
+    /// jumps the queue while the head is being handed the key).
+    pub barge: bool,
 }
 
 impl QueueFaults {
     pub const NONE: QueueFaults = QueueFaults {
         wake_every_waiter: false,
         lifo: false,
+        barge: false,
     };
 }
 

@@ -31,6 +31,9 @@ pub enum RevokeOutcome {
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
 pub enum WaitResult {
+    /// Granted at once: nobody was queued and the key was free (the queue was not joined).
+    free,
+    /// Granted in the queue, after waiting.
     granted,
     contended,
     session_gone,
@@ -162,6 +165,7 @@ impl Metrics {
             wait.wakeups.clone(),
         );
         for result in [
+            WaitResult::free,
             WaitResult::granted,
             WaitResult::contended,
             WaitResult::session_gone,

@@ -9,7 +9,9 @@
 //! The wait runs in a task of its own, whatever becomes of the request: when the client goes away
 //! (axum drops the handler's future), a drop guard cancels the task, which takes its waiter out of
 //! the queue; a grant that could not be handed over any more is released. No-wait acquires are not
-//! queued: they may take a free key before the head does (the head then waits for that grant).
+//! queued: they may take a free key before the head does (the head then waits for that grant). A
+//! blocking acquire that finds nobody queued tries the grant first and joins the queue only if the
+//! key is held ([`at_once`]).
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -42,11 +44,18 @@ async fn run(
     let deadline = Instant::now() + w.wait.min(state.max_wait());
     let metrics = state.metrics();
     let faults = state.queue_faults();
-    let out = state
-        .repo()
-        .wait(&w, deadline, faults, &cancel, &metrics.wait)
-        .await;
+    let first = at_once(&state, &w).await;
+    let queued = matches!(first, Ok(None));
+    let out = if queued {
+        state
+            .repo()
+            .wait(&w, deadline, faults, &cancel, &metrics.wait)
+            .await
+    } else {
+        first
+    };
     metrics.waited(match &out {
+        Ok(Some(_)) if !queued => WaitResult::free,
         Ok(Some(_)) => WaitResult::granted,
         Ok(None) => WaitResult::contended,
         Err(Error::Cancelled) => WaitResult::cancelled,
@@ -60,4 +69,18 @@ async fn run(
             tracing::warn!(event = "lock_release_failed", lock_key = %w.key, error = %e);
         }
     }
+}
+
+/// The grant of a key nobody is queued for, taken at once as a no-wait acquire takes it: joining,
+/// reading one's place and leaving the queue (three lockdb statements on PostgreSQL, a put, a read
+/// and a delete on etcd) are paid only by a request that has someone to wait for. Arrival order
+/// holds: a waiter that joins after the check arrived after this request, and a request that finds
+/// the key held (or anyone queued) joins the queue behind everyone already in it. `None`: not
+/// granted this way.
+async fn at_once(state: &AppState, w: &Waiter) -> Result<Option<Grant>, Error> {
+    let repo = state.repo();
+    if !state.queue_faults().barge && !repo.queue_empty(&w.key).await? {
+        return Ok(None);
+    }
+    repo.acquire(&w.key, &w.owner_id, w.session_id, w.ttl_secs).await
 }

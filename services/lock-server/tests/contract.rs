@@ -141,6 +141,39 @@ impl Harness {
         lock_server::spawn(cfg).await.unwrap()
     }
 
+    /// A waiter of `key` written straight into the store, as a replica queues one, that keeps its
+    /// turn for `lasts`: what a newcomer finds while the head is being handed a freed key.
+    async fn queue_a_waiter(&self, key: &str, session: Uuid, owner: &str, lasts: Duration) {
+        match &self.store {
+            Store::Pg(db) => {
+                sqlx::query(
+                    "INSERT INTO lock_waiter (lock_key, session_id, owner_id, queued_at, expires_at) \
+                     VALUES ($1, $2, $3, now(), now() + make_interval(secs => $4))",
+                )
+                .bind(key)
+                .bind(session)
+                .bind(owner)
+                .bind(lasts.as_secs_f64())
+                .execute(&db.app)
+                .await
+                .unwrap();
+            }
+            Store::Etcd(_, repo) => {
+                let deadline_ms =
+                    chrono::Utc::now().timestamp_millis() + i64::try_from(lasts.as_millis()).unwrap();
+                let value = json!({"ownerId": owner, "sessionId": session, "deadlineMs": deadline_ms});
+                repo.client()
+                    .put(
+                        format!("{}{}", repo.queue_prefix(key), Uuid::new_v4()),
+                        value.to_string(),
+                        None,
+                    )
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+
     /// Everything of every queue the store holds: rows of lock_waiter, or waiter keys in etcd.
     async fn queue_entries(&self) -> i64 {
         match &self.store {
@@ -651,6 +684,13 @@ async fn wait_ends_contended(h: &Harness) -> Result<(), String> {
     if g.status != StatusCode::OK {
         v.push(format!("a free key with waitMs: {g:?}"));
     }
+    // Nobody was queued: granted without joining the queue.
+    let free = metric(&api.metrics().await, "lock_wait_total{result=\"free\"}");
+    if free != 1.0 {
+        v.push(format!(
+            "lock_wait_total{{result=\"free\"}} is {free} after one grant of a free key"
+        ));
+    }
     let c = api.acquire_wait("q", w, "w", LONG_TTL_MS, 200).await;
     if c.status != StatusCode::CONFLICT || c.code() != "CONTENDED" {
         v.push(format!("a wait that ended: {c:?}"));
@@ -661,6 +701,29 @@ async fn wait_ends_contended(h: &Harness) -> Result<(), String> {
     }
     if h.queue_entries().await != 0 {
         v.push("queue entries left behind".into());
+    }
+    check(v)
+}
+
+/// A blocking acquire of a free key that someone is queued for joins the queue behind them: the
+/// key is free only while the head is being handed it (here a waiter whose replica holds its turn
+/// for minutes, written straight into the store), and a newcomer must not take it out of turn.
+async fn free_key_with_a_queue_is_not_taken_out_of_turn(h: &Harness) -> Result<(), String> {
+    let api = &h.api;
+    let head = api.open_session("head", LONG_TTL_MS).await;
+    h.queue_a_waiter("q", head, "head", Duration::from_secs(600))
+        .await;
+    let s = api.open_session("newcomer", LONG_TTL_MS).await;
+    let mut v = Vec::new();
+    let r = api.acquire_wait("q", s, "newcomer", LONG_TTL_MS, 200).await;
+    if r.status != StatusCode::CONFLICT || r.code() != "CONTENDED" {
+        v.push(format!(
+            "a newcomer's blocking acquire of a free key with a waiter queued: {r:?}"
+        ));
+    }
+    let free = metric(&api.metrics().await, "lock_wait_total{result=\"free\"}");
+    if free != 0.0 {
+        v.push(format!("{free} blocking acquires granted at once past the queue"));
     }
     check(v)
 }
@@ -813,6 +876,7 @@ macro_rules! contract_tests {
 
 contract_tests!(
     grant_contend_reenter,
+    free_key_with_a_queue_is_not_taken_out_of_turn,
     session_gone_rows,
     session_lapse_and_reap,
     renew_release_and_token_order,
@@ -973,5 +1037,31 @@ async fn control_etcd_lifo_queue_is_unfair() {
         Harness::etcd_with(EtcdFaults::NONE, faults).await,
         fifo_order_under_n_waiters,
         "a LIFO queue"
+    );
+}
+
+#[tokio::test]
+async fn control_postgres_blocking_acquire_barging_past_the_queue() {
+    let faults = QueueFaults {
+        barge: true,
+        ..QueueFaults::NONE
+    };
+    must_fail!(
+        Harness::pg_with(Statements::C1, faults).await,
+        free_key_with_a_queue_is_not_taken_out_of_turn,
+        "a blocking acquire that takes a free key past the queue"
+    );
+}
+
+#[tokio::test]
+async fn control_etcd_blocking_acquire_barging_past_the_queue() {
+    let faults = QueueFaults {
+        barge: true,
+        ..QueueFaults::NONE
+    };
+    must_fail!(
+        Harness::etcd_with(EtcdFaults::NONE, faults).await,
+        free_key_with_a_queue_is_not_taken_out_of_turn,
+        "a blocking acquire that takes a free key past the queue"
     );
 }

@@ -445,6 +445,11 @@ impl Backend {
     /// Waits in `w.key`'s queue until `deadline` (the server's bound already applied): `Some`
     /// granted, `None` the wait ended (CONTENDED). PostgreSQL queues in lockdb
     /// ([`postgres::wait`]), etcd in waiter keys ([`etcd::wait`]).
+    /// Whether nobody is queued for `key` ([`crate::queue`]'s fast path).
+    pub async fn queue_empty(&self, key: &str) -> Result<bool, Error> {
+        delegate!(self, queue_empty(key))
+    }
+
     pub async fn wait(
         &self,
         w: &Waiter,

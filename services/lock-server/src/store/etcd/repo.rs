@@ -438,15 +438,7 @@ impl EtcdRepo {
                 .await
                 .map_err(Error::etcd)?
                 .ttl();
-            let waiters = self
-                .client()
-                .get(
-                    self.queue_prefix(key),
-                    Some(GetOptions::new().with_prefix().with_count_only()),
-                )
-                .await
-                .map_err(Error::etcd)?
-                .count();
+            let waiters = self.queue_len(key).await?;
             out.push(ListedRow {
                 lock_key: key.to_owned(),
                 fencing_token: self.token_of(kv),

@@ -39,6 +39,25 @@ impl EtcdRepo {
         .await
     }
 
+    /// Whether nobody is queued for `key` (no waiter key; one a dead replica left counts until it is
+    /// removed, so such a queue is joined and cleaned as usual).
+    pub(crate) async fn queue_empty(&self, key: &str) -> Result<bool, Error> {
+        Ok(self.queue_len(key).await? == 0)
+    }
+
+    /// How many waiter keys `key`'s queue holds.
+    pub(crate) async fn queue_len(&self, key: &str) -> Result<i64, Error> {
+        Ok(self
+            .client()
+            .get(
+                self.queue_prefix(key),
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            )
+            .await
+            .map_err(Error::etcd)?
+            .count())
+    }
+
     /// The blocking acquire on etcd ([`crate::queue`]): a waiter key on the session's lease, in
     /// create-revision order; the head tries [`EtcdRepo::acquire`] and, contended, watches the grant
     /// key (its release, revocation, lapse or session end deletes it); every other waiter watches

@@ -362,6 +362,14 @@ impl Repo {
             .await?)
     }
 
+    /// Whether nobody is queued for `key` ([`sql::QUEUE_EMPTY`]).
+    pub async fn queue_empty(&self, key: &str) -> Result<bool, Error> {
+        Ok(sqlx::query_scalar(sql::QUEUE_EMPTY)
+            .bind(key)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
     /// Seconds left of the key's grant by the database clock; `None`: the key is free.
     pub async fn holder_left(&self, key: &str) -> Result<Option<f64>, Error> {
         Ok(sqlx::query_scalar(sql::HOLDER_LEFT)

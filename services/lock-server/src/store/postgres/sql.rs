@@ -189,6 +189,11 @@ SELECT found,
 /// The channel every notification of V3's triggers (and [`NOTIFY_GRANTED`]) goes to.
 pub const CHANNEL: &str = "dlock_lock";
 
+/// Whether anyone is queued for the key (a live waiter row): a blocking acquire that finds nobody
+/// tries the grant at once instead of joining ([`crate::queue`]). Binds: `$1` key.
+pub const QUEUE_EMPTY: &str = "\
+SELECT NOT EXISTS (SELECT 1 FROM lock_waiter WHERE lock_key = $1 AND expires_at > now())";
+
 /// Joins the key's queue; the id is the arrival order. Binds: `$1` key, `$2` session_id,
 /// `$3` owner_id, `$4` seconds until the row no longer counts (the wait plus a grace). An unknown
 /// session is refused by the foreign key (SESSION_GONE).
