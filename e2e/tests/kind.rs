@@ -1286,11 +1286,34 @@ async fn ha_negative_control(c: &Cluster, cnpg: &Cnpg) {
         .delete(&primary, &DeleteParams::default().grace_period(0))
         .await
         .unwrap_or_else(|e| panic!("delete pod {primary}: {e}"));
-    let after = poll("a grant on the promoted standby", c.env.timeout, async || {
+    poll("the standby's promotion", c.env.timeout, async || {
         let now = cnpg.status(&cluster).await;
-        if now["currentPrimary"].as_str().is_none_or(|p| p == primary) {
-            return Err(format!("the primary is still {primary}"));
+        match now["currentPrimary"].as_str() {
+            Some(p) if p != primary => Ok(()),
+            _ => Err(format!("the primary is still {primary}")),
         }
+    })
+    .await;
+    // The killed primary shuts down smartly: for a while it goes on serving the connections
+    // lock-server already holds, and a grant there continues its own history (it happened once,
+    // and the control could not fail). Grants on connections opened after the promotion — a
+    // restarted lock-server's, through the -rw Service — come from the promoted standby.
+    drop((grants, _fwd));
+    let restarted = json!({"spec": {"template": {"metadata": {"annotations": {
+        "dlock.dev/restarted-at": chrono::Utc::now().to_rfc3339()
+    }}}}});
+    c.deployments
+        .patch(
+            &deployment,
+            &PatchParams::default(),
+            &Patch::Strategic(&restarted),
+        )
+        .await
+        .expect("restart lock-server");
+    c.rolled_out(&deployment).await;
+    let (_fwd, locks) = c.lock_api_of(&deployment).await;
+    let mut grants = Grants::open(locks, "kind:ha:after");
+    let after = poll("a grant on the promoted standby", c.env.timeout, async || {
         grants.try_one()
     })
     .await;
