@@ -93,6 +93,12 @@ pub struct StackOptions {
     /// Start the services from this folder's binaries instead of this build's (a benchmark's
     /// A/B against a base build); `None`: [`crate::procs::binary`]'s search.
     pub bin_dir: Option<PathBuf>,
+    /// Lock clients authenticated (docs/lock-api.md, "Authentication"): the lock-server this stack
+    /// starts gets a clients file with one client, `stack`, that may lock, read and watch the
+    /// `account:` keys for owner ids starting with this prefix; the stack's own lock client and its
+    /// executors present that client's token ([`StackCredentials::lock`]). `None`: lock-server
+    /// answers anyone (and says so at start-up).
+    pub lock_client_owner_prefix: Option<String>,
 }
 
 /// The run's CA and the certificate of each server, when [`StackOptions::tls`] is on.
@@ -154,6 +160,9 @@ pub struct StackCredentials {
     pub executor: String,
     pub client: String,
     pub rail_executor: String,
+    /// The lock client token, when lock clients are authenticated
+    /// ([`StackOptions::lock_client_owner_prefix`]).
+    pub lock: Option<String>,
 }
 
 impl std::fmt::Debug for StackCredentials {
@@ -163,15 +172,35 @@ impl std::fmt::Debug for StackCredentials {
 }
 
 impl StackCredentials {
-    fn generate() -> Self {
+    fn generate(opts: &StackOptions) -> Self {
         let fresh = |role: &str| format!("{role}-{}", Uuid::new_v4().simple());
         Self {
             admin: fresh("admin"),
             executor: fresh("executor"),
             client: fresh("client"),
             rail_executor: fresh("rail-executor"),
+            // Two UUIDs: a lock client token is at least 32 bytes.
+            lock: opts
+                .lock_client_owner_prefix
+                .as_ref()
+                .map(|_| format!("{}{}", fresh("lock"), Uuid::new_v4().simple())),
         }
     }
+}
+
+/// A lock-server clients file in `dir` with one client, `stack`, holding `token`: it may lock, read
+/// and watch the keys starting with `key_prefix`, for owner ids starting with `owner_prefix`.
+pub fn lock_clients_file(dir: &Path, key_prefix: &str, owner_prefix: &str, token: &str) -> Result<PathBuf> {
+    let path = dir.join("lock-clients.json");
+    let body = json!({"clients": [{
+        "name": "stack",
+        "token": token,
+        "keyPrefixes": [key_prefix],
+        "ownerPrefixes": [owner_prefix],
+        "operations": ["lock", "read", "watch"],
+    }]});
+    std::fs::write(&path, body.to_string()).with_context(|| format!("write {}", path.display()))?;
+    Ok(path)
 }
 
 impl StackOptions {
@@ -192,6 +221,7 @@ impl StackOptions {
             extra_public_keys: PublicKeys::default(),
             tls: None,
             bin_dir: None,
+            lock_client_owner_prefix: None,
         }
     }
 
@@ -280,7 +310,7 @@ impl Stack {
             stub = stub.arg("--test-mode");
         }
         let rail_stub = Service::start(StackTls::serve(tls.as_deref(), stub, |t| &t.rail_stub), dir).await?;
-        let credentials = StackCredentials::generate();
+        let credentials = StackCredentials::generate(opts);
         let rail_proxy = Service::start(
             rail_proxy_spec(
                 "rail-proxy",
@@ -336,6 +366,10 @@ impl Stack {
                     }
                 };
                 let mut spec = spec.args(["--listen", "127.0.0.1:{port}"]);
+                if let (Some(prefix), Some(token)) = (&opts.lock_client_owner_prefix, &credentials.lock) {
+                    let file = lock_clients_file(dir, "account:", prefix, token)?;
+                    spec = spec.args(["--clients-file".to_owned(), file.display().to_string()]);
+                }
                 if opts.grant_signing {
                     spec = spec.env(SIGNING_KEY_ENV, opts.grant_key.expose_text());
                 }
@@ -356,6 +390,10 @@ impl Stack {
                 reqwest::Client::builder().timeout(timeout).build()?,
                 ClientConfig::default(),
             ),
+        };
+        let lock_config = match &credentials.lock {
+            Some(token) => lock_config.with_token(token),
+            None => lock_config,
         };
         let lock = LockClient::with_config(&lock_url, lock_config)?;
         Ok(Self {
@@ -389,11 +427,16 @@ impl Stack {
         self.http.clone()
     }
 
-    /// The settings of a lock client of this stack's lock-server (its CA, when HTTPS).
+    /// The settings of a lock client of this stack's lock-server (its CA, when HTTPS; the lock
+    /// client token, when lock clients are authenticated).
     pub fn lock_client_config(&self) -> ClientConfig {
-        match self.ca_file() {
+        let config = match self.ca_file() {
             Some(ca) => ClientConfig::default().with_ca_file(ca),
             None => ClientConfig::default(),
+        };
+        match &self.credentials.lock {
+            Some(token) => config.with_token(token),
+            None => config,
         }
     }
 
@@ -413,6 +456,10 @@ impl Stack {
         let spec = self.grant_opts.spec(name, "payout-executor")?;
         let spec = match self.ca_file() {
             Some(ca) => spec.env(payout_executor::config::CA_FILE_ENV, ca.display().to_string()),
+            None => spec,
+        };
+        let spec = match &self.credentials.lock {
+            Some(token) => spec.env(payout_executor::config::LOCK_TOKEN_ENV, token),
             None => spec,
         };
         Ok(spec

@@ -5,10 +5,13 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use dlock_client::ClientConfig;
 use dlock_testkit::History;
 use dlock_testkit::cpu;
 use dlock_testkit::etcd::{EtcdCluster, etcd_bin};
 use dlock_testkit::procs::{Service, Spec};
+use dlock_testkit::stack::{StackTls, lock_clients_file};
+use uuid::Uuid;
 
 use super::costs::{print_grant_cost, print_json_cost};
 use super::floors::{HOP_ROW, floors};
@@ -43,16 +46,29 @@ pub(super) async fn run(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
     } else {
         None
     };
-    // One lock-server per signing setting asked for, over the same store.
+    // One lock-server per signing setting asked for, over the same store; with `--hardening`, more
+    // on lockdb signing as a deployment does: HTTPS, then HTTPS with lock clients authenticated.
     let key = run_key("bench")?;
     let signings = args.grant_signing.settings();
-    let mut pg_servers = Vec::new();
+    let mut pg_servers: Vec<LockServerRow> = Vec::new();
     if let Some(db) = &db {
-        for &signed in signings {
-            let signing = signed.then_some(&key);
-            let server =
-                lock_server(db, run_dir.path(), &["--db-pool-size", &pool_size], signing, None).await?;
-            pg_servers.push((signed, server));
+        let pool = ["--db-pool-size", pool_size.as_str()];
+        for &(tls, lock_auth) in args.hardening.settings() {
+            if !tls && !lock_auth {
+                for &signed in signings {
+                    let server = lock_server(db, run_dir.path(), &pool, signed.then_some(&key), None).await?;
+                    pg_servers.push(LockServerRow {
+                        signed,
+                        hardening: "",
+                        server,
+                        config: ClientConfig::default(),
+                    });
+                }
+                continue;
+            }
+            let signed = signings.first().copied().unwrap_or(true);
+            pg_servers
+                .push(hardened_lock_server(db, run_dir, &pool, signed.then_some(&key), lock_auth).await?);
         }
     }
     let cluster = if etcd {
@@ -74,6 +90,7 @@ pub(super) async fn run(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
     let name = |store: &str, signed: bool, shape: &str| {
         format!("dlock/{store}{}, {shape}", if signed { "" } else { " unsigned" })
     };
+    let plain = ClientConfig::default();
     // Every lock-server row in both stores: distinct keys, one key without waiting, one key queued.
     const SHAPES: [(&str, Mode); 3] = [
         ("distinct", Mode::Distinct),
@@ -95,17 +112,26 @@ pub(super) async fn run(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
         let meter = Meter::here(Some(&hop));
         rows.push((
             clients,
-            http_phase(HOP_ROW, &hop.url(), clients, Mode::Distinct, measure, meter).await?,
+            http_phase(
+                HOP_ROW,
+                &hop.url(),
+                &plain,
+                clients,
+                Mode::Distinct,
+                measure,
+                meter,
+            )
+            .await?,
         ));
         if let Some(db) = &db {
-            for (signed, server) in &pg_servers {
+            for s in &pg_servers {
                 for (shape, mode) in SHAPES {
-                    let name = name("postgres", *signed, shape);
+                    let name = name(&format!("postgres{}", s.hardening), s.signed, shape);
                     step(format!("{name}, {clients} clients …"));
-                    let meter = Meter::here(Some(server)).with("postgres", Proc::Tree(db.server.pid));
+                    let meter = Meter::here(Some(&s.server)).with("postgres", Proc::Tree(db.server.pid));
                     rows.push((
                         clients,
-                        http_phase(name, &server.url(), clients, mode, measure, meter).await?,
+                        http_phase(name, &s.server.url(), &s.config, clients, mode, measure, meter).await?,
                     ));
                 }
             }
@@ -124,7 +150,7 @@ pub(super) async fn run(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
                     }
                     rows.push((
                         clients,
-                        http_phase(name, &server.url(), clients, mode, measure, meter).await?,
+                        http_phase(name, &server.url(), &plain, clients, mode, measure, meter).await?,
                     ));
                 }
             }
@@ -140,12 +166,12 @@ pub(super) async fn run(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
 
     println!();
     println!(
-        "{:<44} {:>8} {:>10} {:>10} {:>12} {:>12} {:>12}",
+        "{:<54} {:>8} {:>10} {:>10} {:>12} {:>12} {:>12}",
         "phase", "clients", "cycles/s", "grants/s", "acquire p50", "acquire p99", "longest"
     );
     for (clients, p) in &rows {
         println!(
-            "{:<44} {:>8} {:>10.0} {:>10.0} {:>9.2} ms {:>9.2} ms {:>9.2} ms",
+            "{:<54} {:>8} {:>10.0} {:>10.0} {:>9.2} ms {:>9.2} ms {:>9.2} ms",
             p.name,
             clients,
             p.per_sec(),
@@ -159,14 +185,14 @@ pub(super) async fn run(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
     println!(
         "cost per 1,000 cycles: CPU-seconds of each process over the measured window (/proc), and the machine's busy share"
     );
-    print!("{:<44} {:>8}", "phase", "clients");
+    print!("{:<54} {:>8}", "phase", "clients");
     for role in ROLES {
         print!(" {role:>11}");
     }
     println!(" {:>11} {:>6}", "all", "busy");
     for (clients, p) in &rows {
         let per_k = |secs: f64| secs / p.cycles.max(1) as f64 * 1000.0;
-        print!("{:<44} {:>8}", p.name, clients);
+        print!("{:<54} {:>8}", p.name, clients);
         for role in ROLES {
             match p.cost.cpu.iter().find(|(r, _)| *r == role) {
                 Some((_, secs)) => print!(" {:>11.3}", per_k(*secs)),
@@ -228,4 +254,46 @@ async fn etcd_lock_server(
     let svc = Service::start(spec, run_dir).await?;
     step(format!("lock-server (etcd) on {} (pid {})", svc.url(), svc.pid()));
     Ok(svc)
+}
+
+/// A lock-server of the bench on lockdb, and how its clients reach it.
+struct LockServerRow {
+    signed: bool,
+    /// What its row names add after the store: `""`, `" TLS"` or `" TLS + lock clients"`.
+    hardening: &'static str,
+    server: Service,
+    config: ClientConfig,
+}
+
+/// lock-server on lockdb serving HTTPS (a CA made for the run, which the clients trust alone) and,
+/// with `lock_auth`, a clients file whose one client may lock the bench's keys: its clients present
+/// that client's token.
+async fn hardened_lock_server(
+    db: &Database,
+    run_dir: &RunDir,
+    extra: &[&str],
+    signing: Option<&dlock_grant::SigningKey>,
+    lock_auth: bool,
+) -> Result<LockServerRow> {
+    let tls = StackTls::new()?;
+    let mut config = ClientConfig::default().with_ca_file(tls.ca_file());
+    let mut args: Vec<String> = extra.iter().map(|a| (*a).to_owned()).collect();
+    if lock_auth {
+        // Two UUIDs: a lock client token is at least 32 bytes.
+        let token = format!("bench-{}{}", Uuid::new_v4().simple(), Uuid::new_v4().simple());
+        let dir = run_dir.path().join("lock-clients");
+        std::fs::create_dir_all(&dir)?;
+        // The clients' keys are `bench:…`, their owner ids `bench-N` (phases.rs).
+        let file = lock_clients_file(&dir, "bench:", "bench-", &token)?;
+        args.extend(["--clients-file".to_owned(), file.display().to_string()]);
+        config = config.with_token(token);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = lock_server(db, run_dir.path(), &args, signing, Some(&*tls)).await?;
+    Ok(LockServerRow {
+        signed: signing.is_some(),
+        hardening: if lock_auth { " TLS + lock clients" } else { " TLS" },
+        server,
+        config,
+    })
 }

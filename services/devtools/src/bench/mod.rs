@@ -82,6 +82,11 @@ pub struct PayoutArgs {
     /// alternated in the same run (A/B).
     #[arg(long, value_name = "DIR")]
     base_bin: Option<std::path::PathBuf>,
+    /// Plaintext rows (`off`), hardened rows (`on`: TLS on every API, then TLS with lock clients
+    /// authenticated — what a deployment made by the operator runs), or all three side by side
+    /// (`both`: what TLS and authentication cost).
+    #[arg(long, value_enum, default_value_t = Hardening::Off)]
+    hardening: Hardening,
     /// Backlog mode: payouts that must end (POSTED) for one measurement.
     #[arg(long, default_value_t = 800, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     measure: u32,
@@ -101,6 +106,25 @@ impl Fencing {
             Fencing::On => on,
             Fencing::Off => !on,
             Fencing::Both => true,
+        }
+    }
+}
+
+/// Which hardening settings a payouts run has rows for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Hardening {
+    Off,
+    On,
+    Both,
+}
+
+impl Hardening {
+    /// The rows' (TLS, lock clients authenticated) settings.
+    pub fn settings(self) -> &'static [(bool, bool)] {
+        match self {
+            Hardening::Off => &[(false, false)],
+            Hardening::On => &[(true, false), (true, true)],
+            Hardening::Both => &[(false, false), (true, false), (true, true)],
         }
     }
 }
@@ -149,6 +173,11 @@ pub struct LockArgs {
     /// side (`both`: each dlock phase once with a signing lock-server, once without).
     #[arg(long, value_enum, default_value_t = Grants::On)]
     grant_signing: Grants,
+    /// lockdb's lock-server in plaintext (`off`), hardened (`on`: HTTPS, then HTTPS with lock
+    /// clients authenticated, signing as a deployment does), or all three side by side (`both`:
+    /// what TLS and authentication cost).
+    #[arg(long, value_enum, default_value_t = Hardening::Off)]
+    hardening: Hardening,
 }
 
 pub async fn run(cmd: BenchCommand, run_dir: &RunDir) -> Result<bool> {
@@ -174,6 +203,7 @@ pub async fn run(cmd: BenchCommand, run_dir: &RunDir) -> Result<bool> {
                 accounts: args.accounts,
                 base_bin: args.base_bin,
                 fencing: args.fencing,
+                hardening: args.hardening,
             };
             payouts::run(&setup, args.rounds, args.grants, run_dir).await
         }

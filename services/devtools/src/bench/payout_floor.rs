@@ -25,6 +25,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use dlock_client::ClientConfig;
 use dlock_testkit::History;
 use dlock_testkit::cpu;
 use dlock_testkit::pg::tool_path;
@@ -339,6 +340,7 @@ pub(super) async fn measure(clients: u32, each: u32, hop_secs: u64, run_dir: &Ru
     let phase = http_phase(
         HOP_ROW,
         &hop.url(),
+        &ClientConfig::default(),
         clients,
         Mode::Distinct,
         Duration::from_secs(hop_secs),

@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use dlock_testkit::History;
 use dlock_testkit::cpu;
-use dlock_testkit::stack::{Stack, StackOptions};
+use dlock_testkit::stack::{Stack, StackOptions, StackTls};
 use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
 use super::costs::print_grant_cost;
 use super::payout_floor::{self, Floor};
 use super::per_payout::{Ran, Requests, STATEMENT_SETTINGS, Statements};
-use super::{Fencing, Grants};
+use super::{Fencing, Grants, Hardening};
 use crate::stack::{Database, RunDir, step};
 
 struct Run {
@@ -140,23 +140,43 @@ fn quantile_bound(buckets: &[(f64, f64)], count: f64, q: f64) -> f64 {
         .map_or(f64::NAN, |(le, _)| *le)
 }
 
-/// The settings of one table row: which build's services, fencing, signed grants.
+/// The settings of one table row: which build's services, fencing, signed grants, and how
+/// hardened the stack is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Row {
     /// The services of `--base-bin` rather than this build's.
     base: bool,
     fencing: bool,
     grants: bool,
+    /// HTTPS on every API, each client trusting the run's CA.
+    tls: bool,
+    /// Lock clients authenticated: the executors present a lock client's token.
+    lock_auth: bool,
 }
 
 impl Row {
     fn label(self) -> String {
         format!(
-            "{}fencing {}, grants {}",
+            "{}fencing {}, grants {}{}",
             if self.base { "base: " } else { "" },
             if self.fencing { "on" } else { "off" },
-            if self.grants { "on" } else { "off" }
+            if self.grants { "on" } else { "off" },
+            match (self.tls, self.lock_auth) {
+                (false, false) => "",
+                (true, false) => ", TLS",
+                (false, true) => ", lock clients",
+                (true, true) => ", TLS + lock clients",
+            }
         )
+    }
+
+    /// This row in plaintext, lock clients unauthenticated.
+    fn plain(self) -> Self {
+        Row {
+            tls: false,
+            lock_auth: false,
+            ..self
+        }
     }
 }
 
@@ -173,6 +193,8 @@ pub(super) struct Setup {
     pub base_bin: Option<PathBuf>,
     /// Which fencing settings get rows.
     pub fencing: Fencing,
+    /// Plaintext rows, hardened ones (TLS, and TLS with lock clients authenticated), or both.
+    pub hardening: Hardening,
 }
 
 /// The accounts of a run: the seeded ones first, then new ones (funded to cover every payout).
@@ -200,16 +222,25 @@ async fn one_run(row: Row, setup: &Setup, run_dir: &RunDir) -> Result<Run> {
     let lockdb = Database::start_with(History::Lockdb, STATEMENT_SETTINGS).await?;
     let paydb = Database::start_with(History::Paydb, STATEMENT_SETTINGS).await?;
     let mut opts = StackOptions::new(run_dir.path().join(format!(
-        "bench-{}{}-{}",
+        "bench-{}{}-{}{}{}",
         if row.base { "base-" } else { "" },
         if fencing { "fenced" } else { "unfenced" },
-        if grants { "signed" } else { "unsigned" }
+        if grants { "signed" } else { "unsigned" },
+        if row.tls { "-tls" } else { "" },
+        if row.lock_auth { "-lock-clients" } else { "" }
     )));
     opts.bin_dir = row.base.then(|| setup.base_bin.clone()).flatten();
     opts.rail_fencing = fencing;
     opts.payment_fencing = fencing;
     opts.grant_signing = grants;
     opts.grant_verification = grants;
+    if row.tls {
+        opts.tls = Some(StackTls::new()?);
+    }
+    if row.lock_auth {
+        // The executors' owner ids (`bench-executor-N`) and their workers' start with it.
+        opts.lock_client_owner_prefix = Some(EXECUTOR_PREFIX.to_owned());
+    }
     let stack = Stack::start(&lockdb.app_url(), &paydb.app_url(), &opts).await?;
     let accounts = accounts(&stack, setup.accounts).await?;
     let mut ids = Vec::new();
@@ -231,7 +262,7 @@ async fn one_run(row: Row, setup: &Setup, run_dir: &RunDir) -> Result<Run> {
     let mut procs = Vec::new();
     for e in 0..executors {
         let spec = stack
-            .service_executor_spec(&format!("bench-executor-{e}"))?
+            .service_executor_spec(&format!("{EXECUTOR_PREFIX}{e}"))?
             .args(["--workers", &workers.to_string()]);
         procs.push(stack.start_executor(spec).await?);
     }
@@ -341,12 +372,20 @@ pub(super) async fn run(setup: &Setup, rounds: u32, grants: Grants, run_dir: &Ru
     let rows: Vec<Row> = combos
         .iter()
         .filter(|(fencing, _)| setup.fencing.has(*fencing))
-        .flat_map(|(fencing, grants)| {
-            builds.iter().map(|base| Row {
-                base: *base,
-                fencing: *fencing,
-                grants: *grants,
-            })
+        .flat_map(|&(fencing, grants)| {
+            setup
+                .hardening
+                .settings()
+                .iter()
+                .flat_map(move |&(tls, lock_auth)| {
+                    builds.iter().map(move |&base| Row {
+                        base,
+                        fencing,
+                        grants,
+                        tls,
+                        lock_auth,
+                    })
+                })
         })
         .collect();
     println!(
@@ -380,7 +419,7 @@ pub(super) async fn run(setup: &Setup, rounds: u32, grants: Grants, run_dir: &Ru
     let medians: Vec<Run> = runs.into_iter().map(median).collect();
     println!();
     println!(
-        "{:<32} {:>11} {:>16} {:>16} {:>16} {:>16} {:>16}",
+        "{:<44} {:>11} {:>16} {:>16} {:>16} {:>16} {:>16}",
         "settings",
         "payouts/s",
         "acquire mean",
@@ -391,7 +430,7 @@ pub(super) async fn run(setup: &Setup, rounds: u32, grants: Grants, run_dir: &Ru
     );
     for r in &medians {
         println!(
-            "{:<32} {:>11.1} {:>13.2} ms {:>13.1} ms {:>13.1} ms {:>13.1} ms {:>13.1} ms",
+            "{:<44} {:>11.1} {:>13.2} ms {:>13.1} ms {:>13.1} ms {:>13.1} ms {:>13.1} ms",
             r.row.label(),
             r.per_sec,
             r.acquire_mean_ms,
@@ -411,6 +450,8 @@ pub(super) async fn run(setup: &Setup, rounds: u32, grants: Grants, run_dir: &Ru
                         base: false,
                         fencing,
                         grants,
+                        tls: false,
+                        lock_auth: false,
                     }
             })
             .map(|r| r.per_sec)
@@ -430,18 +471,29 @@ pub(super) async fn run(setup: &Setup, rounds: u32, grants: Grants, run_dir: &Ru
             (1.0 - signed / unsigned) * 100.0
         );
     }
+    for hardened in medians.iter().filter(|r| r.row.tls || r.row.lock_auth) {
+        if let Some(plain) = medians.iter().find(|p| p.row == hardened.row.plain()) {
+            println!(
+                "{} costs {:.1}% of throughput against plaintext ({:.1} / {:.1} payouts/s)",
+                hardened.row.label(),
+                (1.0 - hardened.per_sec / plain.per_sec) * 100.0,
+                hardened.per_sec,
+                plain.per_sec
+            );
+        }
+    }
     println!("p99 ≤: the histogram's bucket bound (buckets double); p99 ≈: interpolated within the bucket");
     println!();
     println!(
         "CPU per payout, ms, of each process over the batch (/proc; the median run's; load average at the start {load})"
     );
-    print!("{:<32}", "settings");
+    print!("{:<44}", "settings");
     for role in COST_ROLES {
         print!(" {role:>16}");
     }
     println!(" {:>8}", "all");
     for r in &medians {
-        print!("{:<32}", r.row.label());
+        print!("{:<44}", r.row.label());
         for role in COST_ROLES {
             match r.cpu.iter().find(|(x, _)| *x == role) {
                 Some((_, secs)) => print!(" {:>16.3}", secs / f64::from(payouts) * 1000.0),
@@ -513,18 +565,18 @@ fn print_floor(floor: &Floor, medians: &[Run], payouts: u32) {
         ms(floor.request_client),
         ms(floor.request_server)
     );
-    print!("{:<32}", "");
+    print!("{:<44}", "");
     for role in &roles {
         print!(" {role:>16}");
     }
     println!(" {:>8}", "all");
-    print!("{:<32}", "floor");
+    print!("{:<44}", "floor");
     for role in &roles {
         print!(" {:>16.3}", ms(floor.of(role)));
     }
     println!(" {:>8.3}", ms(floor.total(&roles)));
     for r in medians {
-        print!("{:<32}", format!("above: {}", r.row.label()));
+        print!("{:<44}", format!("above: {}", r.row.label()));
         for role in &roles {
             match r.cpu.iter().find(|(x, _)| x == role) {
                 Some((_, secs)) => print!(" {:>+16.3}", ms(secs / f64::from(payouts) - floor.of(role))),
@@ -560,6 +612,10 @@ SELECT gen_random_uuid(),
   FROM generate_series(0, $1 - 1) AS i";
 
 /// Payouts not ended yet (every state but the terminal ones).
+/// The owner ids of the bench's executors start with it (`bench-executor-0`, …): what the lock
+/// client of a row with lock clients authenticated may open sessions for.
+const EXECUTOR_PREFIX: &str = "bench-executor-";
+
 const COUNT_OPEN: &str = "SELECT count(*) FROM payout WHERE state NOT IN ('POSTED', 'FAILED', 'ABANDONED')";
 
 /// Payouts POSTED so far, counted from the ledger (a posted payout has its legs; nothing else has):
@@ -591,7 +647,7 @@ async fn backlog_run(size: u32, measure: u32, executors: u32, workers: u32, run_
     let mut procs = Vec::new();
     for e in 0..executors {
         let spec = stack
-            .service_executor_spec(&format!("bench-executor-{e}"))?
+            .service_executor_spec(&format!("{EXECUTOR_PREFIX}{e}"))?
             .args(["--workers", &workers.to_string()]);
         procs.push(stack.start_executor(spec).await?);
     }

@@ -113,9 +113,12 @@ pub(super) async fn mutex_phase(
     })
 }
 
+/// `config`: how the clients reach the server (its CA, a lock client's token; the default for
+/// plain HTTP and no authentication).
 pub(super) async fn http_phase(
     name: impl Into<String>,
     base: &str,
+    config: &ClientConfig,
     clients: u32,
     mode: Mode,
     measure: Duration,
@@ -123,7 +126,7 @@ pub(super) async fn http_phase(
 ) -> Result<Phase> {
     // The client a user's program would use: dlock-client's typed API over one pooled connection
     // set (the load generator's own CPU is in the cost table).
-    let api = LockApi::new(base, &ClientConfig::default())?;
+    let api = LockApi::new(base, config)?;
     let warm_until = Instant::now() + Duration::from_secs(1);
     let stop_at = warm_until + measure;
     let cost = tokio::spawn(meter.window(warm_until, stop_at));
