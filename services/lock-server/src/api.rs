@@ -169,12 +169,14 @@ pub async fn close_session(
 ) -> Result<Json<SessionClosed>, ApiError> {
     own_session(&caller, &state, session_id).await?;
     let closed = state.repo().close_session(session_id).await?;
+    state.owners().forget_session(session_id);
     tracing::info!(event = "session_closed", %session_id, closed);
     Ok(Json(SessionClosed { session_id, closed }))
 }
 
 /// With a clients file: the session must be the caller's before anything is written to it (one
-/// read of its owner; a session id belongs to one owner for all time). A session that is gone
+/// read of its owner, remembered after: a session id belongs to one owner for all time,
+/// [`crate::owners`]). A session that is gone
 /// passes: the write then finds nothing, as it would for anyone (session ids are random UUIDs the
 /// store draws, so none appears after this read). Returns the session's owner.
 async fn own_session(
@@ -185,7 +187,16 @@ async fn own_session(
     if caller.client().is_none() {
         return Ok(None);
     }
-    let owner = state.repo().session_owner(session_id).await?;
+    let owner = match state.owners().session(session_id) {
+        Some(owner) => Some(owner),
+        None => {
+            let owner = state.repo().session_owner(session_id).await?;
+            if let Some(owner) = &owner {
+                state.owners().remember_session(session_id, owner);
+            }
+            owner
+        }
+    };
     if let Some(owner) = &owner {
         caller.session(state, session_id, owner)?;
     }
@@ -193,14 +204,25 @@ async fn own_session(
 }
 
 /// With a clients file: the grant at `key` and `token` must be the caller's before renew or
-/// release writes (one read of its owner). `false`: no grant is at that token, so the write would
+/// release writes (one read of its owner, remembered after: one key and token is one grant for all
+/// time, [`crate::owners`]). `false`: no grant is at that token, so the write would
 /// find zero rows; the caller answers that without writing (the token may not be issued yet, and a
 /// grant made after this read must not be touched by a request that was never checked against it).
 async fn own_grant(caller: &Caller, state: &AppState, key: &str, token: i64) -> Result<bool, ApiError> {
     if caller.client().is_none() {
         return Ok(true);
     }
-    match state.repo().grant_owner(key, token).await? {
+    let owner = match state.owners().grant(key, token) {
+        Some(owner) => Some(owner),
+        None => {
+            let owner = state.repo().grant_owner(key, token).await?;
+            if let Some(owner) = &owner {
+                state.owners().remember_grant(key, token, owner);
+            }
+            owner
+        }
+    };
+    match owner {
         Some(owner) => {
             caller.grant(state, key, token, &owner)?;
             Ok(true)
@@ -236,8 +258,9 @@ pub async fn acquire(
     caller.owner(&state, &req.owner_id)?;
     let ttl = validate::ttl_ms("ttlMs", req.ttl_ms)?;
     if caller.client().is_some() {
-        // Only under the client's own session, and as that session's owner. A session that is
-        // gone is answered here as the foreign key would answer it, without drawing a token.
+        // Only under the client's own session, and as that session's owner. A session known to be
+        // gone is answered here as the foreign key would answer it, without drawing a token (one
+        // that lapsed while its owner was remembered is answered by the statement: crate::owners).
         match own_session(&caller, &state, req.session_id).await? {
             Some(owner) => caller.session_owner_is(&state, req.session_id, &owner, &req.owner_id)?,
             None => return Err(Error::SessionGone.into()),

@@ -4,7 +4,8 @@
 //!   statements) and [`store::etcd`] (`--backend etcd`) — and [`Backend`], the one the server runs;
 //! - [`api`]: the HTTP handlers; [`routes`]: the router and its route table;
 //! - [`error`]: the one error enum, mapped to HTTP; [`auth`]: the bearer tokens (the admin's, and
-//!   the lock clients' of [`clients`], each with its key prefixes, owner prefixes and operations);
+//!   the lock clients' of [`clients`], each with its key prefixes, owner prefixes and operations;
+//!   [`owners`]: the owners of sessions and grants those checks read, remembered);
 //! - [`signing`]: the signed grant of every acquire and renew (`LockGrant.grant`);
 //! - [`queue`]: the blocking acquire, a FIFO queue per key in the store; [`watch`]: a key's changes
 //!   as a stream;
@@ -20,6 +21,7 @@ pub mod clients;
 pub mod config;
 pub mod error;
 pub mod metrics;
+pub mod owners;
 pub mod queue;
 pub mod reaper;
 pub mod routes;

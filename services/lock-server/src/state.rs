@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clients::Clients;
 use crate::config::{Config, QueueFaults};
 use crate::metrics::Metrics;
+use crate::owners::Owners;
 use crate::signing::Signer;
 use crate::store::{Backend, Feeds};
 
@@ -24,6 +25,8 @@ struct Shared {
     admin_token: Option<Arc<str>>,
     /// The lock clients of the clients file; `None`: the lock API is open to anyone who reaches it.
     clients: Option<Arc<Clients>>,
+    /// The owners the clients' checks read, remembered ([`crate::owners`]).
+    owners: Arc<Owners>,
     signer: Option<Arc<Signer>>,
     max_wait: Duration,
     watch_max: Duration,
@@ -44,6 +47,7 @@ impl AppState {
             // An empty token is never a valid credential; treat it as "not configured".
             admin_token: admin_token.filter(|t| !t.is_empty()).map(Arc::from),
             clients: None,
+            owners: Arc::default(),
             signer: None,
             max_wait: Duration::from_millis(dlock_wire::lock::MAX_WAIT_MS.unsigned_abs()),
             watch_max: Duration::from_secs(300),
@@ -85,6 +89,11 @@ impl AppState {
     /// The lock clients, when a clients file is configured.
     pub fn clients(&self) -> Option<&Clients> {
         self.0.clients.as_deref()
+    }
+
+    /// The owners of sessions and grants, as the clients' checks read them.
+    pub fn owners(&self) -> &Owners {
+        &self.0.owners
     }
 
     /// The longest a blocking acquire waits here.

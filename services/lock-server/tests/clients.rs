@@ -479,6 +479,40 @@ async fn each_right_is_enforced_and_a_refusal_writes_nothing() {
     );
     let released = payments.release("account:1", held.token()).await;
     assert_eq!(released.body["released"], true, "{released:?}");
+
+    // The owners read by these checks are remembered; what is remembered outlives neither its
+    // session nor its grant. The released grant, whose owner the renew above read: a renew is
+    // LEASE_EXPIRED and a second release stale, writing nothing. The session, whose owner every call
+    // above read: once closed, a heartbeat is SESSION_GONE and an acquire under it draws no token.
+    let before = store.state().await;
+    let renewed = payments.renew("account:1", held.token()).await;
+    assert_eq!(
+        (renewed.status, renewed.code()),
+        (StatusCode::GONE, "LEASE_EXPIRED"),
+        "{renewed:?}"
+    );
+    let again = payments.release("account:1", held.token()).await;
+    assert_eq!(again.body["stale"], true, "{again:?}");
+    assert_eq!(
+        store.state().await,
+        before,
+        "a gone grant's remembered owner let a write through"
+    );
+    assert_eq!(payments.close(s).await.body["closed"], true);
+    let before = store.state().await;
+    let beat = payments.heartbeat(s).await;
+    assert_eq!(beat.status, StatusCode::GONE, "{beat:?}");
+    let under = payments.acquire("account:4", s, "payments-1").await;
+    assert_eq!(
+        (under.status, under.code()),
+        (StatusCode::GONE, "SESSION_GONE"),
+        "{under:?}"
+    );
+    assert_eq!(
+        store.state().await,
+        before,
+        "a closed session's remembered owner let a write through"
+    );
     srv.shutdown().await.unwrap();
 }
 

@@ -1,0 +1,97 @@
+//! Who owns a session and a grant, remembered. With a clients file every session-scoped request
+//! reads its session's owner, and every renew and release its grant's owner, before anything is
+//! written (docs/lock-api.md, "Authentication"): one more lockdb round trip per request, outside
+//! the batched statements, which cost a third of a lock cycle's throughput (docs/benchmarks.md).
+//!
+//! Neither answer changes while its subject exists: a session is opened for one owner id and keeps
+//! it, and a grant is one (key, token) for all time (a token is never handed out twice: the
+//! sequence jumps on every new lockdb history, etcd's revisions only grow). So an owner once read
+//! can be used again. Only owners found are kept — a session or grant not there is read afresh every
+//! time, so one made later is never judged by an old answer — and an entry that outlives its session
+//! or grant lets no write through: the write after the check finds nothing, as it would after a read.
+//! The one difference: an acquire under a session that lapsed (or was closed through another
+//! replica) while its owner is remembered is answered SESSION_GONE by C1's acquire statement rather
+//! than before it, as without a clients file, so it may draw a token that no grant gets — a gap,
+//! which tokens have anyway (a contended acquire draws one too).
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use uuid::Uuid;
+
+/// Owners kept of each kind; past it that memory starts again empty. Sessions and grants in use at
+/// once are far fewer (a payout executor's worker holds one session and one grant at a time).
+pub const KEPT: usize = 8192;
+
+#[derive(Debug, Default)]
+pub struct Owners {
+    sessions: Mutex<HashMap<Uuid, String>>,
+    grants: Mutex<HashMap<(String, i64), String>>,
+}
+
+impl Owners {
+    /// The owner id session `session_id` was opened for, if remembered.
+    pub fn session(&self, session_id: Uuid) -> Option<String> {
+        lock(&self.sessions).get(&session_id).cloned()
+    }
+
+    pub fn remember_session(&self, session_id: Uuid, owner: &str) {
+        insert(&self.sessions, session_id, owner);
+    }
+
+    /// A session closed here is forgotten at once (one that lapsed, or was closed through another
+    /// replica, is forgotten when the memory starts again).
+    pub fn forget_session(&self, session_id: Uuid) {
+        lock(&self.sessions).remove(&session_id);
+    }
+
+    /// The owner of the grant at `key` and `token`, if remembered.
+    pub fn grant(&self, key: &str, token: i64) -> Option<String> {
+        lock(&self.grants).get(&(key.to_owned(), token)).cloned()
+    }
+
+    pub fn remember_grant(&self, key: &str, token: i64, owner: &str) {
+        insert(&self.grants, (key.to_owned(), token), owner);
+    }
+
+    /// How many owners are remembered, sessions and grants.
+    pub fn remembered(&self) -> (usize, usize) {
+        (lock(&self.sessions).len(), lock(&self.grants).len())
+    }
+}
+
+fn insert<K: std::hash::Hash + Eq>(map: &Mutex<HashMap<K, String>>, key: K, owner: &str) {
+    let mut map = lock(map);
+    if map.len() >= KEPT {
+        map.clear();
+    }
+    map.insert(key, owner.to_owned());
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every change is one statement: a panic elsewhere while it was held leaves nothing half-written.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_are_kept_per_session_and_per_grant_and_bounded() {
+        let o = Owners::default();
+        let s = Uuid::new_v4();
+        assert_eq!(o.session(s), None);
+        o.remember_session(s, "payments-1");
+        assert_eq!(o.session(s).as_deref(), Some("payments-1"));
+        assert_eq!(o.session(Uuid::new_v4()), None);
+        o.remember_grant("account:1", 7, "payments-1");
+        assert_eq!(o.grant("account:1", 7).as_deref(), Some("payments-1"));
+        // Another token of the same key is another grant.
+        assert_eq!(o.grant("account:1", 8), None);
+        for t in 0..KEPT as i64 {
+            o.remember_grant("account:2", t, "w");
+        }
+        assert!(o.remembered().1 <= KEPT);
+    }
+}
