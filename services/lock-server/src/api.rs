@@ -297,6 +297,10 @@ fn granted(state: &AppState, key: String, g: Grant) -> Result<Json<LockGrant>, A
         session_id = %g.session_id,
     );
     let fencing_token = stored(g.fencing_token)?;
+    if state.clients().is_some() {
+        // Its renews and its release check this owner: known now, no read needed then.
+        state.owners().remember_grant(&key, g.fencing_token, &g.owner_id);
+    }
     let grant = signed(state, &key, fencing_token, &g.owner_id, g.session_id)?;
     Ok(Json(LockGrant {
         lock_key: key,

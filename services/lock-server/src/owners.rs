@@ -6,7 +6,8 @@
 //! Neither answer changes while its subject exists: a session is opened for one owner id and keeps
 //! it, and a grant is one (key, token) for all time (a token is never handed out twice: the
 //! sequence jumps on every new lockdb history, etcd's revisions only grow). So an owner once read
-//! can be used again. Only owners found are kept — a session or grant not there is read afresh every
+//! can be used again; a grant's owner is known from the moment it is granted here, so its renews
+//! and release need no read at all. Only owners found are kept — a session or grant not there is read afresh every
 //! time, so one made later is never judged by an old answer — and an entry that outlives its session
 //! or grant lets no write through: the write after the check finds nothing, as it would after a read.
 //! The one difference: an acquire under a session that lapsed (or was closed through another
