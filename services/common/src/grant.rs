@@ -10,9 +10,8 @@
 //! checked from the request alone ([`GrantPolicy::check`], before any database work); the account
 //! is known only with the payout, so [`Granted::check_account`] runs where the payout is first read.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
 use axum::http::{HeaderMap, StatusCode};
 use dlock_grant::{Grant, GrantError, PublicKeys};
@@ -23,6 +22,7 @@ use prometheus_client::registry::Registry;
 use uuid::Uuid;
 
 use crate::error::ApiError;
+use crate::memo::Memo;
 use crate::token::FencingToken;
 
 /// The header that carries the signed grant of the presented token (lock-server's `LockGrant.grant`).
@@ -130,17 +130,23 @@ pub const VERIFIED_GRANTS_KEPT: usize = 4096;
 /// set), so a grant whose text was verified before is accepted again without the signature
 /// arithmetic. Only verified grants are kept: a refused one is checked afresh every time, and a text
 /// that differs in any byte is a different grant.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct TrustedKeys {
     keys: PublicKeys,
-    verified: Mutex<HashMap<Box<str>, Grant>>,
+    verified: Memo<Box<str>, Grant>,
+}
+
+impl Default for TrustedKeys {
+    fn default() -> Self {
+        TrustedKeys::new(PublicKeys::default())
+    }
 }
 
 impl TrustedKeys {
     pub fn new(keys: PublicKeys) -> Self {
         TrustedKeys {
             keys,
-            verified: Mutex::default(),
+            verified: Memo::new(VERIFIED_GRANTS_KEPT),
         }
     }
 
@@ -150,27 +156,17 @@ impl TrustedKeys {
 
     /// [`PublicKeys::verify`], remembering what verified.
     pub fn verify(&self, wire: &str) -> Result<Grant, GrantError> {
-        if let Some(grant) = self.verified().get(wire) {
-            return Ok(grant.clone());
+        if let Some(grant) = self.verified.get(wire) {
+            return Ok(grant);
         }
         let grant = self.keys.verify(wire)?;
-        let mut verified = self.verified();
-        if verified.len() >= VERIFIED_GRANTS_KEPT {
-            verified.clear();
-        }
-        verified.insert(wire.into(), grant.clone());
+        self.verified.insert(wire.into(), grant.clone());
         Ok(grant)
     }
 
     /// How many verified grants are remembered now.
     pub fn remembered(&self) -> usize {
-        self.verified().len()
-    }
-
-    fn verified(&self) -> MutexGuard<'_, HashMap<Box<str>, Grant>> {
-        // The map is consistent after every statement that changes it: a panic elsewhere while it
-        // was held leaves nothing half-written.
-        self.verified.lock().unwrap_or_else(PoisonError::into_inner)
+        self.verified.len()
     }
 }
 

@@ -17,6 +17,7 @@ pub mod auth;
 pub mod db;
 pub mod error;
 pub mod grant;
+pub mod memo;
 pub mod metrics;
 pub mod serve;
 pub mod telemetry;

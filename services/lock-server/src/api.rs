@@ -176,9 +176,9 @@ pub async fn close_session(
 
 /// With a clients file: the session must be the caller's before anything is written to it (one
 /// read of its owner, remembered after: a session id belongs to one owner for all time,
-/// [`crate::owners`]). A session that is gone
-/// passes: the write then finds nothing, as it would for anyone (session ids are random UUIDs the
-/// store draws, so none appears after this read). Returns the session's owner.
+/// [`crate::owners`]). A session that is gone passes: the write then finds nothing, as it would
+/// for anyone (session ids are random UUIDs the store draws, so none appears after this read).
+/// Returns the session's owner.
 async fn own_session(
     caller: &Caller,
     state: &AppState,
@@ -205,9 +205,9 @@ async fn own_session(
 
 /// With a clients file: the grant at `key` and `token` must be the caller's before renew or
 /// release writes (one read of its owner, remembered after: one key and token is one grant for all
-/// time, [`crate::owners`]). `false`: no grant is at that token, so the write would
-/// find zero rows; the caller answers that without writing (the token may not be issued yet, and a
-/// grant made after this read must not be touched by a request that was never checked against it).
+/// time, [`crate::owners`]). `false`: no grant is at that token, so the write would find zero
+/// rows; the caller answers that without writing (the token may not be issued yet, and a grant
+/// made after this read must not be touched by a request that was never checked against it).
 async fn own_grant(caller: &Caller, state: &AppState, key: &str, token: i64) -> Result<bool, ApiError> {
     if caller.client().is_none() {
         return Ok(true);

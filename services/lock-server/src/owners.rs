@@ -7,71 +7,65 @@
 //! it, and a grant is one (key, token) for all time (a token is never handed out twice: the
 //! sequence jumps on every new lockdb history, etcd's revisions only grow). So an owner once read
 //! can be used again; a grant's owner is known from the moment it is granted here, so its renews
-//! and release need no read at all. Only owners found are kept — a session or grant not there is read afresh every
-//! time, so one made later is never judged by an old answer — and an entry that outlives its session
-//! or grant lets no write through: the write after the check finds nothing, as it would after a read.
+//! and release need no read at all. Only owners found are kept — a session or grant not there is
+//! read afresh every time, so one made later is never judged by an old answer — and an entry that
+//! outlives its session or grant lets no write through: the write after the check finds nothing, as it would after a read.
 //! The one difference: an acquire under a session that lapsed (or was closed through another
 //! replica) while its owner is remembered is answered SESSION_GONE by C1's acquire statement rather
 //! than before it, as without a clients file, so it may draw a token that no grant gets — a gap,
 //! which tokens have anyway (a contended acquire draws one too).
 
-use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
-
+use dlock_common::memo::Memo;
 use uuid::Uuid;
 
 /// Owners kept of each kind; past it that memory starts again empty. Sessions and grants in use at
 /// once are far fewer (a payout executor's worker holds one session and one grant at a time).
 pub const KEPT: usize = 8192;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Owners {
-    sessions: Mutex<HashMap<Uuid, String>>,
-    grants: Mutex<HashMap<(String, i64), String>>,
+    sessions: Memo<Uuid, String>,
+    grants: Memo<(String, i64), String>,
+}
+
+impl Default for Owners {
+    fn default() -> Self {
+        Owners {
+            sessions: Memo::new(KEPT),
+            grants: Memo::new(KEPT),
+        }
+    }
 }
 
 impl Owners {
     /// The owner id session `session_id` was opened for, if remembered.
     pub fn session(&self, session_id: Uuid) -> Option<String> {
-        lock(&self.sessions).get(&session_id).cloned()
+        self.sessions.get(&session_id)
     }
 
     pub fn remember_session(&self, session_id: Uuid, owner: &str) {
-        insert(&self.sessions, session_id, owner);
+        self.sessions.insert(session_id, owner.to_owned());
     }
 
     /// A session closed here is forgotten at once (one that lapsed, or was closed through another
     /// replica, is forgotten when the memory starts again).
     pub fn forget_session(&self, session_id: Uuid) {
-        lock(&self.sessions).remove(&session_id);
+        self.sessions.remove(&session_id);
     }
 
     /// The owner of the grant at `key` and `token`, if remembered.
     pub fn grant(&self, key: &str, token: i64) -> Option<String> {
-        lock(&self.grants).get(&(key.to_owned(), token)).cloned()
+        self.grants.get(&(key.to_owned(), token))
     }
 
     pub fn remember_grant(&self, key: &str, token: i64, owner: &str) {
-        insert(&self.grants, (key.to_owned(), token), owner);
+        self.grants.insert((key.to_owned(), token), owner.to_owned());
     }
 
     /// How many owners are remembered, sessions and grants.
     pub fn remembered(&self) -> (usize, usize) {
-        (lock(&self.sessions).len(), lock(&self.grants).len())
+        (self.sessions.len(), self.grants.len())
     }
-}
-
-fn insert<K: std::hash::Hash + Eq>(map: &Mutex<HashMap<K, String>>, key: K, owner: &str) {
-    let mut map = lock(map);
-    if map.len() >= KEPT {
-        map.clear();
-    }
-    map.insert(key, owner.to_owned());
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every change is one statement: a panic elsewhere while it was held leaves nothing half-written.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]
