@@ -10,6 +10,10 @@
 #   scripts/chaos.sh                      10,000 payouts per backend with all nemeses, then each alone
 #   DLOCK_CHAOS_PAYOUTS=2000 scripts/chaos.sh   a smaller full campaign
 #   DLOCK_CHAOS_SEED=42 scripts/chaos.sh        replay: the same seeds, the same schedules
+#   scripts/chaos.sh --plaintext                every run in plain HTTP (warned; the rows say so)
+#
+# Every run serves HTTPS on every hop (a CA made for the run) unless --plaintext is given, the
+# only argument this script takes; it is passed to every `dlock-dev chaos` run.
 #
 # Env: DLOCK_CHAOS_PAYOUTS (default 10000), DLOCK_CHAOS_SECONDS (default payouts/20),
 #      DLOCK_CHAOS_SINGLE_PAYOUTS (per single-nemesis run, default 1500), DLOCK_CHAOS_SEED (default:
@@ -19,6 +23,17 @@
 #      folder under /var/tmp, kept: every run's history, final state, schedule and logs).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$DLOCK_ROOT"
+
+transport=()
+for arg in "$@"; do
+  case "$arg" in
+    --plaintext) transport=(--plaintext) ;;
+    *) die "unknown argument $arg (scripts/chaos.sh takes only --plaintext; the rest is DLOCK_CHAOS_* in the environment)" ;;
+  esac
+done
+if [ "${#transport[@]}" -gt 0 ]; then
+  printf 'WARNING: --plaintext: every run of this campaign serves plain HTTP (credentials and grants in cleartext on loopback); the services are deployed with HTTPS\n' >&2
+fi
 [ -n "${DLOCK_BIN_DIR:-}" ] || "$DLOCK_ROOT/scripts/setup.sh"
 
 payouts="${DLOCK_CHAOS_PAYOUTS:-10000}"
@@ -41,7 +56,7 @@ one() { # label, args...
   local label="$1"; shift
   case "$label" in *"${DLOCK_CHAOS_ONLY:-}"*) ;; *) return 0 ;; esac
   say "chaos: $label ($*)"
-  if "$dlock_dev" --run-dir "$out/$label" chaos "$@" | tee "$out/$label.txt"; then :; else failed=1; fi
+  if "$dlock_dev" --run-dir "$out/$label" chaos "$@" ${transport[@]+"${transport[@]}"} | tee "$out/$label.txt"; then :; else failed=1; fi
   grep '^report row: ' "$out/$label.txt" | sed 's/^report row: //' >> "$rows" || true
 }
 

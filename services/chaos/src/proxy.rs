@@ -15,27 +15,42 @@
 //!
 //! The proxy speaks HTTP/1.1 (hyper) to the caller and forwards with reqwest. A dropped or reset
 //! exchange closes the caller's connection without an answer, which is what a dead link looks like.
+//!
+//! With [`LinkTls`] (the campaign's default) a link speaks HTTPS on both sides, as the services do:
+//! it terminates the caller's TLS with a certificate of the run's CA for its loopback address (the
+//! caller verifies it against that CA exactly as it would the real server) and forwards over HTTPS,
+//! verifying the service against the run's CA alone. Its ALPN offers `http/1.1` only, so a caller
+//! that could speak h2 still gets one exchange per connection at a time, and a dropped exchange
+//! still closes the caller's connection (in h2 it would reset one stream): the faults mean what
+//! they mean in plain HTTP. A caller that does not complete the handshake (plain HTTP, another CA)
+//! has its connection closed without an answer.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, anyhow};
 use bytes::Bytes;
+use dlock_common::tls::TlsFiles;
+use dlock_testkit::pg::tls::{ServerCert, client_builder_trusting};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::Value as Json;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
 use uuid::Uuid;
 
 use crate::history::{Event, F, Type, Value};
@@ -241,16 +256,72 @@ impl InFlight {
     }
 }
 
+/// HTTPS on both sides of a link: the certificate it serves its caller (of the run's CA, for
+/// loopback) and the CA it verifies the service against, alone. Cheap to clone; one for every link
+/// of a run.
+#[derive(Clone)]
+pub struct LinkTls {
+    acceptor: TlsAcceptor,
+    ca: PathBuf,
+}
+
+impl std::fmt::Debug for LinkTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkTls")
+            .field("ca", &self.ca)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How long a caller has to complete its TLS handshake: one that stalls (a paused executor) holds
+/// only its own connection, and not for ever.
+const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
+
+impl LinkTls {
+    /// Serves `cert` to callers (checked as a service checks its pair at start-up) and trusts `ca`
+    /// alone for the services.
+    pub fn new(cert: &ServerCert, ca: &Path) -> Result<Self> {
+        let files = TlsFiles {
+            cert: cert.cert.clone(),
+            key: cert.key.clone(),
+        };
+        files.check().context("the links' certificate")?;
+        let chain = CertificateDer::pem_file_iter(&files.cert)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| anyhow!("read {}: {e}", files.cert.display()))?;
+        let key = PrivateKeyDer::from_pem_file(&files.key)
+            .map_err(|e| anyhow!("read {}: {e}", files.key.display()))?;
+        let mut config = rustls::ServerConfig::builder_with_provider(dlock_common::tls::provider())
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .context("the links' TLS configuration")?;
+        // HTTP/1.1 only: the link serves HTTP/1.1, and its faults close whole connections.
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Self {
+            acceptor: TlsAcceptor::from(Arc::new(config)),
+            ca: ca.to_path_buf(),
+        })
+    }
+
+    /// The CA the services are verified against (and the link's own certificate is signed by).
+    pub fn ca_file(&self) -> &Path {
+        &self.ca
+    }
+}
+
 /// One link: a loopback port that forwards to `upstream_port`.
 pub struct Link {
     pub name: String,
     pub port: u16,
+    https: bool,
     mode: watch::Sender<Mode>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Link {
-    /// Starts a link. `process` names the caller in the history (`executor-2`).
+    /// Starts a link. `process` names the caller in the history (`executor-2`). With `tls` it
+    /// serves HTTPS and reaches the service (which must serve HTTPS too) over HTTPS.
     pub async fn start(
         name: &str,
         process: &str,
@@ -258,24 +329,30 @@ impl Link {
         upstream_port: u16,
         recorder: Option<Arc<Recorder>>,
         inflight: Arc<InFlight>,
+        tls: Option<&LinkTls>,
     ) -> Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await.context("bind a link")?;
         let port = listener.local_addr()?.port();
         let (mode, mode_rx) = watch::channel(Mode::Pass);
-        let http = reqwest::Client::builder()
-            // The caller's own timeout decides when it gives up; this only bounds a dead upstream.
-            .timeout(Duration::from_secs(60))
-            .pool_idle_timeout(Duration::from_secs(5))
-            .build()?;
+        let http = match tls {
+            Some(t) => client_builder_trusting(&t.ca)?,
+            None => reqwest::Client::builder(),
+        }
+        // The caller's own timeout decides when it gives up; this only bounds a dead upstream.
+        .timeout(Duration::from_secs(60))
+        .pool_idle_timeout(Duration::from_secs(5))
+        .build()?;
         let shared = Arc::new(LinkShared {
             process: process.to_owned(),
             upstream,
+            scheme: if tls.is_some() { "https" } else { "http" },
             target: SocketAddr::from(([127, 0, 0, 1], upstream_port)),
             recorder,
             inflight,
             http,
             mode: mode_rx,
         });
+        let acceptor = tls.map(|t| t.acceptor.clone());
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
@@ -283,28 +360,35 @@ impl Link {
                 };
                 let _ = stream.set_nodelay(true);
                 let shared = shared.clone();
+                let acceptor = acceptor.clone();
                 tokio::spawn(async move {
-                    let svc = service_fn(move |req| {
-                        let shared = shared.clone();
-                        async move { shared.handle(req).await }
-                    });
-                    // An error here is the connection we closed on purpose, or the caller's.
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
+                    match acceptor {
+                        None => serve(stream, shared).await,
+                        Some(acceptor) => {
+                            // A caller that does not speak TLS, or does not trust the run's CA,
+                            // fails here and its connection is closed: nothing is forwarded.
+                            if let Ok(Ok(tls)) =
+                                tokio::time::timeout(HANDSHAKE_LIMIT, acceptor.accept(stream)).await
+                            {
+                                serve(tls, shared).await;
+                            }
+                        }
+                    }
                 });
             }
         });
         Ok(Self {
             name: name.to_owned(),
             port,
+            https: tls.is_some(),
             mode,
             task,
         })
     }
 
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     pub fn set(&self, mode: Mode) {
@@ -322,9 +406,26 @@ impl Drop for Link {
     }
 }
 
+/// Serves one caller's connection (plain or TLS) until it or the link closes it.
+async fn serve<I>(io: I, shared: Arc<LinkShared>)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = service_fn(move |req| {
+        let shared = shared.clone();
+        async move { shared.handle(req).await }
+    });
+    // An error here is the connection we closed on purpose, or the caller's.
+    let _ = http1::Builder::new()
+        .serve_connection(TokioIo::new(io), svc)
+        .await;
+}
+
 struct LinkShared {
     process: String,
     upstream: Upstream,
+    /// `https` when the link forwards over TLS.
+    scheme: &'static str,
     target: SocketAddr,
     recorder: Option<Arc<Recorder>>,
     inflight: Arc<InFlight>,
@@ -476,7 +577,7 @@ impl LinkShared {
             }
         }
         let path_and_query = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-        let url = format!("http://{}{}", self.target, path_and_query);
+        let url = format!("{}://{}{}", self.scheme, self.target, path_and_query);
         let mut request = self.http.request(parts.method.clone(), url).body(body);
         for (name, value) in &parts.headers {
             if name != hyper::header::HOST && name != hyper::header::CONNECTION {

@@ -37,7 +37,7 @@ pub fn row(o: &Outcome) -> String {
         verdict.push_str(" · no sequence jump (negative control)");
     }
     // The databases that ran with a standby, and how it replicated.
-    let backend = match (&o.state.run.replication, o.state.run.replicated.is_empty()) {
+    let mut backend = match (&o.state.run.replication, o.state.run.replicated.is_empty()) {
         (Some(mode), false) => format!(
             "{} ({} {mode} standby)",
             o.state.run.backend,
@@ -45,6 +45,8 @@ pub fn row(o: &Outcome) -> String {
         ),
         _ => o.state.run.backend.clone(),
     };
+    // How the HTTP hops ran: rows recorded before the campaign ran with TLS carry no mark.
+    backend.push_str(if o.state.run.tls { ", TLS" } else { ", plain HTTP" });
     format!(
         "| {} | {} | {} | {} | {:.0} | {} / {} / {} | {} / {} / {} | {}, {}, {}, {} ({} FENCED rows) | {} | {} | {} | {} | {} |",
         o.state.run.seed,

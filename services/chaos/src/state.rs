@@ -108,6 +108,11 @@ pub struct RunInfo {
     /// sequence jump on a lockdb history it cannot vouch for).
     #[serde(default = "yes")]
     pub sequence_jump: bool,
+    /// Every HTTP hop served HTTPS under the run's CA, checked at the start (a plain request to a
+    /// link and a client without the CA to a service both refused). False for a `--plaintext` run,
+    /// and for records made before the campaign ran with TLS.
+    #[serde(default)]
+    pub tls: bool,
 }
 
 fn yes() -> bool {

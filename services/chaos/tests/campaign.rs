@@ -6,7 +6,8 @@
 //! Each run is the whole stack as real processes (two PostgreSQL 16 servers or PostgreSQL + a
 //! three-member etcd, two lock-servers, payment-resource, rail-proxy, rail-stub, three executors;
 //! with the failover nemesis lockdb is a primary with a streaming standby); the runs take turns
-//! (one stack at a time on a two-core machine).
+//! (one stack at a time on a two-core machine). Every run serves HTTPS on every hop under a CA
+//! made for it (the campaign's default), which the run checks at its start.
 
 use std::time::Duration;
 
@@ -64,6 +65,14 @@ async fn campaign(o: Options) -> Outcome {
     };
     println!("{}", outcome.verdict);
     println!("{}", dlock_chaos::report::row(&outcome));
+    // Every run here is a TLS run (the default), and the run checked it at its start: the links and
+    // the services answered the run's client over HTTPS, and refused plain HTTP and a client
+    // without the run's CA.
+    assert!(o.tls, "the test campaigns run with TLS");
+    assert!(
+        outcome.state.run.tls,
+        "the run did not record TLS in force on every hop"
+    );
     outcome
 }
 

@@ -435,6 +435,7 @@ fn state() -> FinalState {
             replicated: Vec::new(),
             replication: None,
             sequence_jump: true,
+            tls: true,
         },
         accounts: vec![
             AccountRow {

@@ -66,6 +66,12 @@ pub struct ChaosArgs {
     /// the run must then fail on `grants` (tokens issued again).
     #[arg(long)]
     unsafe_no_sequence_jump: bool,
+    /// Run every service and link in plain HTTP instead of HTTPS (the default: a CA made for the
+    /// run, a certificate per server, every client trusting that CA alone). Bearer credentials,
+    /// lock-client tokens and signed grants then cross loopback in cleartext; the run says so, and
+    /// its report row says `plain HTTP`.
+    #[arg(long)]
+    plaintext: bool,
     /// Run nothing: judge a recorded run again (a folder with history.jsonl and final.json), e.g.
     /// after the checker changed.
     #[arg(long, value_name = "DIR")]
@@ -120,9 +126,20 @@ pub async fn run(args: ChaosArgs, run_dir: &RunDir) -> Result<bool> {
     opts.replication = args.replication;
     opts.failover_on = args.failover_on;
     opts.sequence_jump = !args.unsafe_no_sequence_jump;
+    opts.tls = !args.plaintext;
+    if args.plaintext {
+        eprintln!(
+            "WARNING: --plaintext: every service and link of this run serves plain HTTP; credentials and grants cross loopback in cleartext, and the run does not test the services as they are deployed (HTTPS)"
+        );
+    }
     println!(
-        "dlock-dev chaos: seed {seed} (replay with --seed {seed}), backend {}, output in {}",
+        "dlock-dev chaos: seed {seed} (replay with --seed {seed}), backend {}, {}, output in {}",
         args.backend,
+        if args.plaintext {
+            "plain HTTP (--plaintext)"
+        } else {
+            "HTTPS on every hop"
+        },
         opts.dir.display()
     );
     let outcome = run_campaign(&opts).await?;

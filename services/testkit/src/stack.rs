@@ -109,32 +109,77 @@ pub struct StackTls {
     rail_proxy: ServerCert,
     payment: ServerCert,
     lock_server: ServerCert,
+    /// Certificates valid from a day ago ([`StackTls::new_backdated`]).
+    backdated: bool,
 }
+
+/// One of the servers a [`StackTls`] holds a certificate for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StackServer {
+    LockServer,
+    PaymentResource,
+    RailProxy,
+    RailStub,
+}
+
+/// The names every certificate of a stack is valid for: the servers listen on loopback.
+const STACK_NAMES: [&str; 2] = ["127.0.0.1", "localhost"];
 
 impl StackTls {
     pub fn new() -> Result<std::sync::Arc<Self>> {
-        Self::issued().map(std::sync::Arc::new)
+        Self::issued(false).map(std::sync::Arc::new)
     }
 
-    fn issued() -> Result<Self> {
+    /// As [`StackTls::new`], but every certificate valid from a day ago
+    /// ([`TestCa::issue_backdated`]): for a run that sets a client's wall clock back (the fault
+    /// campaign's clock nemesis, minutes behind), which would refuse a certificate issued a
+    /// moment ago as not valid yet. Needs `faketime`.
+    pub fn new_backdated() -> Result<std::sync::Arc<Self>> {
+        Self::issued(true).map(std::sync::Arc::new)
+    }
+
+    fn issued(backdated: bool) -> Result<Self> {
         let ca = TestCa::new("stack").context("the stack's CA")?;
-        let names = ["127.0.0.1", "localhost"];
-        let issue = |stem: &str| {
-            ca.issue(stem, &names)
-                .with_context(|| format!("{stem}'s certificate"))
-        };
+        let issue = |stem: &str| Self::issue_by(&ca, backdated, stem, &STACK_NAMES);
         Ok(Self {
             rail_stub: issue("rail-stub")?,
             rail_proxy: issue("rail-proxy")?,
             payment: issue("payment-resource")?,
             lock_server: issue("lock-server")?,
             ca,
+            backdated,
         })
+    }
+
+    fn issue_by(ca: &TestCa, backdated: bool, stem: &str, names: &[&str]) -> Result<ServerCert> {
+        let cert = if backdated {
+            ca.issue_backdated(stem, names)
+        } else {
+            ca.issue(stem, names)
+        };
+        cert.with_context(|| format!("{stem}'s certificate"))
+    }
+
+    /// One more server certificate of the run's CA for loopback (`127.0.0.1`, `localhost`), dated
+    /// as the others: for a server of the run besides the stack's four (a proxy in front of them).
+    pub fn issue(&self, file_stem: &str) -> Result<ServerCert> {
+        Self::issue_by(&self.ca, self.backdated, file_stem, &STACK_NAMES)
     }
 
     /// The CA certificate every server's is signed by: what the clients trust.
     pub fn ca_file(&self) -> &Path {
         self.ca.cert()
+    }
+
+    /// `spec` serving HTTPS with the run's certificate of `server`.
+    pub fn serve_as(&self, server: StackServer, spec: Spec) -> Spec {
+        let cert = match server {
+            StackServer::LockServer => &self.lock_server,
+            StackServer::PaymentResource => &self.payment,
+            StackServer::RailProxy => &self.rail_proxy,
+            StackServer::RailStub => &self.rail_stub,
+        };
+        spec.https(cert, self.ca.cert())
     }
 
     /// A lock-server started outside the stack ([`StackOptions::lock_server_url`]) serving HTTPS

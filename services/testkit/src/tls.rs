@@ -18,13 +18,17 @@ use super::PgError;
 /// An HTTP client that trusts the CA certificate(s) in `ca` and nothing else (no built-in
 /// roots), as every dlock client of an `https://` URL does.
 pub fn client_trusting(ca: &Path, timeout: std::time::Duration) -> anyhow::Result<reqwest::Client> {
+    Ok(client_builder_trusting(ca)?.timeout(timeout).build()?)
+}
+
+/// [`client_trusting`] before it is built, for a client that needs more settings (a pool's idle
+/// timeout, …): trusts the CA certificate(s) in `ca` and nothing else.
+pub fn client_builder_trusting(ca: &Path) -> anyhow::Result<reqwest::ClientBuilder> {
     use anyhow::Context;
     let pem = fs::read(ca).with_context(|| format!("read the CA file {}", ca.display()))?;
     Ok(reqwest::Client::builder()
-        .timeout(timeout)
         .tls_built_in_root_certs(false)
-        .add_root_certificate(reqwest::Certificate::from_pem(&pem)?)
-        .build()?)
+        .add_root_certificate(reqwest::Certificate::from_pem(&pem)?))
 }
 
 /// A CA for one test's servers: `ca.crt` (the file a client names in `sslrootcert`) and its key,
@@ -93,20 +97,28 @@ impl TestCa {
     /// as `127.0.0.1`, which go into the subjectAltName as IP entries: TLS clients check those,
     /// not the common name), written as `<file_stem>.crt` / `<file_stem>.key` in this CA's folder.
     pub fn issue(&self, file_stem: &str, names: &[&str]) -> Result<ServerCert, PgError> {
-        self.issue_with(file_stem, names, None, "serverAuth")
+        self.issue_with(file_stem, names, None, "2", "serverAuth")
+    }
+
+    /// [`issue`](Self::issue), but valid from a day ago (signed as of then, for three days): for
+    /// clients whose wall clock may run behind (a clock-skew fault), which would find a
+    /// certificate issued a moment ago not valid yet. The CA itself is a trust anchor, whose dates
+    /// TLS clients do not check. Needs `faketime`, as [`issue_expired`](Self::issue_expired) does.
+    pub fn issue_backdated(&self, file_stem: &str, names: &[&str]) -> Result<ServerCert, PgError> {
+        self.issue_with(file_stem, names, Some("-1d"), "3", "serverAuth")
     }
 
     /// A client certificate signed by this CA (extended key usage `clientAuth`, which servers that
     /// verify client certificates, etcd's `--client-cert-auth` among them, require), for `name`.
     pub fn issue_client(&self, file_stem: &str, name: &str) -> Result<ServerCert, PgError> {
-        self.issue_with(file_stem, &[name], None, "clientAuth")
+        self.issue_with(file_stem, &[name], None, "2", "clientAuth")
     }
 
     /// [`issue`](Self::issue), but expired: signed as of three days ago, valid for one day (so it
     /// expired two days ago), by this CA, which is valid now. The clock is moved for the one openssl
     /// command with `faketime` (openssl 3.0 has no option to set the dates of `x509 -req`).
     pub fn issue_expired(&self, file_stem: &str, names: &[&str]) -> Result<ServerCert, PgError> {
-        self.issue_with(file_stem, names, Some("-3d"), "serverAuth")
+        self.issue_with(file_stem, names, Some("-3d"), "1", "serverAuth")
     }
 
     fn issue_with(
@@ -114,6 +126,7 @@ impl TestCa {
         file_stem: &str,
         names: &[&str],
         signed_at: Option<&str>,
+        days: &str,
         usage: &str,
     ) -> Result<ServerCert, PgError> {
         let Some(first) = names.first() else {
@@ -171,7 +184,6 @@ impl TestCa {
                 c
             }
         };
-        let days = if signed_at.is_some() { "1" } else { "2" };
         sign.args(["x509", "-req", "-days", days, "-in"])
             .arg(&csr)
             .arg("-CA")

@@ -17,6 +17,9 @@ use crate::proxy::Recorder;
 /// create is sent again with the same idempotency key (a client that timed out and retries), and
 /// one that got no answer is retried with backoff, a bounded number of times.
 pub(super) struct ClientPlan {
+    /// The run's client (trusting the run's CA alone, on a TLS run); its timeout is the client's
+    /// patience for one create.
+    pub(super) http: reqwest::Client,
     pub(super) url: String,
     pub(super) credential: String,
     pub(super) accounts: Vec<uuid::Uuid>,
@@ -27,6 +30,7 @@ pub(super) struct ClientPlan {
 
 pub(super) async fn client(plan: ClientPlan, recorder: Arc<Recorder>, created: Arc<AtomicU64>) {
     let ClientPlan {
+        http,
         url,
         credential,
         accounts,
@@ -34,10 +38,6 @@ pub(super) async fn client(plan: ClientPlan, recorder: Arc<Recorder>, created: A
         window,
         seed,
     } = plan;
-    let http = match reqwest::Client::builder().timeout(Duration::from_secs(2)).build() {
-        Ok(h) => h,
-        Err(_) => return,
-    };
     let mut rng = StdRng::seed_from_u64(seed ^ 0x00c1_1e47);
     let start = Instant::now();
     let gap = window.mul_f64(0.85) / n.max(1);

@@ -72,6 +72,9 @@ pub struct Options {
     pub settle: Duration,
     /// Print a progress line while it runs.
     pub progress: bool,
+    /// HTTPS on every HTTP hop (the default): the servers with certificates of a CA made for the
+    /// run, the links serving and forwarding HTTPS under it. `false`: plain HTTP (`--plaintext`).
+    pub tls: bool,
 }
 
 impl Options {
@@ -94,6 +97,7 @@ impl Options {
             sequence_jump: true,
             settle: Duration::from_secs(60),
             progress: true,
+            tls: true,
         }
     }
 
@@ -165,9 +169,14 @@ pub async fn run(opts: &Options) -> Result<Outcome> {
     let plan = nemesis::schedule(opts.seed, window, &opts.nemeses, shape);
     let replicated = opts.replicated();
     let mut schedule_text = format!(
-        "seed {} · backend {} · nemeses {} · {} payouts over {} s · {} faults{}{}\n",
+        "seed {} · backend {} · {} · nemeses {} · {} payouts over {} s · {} faults{}{}\n",
         opts.seed,
         opts.backend,
+        if opts.tls {
+            "HTTPS on every hop (a CA made for the run)"
+        } else {
+            "PLAIN HTTP (--plaintext: credentials and grants in cleartext)"
+        },
         opts.nemeses
             .iter()
             .map(|n| n.name())
@@ -200,6 +209,7 @@ pub async fn run(opts: &Options) -> Result<Outcome> {
     }
 
     let mut stack = Stack::start(opts, &recorder).await?;
+    let tls = stack.check_tls().await.context("TLS on every hop")?;
     if opts.progress && stack.libfaketime.is_none() && opts.nemeses.contains(&Nemesis::Clock) {
         bail!("the clock nemesis needs libfaketime (Debian package faketime; scripts/setup.sh installs it)");
     }
@@ -234,6 +244,7 @@ pub async fn run(opts: &Options) -> Result<Outcome> {
     let created = Arc::new(AtomicU64::new(0));
     let client_task = tokio::spawn(client(
         ClientPlan {
+            http: stack.http.clone(),
             url: stack.payment.url(),
             credential: stack.creds.client.clone(),
             accounts,
@@ -337,6 +348,7 @@ pub async fn run(opts: &Options) -> Result<Outcome> {
             .collect(),
         replication: (!replicated.is_empty()).then(|| opts.replication.name().to_owned()),
         sequence_jump: opts.sequence_jump,
+        tls,
     };
     let state = stack.final_state(run).await?;
     let events = recorder.finish()?;

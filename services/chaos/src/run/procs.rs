@@ -136,7 +136,9 @@ impl Proc {
         self.svc.as_ref().map(Service::pid)
     }
 
+    /// `https://` when it serves with a certificate of the run's CA.
     pub(super) fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.spec.port)
+        let scheme = if self.spec.ca.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.spec.port)
     }
 }

@@ -1,6 +1,7 @@
 //! The stack under test ([`Stack`]): the databases or etcd, two lock-servers, the payments stack
 //! and the executors, each reached through its recording links; the faults applied to it, the heal
-//! and the final state read from it.
+//! and the final state read from it. Unless the run is `--plaintext`, every HTTP hop (the servers,
+//! the links, the run's own calls) speaks HTTPS under a CA made for the run.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,8 +10,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use dlock_common::grant::{PUBLIC_KEYS_ENV, SIGNING_KEY_ENV};
 use dlock_testkit::History;
+use dlock_testkit::pg::tls::client_trusting;
 use dlock_testkit::procs::Spec;
-use dlock_testkit::stack::LockBackend;
+use dlock_testkit::stack::{LockBackend, StackServer, StackTls};
 use rand::Rng;
 use rand::rngs::StdRng;
 use serde_json::json;
@@ -19,7 +21,7 @@ use tokio::time::Instant;
 
 use crate::history::F;
 use crate::nemesis::{Cut, Db, Fault, Process, RailFault};
-use crate::proxy::{InFlight, Link, Mode, Recorder, Upstream};
+use crate::proxy::{InFlight, Link, LinkTls, Mode, Recorder, Upstream};
 use crate::state::{self, FinalState, RunInfo};
 
 use super::Options;
@@ -89,6 +91,33 @@ pub(super) struct Stack {
     /// One connection, kept, for the progress line and the settle loop's counts (once a second);
     /// the pool reconnects after the database nemesis restarted paydb.
     counts_pool: sqlx::PgPool,
+    /// HTTPS on every hop: the run's CA and the servers' certificates, and the links' side of it;
+    /// `None` for a `--plaintext` run.
+    tls: Option<RunTls>,
+}
+
+/// The TLS of a run: one CA ([`StackTls`], as the demo's stack), a certificate per server, and the
+/// links' own certificate of that CA.
+struct RunTls {
+    stack: Arc<StackTls>,
+    links: LinkTls,
+}
+
+impl RunTls {
+    fn new() -> Result<Self> {
+        // Valid from a day ago: the clock nemesis sets an executor's wall clock minutes back, and
+        // a certificate issued at the start of the run would not be valid yet by that clock.
+        let stack = StackTls::new_backdated().context("the run's CA and certificates")?;
+        let links = LinkTls::new(&stack.issue("links")?, stack.ca_file())?;
+        Ok(Self { stack, links })
+    }
+
+    fn serve(tls: Option<&Self>, server: StackServer, spec: Spec) -> Spec {
+        match tls {
+            Some(t) => t.stack.serve_as(server, spec),
+            None => spec,
+        }
+    }
 }
 
 pub(super) fn libfaketime() -> Option<PathBuf> {
@@ -112,6 +141,7 @@ impl Stack {
         let dir = opts.dir.join("logs");
         std::fs::create_dir_all(&dir)?;
         let creds = Credentials::generate();
+        let tls = if opts.tls { Some(RunTls::new()?) } else { None };
         let inflight = Arc::new(InFlight::default());
         let replicated = opts.replicated();
         let standby = |db: Db| replicated.contains(&db).then_some(opts.replication);
@@ -151,16 +181,21 @@ impl Stack {
                 ]),
                 (None, None) => bail!("no lock store"),
             };
+            let spec = RunTls::serve(tls.as_ref(), StackServer::LockServer, spec);
             lock_servers.push(Proc::start(spec, &dir).await?);
         }
         let rail_stub = Proc::start(
-            Spec::new("rail-stub", "rail-stub")?.args([
-                "--listen",
-                "127.0.0.1:{port}",
-                "--mode",
-                "ack",
-                "--test-mode",
-            ]),
+            RunTls::serve(
+                tls.as_ref(),
+                StackServer::RailStub,
+                Spec::new("rail-stub", "rail-stub")?.args([
+                    "--listen",
+                    "127.0.0.1:{port}",
+                    "--mode",
+                    "ack",
+                    "--test-mode",
+                ]),
+            ),
             &dir,
         )
         .await?;
@@ -171,51 +206,66 @@ impl Stack {
             rail_stub.port(),
             None,
             inflight.clone(),
+            tls.as_ref().map(|t| &t.links),
         )
         .await?;
-        let rail_proxy = Proc::start(
-            Spec::new("rail-proxy", "rail-proxy")?
-                .args([
-                    "--database-url".to_owned(),
-                    paydb.app_url(),
-                    "--listen".to_owned(),
-                    "127.0.0.1:{port}".to_owned(),
-                    "--rail-url".to_owned(),
-                    rail_link.url(),
-                    "--rail-timeout-ms".to_owned(),
-                    "1000".to_owned(),
-                    // Ambiguity ends: an attempt the rail never received is given up this soon.
-                    "--abandon-after-ms".to_owned(),
-                    "3000".to_owned(),
-                    "--fencing-enabled".to_owned(),
-                    opts.rail_fencing.to_string(),
-                ])
-                .env("RAIL_PROXY_EXECUTOR_TOKEN", &creds.rail_executor)
-                .env(PUBLIC_KEYS_ENV, creds.grant_key.public_key().to_text()),
-            &dir,
-        )
-        .await?;
+        let rail_proxy = Spec::new("rail-proxy", "rail-proxy")?
+            .args([
+                "--database-url".to_owned(),
+                paydb.app_url(),
+                "--listen".to_owned(),
+                "127.0.0.1:{port}".to_owned(),
+                "--rail-url".to_owned(),
+                rail_link.url(),
+                "--rail-timeout-ms".to_owned(),
+                "1000".to_owned(),
+                // Ambiguity ends: an attempt the rail never received is given up this soon.
+                "--abandon-after-ms".to_owned(),
+                "3000".to_owned(),
+                "--fencing-enabled".to_owned(),
+                opts.rail_fencing.to_string(),
+            ])
+            .env("RAIL_PROXY_EXECUTOR_TOKEN", &creds.rail_executor)
+            .env(PUBLIC_KEYS_ENV, creds.grant_key.public_key().to_text());
+        let rail_proxy = match &tls {
+            // The rail (through its link) serves HTTPS under the run's CA too.
+            Some(t) => t
+                .stack
+                .serve_as(StackServer::RailProxy, rail_proxy)
+                .env("DLOCK_RAIL_CA_FILE", t.stack.ca_file().display().to_string()),
+            None => rail_proxy,
+        };
+        let rail_proxy = Proc::start(rail_proxy, &dir).await?;
         let payment = Proc::start(
-            Spec::new("payment-resource", "payment-resource")?
-                .args([
-                    "serve".to_owned(),
-                    "--database-url".to_owned(),
-                    paydb.app_url(),
-                    "--listen".to_owned(),
-                    "127.0.0.1:{port}".to_owned(),
-                    "--fencing-enabled".to_owned(),
-                    opts.payment_fencing.to_string(),
-                ])
-                .env("PAYMENT_RESOURCE_ADMIN_TOKEN", &creds.admin)
-                .env("PAYMENT_RESOURCE_EXECUTOR_TOKEN", &creds.executor)
-                .env("PAYMENT_RESOURCE_CLIENT_TOKEN", &creds.client)
-                .env(PUBLIC_KEYS_ENV, creds.grant_key.public_key().to_text()),
+            RunTls::serve(
+                tls.as_ref(),
+                StackServer::PaymentResource,
+                Spec::new("payment-resource", "payment-resource")?
+                    .args([
+                        "serve".to_owned(),
+                        "--database-url".to_owned(),
+                        paydb.app_url(),
+                        "--listen".to_owned(),
+                        "127.0.0.1:{port}".to_owned(),
+                        "--fencing-enabled".to_owned(),
+                        opts.payment_fencing.to_string(),
+                    ])
+                    .env("PAYMENT_RESOURCE_ADMIN_TOKEN", &creds.admin)
+                    .env("PAYMENT_RESOURCE_EXECUTOR_TOKEN", &creds.executor)
+                    .env("PAYMENT_RESOURCE_CLIENT_TOKEN", &creds.client)
+                    .env(PUBLIC_KEYS_ENV, creds.grant_key.public_key().to_text()),
+            ),
             &dir,
         )
         .await?;
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(2))
-            .build()?;
+        // The campaign's own calls (accounts, the client's creates, the rail's behaviour, the final
+        // state) go to the services directly, trusting the run's CA alone; etcd's status is plain
+        // HTTP, which this client also speaks.
+        let timeout = Duration::from_secs(2);
+        let http = match &tls {
+            Some(t) => client_trusting(t.stack.ca_file(), timeout)?,
+            None => reqwest::Client::builder().timeout(timeout).build()?,
+        };
         let admin_url = paydb.admin_url();
         let mut stack = Self {
             paydb,
@@ -238,6 +288,7 @@ impl Stack {
                 .max_connections(1)
                 .acquire_timeout(Duration::from_secs(2))
                 .connect_lazy(&admin_url)?,
+            tls,
         };
         for i in 0..opts.executors {
             stack.start_executor(i, opts, recorder).await?;
@@ -268,6 +319,7 @@ impl Stack {
                     port,
                     Some(recorder.clone()),
                     self.inflight.clone(),
+                    self.tls.as_ref().map(|t| &t.links),
                 )
                 .await?,
             );
@@ -276,7 +328,16 @@ impl Stack {
         let lease = opts.lease().as_millis().to_string();
         let session = opts.session().as_millis().to_string();
         let workers = opts.workers.to_string();
-        let spec = Spec::new(&process, "payout-executor")?
+        let spec = Spec::new(&process, "payout-executor")?;
+        let spec = match &self.tls {
+            // One CA for the three links, as for the three services in a deployment.
+            Some(t) => spec.env(
+                payout_executor::config::CA_FILE_ENV,
+                t.stack.ca_file().display().to_string(),
+            ),
+            None => spec,
+        };
+        let spec = spec
             .env(
                 payout_executor::config::PAYMENT_CREDENTIAL_ENV,
                 &self.creds.executor,
@@ -321,6 +382,51 @@ impl Stack {
             rail,
         });
         Ok(())
+    }
+
+    /// That TLS is really in force on a run that asked for it: the run's client is answered
+    /// through an executor's link (so the link and the service behind it speak HTTPS under the
+    /// run's CA), while a plain HTTP request to that link or to the service gets no answer and a
+    /// client trusting the built-in roots but not the run's CA is refused by both. `Ok(false)`:
+    /// a plaintext run.
+    pub(super) async fn check_tls(&self) -> Result<bool> {
+        if self.tls.is_none() {
+            return Ok(false);
+        }
+        let link = &self
+            .executors
+            .first()
+            .ok_or_else(|| anyhow!("no executor"))?
+            .payment;
+        if !link.url().starts_with("https://") || !self.payment.url().starts_with("https://") {
+            bail!("{} or payment-resource is not served over HTTPS", link.name);
+        }
+        self.http
+            .get(format!("{}/readyz", link.url()))
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .with_context(|| format!("the run's client through {}", link.name))?;
+        let timeout = Duration::from_secs(2);
+        let plain = reqwest::Client::builder().timeout(timeout).build()?;
+        for port in [link.port, self.payment.port()] {
+            if plain
+                .get(format!("http://127.0.0.1:{port}/readyz"))
+                .send()
+                .await
+                .is_ok()
+            {
+                bail!("127.0.0.1:{port} answered plain HTTP");
+            }
+        }
+        // reqwest's built-in roots (webpki-roots): what a client of the public CAs trusts.
+        let other_roots = reqwest::Client::builder().timeout(timeout).build()?;
+        for url in [link.url(), self.payment.url()] {
+            if other_roots.get(format!("{url}/readyz")).send().await.is_ok() {
+                bail!("{url} was trusted by a client without the run's CA");
+            }
+        }
+        Ok(true)
     }
 
     pub(super) fn proc_mut(&mut self, p: Process) -> &mut Proc {
