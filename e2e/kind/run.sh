@@ -23,6 +23,8 @@
 #                  probes, Service DNS; every pod Running
 #   7. batch       payouts through payment-resource's API; the in-cluster executors post them; every
 #                  payout POSTED once, legs balanced, the rail-stub's ground truth without a duplicate
+#  7c. renewal     every certificate renewed on request while a batch is paid: each server pod
+#                  presents its new one without restarting, every payout posted once
 #   8. chaos       a second batch while a lock-server pod and an executor pod are killed
 #   9. failover    delete the operator leader's pod: another replica takes the Lease and reconciles
 #  10. actions     `kubectl annotate` revoke of a held lock (REVOKED, pinned to its token) and a
@@ -189,6 +191,10 @@ cleanup() {
     exit "$rc"
 }
 trap cleanup EXIT
+# A signal ends the run as a failure: without these the EXIT trap sees the status of whatever
+# command the signal interrupted (which can be 0) and could say OK of a run that was stopped.
+trap 'exit 143' TERM
+trap 'exit 130' INT
 
 # ---------------------------------------------------------------- 2. tools
 step tools
@@ -295,6 +301,8 @@ kubectl create namespace "$ns" >&2
 # the stack (the operator's, CloudNativePG's, the checks' own) must meet it, or is refused.
 kubectl label namespace "$ns" pod-security.kubernetes.io/enforce=restricted \
     pod-security.kubernetes.io/enforce-version=latest >&2
+# The checks' own lock client first: every LockService of the tier names it.
+kubectl -n "$ns" apply -f "$root/e2e/kind/samples/lock-clients.yaml" >&2
 kubectl -n "$ns" apply -f "$root/e2e/kind/samples/lockservice.yaml" -f "$root/e2e/kind/samples/paymentstack.yaml" >&2
 # The etcd LockService of step 11 starts now, in parallel with the stack.
 kubectl -n "$ns" apply -f "$root/e2e/kind/samples/lockservice-etcd.yaml" >&2

@@ -10,6 +10,7 @@
 
 pub mod ha;
 pub mod netpol;
+pub mod renewal;
 pub mod upgrade;
 
 use std::path::PathBuf;
@@ -264,23 +265,23 @@ pub async fn api_client(client: &Client, ns: &str) -> reqwest::Client {
 
 /// Starts a port-forward to `svc/SERVICE:PORT` in `ns` and waits (at most 60 s) until it listens.
 pub async fn forward(env: &KindEnv, service: &str, port: u16) -> Forward {
+    forward_to(env, &format!("svc/{service}"), port).await
+}
+
+/// Starts a port-forward to `TARGET:PORT` (`svc/NAME`, `pod/NAME`) in `ns` and waits (at most
+/// 60 s) until it listens.
+pub async fn forward_to(env: &KindEnv, target: &str, port: u16) -> Forward {
     let kubectl = crate::env::tool("kubectl").expect("kubectl on PATH or in the tools dir");
     let mut child = Command::new(kubectl)
         .arg("--kubeconfig")
         .arg(&env.kubeconfig)
-        .args([
-            "-n",
-            &env.ns,
-            "port-forward",
-            &format!("svc/{service}"),
-            &format!(":{port}"),
-        ])
+        .args(["-n", &env.ns, "port-forward", target, &format!(":{port}")])
         .args(["--address", "127.0.0.1"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .unwrap_or_else(|e| panic!("start kubectl port-forward svc/{service}: {e}"));
+        .unwrap_or_else(|e| panic!("start kubectl port-forward {target}: {e}"));
     let stdout = child.stdout.take().expect("port-forward stdout is piped");
     let mut lines = BufReader::new(stdout).lines();
     let first = async {
@@ -298,8 +299,8 @@ pub async fn forward(env: &KindEnv, service: &str, port: u16) -> Forward {
     };
     let port = match tokio::time::timeout(Duration::from_secs(60), first).await {
         Ok(Some(p)) => p,
-        Ok(None) => panic!("kubectl port-forward svc/{service} ended before it listened"),
-        Err(_) => panic!("timed out after 60s waiting for a port-forward to {service}"),
+        Ok(None) => panic!("kubectl port-forward {target} ended before it listened"),
+        Err(_) => panic!("timed out after 60s waiting for a port-forward to {target}"),
     };
     // kubectl prints a line per connection; the pipe is drained so it never blocks on a full one.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });

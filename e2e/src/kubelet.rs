@@ -207,7 +207,20 @@ impl Kubelet {
         let template = &dep.spec.as_ref().expect("a Deployment has a spec").template;
         let c = k8s::container(template, &format!("Deployment {name}"));
         let argv = k8s::argv(c);
-        let env = self.container_env(c).await;
+        // One process stands for every replica: one pod name for the downward API.
+        let env = self.container_env(c, &format!("{name}-0")).await;
+        // Secret volumes are written as files here, and every path under a mount is mapped to them
+        // (lock-server's clients file).
+        let mounts = self.secret_mounts(name, template, c).await;
+        let env: BTreeMap<String, String> = env
+            .into_iter()
+            .map(|(k, v)| {
+                let mapped = mounts
+                    .iter()
+                    .find_map(|(at, local)| v.strip_prefix(at.as_str()).map(|rest| format!("{local}{rest}")));
+                (k, mapped.unwrap_or(v))
+            })
+            .collect();
         let history = self.served[name].history;
         let default_db = self.databases.get(&history).cloned();
         let port = dlock_testkit::procs::free_port().unwrap_or_else(|e| panic!("free port: {e}"));
@@ -443,7 +456,7 @@ impl Kubelet {
             !argv.is_empty(),
             "Job {name} has no command: the image's entrypoint is the operator, so a migration Job must name dlock-migrate"
         );
-        let env = self.container_env(c).await;
+        let env = self.container_env(c, &format!("{name}-run")).await;
         let migrations = dlock_testkit::migrations_root();
         let argv: Vec<String> = argv.iter().map(|a| map_migrations_path(a, &migrations)).collect();
         let program_name = Path::new(&argv[0])
@@ -542,9 +555,64 @@ impl Kubelet {
         }
     }
 
-    /// The container's environment as the kubelet would build it: `env` values, Secret and
-    /// ConfigMap key references, and `envFrom`.
-    async fn container_env(&self, c: &Container) -> BTreeMap<String, String> {
+    /// The container's Secret volume mounts, each written to a directory of its own under the
+    /// scratch directory as the kubelet would project it (the `items` named, else every key):
+    /// `(mount path, local directory)`. Other volumes are not mounted.
+    async fn secret_mounts(
+        &self,
+        name: &str,
+        template: &k8s_openapi::api::core::v1::PodTemplateSpec,
+        c: &Container,
+    ) -> Vec<(String, String)> {
+        let volumes = template
+            .spec
+            .as_ref()
+            .and_then(|p| p.volumes.clone())
+            .unwrap_or_default();
+        let mut out = Vec::new();
+        for m in c.volume_mounts.iter().flatten() {
+            let Some(source) = volumes
+                .iter()
+                .find(|v| v.name == m.name)
+                .and_then(|v| v.secret.as_ref())
+            else {
+                continue;
+            };
+            let secret = source.secret_name.clone().unwrap_or_default();
+            // An optional Secret that does not exist is an empty volume (e.g. a database CA the
+            // spec does not name); a missing required one keeps the pod from starting.
+            if source.optional == Some(true) && k8s::get(&self.api::<Secret>(), &secret).await.is_none() {
+                continue;
+            }
+            let data = self.secret_data(&secret).await;
+            let dir = self.scratch.join(format!("{name}-volumes")).join(&m.name);
+            std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+            let files: Vec<(String, String)> = match &source.items {
+                Some(items) => items.iter().map(|i| (i.key.clone(), i.path.clone())).collect(),
+                None => data.keys().map(|k| (k.clone(), k.clone())).collect(),
+            };
+            for (key, path) in files {
+                let value = data.get(&key).unwrap_or_else(|| {
+                    panic!(
+                        "volume {}: Secret {secret} has no key {key} (the pod would not start)",
+                        m.name
+                    )
+                });
+                let file = dir.join(&path);
+                std::fs::write(&file, value).unwrap_or_else(|e| panic!("write {}: {e}", file.display()));
+            }
+            out.push((
+                m.mount_path.trim_end_matches('/').to_owned(),
+                dir.to_string_lossy().into_owned(),
+            ));
+        }
+        out
+    }
+
+    /// The container's environment as the kubelet would build it: `env` values (with `$(NAME)` of
+    /// a variable defined before expanded, `$$` for a `$`), Secret and ConfigMap key references, the
+    /// pod's name and namespace from the downward API (`pod` is the name), and `envFrom`.
+    async fn container_env(&self, c: &Container, pod: &str) -> BTreeMap<String, String> {
         let mut env = BTreeMap::new();
         for from in c.env_from.iter().flatten() {
             let prefix = from.prefix.as_deref().unwrap_or_default();
@@ -563,7 +631,14 @@ impl Kubelet {
             let key = e.name.clone();
             let from = e.value_from.as_ref();
             if let Some(v) = &e.value {
-                env.insert(key, v.clone());
+                let expanded = expand(v, &env);
+                env.insert(key, expanded);
+            } else if let Some(f) = from.and_then(|f| f.field_ref.as_ref()) {
+                match f.field_path.as_str() {
+                    "metadata.name" => env.insert(key, pod.to_owned()),
+                    "metadata.namespace" => env.insert(key, self.ns.clone()),
+                    other => panic!("env {key}: the stand-in gives no {other}"),
+                };
             } else if let Some(r) = from.and_then(|f| f.secret_key_ref.as_ref()) {
                 match self.secret_data(&r.name).await.remove(&r.key) {
                     Some(v) => {
@@ -856,9 +931,48 @@ fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
 }
 
+/// The kubelet's expansion of an env value: `$(NAME)` of a variable in `defined` is replaced by its
+/// value, `$$` by `$`; anything else is left as it is (as the kubelet leaves an unknown `$(NAME)`).
+fn expand(value: &str, defined: &BTreeMap<String, String>) -> String {
+    let mut out = String::new();
+    let mut rest = value;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some((name, tail)) = after.strip_prefix('(').and_then(|a| a.split_once(')'))
+            && let Some(v) = defined.get(name)
+        {
+            out.push_str(v);
+            rest = tail;
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn env_values_expand_variables_defined_before_as_the_kubelet_does() {
+        let defined = BTreeMap::from([("POD_NAME".to_owned(), "shop-payout-executor-0".to_owned())]);
+        assert_eq!(
+            expand("shop/$(POD_NAME)", &defined),
+            "shop/shop-payout-executor-0"
+        );
+        assert_eq!(
+            expand("$$(POD_NAME) $(OTHER) $", &defined),
+            "$(POD_NAME) $(OTHER) $"
+        );
+        assert_eq!(expand("a$(POD_NAME", &defined), "a$(POD_NAME");
+    }
 
     #[test]
     fn timestamps_are_rfc3339_in_seconds_and_utc() {

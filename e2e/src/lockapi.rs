@@ -17,12 +17,36 @@ use serde_json::{Value, json};
 /// therefore never 1, 2, 3: the first grant of a fresh lockdb is already above 2^48.
 pub const JUMP: i64 = 1 << 32;
 
+/// The tests' own lock client: lock-server in a cluster always has a clients file, so the tests that
+/// play lock holders are a client too, added to every LockService they make through
+/// `spec.lockServer.clientsSecretRef` (the Secret [`TEST_CLIENTS_SECRET`], key `clients.json`; the
+/// kind tier's copy is `e2e/kind/samples/lock-clients.yaml`). Test-only: the token is no secret.
+pub const TEST_CLIENTS_SECRET: &str = "e2e-lock-clients";
+pub const TEST_CLIENT_TOKEN: &str = "e2e-lock-holders-0123456789abcdef0123456789abcdef";
+
+/// That Secret's clients file: keys `account:`, `job:` and `kind:`, owners `worker…` and `kind-…`
+/// (what the tests lock, under which owner ids); every operation but the listing, which the tests
+/// (as `kubectl dlock`) do with the admin token.
+pub fn test_clients_file() -> String {
+    json!({"clients": [{
+        "name": "e2e-lock-holders",
+        "token": TEST_CLIENT_TOKEN,
+        "keyPrefixes": ["account:", "job:", "kind:"],
+        "ownerPrefixes": ["worker", "kind-"],
+        "operations": ["lock", "read", "watch"],
+    }]})
+    .to_string()
+}
+
 /// lock-server on a loopback port: plain HTTP (the cluster tier's stand-in pods), or HTTPS verified
 /// against the namespace's CA for the Service's name (the kind tier, through a port-forward).
 #[derive(Debug, Clone)]
 pub struct LockApi {
     pub port: u16,
     tls: Option<LockTls>,
+    /// The bearer token of every call ([`TEST_CLIENT_TOKEN`]) unless the call names its own
+    /// `Authorization`; `None`: calls without one.
+    token: Option<String>,
 }
 
 /// The client side of HTTPS: the CA to trust and the name the certificate must carry.
@@ -50,7 +74,20 @@ pub struct Grant {
 impl LockApi {
     /// Plain HTTP on `port`.
     pub fn plain(port: u16) -> Self {
-        Self { port, tls: None }
+        Self {
+            port,
+            tls: None,
+            token: Some(TEST_CLIENT_TOKEN.to_owned()),
+        }
+    }
+
+    /// The same server, called without any credential (what lock-server refuses on its lock
+    /// routes: 401).
+    pub fn anonymous(&self) -> Self {
+        Self {
+            token: None,
+            ..self.clone()
+        }
     }
 
     /// HTTPS on `port`, trusting only the CA certificates of `ca_pem`, for server name `name`.
@@ -74,6 +111,7 @@ impl LockApi {
                 config: Arc::new(config),
                 name,
             }),
+            token: Some(TEST_CLIENT_TOKEN.to_owned()),
         }
     }
 
@@ -127,6 +165,12 @@ impl LockApi {
         }
         for (k, v) in headers {
             head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        let own_credential = headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("authorization"));
+        if let Some(token) = self.token.as_deref().filter(|_| !own_credential) {
+            head.push_str(&format!("Authorization: Bearer {token}\r\n"));
         }
         head.push_str("\r\n");
         head.push_str(&payload);
@@ -207,5 +251,24 @@ impl LockApi {
         let (st, body) = self.call("GET", &format!("/v1/locks/{key}"), None, &[]);
         assert_eq!(st, 200, "get {key}: {body}");
         body
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The kind tier's copy of the tests' lock client is this one.
+    #[test]
+    fn the_kind_tiers_lock_client_is_the_cluster_tiers() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/kind/samples/lock-clients.yaml");
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let secret: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+        assert_eq!(
+            secret["metadata"]["name"].as_str(),
+            Some(super::TEST_CLIENTS_SECRET)
+        );
+        let file = secret["stringData"]["clients.json"].as_str().unwrap();
+        let kind: serde_json::Value = serde_json::from_str(file).unwrap();
+        let ours: serde_json::Value = serde_json::from_str(&super::test_clients_file()).unwrap();
+        assert_eq!(kind, ours);
     }
 }

@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 
 use dlock_operator::crd::{
-    Backend, DatabaseSpec, EtcdSpec, KillSwitches, LeaseSpec, LocalObjectRef, LockServerSpec, LockService,
-    LockServiceSpec, PaymentStack, PaymentStackSpec, PayoutExecutorSpec, RailProxySpec, RailStubSpec,
-    TlsMode, TlsSpec, WorkloadSpec,
+    Backend, ClientsSecretRef, DatabaseSpec, EtcdSpec, KillSwitches, LeaseSpec, LocalObjectRef,
+    LockServerSpec, LockService, LockServiceSpec, PaymentStack, PaymentStackSpec, PayoutExecutorSpec,
+    RailProxySpec, RailStubSpec, TlsMode, TlsSpec, WorkloadSpec,
 };
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -21,6 +21,30 @@ pub fn tls_disabled() -> TlsSpec {
     }
 }
 
+/// `spec.lockServer.clientsSecretRef` of the tests' LockServices: the tests' own lock client
+/// ([`crate::lockapi::test_clients_file`]), beside the stacks' clients the operator adds.
+pub fn test_clients_ref() -> ClientsSecretRef {
+    ClientsSecretRef {
+        name: crate::lockapi::TEST_CLIENTS_SECRET.into(),
+        key: "clients.json".into(),
+    }
+}
+
+/// The Secret [`test_clients_ref`] names, to create in each test's namespace.
+pub fn test_clients_secret() -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(crate::lockapi::TEST_CLIENTS_SECRET.into()),
+            ..ObjectMeta::default()
+        },
+        string_data: Some(BTreeMap::from([(
+            "clients.json".to_owned(),
+            crate::lockapi::test_clients_file(),
+        )])),
+        ..Secret::default()
+    }
+}
+
 /// A LockService with backend postgres over `database`, lock-server at `replicas`.
 pub fn lockservice(name: &str, database: DatabaseSpec, replicas: i32) -> LockService {
     LockService::new(
@@ -30,6 +54,7 @@ pub fn lockservice(name: &str, database: DatabaseSpec, replicas: i32) -> LockSer
             etcd: None,
             lock_server: LockServerSpec {
                 replicas,
+                clients_secret_ref: Some(test_clients_ref()),
                 ..LockServerSpec::default()
             },
             lease: LeaseSpec::default(),
@@ -49,6 +74,7 @@ pub fn etcd_lockservice(name: &str, etcd: EtcdSpec, replicas: i32) -> LockServic
             etcd: Some(etcd),
             lock_server: LockServerSpec {
                 replicas,
+                clients_secret_ref: Some(test_clients_ref()),
                 ..LockServerSpec::default()
             },
             lease: LeaseSpec::default(),

@@ -60,6 +60,12 @@ impl Stage {
         let id = rbac::install(&cluster, &helm_bin, &ns, &ns, scratch.path()).await;
         let proxy = options.proxy.then(Proxy::start);
         let op = start_operator(&helm_bin, &id, &scratch, proxy.as_ref(), &options.env).await;
+        // The tests' own lock client, which every LockService of `crate::specs` names.
+        let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(cluster.client.clone(), &ns);
+        secrets
+            .create(&Default::default(), &crate::specs::test_clients_secret())
+            .await
+            .unwrap_or_else(|e| panic!("create the tests' lock clients Secret: {e}"));
         let mut kubelet = Kubelet::new(&cluster.client, &ns, histories).await;
         kubelet.proxy = proxy.clone();
         Some(Stage {

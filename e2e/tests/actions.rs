@@ -19,6 +19,7 @@ use dlock_operator::crd::{ActionStatus, DatabaseSpec, LockService, PaymentStack}
 use dlock_testkit::{History, TestDb};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use serde_json::json;
 
 const LS: &str = "locks";
 
@@ -903,5 +904,92 @@ async fn a_sequence_rewound_outside_dlock_is_detected_and_clears_after_the_fast_
     })
     .await;
     st.wait_events(LS, &["FencingSequenceCaughtUp"]).await;
+    st.op.assert_healthy();
+}
+
+/// lock-server as the operator runs it has a clients file: its own PaymentStack's token opens
+/// sessions only for owner ids under `<stack>/` and locks only `account:` keys, an unknown caller is
+/// refused (401), and the stand-in's lock-server rolls when a stack's client is added. The
+/// operator's own read of a holder (the revoke's) uses the admin token, which stays admitted (the
+/// revoke test above runs with the clients file in place).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_server_serves_the_lock_clients_the_operator_made_and_nobody_else() {
+    let Some(mut st) = stage(
+        "lock_server_serves_the_lock_clients_the_operator_made_and_nobody_else",
+        &[History::Lockdb, History::Paydb],
+        &[],
+    )
+    .await
+    else {
+        return;
+    };
+    st.apply(&managed_lockservice()).await;
+    ready(&mut st).await;
+    let starts = st.kubelet.served_starts(&format!("{LS}-lock-server"));
+    st.apply(&payments("pay")).await;
+
+    // The stack's token, once its Secret exists, and lock-server rolled onto a file that lists it.
+    let token = st
+        .wait("pay's lock client served by lock-server", true, async |st| {
+            let secret: Option<k8s_openapi::api::core::v1::Secret> = st.get("pay-lock-client").await;
+            let token = secret
+                .and_then(|s| s.data?.remove("token"))
+                .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+                .ok_or("no pay-lock-client Secret yet")?;
+            let file: Option<k8s_openapi::api::core::v1::Secret> = st.get("locks-lock-clients").await;
+            let text = file
+                .and_then(|s| s.data?.remove("clients.json"))
+                .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+                .unwrap_or_default();
+            if !text.contains("paymentstack-pay") || !text.contains(&token) {
+                return Err("the clients file does not list pay yet".into());
+            }
+            let restarted = st.kubelet.served_starts(&format!("{LS}-lock-server")) > starts;
+            match st.kubelet.served_port(&format!("{LS}-lock-server")) {
+                Some(_) if restarted => Ok(token),
+                _ => Err("lock-server has not rolled yet".into()),
+            }
+        })
+        .await;
+    let api = lock_api(&st);
+    let bearer = format!("Bearer {token}");
+    let as_pay = [("Authorization", bearer.as_str())];
+    let session = |owner: &str| json!({"ownerId": owner, "ttlMs": 60_000});
+
+    // Nobody's token: refused before anything is read.
+    let (code, body) = api
+        .anonymous()
+        .call("POST", "/v1/sessions", Some(&session("pay/x")), &[]);
+    assert_eq!(code, 401, "{body}");
+    // The stack's token, under its owner prefix: a session, and an account lock.
+    let (code, body) = api.call(
+        "POST",
+        "/v1/sessions",
+        Some(&session("pay/pay-payout-executor-1")),
+        &as_pay,
+    );
+    assert_eq!(code, 201, "{body}");
+    let id = body["sessionId"].as_str().unwrap_or_default().to_owned();
+    let acquire = |key: &str| {
+        api.call(
+            "POST",
+            &format!("/v1/locks/{key}/acquire"),
+            Some(&json!({"sessionId": id, "ownerId": "pay/pay-payout-executor-1", "ttlMs": 60_000})),
+            &as_pay,
+        )
+    };
+    let (code, body) = acquire("account:e2e-clients");
+    assert_eq!(code, 200, "{body}");
+    // Another key space, another stack's owner ids, another operation: refused.
+    assert_eq!(acquire("job:nightly").0, 403);
+    for owner in ["pay-x/p", "worker-z", "pa"] {
+        let (code, body) = api.call("POST", "/v1/sessions", Some(&session(owner)), &as_pay);
+        assert_eq!(code, 403, "{owner}: {body}");
+    }
+    let (code, _) = api.call("GET", "/v1/locks/account:e2e-clients", None, &as_pay);
+    assert_eq!(code, 403, "the executors' client reads nothing");
+    // The tests' own client (the LockService's clientsSecretRef) still holds its keys.
+    let g = api.acquire("worker-clients", "account:e2e-own", 60_000);
+    api.release(&g);
     st.op.assert_healthy();
 }

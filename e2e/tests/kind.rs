@@ -8,6 +8,14 @@
 //!   every step, no Event says a pod was refused)
 //! - 7, batch: payouts through payment-resource's API; the in-cluster executors post them; every
 //!   payout POSTED once, legs balanced, the rail-stub's ground truth without a duplicate
+//! - 7b, clients: lock-server runs with the clients file the operator made: a request without a
+//!   token is refused (401, `POST /v1/sessions`), the stack's token opens sessions only for owner
+//!   ids under `<stack>/` (403 for another owner), while step 7's payouts all posted through the
+//!   executors, which present that token
+//! - 7c, renewal: every certificate of the stack renewed on request (`dlock.dev/renew-certificates`)
+//!   while a batch is paid: each server's pod presents its new certificate without restarting, the
+//!   executors go on calling, every payout of the batch posted once; an invalid request renews
+//!   nothing (Warning Event)
 //! - 8, chaos: a second batch while a lock-server pod and an executor pod are killed
 //! - 9, failover: delete the operator leader's pod: another replica takes the Lease and reconciles
 //! - 10, actions: a revoke of a held lock by annotation (REVOKED, pinned to its token) and a restore
@@ -39,6 +47,7 @@ use base64::Engine as _;
 use dlock_e2e::k8s;
 use dlock_e2e::kind::ha::{self, Cnpg};
 use dlock_e2e::kind::netpol::{self, Expect, Source, Target};
+use dlock_e2e::kind::renewal;
 use dlock_e2e::kind::upgrade;
 use dlock_e2e::kind::{
     Forward, KindEnv, Payments, Steps, ca_bundle, client, deployment_rolled_out, forward_api, forward_tls,
@@ -46,6 +55,7 @@ use dlock_e2e::kind::{
 };
 use dlock_e2e::lockapi::{Grant, LockApi};
 use dlock_operator::builders::etcd_members::ETCD;
+use dlock_operator::builders::lock_clients;
 use dlock_operator::builders::network_policies::OPERATOR_POD_NAME;
 use dlock_operator::builders::postgres::History;
 use dlock_operator::builders::{
@@ -200,6 +210,14 @@ async fn kind_tier_steps() {
         steps.step("batch");
         run1 = Some(batch(&c, &pay).await);
     }
+    if runs("clients") {
+        steps.step("clients");
+        lock_clients(&c).await;
+    }
+    if runs("renewal") {
+        steps.step("renewal");
+        renewal::renew_while_paying(&c.env, &c.client, &pay, &run_name("r")).await;
+    }
     if runs("chaos") {
         steps.step("chaos");
         chaos(&c, &pay).await;
@@ -339,6 +357,81 @@ async fn batch(c: &Cluster, pay: &Payments) -> String {
     pay.await_posted(&run1, n, c.env.timeout).await;
     pay.check_batch(&run1).await.unwrap_or_else(|e| panic!("{e}"));
     run1
+}
+
+/// Step 7b: lock-server's clients file, made by the operator, through the same port-forward the
+/// other steps use. The executors are clients of it (step 7's payouts posted, each under a grant
+/// their token got); nobody without a token is.
+async fn lock_clients(c: &Cluster) {
+    let (lsvc, pstack) = (&c.env.lsvc, &c.env.pstack);
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(c.client.clone(), &c.env.ns);
+    let data = |s: Option<k8s_openapi::api::core::v1::Secret>, key: &str| {
+        s.and_then(|s| s.data?.remove(key))
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+            .unwrap_or_else(|| panic!("no {key} in the Secret"))
+    };
+    let token = data(
+        secrets
+            .get_opt(&format!("{pstack}-lock-client"))
+            .await
+            .expect("read the stack's lock client Secret"),
+        "token",
+    );
+    let file = data(
+        secrets
+            .get_opt(&format!("{lsvc}-lock-clients"))
+            .await
+            .expect("read lock-server's clients Secret"),
+        "clients.json",
+    );
+    let file: Value = serde_json::from_str(&file).expect("the clients file is JSON");
+    let names: Vec<&str> = file["clients"]
+        .as_array()
+        .map(|l| l.iter().filter_map(|c| c["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert!(
+        names.contains(&format!("paymentstack-{pstack}").as_str()),
+        "{names:?}"
+    );
+
+    let (_fwd, locks) = c.lock_api(lsvc).await;
+    let session = |owner: &str| json!({"ownerId": owner, "ttlMs": 60_000});
+    // No token: refused before anything is read, as every lock route is.
+    let (code, body) = tokio::task::block_in_place(|| {
+        locks
+            .anonymous()
+            .call("POST", "/v1/sessions", Some(&session("kind-anonymous")), &[])
+    });
+    assert_eq!(code, 401, "POST /v1/sessions without a token: {body}");
+    // The stack's token: its own owner ids only.
+    let bearer = format!("Bearer {token}");
+    let as_stack = [("Authorization", bearer.as_str())];
+    let (code, body) = tokio::task::block_in_place(|| {
+        locks.call(
+            "POST",
+            "/v1/sessions",
+            Some(&session("kind-not-the-stack")),
+            &as_stack,
+        )
+    });
+    assert_eq!(code, 403, "another owner under the stack's token: {body}");
+    let (code, body) = tokio::task::block_in_place(|| {
+        locks.call(
+            "POST",
+            "/v1/sessions",
+            Some(&session(&format!("{pstack}/kind-clients-check"))),
+            &as_stack,
+        )
+    });
+    assert_eq!(code, 201, "the stack's own owner id: {body}");
+    let id = body["sessionId"].as_str().unwrap_or_default().to_owned();
+    let (code, body) =
+        tokio::task::block_in_place(|| locks.call("DELETE", &format!("/v1/sessions/{id}"), None, &as_stack));
+    assert!(code < 300, "close the check's session: {code} {body}");
+    log(format!(
+        "lock clients: {} client(s) in {lsvc}-lock-clients, 401 without a token, 403 for another owner",
+        names.len()
+    ));
 }
 
 /// Step 8: Pods deleted mid-batch.
@@ -772,7 +865,8 @@ async fn apply_ha_lsvc(c: &Cluster, synchronous: bool) {
     let ls: LockService = serde_json::from_value(json!({
         "apiVersion": "dlock.dev/v1alpha1", "kind": "LockService",
         "metadata": {"name": HA_LSVC, "namespace": c.env.ns},
-        "spec": {"backend": "postgres", "database": ha_database(synchronous), "lockServer": {"replicas": 1}},
+        "spec": {"backend": "postgres", "database": ha_database(synchronous),
+                 "lockServer": {"replicas": 1, "clientsSecretRef": {"name": dlock_e2e::lockapi::TEST_CLIENTS_SECRET}}},
     }))
     .expect("a LockService");
     c.lsvcs
@@ -1816,6 +1910,8 @@ async fn upgrade(c: &Cluster, pay: &Payments) {
             .map(|(name, _)| name)
             .collect();
         let executors = &executors;
+        // Their workers' owner ids: `<stack>/<pod name>-w<n>` (the stack's lock client prefix).
+        let owner_prefix = lock_clients::owner_prefix(pstack);
         let by_new = poll(
             &format!("{k} payouts posted by the new version's executors"),
             env.timeout,
@@ -1823,7 +1919,11 @@ async fn upgrade(c: &Cluster, pay: &Payments) {
                 let by = upgrade::posted_by(db, run).await?;
                 let n = by
                     .iter()
-                    .filter(|w| executors.iter().any(|e| w.starts_with(&format!("{e}-"))))
+                    .filter(|w| {
+                        executors
+                            .iter()
+                            .any(|e| w.starts_with(&format!("{owner_prefix}{e}-")))
+                    })
                     .count();
                 if i64::try_from(n).is_ok_and(|n| n >= k) {
                     Ok(n)

@@ -141,4 +141,18 @@ async fn the_lockservices_lease_governs_the_executors_grants_and_sessions_at_loc
     assert_eq!(lease_ttls, [LEASE_MS], "the TTLs of the executors' grants");
     let (_, session_ttls) = seen(&lockdb, "lock_session").await;
     assert_eq!(session_ttls, [SESSION_MS], "the TTLs of the executors' sessions");
+    // Every session and grant is the executors' stack's lock client's: owner ids under `shop/`
+    // (the pod's name expanded into PAYOUT_EXECUTOR_OWNER_ID), which lock-server admitted with the
+    // stack's token from its clients file.
+    let owners: Vec<(String,)> = sqlx::query_as("SELECT DISTINCT owner_id FROM ttl_seen ORDER BY 1")
+        .fetch_all(&lockdb)
+        .await
+        .unwrap_or_else(|e| panic!("read the owners: {e}"));
+    assert!(!owners.is_empty());
+    for (owner,) in &owners {
+        assert!(
+            owner.starts_with("shop/shop-payout-executor-") && !owner.contains("$("),
+            "{owner}"
+        );
+    }
 }

@@ -60,15 +60,19 @@ pub enum Reason {
     GrantKeyRetired,
     GrantKeyRequestRefused,
     GrantSigningKeySwitched,
+    // Lock clients: lock-server's clients file.
+    LockClientsInvalid,
+    LockClientsChanged,
     // HTTPS: the namespace's CA and the components' certificates.
     TlsCaInvalid,
     CaCreated,
     CertificateIssued,
     CertificateRenewed,
+    RenewRequestInvalid,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 54] = [
+    pub const ALL: [Reason; 57] = [
         Reason::Ready,
         Reason::Idle,
         Reason::AsExpected,
@@ -119,10 +123,13 @@ impl Reason {
         Reason::GrantKeyRetired,
         Reason::GrantKeyRequestRefused,
         Reason::GrantSigningKeySwitched,
+        Reason::LockClientsInvalid,
+        Reason::LockClientsChanged,
         Reason::TlsCaInvalid,
         Reason::CaCreated,
         Reason::CertificateIssued,
         Reason::CertificateRenewed,
+        Reason::RenewRequestInvalid,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -177,10 +184,13 @@ impl Reason {
             Reason::GrantKeyRetired => "GrantKeyRetired",
             Reason::GrantKeyRequestRefused => "GrantKeyRequestRefused",
             Reason::GrantSigningKeySwitched => "GrantSigningKeySwitched",
+            Reason::LockClientsInvalid => "LockClientsInvalid",
+            Reason::LockClientsChanged => "LockClientsChanged",
             Reason::TlsCaInvalid => "TlsCaInvalid",
             Reason::CaCreated => "CaCreated",
             Reason::CertificateIssued => "CertificateIssued",
             Reason::CertificateRenewed => "CertificateRenewed",
+            Reason::RenewRequestInvalid => "RenewRequestInvalid",
         }
     }
 }

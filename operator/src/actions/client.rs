@@ -1,6 +1,7 @@
 //! lock-server's API as the actions use it: `GET /v1/locks/{key}` (who holds a key, with which
-//! token), `GET /v1/sequence` (the last jump of the sequence) and the pinned revoke
-//! `POST /v1/admin/locks/{key}/revoke` with the admin token the operator generated. The one write an
+//! token), `GET /v1/sequence` (the last jump of the sequence; open) and the pinned revoke
+//! `POST /v1/admin/locks/{key}/revoke`, the first and the last with the admin token the operator
+//! generated (lock-server's clients file names only lock clients). The one write an
 //! action makes outside Kubernetes.
 
 use std::time::Duration;
@@ -49,12 +50,15 @@ fn lock_url(base: &str, segments: &[&str]) -> Result<url::Url> {
     Ok(url)
 }
 
-/// `GET /v1/locks/{key}`: the current holder and its fencing token.
-pub async fn get_lock(ctx: &Context, namespace: &str, base: &str, key: &str) -> Result<LockView> {
+/// `GET /v1/locks/{key}`: the current holder and its fencing token. With the admin token: lock-server
+/// always has a clients file (`builders::lock_clients`), and admits the admin, no client, to read
+/// any key.
+pub async fn get_lock(ctx: &Context, owner: &Owner, base: &str, key: &str) -> Result<LockView> {
     const STEP: &str = "read the current grant (GET /v1/locks/{key})";
+    let token = admin_token(ctx, owner).await?;
     let url = lock_url(base, &["v1", "locks", key])?;
-    let http = ctx.http_for(namespace, base).await?;
-    send(STEP, http.get(url)).await
+    let http = ctx.http_for(&owner.namespace, base).await?;
+    send(STEP, http.get(url).bearer_auth(token)).await
 }
 
 /// How long the sequence read may take: it is only shown, so a slow lock-server must not hold the

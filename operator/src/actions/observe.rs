@@ -106,7 +106,7 @@ pub async fn observe(
         let recorded = inputs.actions.iter().find(|a| a.id == r.id);
         let needs_lock = recorded.is_none_or(|a| a.phase == ActionPhase::Pending);
         if needs_lock && inputs.lock_server_available {
-            inputs.lock = Some(client::get_lock(ctx, ns, lock_server_url, &r.key).await?);
+            inputs.lock = Some(client::get_lock(ctx, owner, lock_server_url, &r.key).await?);
         }
     }
 

@@ -29,8 +29,8 @@ pub fn credentials_secret_name(owner: &Owner) -> String {
     owner.child("payment-credentials")
 }
 
-/// `len` random alphanumerics.
-fn random_token(len: usize) -> String {
+/// `len` random alphanumerics: every generated credential of the operator.
+pub fn random_token(len: usize) -> String {
     rand::rng()
         .sample_iter(&Alphanumeric)
         .take(len)

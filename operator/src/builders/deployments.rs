@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::postgres::{History, KEY_URL, names};
 use super::{Child, Desired, HTTP_PORT, HTTP_PORT_NAME, LISTEN_ADDR, Owner, configmap_env, env, secret_env};
 use super::{LABEL_LOCK_SERVICE, LOCK_SERVER, PAYMENT_RESOURCE, PAYOUT_EXECUTOR, RAIL_PROXY, RAIL_STUB};
-use super::{credentials, grant_keys};
+use super::{credentials, grant_keys, lock_clients};
 use crate::crd::{KillSwitches, LeaseSpec, RailStubMode};
 
 /// Env keys of the contracts' kill switches (`payment.fencing.enabled`, `rail.proxy.fencing.enabled`).
@@ -332,6 +332,16 @@ pub struct ExecutorTargets {
     pub rail_proxy_url: String,
 }
 
+/// Who payout-executor is to lock-server: its stack's lock client (`builders::lock_clients`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecutorLockClient {
+    /// The PaymentStack's name: its owner ids are `<stack>/<pod name>`.
+    pub stack: String,
+    /// `<stack>-lock-client`, whose `token` it presents.
+    pub secret: String,
+}
+
+#[allow(clippy::too_many_arguments)]
 pub fn payout_executor(
     image: String,
     replicas: i32,
@@ -340,6 +350,7 @@ pub fn payout_executor(
     targets: &ExecutorTargets,
     lease: &LeaseSpec,
     credentials_secret: &str,
+    lock_client: &ExecutorLockClient,
 ) -> Workload {
     // Its LockService's lease governs every account lock and session it takes.
     let mut env = lease_env(lease);
@@ -353,6 +364,12 @@ pub fn payout_executor(
         "PAYOUT_EXECUTOR_RAIL_PROXY_TOKEN",
         credentials_secret,
         credentials::KEY_RAIL_PROXY_EXECUTOR,
+    ));
+    // Its stack's lock client: the token lock-server's clients file knows, and owner ids under the
+    // stack's owner prefix (lock-server refuses sessions of any other owner to this token).
+    env.extend(lock_clients::executor_env(
+        &lock_client.stack,
+        &lock_client.secret,
     ));
     Workload {
         component: PAYOUT_EXECUTOR,

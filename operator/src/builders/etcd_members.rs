@@ -11,9 +11,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector,
-    PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    Service, ServicePort, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
+    Container, ContainerPort, EmptyDirVolumeSource, HTTPGetAction, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, Service, ServicePort,
+    ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec,
@@ -230,17 +230,7 @@ pub fn statefulset(owner: &Owner, spec: &ManagedEtcd) -> StatefulSet {
         image: Some(spec.image.clone()),
         command: Some(vec!["etcd".into()]),
         args: Some(args),
-        env: Some(vec![EnvVar {
-            name: "POD_NAME".into(),
-            value: None,
-            value_from: Some(EnvVarSource {
-                field_ref: Some(ObjectFieldSelector {
-                    field_path: "metadata.name".into(),
-                    ..ObjectFieldSelector::default()
-                }),
-                ..EnvVarSource::default()
-            }),
-        }]),
+        env: Some(vec![super::pod_name_env("POD_NAME")]),
         ports: Some(vec![
             container_port("client", CLIENT_PORT),
             container_port("peer", PEER_PORT),
@@ -398,31 +388,55 @@ pub enum EndpointsError {
     #[error("it holds whitespace (a trailing newline?); write the URLs comma-separated, nothing else")]
     Whitespace,
     /// Which entry (1-based); never the text, in case it carries userinfo.
-    #[error("entry {0} is not an http:// URL with a host (lock-server speaks plain HTTP to etcd)")]
+    #[error("entry {0} is not an http:// or https:// URL with a host and no user")]
     NotHttp(usize),
+    #[error(
+        "entry {0} is in another scheme than entry 1: give every URL as https://, or every one as http://"
+    )]
+    MixedSchemes(usize),
 }
 
 /// The client URLs of an external cluster, as lock-server will read them (`DLOCK_ETCD_ENDPOINTS`,
-/// split on commas, each `http://host[:port]`). Checked here so that a bad Secret is a Degraded
-/// status naming the problem, not a crash-looping lock-server.
-pub fn parse_endpoints(raw: &str) -> Result<Vec<String>, EndpointsError> {
+/// split on commas, each `http://host[:port]` or `https://host[:port]`, all in one scheme, which
+/// lock-server requires too). Checked here so that a bad Secret is a Degraded status naming the
+/// problem, not a crash-looping lock-server.
+pub fn parse_endpoints(raw: &str) -> Result<Endpoints, EndpointsError> {
     if raw.is_empty() {
         return Err(EndpointsError::Empty);
     }
     if raw.chars().any(char::is_whitespace) {
         return Err(EndpointsError::Whitespace);
     }
-    raw.split(',')
+    let mut https = None;
+    let urls = raw
+        .split(',')
         .enumerate()
         .map(|(i, e)| {
-            let ok = url::Url::parse(e).ok().is_some_and(|u| {
-                u.scheme() == "http" && u.host_str().is_some_and(|h| !h.is_empty()) && u.username().is_empty()
+            let scheme = url::Url::parse(e).ok().and_then(|u| {
+                let usable = u.host_str().is_some_and(|h| !h.is_empty()) && u.username().is_empty();
+                match u.scheme() {
+                    "http" if usable && e.starts_with("http://") => Some(false),
+                    "https" if usable && e.starts_with("https://") => Some(true),
+                    _ => None,
+                }
             });
-            if ok && e.starts_with("http://") {
-                Ok(e.to_owned())
-            } else {
-                Err(EndpointsError::NotHttp(i + 1))
+            let this = scheme.ok_or(EndpointsError::NotHttp(i + 1))?;
+            if *https.get_or_insert(this) != this {
+                return Err(EndpointsError::MixedSchemes(i + 1));
             }
+            Ok(e.to_owned())
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Endpoints {
+        urls,
+        https: https.unwrap_or(false),
+    })
+}
+
+/// An external cluster's client URLs, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoints {
+    pub urls: Vec<String>,
+    /// Every URL is `https://` (lock-server then needs the cluster's CA).
+    pub https: bool,
 }

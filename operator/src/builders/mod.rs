@@ -2,7 +2,8 @@
 //! for it): [`postgres`] a managed PostgreSQL (Secrets, Service, StatefulSet), [`etcd_members`] a
 //! managed etcd cluster, [`migration_job`] the migration Job, [`deployments`] the Deployments and
 //! Services of the dlock binaries, [`network_policies`], [`credentials`] the generated Secrets,
-//! [`grant_keys`] a LockService's grant signing keys and their public ConfigMap. No
+//! [`grant_keys`] a LockService's grant signing keys and their public ConfigMap, [`lock_clients`]
+//! the lock clients' tokens and lock-server's clients file. No
 //! I/O here; which of them a kind asks for is the kind's plan (`controller::<kind>::children`).
 
 pub mod cnpg;
@@ -10,6 +11,7 @@ pub mod credentials;
 pub mod deployments;
 pub mod etcd_members;
 pub mod grant_keys;
+pub mod lock_clients;
 pub mod migration_job;
 pub mod network_policies;
 pub mod postgres;
@@ -20,7 +22,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMapKeySelector, EnvVar, EnvVarSource, SecretKeySelector, Service};
+use k8s_openapi::api::core::v1::{
+    ConfigMapKeySelector, EnvVar, EnvVarSource, ObjectFieldSelector, Secret, SecretKeySelector, Service,
+};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -171,6 +175,22 @@ pub fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
     }
 }
 
+/// `name` set to the pod's own name (the downward API's `metadata.name`), for a later variable's
+/// `$(name)` or a process that names itself after its pod.
+pub fn pod_name_env(name: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: "metadata.name".into(),
+                ..ObjectFieldSelector::default()
+            }),
+            ..EnvVarSource::default()
+        }),
+    }
+}
+
 /// An environment variable read from a ConfigMap key (public settings another object publishes).
 pub fn configmap_env(name: &str, configmap: &str, key: &str) -> EnvVar {
     EnvVar {
@@ -209,6 +229,22 @@ pub enum Child {
     PodDisruptionBudget(PodDisruptionBudget),
     /// A CloudNativePG Cluster (`database.managed.engine: CloudNativePG`).
     PostgresCluster(Box<cnpg::Cluster>),
+    /// A Secret derived anew on every reconcile (lock-server's clients file), applied before the
+    /// children that read it.
+    Secret(AppliedSecret),
+}
+
+/// A Secret applied as a child. `Debug` names it and never shows its data.
+#[derive(Clone, PartialEq)]
+pub struct AppliedSecret(pub Box<Secret>);
+
+impl std::fmt::Debug for AppliedSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Secret")
+            .field("name", &self.0.metadata.name)
+            .field("data", &"<redacted>")
+            .finish()
+    }
 }
 
 impl Child {
@@ -221,6 +257,7 @@ impl Child {
             Child::NetworkPolicy(_) => ChildKind::NetworkPolicy,
             Child::PodDisruptionBudget(_) => ChildKind::PodDisruptionBudget,
             Child::PostgresCluster(_) => ChildKind::PostgresCluster,
+            Child::Secret(_) => ChildKind::Secret,
         }
     }
 
@@ -233,6 +270,7 @@ impl Child {
             Child::NetworkPolicy(o) => &o.metadata,
             Child::PodDisruptionBudget(o) => &o.metadata,
             Child::PostgresCluster(o) => &o.metadata,
+            Child::Secret(o) => &o.0.metadata,
         };
         meta.name.as_deref().unwrap_or_default()
     }
@@ -250,6 +288,8 @@ pub enum ChildKind {
     /// owner lives (owner references delete it with the owner), and listing it would fail where
     /// CloudNativePG is not installed.
     PostgresCluster,
+    /// Never swept: its owner references delete it with its owner.
+    Secret,
 }
 
 impl ChildKind {

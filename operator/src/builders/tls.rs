@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, PodSpec, PodTemplateSpec, Probe, SecretVolumeSource, Volume,
+    ConfigMapVolumeSource, Container, KeyToPath, PodSpec, PodTemplateSpec, Probe, SecretVolumeSource, Volume,
     VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -17,6 +17,7 @@ use super::{
     Child, Desired, HTTP_PORT_NAME, HTTPS_PORT_NAME, LOCK_SERVER, Owner, PAYMENT_RESOURCE, PAYOUT_EXECUTOR,
     RAIL_PROXY, RAIL_STUB, env,
 };
+use crate::crd::ExternalEtcd;
 
 /// The namespace's CA (type `kubernetes.io/tls`: `tls.crt`, `tls.key`). Only the operator reads it.
 pub const CA_SECRET: &str = "dlock-ca";
@@ -44,10 +45,18 @@ pub const TLS_KEY_FILE_ENV: &str = dlock_common::tls::TLS_KEY_FILE_ENV;
 pub const CA_FILE_ENV: &str = "DLOCK_CA_FILE";
 /// rail-proxy: the CA of the rail it forwards to (the in-cluster rail-stub's).
 pub const RAIL_CA_FILE_ENV: &str = "DLOCK_RAIL_CA_FILE";
-/// lock-server: the CA of a managed etcd's members.
+/// lock-server: the CA of a managed etcd's members, or of an external etcd's (its caSecretRef).
 pub const ETCD_CA_FILE_ENV: &str = "DLOCK_ETCD_CA_FILE";
+/// lock-server: the client certificate it presents to an external etcd.
+pub const ETCD_CERT_FILE_ENV: &str = "DLOCK_ETCD_CERT_FILE";
+pub const ETCD_KEY_FILE_ENV: &str = "DLOCK_ETCD_KEY_FILE";
+/// Where lock-server finds an external etcd's CA and its client certificate.
+pub const ETCD_CA_DIR: &str = "/etc/dlock/etcd-ca";
+pub const ETCD_CLIENT_CERT_DIR: &str = "/etc/dlock/etcd-client";
 const CERT_VOLUME: &str = "tls";
 const CA_VOLUME: &str = "ca";
+const ETCD_CA_VOLUME: &str = "etcd-ca";
+const ETCD_CLIENT_CERT_VOLUME: &str = "etcd-client-cert";
 
 /// The names a component's Service answers to inside the cluster (a managed etcd: its members and
 /// its client Service).
@@ -105,6 +114,86 @@ impl Desired {
             }
         }
         self
+    }
+}
+
+impl Desired {
+    /// lock-server speaks TLS to an external etcd: the user's CA Secret key (and client certificate
+    /// Secret, when named) mounted read-only and named by `DLOCK_ETCD_*_FILE`. The Secrets stay the
+    /// user's; the resolve step has checked them and puts their resourceVersions in the pod
+    /// template, since lock-server reads the files at start-up. URLs in `http://` need nothing here.
+    pub fn with_external_etcd_tls(mut self, external: &ExternalEtcd) -> Self {
+        let Some(ca) = &external.ca_secret_ref else {
+            return self;
+        };
+        for child in &mut self.apply {
+            let Child::Deployment(d) = child else { continue };
+            let is_lock_server = d
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(super::LABEL_COMPONENT))
+                .is_some_and(|c| c == LOCK_SERVER);
+            if !is_lock_server {
+                continue;
+            }
+            let Some((pod, i)) = d.spec.as_mut().and_then(|s| container(&mut s.template)) else {
+                continue;
+            };
+            mount(
+                pod,
+                i,
+                secret_volume(
+                    ETCD_CA_VOLUME,
+                    &ca.name,
+                    vec![key_to_path(&ca.key, CA_BUNDLE_KEY)],
+                ),
+                ETCD_CA_DIR,
+            );
+            let mut envs = vec![env(ETCD_CA_FILE_ENV, format!("{ETCD_CA_DIR}/{CA_BUNDLE_KEY}"))];
+            if let Some(cert) = &external.client_certificate_secret_ref {
+                // The key's file belongs to the pod's fsGroup (mode 0440), as the server keys do.
+                pod.security_context
+                    .get_or_insert_with(Default::default)
+                    .fs_group
+                    .get_or_insert(super::security::NONROOT_UID);
+                let pair = vec![
+                    key_to_path("tls.crt", "tls.crt"),
+                    key_to_path("tls.key", "tls.key"),
+                ];
+                mount(
+                    pod,
+                    i,
+                    secret_volume(ETCD_CLIENT_CERT_VOLUME, &cert.name, pair),
+                    ETCD_CLIENT_CERT_DIR,
+                );
+                envs.push(env(ETCD_CERT_FILE_ENV, format!("{ETCD_CLIENT_CERT_DIR}/tls.crt")));
+                envs.push(env(ETCD_KEY_FILE_ENV, format!("{ETCD_CLIENT_CERT_DIR}/tls.key")));
+            }
+            pod.containers[i].env.get_or_insert_with(Vec::new).extend(envs);
+        }
+        self
+    }
+}
+
+fn secret_volume(name: &str, secret: &str, items: Vec<KeyToPath>) -> Volume {
+    Volume {
+        name: name.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.into()),
+            items: Some(items),
+            default_mode: Some(0o440),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    }
+}
+
+fn key_to_path(key: &str, path: &str) -> KeyToPath {
+    KeyToPath {
+        key: key.into(),
+        path: path.into(),
+        mode: None,
     }
 }
 

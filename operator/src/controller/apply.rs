@@ -51,6 +51,9 @@ pub async fn apply_child(client: &Client, namespace: &str, child: &Child) -> Res
         Child::PostgresCluster(o) => apply(client, namespace, o.as_ref())
             .await
             .map(|_| Applied::Other)?,
+        Child::Secret(o) => apply(client, namespace, o.0.as_ref())
+            .await
+            .map(|_| Applied::Other)?,
     })
 }
 
@@ -65,6 +68,7 @@ pub async fn delete_child(client: &Client, namespace: &str, child: &ChildRef) ->
         ChildKind::NetworkPolicy => delete::<NetworkPolicy>(client, namespace, &child.name).await,
         ChildKind::PodDisruptionBudget => delete::<PodDisruptionBudget>(client, namespace, &child.name).await,
         ChildKind::PostgresCluster => delete::<Cluster>(client, namespace, &child.name).await,
+        ChildKind::Secret => delete::<Secret>(client, namespace, &child.name).await,
     }
 }
 
@@ -106,7 +110,7 @@ pub async fn orphans(client: &Client, owner: &Owner, desired: &Desired) -> Resul
             ChildKind::Service => children_of::<Service>(client, owner).await?,
             ChildKind::StatefulSet => children_of::<StatefulSet>(client, owner).await?,
             ChildKind::PodDisruptionBudget => children_of::<PodDisruptionBudget>(client, owner).await?,
-            ChildKind::Job | ChildKind::PostgresCluster => continue,
+            ChildKind::Job | ChildKind::PostgresCluster | ChildKind::Secret => continue,
         };
         out.extend(
             names

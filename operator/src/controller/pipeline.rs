@@ -21,6 +21,7 @@ use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::batch::v1::Job;
 use kube::Resource;
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use serde::de::DeserializeOwned;
 
 use super::steps::{self, Plan, Prepared, Store};
@@ -29,6 +30,7 @@ use super::verdict::{Applied, Blocked, KindOutcome, MigrationRun, Reconciliation
 use crate::builders::postgres::History;
 use crate::builders::{Owner, SpecError};
 use crate::context::{Context, Settings};
+use crate::crd::tls::{ANNOTATION_RENEW_CERTIFICATES, check_renew_request};
 use crate::crd::{DlockStatus, TlsSpec};
 use crate::error::{Error, Result};
 use crate::health::DeploymentHealth;
@@ -118,7 +120,31 @@ async fn run<K: Reconciled>(obj: &K, ctx: &Context, owner: &Owner) -> Result<Rec
     };
     let observed = obj.observe(ctx, owner, &prepared).await?;
     let all_served: Vec<Served> = K::SERVED.iter().map(|c| Served::of(owner, c)).collect();
-    let tls_observed = tls::io::observe(ctx, owner, owner.https, &all_served).await?;
+    let mut tls_observed = tls::io::observe(ctx, owner, owner.https, &all_served).await?;
+    tls_observed.renew_handled = obj
+        .status()
+        .and_then(|s| s.tls.as_ref())
+        .and_then(|t| t.last_handled_renew_request.clone());
+    if let Some(request) = obj
+        .meta()
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_RENEW_CERTIFICATES))
+    {
+        match check_renew_request(request) {
+            Ok(()) => tls_observed.renew_request = Some(request.clone()),
+            // Refused whole: nothing is renewed, and the Event says why.
+            Err(problem) => {
+                ctx.publish(
+                    regarding,
+                    EventType::Warning,
+                    Reason::RenewRequestInvalid,
+                    format!("annotation {ANNOTATION_RENEW_CERTIFICATES} {problem}; nothing was renewed"),
+                )
+                .await;
+            }
+        }
+    }
 
     // 2. Plan (pure): the kind's children, then HTTPS for the components they serve.
     let stop = |blocked| {

@@ -3,7 +3,8 @@
 //! referenced Secret's URL), applies the connection Secret, and reports whether the database can
 //! take the migration. An etcd cluster of a LockService with `backend: etcd` ([`resolve_etcd`]), in
 //! place of the database: how many managed members are ready, or whether the external cluster's
-//! Secret names usable client URLs.
+//! Secret names usable client URLs (and, for `https://` ones, whether its CA and client certificate
+//! Secrets hold what lock-server will read).
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Secret;
@@ -16,7 +17,7 @@ use crate::builders::cnpg::{self, Cluster, ClusterHealth};
 use crate::builders::etcd_members::{self, parse_endpoints};
 use crate::builders::postgres::{self, Credentials, History};
 use crate::context::Context;
-use crate::crd::{DatabaseEngine, DatabaseMode, DatabaseSpec, EtcdMode, EtcdSpec};
+use crate::crd::{DatabaseEngine, DatabaseMode, DatabaseSpec, EtcdMode, EtcdSpec, ExternalEtcd};
 use crate::error::Result;
 use crate::reasons::Reason;
 
@@ -255,19 +256,115 @@ pub async fn resolve_etcd(
                 )));
             };
             // The URLs are not secret, but the message names only the problem, as for lockdb.
-            if let Err(e) = parse_endpoints(&raw) {
-                return Ok(Err(Blocked::new(
-                    Reason::EtcdEndpointsInvalid,
-                    format!(
-                        "Secret {} key {:?} must hold etcd client URLs, comma-separated http://host:port: {e}",
-                        r.name, r.key
-                    ),
-                )));
+            let endpoints = match parse_endpoints(&raw) {
+                Ok(endpoints) => endpoints,
+                Err(e) => {
+                    return Ok(Err(Blocked::new(
+                        Reason::EtcdEndpointsInvalid,
+                        format!(
+                            "Secret {} key {:?} must hold etcd client URLs, comma-separated http(s)://host:port: {e}",
+                            r.name, r.key
+                        ),
+                    )));
+                }
+            };
+            let mut versions = vec![secret.metadata.resource_version.unwrap_or_default()];
+            match external_etcd_tls(&secrets, external, endpoints.https).await? {
+                Ok(tls_versions) => versions.extend(tls_versions),
+                Err(blocked) => return Ok(Err(blocked)),
             }
             Ok(Ok(EtcdState {
                 health: EtcdHealth::External,
-                secret_version: secret.metadata.resource_version,
+                // lock-server reads the URLs, the CA and its client certificate at start-up: a
+                // change to any of the three Secrets restarts it.
+                secret_version: Some(versions.join(",")),
             }))
         }
     }
+}
+
+/// An external etcd's TLS Secrets, checked as lock-server will read them: the CA when (and only
+/// when) the URLs are `https://`, the client certificate's pair when one is named. Answers their
+/// resourceVersions; `Ok(Err(_))` says what a human must fix, never a key's content.
+async fn external_etcd_tls(
+    secrets: &Api<Secret>,
+    external: &ExternalEtcd,
+    https: bool,
+) -> Result<Result<Vec<String>, Blocked>> {
+    let ca = match (&external.ca_secret_ref, https) {
+        (None, false) => return Ok(Ok(Vec::new())),
+        (Some(ca), true) => ca,
+        (None, true) => {
+            return Ok(Err(Blocked::new(
+                Reason::EtcdEndpointsInvalid,
+                format!(
+                    "Secret {} holds https:// etcd URLs but spec.etcd.external.caSecretRef is not set: name the Secret key with the PEM CA that signs the etcd members' server certificates",
+                    external.secret_ref.name
+                ),
+            )));
+        }
+        (Some(_), false) => {
+            return Ok(Err(Blocked::new(
+                Reason::EtcdEndpointsInvalid,
+                format!(
+                    "spec.etcd.external.caSecretRef is set but Secret {} holds http:// etcd URLs: write them as https://, or drop caSecretRef and clientCertificateSecretRef",
+                    external.secret_ref.name
+                ),
+            )));
+        }
+    };
+    let mut versions = Vec::new();
+    let Some(ca_secret) = secrets.get_opt(&ca.name).await? else {
+        return Ok(Err(Blocked::new(
+            Reason::ExternalSecretMissing,
+            format!(
+                "Secret {} named by spec.etcd.external.caSecretRef does not exist",
+                ca.name
+            ),
+        )));
+    };
+    let pem = secret_text(&ca_secret, &ca.key);
+    if !pem.as_deref().is_some_and(postgres::is_pem_certificate) {
+        return Ok(Err(Blocked::new(
+            Reason::ExternalSecretInvalid,
+            format!(
+                "spec.etcd.external.caSecretRef: Secret {} key {:?} holds no PEM certificate (-----BEGIN CERTIFICATE-----): the CA that signs the etcd members' server certificates",
+                ca.name, ca.key
+            ),
+        )));
+    }
+    versions.push(ca_secret.metadata.resource_version.unwrap_or_default());
+    if let Some(cert) = &external.client_certificate_secret_ref {
+        let Some(pair) = secrets.get_opt(&cert.name).await? else {
+            return Ok(Err(Blocked::new(
+                Reason::ExternalSecretMissing,
+                format!(
+                    "Secret {} named by spec.etcd.external.clientCertificateSecretRef does not exist",
+                    cert.name
+                ),
+            )));
+        };
+        let certificate = secret_text(&pair, "tls.crt");
+        let key_present = secret_text(&pair, "tls.key").is_some_and(|k| k.contains("PRIVATE KEY-----"));
+        if !certificate.as_deref().is_some_and(postgres::is_pem_certificate) || !key_present {
+            return Ok(Err(Blocked::new(
+                Reason::ExternalSecretInvalid,
+                format!(
+                    "spec.etcd.external.clientCertificateSecretRef: Secret {} must hold a PEM certificate in tls.crt and its PEM private key in tls.key (a kubernetes.io/tls Secret)",
+                    cert.name
+                ),
+            )));
+        }
+        versions.push(pair.metadata.resource_version.unwrap_or_default());
+    }
+    Ok(Ok(versions))
+}
+
+/// A Secret key's value as UTF-8.
+fn secret_text(secret: &Secret, key: &str) -> Option<String> {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .and_then(|v| String::from_utf8(v.0.clone()).ok())
 }

@@ -15,6 +15,8 @@ use super::{Context, Settings, backoff, pipeline};
 use crate::crd::{LockService, PaymentStack, Phase};
 use crate::metrics::Metrics;
 
+mod lock_clients;
+
 const NS: &str = "pay";
 const IMAGE: &str = "registry.example/dlock:1.2.3";
 
@@ -273,6 +275,27 @@ fn context(api: &FakeApi) -> Context {
         scraper: None,
     };
     Context::new(api.client(), Metrics::register(&mut registry), settings, None)
+}
+
+/// A Secret as the API server would answer it: `data` base64-encoded, `name` in the test namespace,
+/// with a resourceVersion when one is given.
+fn secret_json(name: &str, version: Option<&str>, data: &[(&str, &str)]) -> Value {
+    let mut s = serde_json::to_value(k8s_openapi::api::core::v1::Secret {
+        data: Some(
+            data.iter()
+                .map(|(k, v)| ((*k).to_owned(), k8s_openapi::ByteString(v.as_bytes().to_vec())))
+                .collect(),
+        ),
+        ..Default::default()
+    })
+    .unwrap();
+    s["apiVersion"] = json!("v1");
+    s["kind"] = json!("Secret");
+    s["metadata"] = json!({"name": name, "namespace": NS});
+    if let Some(v) = version {
+        s["metadata"]["resourceVersion"] = json!(v);
+    }
+    s
 }
 
 fn store_lock_service(api: &FakeApi, spec: Value) {
@@ -809,20 +832,7 @@ async fn an_external_etcd_needs_a_secret_with_usable_client_urls() {
     );
     assert!(api.keys(DEPLOYMENTS).is_empty());
 
-    let secret = |value: &str| {
-        let mut s = serde_json::to_value(k8s_openapi::api::core::v1::Secret {
-            data: Some(BTreeMap::from([(
-                "endpoints".to_owned(),
-                k8s_openapi::ByteString(value.as_bytes().to_vec()),
-            )])),
-            ..Default::default()
-        })
-        .unwrap();
-        s["apiVersion"] = json!("v1");
-        s["kind"] = json!("Secret");
-        s["metadata"] = json!({"name": "prod-etcd", "namespace": NS, "resourceVersion": "5"});
-        s
-    };
+    let secret = |value: &str| secret_json("prod-etcd", Some("5"), &[("endpoints", value)]);
     api.put(
         &format!("{SECRETS}prod-etcd"),
         secret("https://etcd.example:2379"),
@@ -833,7 +843,8 @@ async fn an_external_etcd_needs_a_secret_with_usable_client_urls() {
         phase_and_reason(ls.status),
         (Phase::Degraded, "EtcdEndpointsInvalid".into())
     );
-    assert!(status.condition("Ready").unwrap().message.contains("http://"));
+    // https:// URLs need the cluster's CA, which this spec does not name.
+    assert!(status.condition("Ready").unwrap().message.contains("caSecretRef"));
     assert!(api.keys(DEPLOYMENTS).is_empty());
 
     api.put(
@@ -1047,4 +1058,79 @@ async fn grant_keys_rotate_resources_first_signer_after_and_the_secret_is_never_
         "the signing-key Secret was read: {log:?}"
     );
     assert!(log.iter().any(|l| l == &format!("GET(metadata) {secret_key}")));
+}
+
+/// An external etcd over TLS: its CA Secret and its client certificate Secret are checked, one
+/// at a time, before lock-server is started; then lock-server reads them from files and rolls
+/// when any of the three Secrets changes. A CA for http:// URLs is refused.
+#[tokio::test]
+async fn an_external_etcd_over_https_needs_its_ca_and_client_certificate() {
+    let api = FakeApi::default();
+    let ctx = context(&api);
+    store_lock_service(
+        &api,
+        json!({"backend": "etcd", "etcd": {"external": {
+            "secretRef": {"name": "prod-etcd"},
+            "caSecretRef": {"name": "etcd-ca"},
+            "clientCertificateSecretRef": {"name": "etcd-client"}
+        }}}),
+    );
+    let put_secret = |name: &str, version: &str, data: &[(&str, &str)]| {
+        api.put(
+            &format!("{SECRETS}{name}"),
+            secret_json(name, Some(version), data),
+        );
+    };
+    let degraded = async |reason: &str, says: &str| {
+        let ls = reconcile_ls(&api, &ctx).await;
+        let status = ls.status.clone().unwrap();
+        assert_eq!(phase_and_reason(ls.status), (Phase::Degraded, reason.into()));
+        let message = status.condition("Ready").unwrap().message.clone();
+        assert!(message.contains(says), "{message}");
+        assert!(api.keys(DEPLOYMENTS).is_empty());
+    };
+    const PEM: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+    const KEY: &str = "-----BEGIN PRIVATE KEY-----\nMC4C\n-----END PRIVATE KEY-----\n";
+
+    put_secret("prod-etcd", "5", &[("endpoints", "http://etcd.example:2379")]);
+    degraded("EtcdEndpointsInvalid", "https://").await;
+    put_secret("prod-etcd", "5", &[("endpoints", "https://etcd.example:2379")]);
+    degraded("ExternalSecretMissing", "etcd-ca").await;
+    put_secret("etcd-ca", "6", &[("ca.crt", "not a certificate")]);
+    degraded("ExternalSecretInvalid", "etcd-ca").await;
+    put_secret("etcd-ca", "6", &[("ca.crt", PEM)]);
+    degraded("ExternalSecretMissing", "etcd-client").await;
+    put_secret("etcd-client", "7", &[("tls.crt", PEM)]);
+    degraded("ExternalSecretInvalid", "tls.key").await;
+    put_secret("etcd-client", "7", &[("tls.crt", PEM), ("tls.key", KEY)]);
+
+    // The first reconcile that gets this far generates the grant signing key; lock-server waits for it.
+    reconcile_ls(&api, &ctx).await;
+    let ls = reconcile_ls(&api, &ctx).await;
+    assert_eq!(phase_and_reason(ls.status), (Phase::Pending, "RollingOut".into()));
+    let dep = api
+        .get(&format!("{DEPLOYMENTS}locks-lock-server"))
+        .expect("lock-server Deployment");
+    let pod = &dep["spec"]["template"];
+    let env = pod["spec"]["containers"][0]["env"].as_array().unwrap();
+    let value = |name: &str| env.iter().find(|e| e["name"] == name).map(|e| e["value"].clone());
+    assert_eq!(
+        value("DLOCK_ETCD_CA_FILE"),
+        Some(json!("/etc/dlock/etcd-ca/ca.crt"))
+    );
+    assert_eq!(
+        value("DLOCK_ETCD_CERT_FILE"),
+        Some(json!("/etc/dlock/etcd-client/tls.crt"))
+    );
+    assert_eq!(
+        value("DLOCK_ETCD_KEY_FILE"),
+        Some(json!("/etc/dlock/etcd-client/tls.key"))
+    );
+    // The three Secrets' versions: a renewed client certificate or CA restarts lock-server.
+    assert_eq!(
+        pod["metadata"]["annotations"]["dlock.dev/etcd-secret-version"],
+        "5,6,7"
+    );
+    // No key's content anywhere in the Deployment.
+    assert!(!dep.to_string().contains("MC4C"));
 }

@@ -5,6 +5,8 @@ use k8s_openapi::api::core::v1::ResourceRequirements;
 use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
 
+use super::database::CaSecretRef;
+
 /// Exactly one of `managed` or `external`, fixed at creation: the fencing token is the etcd
 /// revision, so moving to another cluster would restart the tokens behind those the resources saw.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
@@ -58,6 +60,8 @@ impl EtcdSpec {
                     name: secret_name.to_owned(),
                     key: default_endpoints_key(),
                 },
+                ca_secret_ref: None,
+                client_certificate_secret_ref: None,
             }),
             key_prefix: default_key_prefix(),
         }
@@ -145,10 +149,29 @@ impl Default for EtcdStorage {
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.clientCertificateSecretRef) || has(self.caSecretRef)")
+    .message("etcd.external.clientCertificateSecretRef needs etcd.external.caSecretRef: a client certificate is presented over TLS, and lock-server trusts only the CA it is given")
+    .reason(Reason::FieldValueInvalid))]
 pub struct ExternalEtcd {
-    /// The Secret key holding the cluster's client URLs, comma-separated, e.g.
-    /// `http://etcd-0.example:2379,http://etcd-1.example:2379`.
+    /// The Secret key holding the cluster's client URLs, comma-separated, all in one scheme, e.g.
+    /// `https://etcd-0.example:2379,https://etcd-1.example:2379`.
     pub secret_ref: EndpointsSecretRef,
+    /// The PEM CA that signs the etcd members' server certificates: required when the URLs are
+    /// `https://` (lock-server then trusts this CA alone), refused when they are `http://`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret_ref: Option<CaSecretRef>,
+    /// A Secret of type `kubernetes.io/tls` (`tls.crt`, `tls.key`): the client certificate
+    /// lock-server presents to an etcd that runs with `--client-cert-auth`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_certificate_secret_ref: Option<TlsSecretRef>,
+}
+
+/// A Secret of type `kubernetes.io/tls` in the object's own namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsSecretRef {
+    #[x_kube(validation = Rule::new("self.size() > 0").message("clientCertificateSecretRef.name must not be empty"))]
+    pub name: String,
 }
 
 /// A key of a Secret in the LockService's namespace.

@@ -115,6 +115,28 @@ pub struct LockServerSpec {
     pub image: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// Lock clients of your own (applications other than the payout executors of the
+    /// PaymentStacks that use this LockService): a Secret key holding them in lock-server's
+    /// clients-file format (`{"clients": [...]}`, docs/lock-api.md). The operator adds them to the
+    /// clients file it builds from its PaymentStacks; their owner prefixes must not overlap the
+    /// stacks' (`<stack>/`). Read at each reconcile: a change rolls lock-server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clients_secret_ref: Option<ClientsSecretRef>,
+}
+
+/// A key of a Secret in the LockService's namespace holding lock clients.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientsSecretRef {
+    #[schemars(length(min = 1))]
+    pub name: String,
+    #[serde(default = "default_clients_key")]
+    #[schemars(length(min = 1))]
+    pub key: String,
+}
+
+fn default_clients_key() -> String {
+    "clients.json".to_owned()
 }
 
 impl Default for LockServerSpec {
@@ -123,6 +145,7 @@ impl Default for LockServerSpec {
             replicas: default_lock_server_replicas(),
             image: None,
             resources: None,
+            clients_secret_ref: None,
         }
     }
 }

@@ -17,8 +17,12 @@ pub use database::{
     CaSecretRef, DataDurability, DatabaseEngine, DatabaseMode, DatabaseSpec, ExternalDatabase,
     ManagedDatabase, SecretKeyRef, Synchronous,
 };
-pub use etcd::{EndpointsSecretRef, EtcdMode, EtcdSpec, EtcdStorage, ExternalEtcd, ManagedEtcd};
-pub use lockservice::{Backend, LeaseSpec, LockServerSpec, LockService, LockServiceSpec, LockStore};
+pub use etcd::{
+    EndpointsSecretRef, EtcdMode, EtcdSpec, EtcdStorage, ExternalEtcd, ManagedEtcd, TlsSecretRef,
+};
+pub use lockservice::{
+    Backend, ClientsSecretRef, LeaseSpec, LockServerSpec, LockService, LockServiceSpec, LockStore,
+};
 pub use paymentstack::{
     KillSwitches, LocalObjectRef, PaymentStack, PaymentStackSpec, PayoutExecutorSpec, RailProxySpec,
     RailStubMode, RailStubSpec, WorkloadSpec,

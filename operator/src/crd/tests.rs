@@ -331,9 +331,21 @@ fn etcd_backend_is_accepted_managed_or_external() {
         json!({"managed": {"storage": {"emptyDir": true, "size": "256Mi"}}, "keyPrefix": "/team-a/"}),
         json!({"external": {"secretRef": {"name": "prod-etcd"}}}),
         json!({"external": {"secretRef": {"name": "prod-etcd", "key": "urls"}}}),
+        json!({"external": {"secretRef": {"name": "prod-etcd"}, "caSecretRef": {"name": "etcd-ca"}}}),
+        json!({"external": {"secretRef": {"name": "prod-etcd"}, "caSecretRef": {"name": "etcd-ca"},
+                            "clientCertificateSecretRef": {"name": "etcd-client"}}}),
     ] {
         check(&s, &etcd(ok.clone()), None).unwrap_or_else(|e| panic!("{ok}: {e}"));
     }
+    // A client certificate is presented over TLS, which needs the CA to trust.
+    let cert_without_ca = json!({"external": {"secretRef": {"name": "prod-etcd"},
+                                              "clientCertificateSecretRef": {"name": "etcd-client"}}});
+    rejects(
+        &s,
+        &etcd(cert_without_ca),
+        None,
+        "needs etcd.external.caSecretRef",
+    );
     // The defaults: three members on 1Gi claims, the kubeadm etcd image, prefix /dlock/, key `endpoints`.
     let spec: LockServiceSpec =
         serde_json::from_value(json!({"backend": "etcd", "etcd": {"managed": {}}})).unwrap();

@@ -32,6 +32,30 @@ impl TlsSpec {
     }
 }
 
+/// Annotation asking for every certificate of the object to be renewed now, before its time (a
+/// suspected key leak, a drill): each new value is one request, handled once and echoed in
+/// `status.tls.lastHandledRenewRequest`, as Flux echoes `reconcile.fluxcd.io/requestedAt`.
+///
+/// ```text
+/// kubectl annotate lsvc payments-locks --overwrite dlock.dev/renew-certificates="$(date -u +%FT%TZ)"
+/// ```
+pub const ANNOTATION_RENEW_CERTIFICATES: &str = "dlock.dev/renew-certificates";
+
+/// A renew request's value: 1-63 characters of letters, digits, `-`, `.`, `_` and `:` (a
+/// timestamp, a counter, a ticket id). Anything else is refused with this message.
+pub fn check_renew_request(value: &str) -> Result<(), &'static str> {
+    let ok = !value.is_empty()
+        && value.len() <= 63
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b':'));
+    if ok {
+        Ok(())
+    } else {
+        Err("must be 1-63 characters of letters, digits, '-', '.', '_' and ':' (e.g. a timestamp)")
+    }
+}
+
 /// `status.tls`: the CA and the certificates the operator issued for this object. Names and
 /// dates only: no key is ever in status.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
@@ -43,6 +67,9 @@ pub struct TlsStatus {
     /// One entry per served component.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub certificates: Vec<CertificateStatus>,
+    /// The last `dlock.dev/renew-certificates` value handled: every certificate was re-issued then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_handled_renew_request: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]

@@ -89,6 +89,8 @@ fn reads(binary: &str, args: &[String]) -> Option<BTreeSet<String>> {
             names.extend(clap_env_names(&payout_executor::Cli::command()));
             names.extend(credential(payout_executor::config::PAYMENT_CREDENTIAL_ENV));
             names.extend(credential(payout_executor::config::RAIL_CREDENTIAL_ENV));
+            // config.rs reads the lock client token itself (never a flag).
+            names.insert(payout_executor::config::LOCK_TOKEN_ENV.to_owned());
         }
         // The clap definitions of these two are private to their main.rs, so their one fixed name
         // is listed here and checked against that source (see `fixed_names_are_in_the_source`).
@@ -133,11 +135,24 @@ fn unread(container: &Container) -> Vec<String> {
     let Some(names) = reads(binary, &argv[1..]) else {
         return vec![format!("{}: unknown binary {binary}", container.name)];
     };
+    // A variable another one expands (`$(NAME)` in a later value, as the kubelet does) is read by
+    // the kubelet, for that one: e.g. the pod's name in payout-executor's owner id.
+    let expanded: BTreeSet<&str> = container
+        .env
+        .iter()
+        .flatten()
+        .filter_map(|e| e.value.as_deref())
+        .flat_map(|v| {
+            v.split("$(")
+                .skip(1)
+                .filter_map(|rest| rest.split_once(')').map(|(n, _)| n))
+        })
+        .collect();
     let mut problems: Vec<String> = container
         .env
         .iter()
         .flatten()
-        .filter(|e| !names.contains(&e.name))
+        .filter(|e| !names.contains(&e.name) && !expanded.contains(e.name.as_str()))
         .map(|e| format!("{}: {binary} does not read {}", container.name, e.name))
         .collect();
     if container.env_from.as_ref().is_some_and(|f| !f.is_empty()) {
@@ -159,7 +174,8 @@ fn pod_spec(child: &Child) -> Option<&PodSpec> {
         Child::Service(_)
         | Child::NetworkPolicy(_)
         | Child::PodDisruptionBudget(_)
-        | Child::PostgresCluster(_) => None,
+        | Child::PostgresCluster(_)
+        | Child::Secret(_) => None,
     }
 }
 
@@ -308,7 +324,12 @@ fn the_lock_services_lease_reaches_the_executors_config() {
     }
     assert_eq!(
         handed,
-        ["PAYOUT_EXECUTOR_LEASE_TTL_MS", "PAYOUT_EXECUTOR_SESSION_TTL_MS"]
+        [
+            "PAYOUT_EXECUTOR_LEASE_TTL_MS",
+            "PAYOUT_EXECUTOR_SESSION_TTL_MS",
+            // Its lock client's owner id (`$(POD_NAME)` is the kubelet's to expand).
+            "PAYOUT_EXECUTOR_OWNER_ID"
+        ]
     );
     let cli = <payout_executor::Cli as clap::Parser>::try_parse_from(&argv).unwrap();
     let config = cli.into_config().unwrap();

@@ -54,9 +54,10 @@ fn every_child_has_a_controller_owner_reference_and_the_standard_labels() {
         );
         checked += 1;
     }
-    // lockdb svc+sts, Job, lock-server dep+svc+policy, 2 Secrets; paydb svc+sts, Job, rail-stub
-    // dep+svc+policy, payment-resource dep+svc+policy, rail-proxy dep+svc+policy, payout-executor dep.
-    assert_eq!(checked, 6 + 2 + 13);
+    // lockdb svc+sts, Job, lock-server dep+svc+policy, 2 Secrets and lock-server's clients Secret;
+    // paydb svc+sts, Job, rail-stub dep+svc+policy, payment-resource dep+svc+policy, rail-proxy
+    // dep+svc+policy, payout-executor dep.
+    assert_eq!(checked, 6 + 3 + 13);
 }
 
 #[test]

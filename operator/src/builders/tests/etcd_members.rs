@@ -28,8 +28,9 @@ fn managed_etcd_is_three_members_with_stable_peer_names_and_lock_server_on_them(
     ] {
         assert!(kinds.contains(&want), "{want:?} missing from {kinds:?}");
     }
-    // No lockdb, no migration Job: etcd has no schema.
-    assert_eq!(kinds.len(), 8, "{kinds:?}");
+    // No lockdb, no migration Job: etcd has no schema. lock-server's clients file is the ninth.
+    assert!(kinds.contains(&(ChildKind::Secret, "locks-lock-clients")));
+    assert_eq!(kinds.len(), 9, "{kinds:?}");
     assert!(d.migration_job.is_empty());
     assert!(
         kinds
@@ -242,6 +243,7 @@ fn external_etcd_endpoints_come_from_the_secret_and_no_member_is_run() {
     assert_eq!(
         kinds,
         vec![
+            (ChildKind::Secret, "locks-lock-clients"),
             (ChildKind::NetworkPolicy, "locks-lock-server"),
             (ChildKind::Deployment, "locks-lock-server"),
             (ChildKind::Service, "locks-lock-server"),
@@ -374,12 +376,22 @@ fn etcd_specs_that_bypassed_cel_are_refused() {
 
 #[test]
 fn external_endpoints_are_checked_as_lock_server_reads_them() {
-    use crate::builders::etcd_members::{EndpointsError, parse_endpoints};
+    use crate::builders::etcd_members::{Endpoints, EndpointsError, parse_endpoints};
     assert_eq!(
         parse_endpoints("http://a:2379,http://10.0.0.2:2379").unwrap(),
-        vec!["http://a:2379".to_owned(), "http://10.0.0.2:2379".to_owned()]
+        Endpoints {
+            urls: vec!["http://a:2379".to_owned(), "http://10.0.0.2:2379".to_owned()],
+            https: false
+        }
     );
-    assert_eq!(parse_endpoints("http://etcd.example").unwrap().len(), 1);
+    assert_eq!(parse_endpoints("http://etcd.example").unwrap().urls.len(), 1);
+    assert_eq!(
+        parse_endpoints("https://a:2379,https://b:2379").unwrap(),
+        Endpoints {
+            urls: vec!["https://a:2379".to_owned(), "https://b:2379".to_owned()],
+            https: true
+        }
+    );
     assert_eq!(parse_endpoints(""), Err(EndpointsError::Empty));
     assert_eq!(
         parse_endpoints("http://a:2379\n"),
@@ -389,14 +401,19 @@ fn external_endpoints_are_checked_as_lock_server_reads_them() {
         parse_endpoints("http://a:2379, http://b:2379"),
         Err(EndpointsError::Whitespace)
     );
-    assert_eq!(parse_endpoints("https://a:2379"), Err(EndpointsError::NotHttp(1)));
+    // lock-server refuses a mix: one client, one scheme.
+    assert_eq!(
+        parse_endpoints("https://a:2379,http://b:2379"),
+        Err(EndpointsError::MixedSchemes(2))
+    );
+    assert_eq!(parse_endpoints("unix://a:2379"), Err(EndpointsError::NotHttp(1)));
     assert_eq!(
         parse_endpoints("http://a:2379,b:2379"),
         Err(EndpointsError::NotHttp(2))
     );
     assert_eq!(parse_endpoints("http://a:2379,"), Err(EndpointsError::NotHttp(2)));
     assert_eq!(
-        parse_endpoints("http://user:pw@a:2379"),
+        parse_endpoints("https://user:pw@a:2379"),
         Err(EndpointsError::NotHttp(1))
     );
     // The message never carries the entry itself.

@@ -21,6 +21,7 @@ mod deployments;
 mod desired;
 mod etcd_members;
 mod grant_keys;
+mod lock_clients;
 mod migration_job;
 mod network_policies;
 mod postgres;
@@ -72,6 +73,17 @@ fn default_stack() -> PaymentStack {
     }))
 }
 
+/// A clients file of one stack, `pay`, as the LockService builds it.
+static LOCK_CLIENTS: std::sync::LazyLock<crate::builders::lock_clients::ClientsFile> =
+    std::sync::LazyLock::new(|| {
+        use crate::builders::lock_clients::{ClientToken, StackClient, clients_file};
+        let pay = StackClient {
+            stack: "pay".into(),
+            token: ClientToken::generate(),
+        };
+        clients_file(&[pay], None, &ClientToken::generate()).unwrap()
+    });
+
 fn ls_inputs<'a>(migration: &'a JobState) -> lockservice::children::Inputs<'a> {
     lockservice::children::Inputs {
         default_image: IMAGE,
@@ -81,6 +93,7 @@ fn ls_inputs<'a>(migration: &'a JobState) -> lockservice::children::Inputs<'a> {
         gated: false,
         signing_key: Some("k1"),
         scraper: None,
+        lock_clients: &LOCK_CLIENTS,
     }
 }
 
@@ -130,7 +143,8 @@ fn pod_spec(child: &Child) -> Option<k8s_openapi::api::core::v1::PodSpec> {
         Child::Service(_)
         | Child::NetworkPolicy(_)
         | Child::PodDisruptionBudget(_)
-        | Child::PostgresCluster(_) => None,
+        | Child::PostgresCluster(_)
+        | Child::Secret(_) => None,
     };
     spec.and_then(|t| t.spec.clone())
 }
@@ -169,6 +183,7 @@ fn all_children(d: &Desired) -> impl Iterator<Item = (&str, ObjectMeta)> {
             Child::NetworkPolicy(o) => o.metadata.clone(),
             Child::PodDisruptionBudget(o) => o.metadata.clone(),
             Child::PostgresCluster(o) => o.metadata.clone(),
+            Child::Secret(o) => o.0.metadata.clone(),
         };
         (c.name(), m)
     })
@@ -216,6 +231,7 @@ fn etcd_inputs(quorum: bool) -> lockservice::children::Inputs<'static> {
         gated: false,
         signing_key: Some("k1"),
         scraper: None,
+        lock_clients: &LOCK_CLIENTS,
     }
 }
 

@@ -119,6 +119,7 @@ fn child_json(child: &Child) -> serde_json::Result<serde_json::Value> {
         Child::NetworkPolicy(o) => serde_json::to_value(o),
         Child::PodDisruptionBudget(o) => serde_json::to_value(o),
         Child::PostgresCluster(o) => serde_json::to_value(o),
+        Child::Secret(o) => serde_json::to_value(&o.0),
     }
 }
 

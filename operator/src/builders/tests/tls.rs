@@ -334,3 +334,110 @@ fn a_managed_etcd_serves_its_clients_over_https_and_lock_server_trusts_the_bundl
         "{args:?}"
     );
 }
+
+/// An external etcd over TLS: lock-server mounts the user's CA Secret key (under the name its
+/// variable gives) and, when named, the client certificate's pair, read-only; the Secrets stay the
+/// user's. Without a CA (http:// URLs) nothing is mounted, and the namespace's bundle is never
+/// offered for an etcd it did not sign.
+#[test]
+fn an_external_etcd_over_tls_mounts_its_ca_and_client_certificate_into_lock_server() {
+    let ls = etcd_ls(json!({"external": {
+        "secretRef": {"name": "prod-etcd"},
+        "caSecretRef": {"name": "etcd-ca", "key": "root.pem"},
+        "clientCertificateSecretRef": {"name": "etcd-client"}
+    }}));
+    let owner = Owner {
+        https: true,
+        ..Owner::of(&ls).unwrap()
+    };
+    let wiring = TlsWiring {
+        https: true,
+        bundle: Some("b3".into()),
+    };
+    let d = lockservice::children::desired(&ls, &owner, &etcd_inputs(true))
+        .unwrap()
+        .with_tls(&owner, &wiring);
+    let pod = template(&d, "locks-lock-server").spec.as_ref().unwrap();
+    let c = &pod.containers[0];
+    assert_eq!(
+        plain_env(c, "DLOCK_ETCD_CA_FILE").as_deref(),
+        Some("/etc/dlock/etcd-ca/ca.crt")
+    );
+    assert_eq!(
+        plain_env(c, "DLOCK_ETCD_CERT_FILE").as_deref(),
+        Some("/etc/dlock/etcd-client/tls.crt")
+    );
+    assert_eq!(
+        plain_env(c, "DLOCK_ETCD_KEY_FILE").as_deref(),
+        Some("/etc/dlock/etcd-client/tls.key")
+    );
+    let ca_vars = c
+        .env
+        .iter()
+        .flatten()
+        .filter(|e| e.name == "DLOCK_ETCD_CA_FILE")
+        .count();
+    assert_eq!(ca_vars, 1, "one CA, the user's: {:?}", c.env);
+    let volume = |name: &str| {
+        pod.volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == name)
+            .and_then(|v| v.secret.clone())
+            .unwrap_or_else(|| panic!("no Secret volume {name}: {:?}", pod.volumes))
+    };
+    let ca = volume("etcd-ca");
+    assert_eq!(ca.secret_name.as_deref(), Some("etcd-ca"));
+    let items = ca.items.unwrap();
+    assert_eq!(
+        (items[0].key.as_str(), items[0].path.as_str()),
+        ("root.pem", "ca.crt")
+    );
+    let pair = volume("etcd-client-cert");
+    assert_eq!(pair.secret_name.as_deref(), Some("etcd-client"));
+    assert_eq!(pair.default_mode, Some(0o440));
+    let mounts: Vec<(&str, &str, Option<bool>)> = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| (m.name.as_str(), m.mount_path.as_str(), m.read_only))
+        .collect();
+    assert!(
+        mounts.contains(&("etcd-ca", "/etc/dlock/etcd-ca", Some(true))),
+        "{mounts:?}"
+    );
+    assert!(
+        mounts.contains(&("etcd-client-cert", "/etc/dlock/etcd-client", Some(true))),
+        "{mounts:?}"
+    );
+    assert!(pod.security_context.as_ref().unwrap().fs_group.is_some());
+    // The endpoints still come from the user's Secret.
+    assert!(c.env.iter().flatten().any(|e| e.name == "DLOCK_ETCD_ENDPOINTS"));
+
+    // A CA without a client certificate: only the CA.
+    let ls = etcd_ls(json!({"external": {
+        "secretRef": {"name": "prod-etcd"},
+        "caSecretRef": {"name": "etcd-ca"}
+    }}));
+    let d = lockservice::children::desired(&ls, &owner, &etcd_inputs(true)).unwrap();
+    let c = &template(&d, "locks-lock-server")
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers[0];
+    assert!(plain_env(c, "DLOCK_ETCD_CA_FILE").is_some());
+    assert!(plain_env(c, "DLOCK_ETCD_CERT_FILE").is_none());
+
+    // Plain http:// URLs: nothing to mount, and no CA variable at all.
+    let ls = etcd_ls(json!({"external": {"secretRef": {"name": "prod-etcd"}}}));
+    let d = lockservice::children::desired(&ls, &owner, &etcd_inputs(true))
+        .unwrap()
+        .with_tls(&owner, &wiring);
+    let pod = template(&d, "locks-lock-server").spec.as_ref().unwrap();
+    assert!(plain_env(&pod.containers[0], "DLOCK_ETCD_CA_FILE").is_none());
+    assert!(
+        !pod.volumes.iter().flatten().any(|v| v.name.starts_with("etcd-")),
+        "{:?}",
+        pod.volumes
+    );
+}

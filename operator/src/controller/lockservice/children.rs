@@ -11,9 +11,10 @@
 use crate::builders::credentials::admin_secret_name;
 use crate::builders::deployments::{self, LockServerStore, SigningGrants};
 use crate::builders::grant_keys;
+use crate::builders::lock_clients::{self, ClientsFile};
 use crate::builders::network_policies::Scraper;
 use crate::builders::postgres::{self, History};
-use crate::builders::{Child, Desired, LOCK_SERVER, Owner, SpecError};
+use crate::builders::{AppliedSecret, Child, Desired, LOCK_SERVER, Owner, SpecError};
 use crate::builders::{etcd_members, migration_job, network_policies};
 use crate::crd::{DatabaseMode, DatabaseSpec, EtcdMode, EtcdSpec, LockService, LockStore};
 use crate::health::JobState;
@@ -38,6 +39,9 @@ pub struct Inputs<'a> {
     pub signing_key: Option<&'a str>,
     /// The Prometheus the NetworkPolicies admit to the metrics ports.
     pub scraper: Option<&'a Scraper>,
+    /// lock-server's clients file (`crate::builders::lock_clients::clients_file`): always one, so
+    /// that the lock API is never open to whoever reaches it.
+    pub lock_clients: &'a ClientsFile,
 }
 
 /// lockdb's block (backend postgres only).
@@ -87,10 +91,18 @@ pub fn migration_job(
 }
 
 pub fn desired(ls: &LockService, owner: &Owner, inputs: &Inputs<'_>) -> Result<Desired, SpecError> {
-    let out = match ls.spec.store().ok_or(SpecError::StoreMissing)? {
+    let mut out = match ls.spec.store().ok_or(SpecError::StoreMissing)? {
         LockStore::Postgres(db) => desired_postgres(ls, db, owner, inputs)?,
         LockStore::Etcd(spec) => desired_etcd(ls, spec, owner, inputs)?,
     };
+    // First of all: a lock-server pod that starts must find the file its template's hash names.
+    out.apply.insert(
+        0,
+        Child::Secret(AppliedSecret(Box::new(lock_clients::clients_secret(
+            owner,
+            inputs.lock_clients,
+        )))),
+    );
     Ok(out.with_database_cas().restricted())
 }
 
@@ -187,6 +199,9 @@ fn desired_etcd(
     } else {
         out.hold_workload(owner, LOCK_SERVER);
     }
+    if let EtcdMode::External(external) = spec.mode().ok_or(SpecError::EtcdMode)? {
+        out = out.with_external_etcd_tls(external);
+    }
     Ok(out)
 }
 
@@ -223,7 +238,15 @@ fn lock_server(
         &admin_secret_name(owner),
     )
     .signing(&grants);
-    out.workload(owner, &w);
+    // The clients file, mounted, and its hash on the pod template: lock-server reads it only at
+    // start-up, so a new set of clients rolls it.
+    let mut deployment = deployments::deployment(owner, &w);
+    if let Some(spec) = deployment.spec.as_mut() {
+        lock_clients::serve_clients(&mut spec.template, &owner.name, inputs.lock_clients);
+    }
+    out.apply.push(Child::Deployment(deployment));
+    out.apply
+        .push(Child::Service(deployments::service(owner, LOCK_SERVER)));
     out.endpoints
         .insert("lockServer".into(), owner.http_url(&owner.child(LOCK_SERVER)));
 }

@@ -1,11 +1,13 @@
 //! The LockService's part of the reconcile pipeline ([`super::pipeline`]): lockdb → migration Job →
 //! lock-server ([`children`], pure), its admin Secret, its grant signing keys ([`keys`], pure;
-//! [`grants`], their reads and writes), and the actions (force-revoke, restore fast-forward, the
+//! [`grants`], their reads and writes), lock-server's clients file (built from the PaymentStacks'
+//! lock clients, `crate::builders::lock_clients`; [`clients`], its reads), and the actions (force-revoke, restore fast-forward, the
 //! periodic fencing check, lock-server's sequence jumps, [`crate::actions`]) requested in its
 //! annotations. The kind's outcome is [`ActionsOutcome`]: the action and grant-key parts of status,
 //! and what they mean for the verdict.
 
 pub mod children;
+pub mod clients;
 pub mod grants;
 pub mod keys;
 
@@ -21,6 +23,7 @@ use crate::actions::check::behind_message;
 use crate::actions::jobs::{CHECK_COMPONENT, RESTORE_COMPONENT, RestoreJobs};
 use crate::actions::{self, ActionInputs, ActionPlan, client, observe, revoke};
 use crate::builders::etcd_members::ETCD;
+use crate::builders::lock_clients::{self, ClientToken};
 use crate::builders::postgres::History;
 use crate::builders::{Child, LOCK_SERVER, Owner, SpecError, credentials};
 use crate::context::{Context, Settings};
@@ -30,18 +33,23 @@ use crate::error::{Result, at};
 use crate::health::{DeploymentHealth, JobState};
 use crate::reasons::{EventNote, Reason};
 use children::{HISTORY, Inputs};
+use clients::ClientInputs;
 use keys::{GrantInputs, GrantPlan};
 
 /// How soon a reconcile with an action in flight runs again (status writes also trigger one).
 const REQUEUE_ACTION: Duration = Duration::from_secs(2);
 /// How soon a reconcile during a grant-key rotation runs again (the stacks' rolls are watched too).
 const REQUEUE_ROTATION: Duration = Duration::from_secs(10);
+/// How soon a reconcile runs again while a stack's lock client Secret is missing (Secrets are not
+/// watched; the stack's own reconcile creates it).
+const REQUEUE_CLIENTS: Duration = Duration::from_secs(10);
 
 /// What a LockService reconcile reads besides the store: the actions' inputs and the grant keys'.
 #[derive(Debug, Clone, Default)]
 pub struct Observed {
     pub actions: ActionInputs,
     pub grants: GrantInputs,
+    pub clients: ClientInputs,
 }
 
 /// The kind's own next step: the actions' and the grant keys'.
@@ -49,6 +57,10 @@ pub struct Observed {
 pub struct Next {
     pub actions: ActionPlan,
     pub grants: GrantPlan,
+    /// Its Event, when it differs from the one written before.
+    pub clients_event: Option<EventNote>,
+    /// Stacks left out until their lock client Secret exists.
+    pub clients_waiting: bool,
 }
 
 /// The action part of the status a LockService reconcile computed, and its Events: the planned
@@ -62,6 +74,8 @@ pub struct ActionsOutcome {
     pub grants: crate::crd::GrantStatus,
     /// A grant-key rotation is under way.
     pub rotating: bool,
+    /// A stack's lock client is not in the clients file yet.
+    pub clients_waiting: bool,
 }
 
 impl KindOutcome for ActionsOutcome {
@@ -112,6 +126,8 @@ impl KindOutcome for ActionsOutcome {
             REQUEUE_ACTION
         } else if self.rotating {
             after.min(REQUEUE_ROTATION)
+        } else if self.clients_waiting {
+            after.min(REQUEUE_CLIENTS)
         } else {
             after.min(self.requeue_within.unwrap_or(after))
         }
@@ -155,7 +171,12 @@ impl Reconciled for LockService {
         let mut actions = observe::observe(ctx, self, owner, &lock_server_url).await?;
         actions.schema_ready = prepared.job_state == JobState::Succeeded;
         let grants = grants::observe(ctx, self, owner).await?;
-        Ok(Observed { actions, grants })
+        let clients = clients::observe(ctx, self, owner).await?;
+        Ok(Observed {
+            actions,
+            grants,
+            clients,
+        })
     }
 
     /// The next action step first (it decides the gate), then the children it implies.
@@ -186,6 +207,22 @@ impl Reconciled for LockService {
         if let Some(broken) = &grants.broken {
             return Err(Blocked::new(Reason::GrantKeysInvalid, broken.clone()));
         }
+        // The clients file: the stacks' clients and the LockService's own. One that cannot be built
+        // stops here, before anything is written, so lock-server keeps the file it runs with.
+        let seen = &observed.clients;
+        let own = match &seen.own {
+            None => None,
+            Some(Ok(text)) => Some(text.as_str()),
+            Some(Err(why)) => return Err(Blocked::new(Reason::LockClientsInvalid, why.clone())),
+        };
+        let reserve = seen.reserve.clone().unwrap_or_else(ClientToken::generate);
+        let clients = lock_clients::clients_file(&seen.stacks, own, &reserve).map_err(|e| {
+            Blocked::new(
+                Reason::LockClientsInvalid,
+                format!("cannot build lock-server's clients file: {e}"),
+            )
+        })?;
+        let clients_event = clients::changed(&clients, seen);
         let inputs = Inputs {
             default_image: &settings.default_image,
             database_ready: prepared.db.ready,
@@ -194,6 +231,7 @@ impl Reconciled for LockService {
             gated: next.gated(),
             signing_key: grants.signer.as_ref().map(|k| k.as_str()),
             scraper: settings.scraper.as_ref(),
+            lock_clients: &clients,
         };
         let mut desired = children::desired(self, owner, &inputs).map_err(|e| invalid_spec(&e))?;
         desired.apply.extend(next.jobs.iter().cloned().map(Child::Job));
@@ -211,6 +249,8 @@ impl Reconciled for LockService {
             next: Next {
                 actions: next,
                 grants,
+                clients_event,
+                clients_waiting: !seen.waiting.is_empty(),
             },
         })
     }
@@ -276,6 +316,11 @@ impl Reconciled for LockService {
         }
         let planned = &plan.next.grants;
         done.events.extend(key_event);
+        // The clients Secret was applied with the children: say what it now lists.
+        if let Some(e) = &plan.next.clients_event {
+            tracing::info!(event = "lock_clients_changed", namespace = %owner.namespace, name = %owner.name, note = %e.note);
+            done.events.push(e.clone());
+        }
         let before = self
             .status
             .as_ref()
@@ -303,6 +348,7 @@ impl Reconciled for LockService {
             requeue_within: ctx.settings.fencing_check_interval,
             grants: planned.status.clone(),
             rotating: planned.rotating,
+            clients_waiting: plan.next.clients_waiting,
         })
     }
 }

@@ -2,11 +2,13 @@
 //! payment-resource, rail-proxy and payout-executor (once the Job has succeeded and the LockService
 //! is Ready). The optional rail-stub needs neither and follows `spec.railStub.enabled` alone.
 
-use crate::builders::deployments::{self, ExecutorTargets, VerifyingGrants};
+use crate::builders::deployments::{self, ExecutorLockClient, ExecutorTargets, VerifyingGrants};
 use crate::builders::grant_keys;
 use crate::builders::network_policies::Scraper;
 use crate::builders::postgres::{self, History};
-use crate::builders::{Child, Desired, Owner, SpecError, credentials, migration_job, network_policies};
+use crate::builders::{
+    Child, Desired, Owner, SpecError, credentials, lock_clients, migration_job, network_policies,
+};
 use crate::builders::{PAYMENT_RESOURCE, PAYOUT_EXECUTOR, RAIL_PROXY, RAIL_STUB};
 use crate::crd::{DatabaseMode, LeaseSpec, PaymentStack};
 use crate::health::JobState;
@@ -164,6 +166,10 @@ pub fn desired(ps: &PaymentStack, owner: &Owner, inputs: &Inputs<'_>) -> Result<
             &targets,
             lease,
             &credentials,
+            &ExecutorLockClient {
+                stack: owner.name.clone(),
+                secret: lock_clients::client_secret_name(owner),
+            },
         );
         out.workload(owner, &payment_resource);
         out.workload(owner, &rail_proxy);

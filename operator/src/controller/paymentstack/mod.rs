@@ -15,7 +15,7 @@ use super::steps::{CreateOnce, Plan, Prepared, Store};
 use super::verdict::{Blocked, KindOutcome, KindVerdict};
 use crate::builders::grant_keys::{self, Published};
 use crate::builders::postgres::History;
-use crate::builders::{Owner, PAYMENT_RESOURCE, RAIL_PROXY, RAIL_STUB, SpecError, credentials};
+use crate::builders::{Owner, PAYMENT_RESOURCE, RAIL_PROXY, RAIL_STUB, SpecError, credentials, lock_clients};
 use crate::context::{Context, Settings};
 use crate::crd::{DlockStatus, GrantStatus, LockService, PaymentStack, TlsSpec};
 use crate::error::{Result, at};
@@ -160,11 +160,19 @@ impl Reconciled for PaymentStack {
         let desired = children::desired(self, owner, &inputs).map_err(|e| invalid_spec(&e))?;
         Ok(Plan {
             desired,
-            secrets: vec![CreateOnce {
-                secret: credentials::credentials_secret(owner),
-                step: "create the payment credentials Secret",
-                note: "generated the payment services' bearer credentials into a Secret",
-            }],
+            secrets: vec![
+                CreateOnce {
+                    secret: credentials::credentials_secret(owner),
+                    step: "create the payment credentials Secret",
+                    note: "generated the payment services' bearer credentials into a Secret",
+                },
+                // Its LockService lists it in lock-server's clients file once it exists.
+                CreateOnce {
+                    secret: lock_clients::client_secret(owner),
+                    step: "create the lock client Secret",
+                    note: "generated the payout executors' lock client token into a Secret",
+                },
+            ],
             expected_deployments: GATED_DEPLOYMENTS + usize::from(self.spec.rail_stub.enabled),
             next: StackNext {
                 wait: LockServiceWait(wait),

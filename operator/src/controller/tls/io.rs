@@ -69,6 +69,7 @@ pub async fn observe(ctx: &Context, owner: &Owner, https: bool, served: &[Served
         ca,
         bundle,
         leaves,
+        ..Observed::default()
     })
 }
 

@@ -30,6 +30,9 @@ pub struct Observed {
     pub bundle: Option<String>,
     /// Each served component's certificate Secret, by Secret name (`None`: absent or incomplete).
     pub leaves: BTreeMap<String, Option<Pair>>,
+    /// A valid `dlock.dev/renew-certificates` value, and the last one handled (status).
+    pub renew_request: Option<String>,
+    pub renew_handled: Option<String>,
 }
 
 /// One component that needs a certificate.
@@ -161,10 +164,19 @@ pub fn plan(obs: &Observed, served: &[Served], namespace: &str, now: i64) -> Res
     if obs.bundle.as_deref() != Some(ca.cert_pem.as_str()) {
         writes.push(Write::Bundle(ca.cert_pem.clone()));
     }
+    // A renew request not handled yet replaces every certificate, whatever its state.
+    let renew = obs
+        .renew_request
+        .as_deref()
+        .filter(|r| obs.renew_handled.as_deref() != Some(*r));
     let mut certificates = Vec::new();
     for s in served {
         let existing = obs.leaves.get(&s.secret).and_then(Option::as_ref);
-        let pair = match (existing, replace_because(existing, s, &ca, now)) {
+        let why = match renew {
+            Some(request) if existing.is_some() => Some(format!("was replaced on request {request:?}")),
+            _ => replace_because(existing, s, &ca, now),
+        };
+        let pair = match (existing, why) {
             (Some(pair), None) => pair.clone(),
             (_, why) => {
                 let pair = certs::issue(&ca, &s.dns_names, now)?;
@@ -194,6 +206,8 @@ pub fn plan(obs: &Observed, served: &[Served], namespace: &str, now: i64) -> Res
         status: Some(TlsStatus {
             ca_not_after: Some(rfc3339(ca_facts.not_after)),
             certificates,
+            // Handled once this plan's writes are made; status is written after them.
+            last_handled_renew_request: obs.renew_request.clone().or_else(|| obs.renew_handled.clone()),
         }),
         ca_pem: Some(ca.cert_pem),
         broken: None,

@@ -38,6 +38,7 @@ fn settled(ca: &Pair, issued: i64) -> Observed {
                 )
             })
             .collect(),
+        ..Observed::default()
     }
 }
 
@@ -147,6 +148,83 @@ fn certificates_are_renewed_thirty_days_before_they_end() {
     assert_eq!(kept.writes, Vec::new());
 }
 
+/// A renew request replaces every certificate once, however fresh, and is echoed in status; the
+/// same value again (handled) writes nothing, a new value renews again. The CA stays.
+#[test]
+fn a_renew_request_replaces_every_certificate_once() {
+    let ca = certs::make_ca(NS, NOW).unwrap();
+    let fresh = settled(&ca, NOW);
+    assert_eq!(plan(&fresh, &served(), NS, NOW).unwrap().writes, Vec::new());
+    let requested = Observed {
+        renew_request: Some("2026-12-07T19:00:00Z".into()),
+        ..fresh.clone()
+    };
+    let p = plan(&requested, &served(), NS, NOW).unwrap();
+    let renewed = leaf_writes(&p);
+    assert_eq!(renewed.len(), 2, "{renewed:?}");
+    assert!(
+        renewed
+            .iter()
+            .all(|(_, why)| why.as_deref() == Some("was replaced on request \"2026-12-07T19:00:00Z\"")),
+        "{renewed:?}"
+    );
+    assert_eq!(
+        p.writes.len(),
+        2,
+        "only the certificates: the CA and the bundle stay"
+    );
+    for w in &p.writes {
+        let Write::Leaf { pair, .. } = w else {
+            unreachable!()
+        };
+        assert!(certs::signed_by(&pair.cert_pem, &ca.cert_pem));
+    }
+    let status = p.status.unwrap();
+    assert_eq!(
+        status.last_handled_renew_request.as_deref(),
+        Some("2026-12-07T19:00:00Z")
+    );
+    // Handled: the same value renews nothing more, and stays echoed.
+    let handled = Observed {
+        renew_handled: Some("2026-12-07T19:00:00Z".into()),
+        ..requested.clone()
+    };
+    let p = plan(&handled, &served(), NS, NOW).unwrap();
+    assert_eq!(p.writes, Vec::new());
+    assert_eq!(
+        p.status.unwrap().last_handled_renew_request.as_deref(),
+        Some("2026-12-07T19:00:00Z")
+    );
+    // The annotation removed: the last handled value stays in status.
+    let removed = Observed {
+        renew_request: None,
+        ..handled.clone()
+    };
+    let p = plan(&removed, &served(), NS, NOW).unwrap();
+    assert_eq!(p.writes, Vec::new());
+    assert_eq!(
+        p.status.unwrap().last_handled_renew_request.as_deref(),
+        Some("2026-12-07T19:00:00Z")
+    );
+    // A new value renews again.
+    let again = Observed {
+        renew_request: Some("2".into()),
+        ..handled
+    };
+    assert_eq!(leaf_writes(&plan(&again, &served(), NS, NOW).unwrap()).len(), 2);
+}
+
+#[test]
+fn renew_request_values_are_checked() {
+    use crate::crd::tls::check_renew_request;
+    for ok in ["1", "2026-12-07T19:00:00Z", "incident_42.b"] {
+        assert_eq!(check_renew_request(ok), Ok(()), "{ok}");
+    }
+    for bad in ["", " 1", "a b", "now!", &"x".repeat(64)] {
+        assert!(check_renew_request(bad).is_err(), "{bad:?}");
+    }
+}
+
 #[test]
 fn a_certificate_of_another_ca_other_names_or_another_key_is_replaced() {
     let ca = certs::make_ca(NS, NOW).unwrap();
@@ -219,6 +297,7 @@ fn an_unusable_ca_stops_the_step_with_what_is_wrong_and_writes_nothing() {
             ca: Some(ca),
             leaves: BTreeMap::new(),
             bundle: None,
+            ..Observed::default()
         };
         let p = plan(&obs, &served(), NS, NOW).unwrap();
         let broken = p.broken.unwrap_or_default();
