@@ -47,6 +47,7 @@ pub async fn observe(
     ls: &LockService,
     owner: &Owner,
     lock_server_url: &str,
+    stacks: &[PaymentStack],
 ) -> Result<ActionInputs> {
     let (revoke, restore) = requests(ls);
     let status = ls.status.as_ref();
@@ -121,7 +122,7 @@ pub async fn observe(
     };
     let restore_active = !etcd && matches!(&observed, Some(Request::Valid(r)) if active(&r.id));
     if restore_active || inputs.check_interval_secs.is_some() {
-        inputs.stacks = stacks_of(ctx, ls, owner).await?;
+        inputs.stacks = stacks_of(ctx, stacks, owner).await?;
     }
     if inputs.check_interval_secs.is_some() {
         let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
@@ -174,19 +175,27 @@ pub fn now() -> String {
         .unwrap_or_default()
 }
 
-/// Every PaymentStack in the namespace that references this LockService, sorted by name.
-pub async fn stacks_of(ctx: &Context, ls: &LockService, owner: &Owner) -> Result<Vec<StackRef>> {
+/// Every PaymentStack in the namespace that references this LockService, sorted by name: listed
+/// once per reconcile, for the actions, the grant keys and the lock clients alike.
+pub async fn stacks_using(ctx: &Context, ls: &LockService, owner: &Owner) -> Result<Vec<PaymentStack>> {
     let api: Api<PaymentStack> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let list = api
+    let mut stacks: Vec<PaymentStack> = api
         .list(&ListParams::default())
         .await
-        .map_err(|e| Error::step("list PaymentStacks", e))?;
+        .map_err(|e| Error::step("list PaymentStacks", e))?
+        .items
+        .into_iter()
+        .filter(|ps| ps.spec.lock_service_ref.name == ls.name_any())
+        .collect();
+    stacks.sort_by_key(ResourceExt::name_any);
+    Ok(stacks)
+}
+
+/// What a restore and the periodic check need of each stack in `stacks`.
+async fn stacks_of(ctx: &Context, stacks: &[PaymentStack], owner: &Owner) -> Result<Vec<StackRef>> {
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let mut out = Vec::new();
-    for ps in list.items {
-        if ps.spec.lock_service_ref.name != ls.name_any() {
-            continue;
-        }
+    for ps in stacks {
         let stack_owner = Owner {
             name: ps.name_any(),
             ..owner.clone()
@@ -208,7 +217,6 @@ pub async fn stacks_of(ctx: &Context, ls: &LockService, owner: &Owner) -> Result
             migrated,
         });
     }
-    out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
 }
 

@@ -7,7 +7,7 @@
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 
 use crate::builders::Owner;
 use crate::builders::lock_clients::{
@@ -49,23 +49,18 @@ fn controlled_by(secret: &Secret, uid: Option<&str>) -> bool {
     })
 }
 
-pub async fn observe(ctx: &Context, ls: &LockService, owner: &Owner) -> Result<ClientInputs> {
+/// `stacks`: the PaymentStacks that use this LockService, sorted by name. A stack on its way out
+/// keeps its client until it is gone: its executors may still be draining.
+pub async fn observe(
+    ctx: &Context,
+    ls: &LockService,
+    owner: &Owner,
+    stacks: &[PaymentStack],
+) -> Result<ClientInputs> {
     let ns = &owner.namespace;
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-    let stacks: Api<PaymentStack> = Api::namespaced(ctx.client.clone(), ns);
-    let mut stacks: Vec<PaymentStack> = stacks
-        .list(&ListParams::default())
-        .await
-        .map_err(step("list PaymentStacks"))?
-        .items
-        .into_iter()
-        .filter(|ps| ps.spec.lock_service_ref.name == owner.name)
-        // A stack on its way out keeps its client until it is gone: its executors may still be
-        // draining.
-        .collect();
-    stacks.sort_by_key(ResourceExt::name_any);
     let mut inputs = ClientInputs::default();
-    for ps in &stacks {
+    for ps in stacks {
         let Some(stack) = Owner::of(ps) else { continue };
         let name = lock_clients::client_secret_name(&stack);
         let secret = secrets

@@ -10,7 +10,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::keys::{self, GrantInputs, GrantPlan, GrantWrite};
@@ -30,7 +30,12 @@ fn step(what: &'static str) -> impl FnOnce(kube::Error) -> Error {
 }
 
 /// Everything the grant-key planning needs.
-pub async fn observe(ctx: &Context, ls: &LockService, owner: &Owner) -> Result<GrantInputs> {
+pub async fn observe(
+    ctx: &Context,
+    ls: &LockService,
+    owner: &Owner,
+    stacks: &[PaymentStack],
+) -> Result<GrantInputs> {
     let ns = &owner.namespace;
     let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
     let published = configmaps
@@ -38,18 +43,13 @@ pub async fn observe(ctx: &Context, ls: &LockService, owner: &Owner) -> Result<G
         .await
         .map_err(step("read the grant public keys ConfigMap"))?
         .map(|cm| Published::of(&cm));
-    let stacks: Api<PaymentStack> = Api::namespaced(ctx.client.clone(), ns);
     let stacks = stacks
-        .list(&ListParams::default())
-        .await
-        .map_err(step("list PaymentStacks"))?
-        .items
-        .into_iter()
-        .filter(|ps| ps.spec.lock_service_ref.name == ls.name_any())
+        .iter()
         .map(|ps| {
             ps.status
-                .and_then(|s| s.grants)
-                .map(|g| g.key_ids)
+                .as_ref()
+                .and_then(|s| s.grants.as_ref())
+                .map(|g| g.key_ids.clone())
                 .filter(|ids| !ids.is_empty())
         })
         .collect();

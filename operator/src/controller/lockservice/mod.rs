@@ -168,10 +168,11 @@ impl Reconciled for LockService {
     /// restore and check Jobs, the PaymentStacks that use this LockService; and the grant keys'.
     async fn observe(&self, ctx: &Context, owner: &Owner, prepared: &Prepared) -> Result<Observed> {
         let lock_server_url = owner.http_url(&owner.child(LOCK_SERVER));
-        let mut actions = observe::observe(ctx, self, owner, &lock_server_url).await?;
+        let stacks = observe::stacks_using(ctx, self, owner).await?;
+        let mut actions = observe::observe(ctx, self, owner, &lock_server_url, &stacks).await?;
         actions.schema_ready = prepared.job_state == JobState::Succeeded;
-        let grants = grants::observe(ctx, self, owner).await?;
-        let clients = clients::observe(ctx, self, owner).await?;
+        let grants = grants::observe(ctx, self, owner, &stacks).await?;
+        let clients = clients::observe(ctx, self, owner, &stacks).await?;
         Ok(Observed {
             actions,
             grants,
