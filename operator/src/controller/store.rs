@@ -78,11 +78,7 @@ pub async fn resolve_database(
                     ),
                 )));
             };
-            let owner_url = secret
-                .data
-                .as_ref()
-                .and_then(|d| d.get(&r.key))
-                .and_then(|v| String::from_utf8(v.0.clone()).ok());
+            let owner_url = secret_text(&secret, &r.key);
             let Some(owner_url) = owner_url else {
                 return Ok(Err(Blocked::new(
                     Reason::ExternalSecretInvalid,
@@ -244,11 +240,7 @@ pub async fn resolve_etcd(
                     ),
                 )));
             };
-            let raw = secret
-                .data
-                .as_ref()
-                .and_then(|d| d.get(&r.key))
-                .and_then(|v| String::from_utf8(v.0.clone()).ok());
+            let raw = secret_text(&secret, &r.key);
             let Some(raw) = raw else {
                 return Ok(Err(Blocked::new(
                     Reason::ExternalSecretInvalid,
