@@ -43,6 +43,16 @@ pub enum Fault {
     /// Negative control of `LoseAttemptReply`: the reply is lost and the read-back is skipped, as
     /// before it existed (the submission answers 503 and never forwards).
     LoseAttemptReplyNoReadBack,
+    /// The attempt INSERT runs (and commits) but its reply never comes (as when paydb's primary
+    /// vanishes without a connection reset: the connection hangs instead of breaking): every
+    /// attempt insert, on a connection it then holds, awaits forever after its statement, so only
+    /// the INSERT's own bound (`ATTEMPT_INSERT_TIMEOUT`) ends it, and the submission reads the
+    /// attempt back as for a lost reply.
+    StallAttemptReply,
+    /// Negative control of `StallAttemptReply`: the reply stalls and the INSERT is awaited without
+    /// its bound, as before it existed (the submission is never answered; the caller's own request
+    /// timeout drops it, and the committed attempt is never forwarded).
+    StallAttemptReplyNoBound,
 }
 
 /// Bounds on the rail timeout: long enough to be meaningful, short enough to never hang a worker.
@@ -173,7 +183,8 @@ pub struct Cli {
     #[arg(long, env = "RAIL_PROXY_ENABLE_FAULT_INJECTION")]
     pub enable_fault_injection: bool,
     /// Fault injection: `exit-after-attempt` exits right after an attempt row commits;
-    /// `lose-attempt-reply` loses the reply of every attempt insert.
+    /// `lose-attempt-reply` loses the reply of every attempt insert; `stall-attempt-reply` never
+    /// answers it (only the insert's own timeout ends the wait).
     #[arg(
         long,
         env = "RAIL_PROXY_FAULT",

@@ -18,24 +18,47 @@ use crate::sql::{self, AgedAttempt, Outcome, Payout, Submission};
 /// The exit code of the `exit_after_attempt` fault.
 pub const FAULT_EXIT_CODE: i32 = 75;
 
-/// Reading back an attempt whose INSERT lost its reply: a first read at once, then reads 50 ms
-/// apart, doubling up to 1 s apart, for at most [`READ_BACK_BUDGET`] in all (each read bounded by
-/// what is left of it). A failover of paydb's synchronous pair (promotion, then fresh connections)
-/// takes a second or two, which this covers; the budget keeps the read-back plus the one forward
-/// (the rail timeout, 2 s by default) inside the executor's request timeout (10 s by default).
-/// Past it the answer is the 503 it was before the read-back: the executor's retry finds the
-/// attempt, and resolution ends it.
+/// The attempt INSERT's own bound, from asking for a connection to its reply. When paydb's primary
+/// vanishes (its pod deleted, its node lost) the connection need not break: with no RST the
+/// statement's reply simply never comes, and without a bound the request would wait until the
+/// executor gives up on it (its request timeout) and drops it — an attempt committed and never
+/// forwarded, which resolution later abandons. Past this bound the INSERT is treated exactly as a
+/// lost reply ([`reply_may_be_lost`]: it may have committed): the timed-out future is dropped, with
+/// its connection (the pool takes a connection dropped mid-statement back only once a ping on it
+/// answers, so a hung one is never reused), and the attempt is read back on another one. An INSERT
+/// takes milliseconds on a healthy synchronous pair, so this only ends one that will not answer.
+/// Dropping it does not cancel it on the server: one that is merely slow and commits after the
+/// read-back found nothing is left as any lost reply's late commit is (the retry gets
+/// DUPLICATE_ATTEMPT, resolution ends it; never forwarded twice).
+///
+/// The whole submission must answer within the executor's request timeout (10 s by default), or
+/// the executor drops it and the attempt it may have recorded is never forwarded. With the
+/// defaults the attempt's worst path is this bound (2 s), then the read-back ([`READ_BACK_BUDGET`],
+/// 4 s), then the one forward (the rail timeout, 2 s): 8 s, leaving 2 s for the payout read and
+/// (d) before it and the outcome write after it, each a round trip in the normal case. A larger
+/// rail timeout or a smaller executor timeout must keep that sum inside.
+pub const ATTEMPT_INSERT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Reading back an attempt whose INSERT lost its reply (or got none within
+/// [`ATTEMPT_INSERT_TIMEOUT`]): a first read at once, then reads 50 ms apart, doubling up to 1 s
+/// apart, for at most [`READ_BACK_BUDGET`] in all (each read bounded by what is left of it). A
+/// failover of paydb's synchronous pair (promotion, then fresh connections) takes a second or two,
+/// which this covers, on top of the time the INSERT already waited; the budget keeps the INSERT's
+/// bound, the read-back and the one forward inside the executor's request timeout (the sum is
+/// worked out at [`ATTEMPT_INSERT_TIMEOUT`]). Past it the answer is the 503 it was before the read-back: the
+/// executor's retry finds the attempt, and resolution ends it.
 pub const READ_BACK_FIRST_DELAY: Duration = Duration::from_millis(50);
 pub const READ_BACK_MAX_DELAY: Duration = Duration::from_secs(1);
 pub const READ_BACK_BUDGET: Duration = Duration::from_secs(4);
 
 /// Whether a failed attempt INSERT may nonetheless have committed, its reply lost: the connection
-/// broke (`Io`: the primary died or a failover cut it, as in "peer closed connection"), or the
-/// server ended the session (SQLSTATE classes 08 and 57P: a backend terminated while it waited for
-/// the synchronous standby has already committed locally). Not the pool's own errors
-/// (`PoolTimedOut`, `PoolClosed`: no connection was had, so the statement never left this
-/// process), not a read-only server (`25006`: refused, so not committed), not a constraint or a
-/// value PostgreSQL refused (rolled back): those answer as they always did.
+/// broke (`Io`: the primary died or a failover cut it, as in "peer closed connection"), no reply
+/// came within [`ATTEMPT_INSERT_TIMEOUT`] (`Io` of kind `TimedOut`, from [`no_reply_within`]: the
+/// connection hung), or the server ended the session (SQLSTATE classes 08 and 57P: a backend
+/// terminated while it waited for the synchronous standby has already committed locally). Not the
+/// pool's own errors (`PoolTimedOut`, `PoolClosed`: no connection was had, so the statement never
+/// left this process), not a read-only server (`25006`: refused, so not committed), not a
+/// constraint or a value PostgreSQL refused (rolled back): those answer as they always did.
 pub fn reply_may_be_lost(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_) => true,
@@ -44,6 +67,16 @@ pub fn reply_may_be_lost(e: &sqlx::Error) -> bool {
             .is_some_and(|c| c.starts_with("08") || c.starts_with("57P")),
         _ => false,
     }
+}
+
+/// The error of an attempt INSERT that gave no reply within `bound`: an I/O time-out, so it is
+/// read back as a lost reply ([`reply_may_be_lost`]) and, if the read-back does not settle it,
+/// answered 503 like a broken connection.
+pub fn no_reply_within(bound: Duration) -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("no reply to the attempt insert within {} ms", bound.as_millis()),
+    ))
 }
 
 #[derive(Debug)]
@@ -123,13 +156,68 @@ impl Proxy {
         self.forward(&payout, token, attempt).await
     }
 
-    /// The attempt INSERT, and the `lose-attempt-reply` faults.
+    /// The attempt INSERT, bounded by [`ATTEMPT_INSERT_TIMEOUT`]: no reply within it is the error
+    /// [`no_reply_within`], which the caller reads back as a lost reply.
     async fn insert_attempt(
         &self,
         payout: &Payout,
         token: FencingToken,
         submission_id: Uuid,
     ) -> sqlx::Result<Option<Submission>> {
+        let insert = self.insert_attempt_unbounded(payout, token, submission_id);
+        // The negative control: the stalled reply awaited without the bound, as before it existed.
+        #[cfg(feature = "fault-injection")]
+        if self.fault == Some(Fault::StallAttemptReplyNoBound) {
+            return insert.await;
+        }
+        match tokio::time::timeout(ATTEMPT_INSERT_TIMEOUT, insert).await {
+            Ok(inserted) => inserted,
+            Err(_) => {
+                tracing::warn!(
+                    event = "rail_attempt_insert_timed_out",
+                    payout_id = %payout.payout_id,
+                    account_id = %payout.account_id,
+                    presented = token.get(),
+                    submission_id = %submission_id,
+                    timeout_ms = u64::try_from(ATTEMPT_INSERT_TIMEOUT.as_millis()).unwrap_or(u64::MAX),
+                    "no reply to the attempt insert in time; it may have committed: treating it as a lost reply"
+                );
+                Err(no_reply_within(ATTEMPT_INSERT_TIMEOUT))
+            }
+        }
+    }
+
+    /// The attempt INSERT itself, and the `lose-attempt-reply` and `stall-attempt-reply` faults.
+    async fn insert_attempt_unbounded(
+        &self,
+        payout: &Payout,
+        token: FencingToken,
+        submission_id: Uuid,
+    ) -> sqlx::Result<Option<Submission>> {
+        // Compiled only into builds with the `fault-injection` feature (never the release image).
+        #[cfg(feature = "fault-injection")]
+        if matches!(
+            self.fault,
+            Some(Fault::StallAttemptReply | Fault::StallAttemptReplyNoBound)
+        ) {
+            // On a connection of its own, held while stalled, as a hung one is: the read-back
+            // cannot use it.
+            let mut conn = self.pool.acquire().await?;
+            let inserted = sql::insert_attempt(&mut *conn, payout, token.get(), submission_id).await;
+            if inserted.is_ok() {
+                // The statement ran (and committed the attempt, if it inserted one); its reply
+                // never comes, as on a connection to a primary that vanished without a reset.
+                tracing::error!(
+                    event = "fault_stall_attempt_reply",
+                    payout_id = %payout.payout_id,
+                    submission_id = %submission_id,
+                    inserted = matches!(inserted, Ok(Some(_))),
+                    "fault injection: the attempt insert ran; its reply never comes"
+                );
+                std::future::pending::<()>().await;
+            }
+            return inserted;
+        }
         let inserted = sql::insert_attempt(&self.pool, payout, token.get(), submission_id).await;
         // Compiled only into builds with the `fault-injection` feature (never the release image).
         #[cfg(feature = "fault-injection")]
@@ -155,7 +243,8 @@ impl Proxy {
         inserted
     }
 
-    /// The attempt INSERT failed in a way that may have committed it. Only the request that
+    /// The attempt INSERT failed in a way that may have committed it (or gave no reply within
+    /// [`ATTEMPT_INSERT_TIMEOUT`]). Only the request that
     /// created an attempt ever forwards it (every other one gets DUPLICATE_ATTEMPT, and resolution
     /// never submits), so if the row read back is ours and unanswered, no one else will forward
     /// it: forward it now, once, if it is young enough that no resolution can abandon it meanwhile.
@@ -510,5 +599,27 @@ mod tests {
         assert!(!reply_may_be_lost(&sqlx::Error::PoolTimedOut));
         assert!(!reply_may_be_lost(&sqlx::Error::PoolClosed));
         assert!(!reply_may_be_lost(&sqlx::Error::RowNotFound));
+    }
+
+    #[test]
+    fn no_reply_within_the_bound_is_read_back_as_a_lost_reply() {
+        let e = no_reply_within(ATTEMPT_INSERT_TIMEOUT);
+        assert!(reply_may_be_lost(&e), "{e}");
+        // Answered 503 like a broken connection if the read-back does not settle it.
+        assert!(dlock_common::db::unavailable(&e), "{e}");
+        assert!(e.to_string().contains("2000 ms"), "{e}");
+    }
+
+    /// The attempt's worst path (the INSERT's bound, the read-back, the default rail timeout)
+    /// stays inside the executor's default request timeout, with room for the statements around it.
+    #[test]
+    fn the_attempts_worst_path_fits_the_executors_request_timeout() {
+        let rail_timeout = crate::Config::new("postgres://x@h/db", "http://r").rail_timeout;
+        let executor_request_timeout = Duration::from_secs(10);
+        let worst = ATTEMPT_INSERT_TIMEOUT + READ_BACK_BUDGET + rail_timeout;
+        assert!(
+            worst + Duration::from_secs(2) <= executor_request_timeout,
+            "{worst:?}"
+        );
     }
 }

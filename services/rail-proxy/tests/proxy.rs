@@ -1243,28 +1243,40 @@ async fn writes_need_the_executor_credential_reads_and_probes_do_not() {
 
 // ---- a lost attempt reply ----------------------------------------------------------------------
 
+/// The executor's default request timeout (payout-executor's `--http-timeout-ms`): a submission
+/// not answered within it is dropped by the executor, its handler with it.
+const EXECUTOR_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A submission as the executor sees it: the answer, or `None` when none came within its request
+/// timeout (the request is then dropped).
+async fn submit_as_executor(h: &Harness, payout: &Payout, token: i64) -> Option<(StatusCode, Value)> {
+    tokio::time::timeout(EXECUTOR_REQUEST_TIMEOUT, h.submit(payout, token))
+        .await
+        .ok()
+}
+
 /// What a submission whose attempt INSERT committed but lost its reply left behind, and what the
-/// executor's retry of it got.
+/// executor's retry of it got (`None`: no answer within the executor's request timeout).
 struct LostReplyEvidence {
-    first: (StatusCode, Value),
+    first: Option<(StatusCode, Value)>,
     rail_after_first: usize,
     rows: Vec<(Option<String>, bool, i64, Option<String>)>,
-    retry: (StatusCode, Value),
+    retry: Option<(StatusCode, Value)>,
     rail_after_retry: usize,
     acked: u64,
 }
 
-/// One payout submitted with `fault` on (its attempt commits, the reply is lost, as when paydb's
-/// primary dies with the reply in flight), then submitted again, as the executor retries (that
-/// insert's reply is lost too: it finds the first request's attempt).
+/// One payout submitted with `fault` on (its attempt commits, the reply is lost or never comes, as
+/// when paydb's primary dies with the reply in flight), then submitted again, as the executor
+/// retries (that insert's reply is lost too: it finds the first request's attempt).
 async fn lost_reply_scenario(fault: Fault) -> LostReplyEvidence {
     let h = Harness::start_with(RailFence::from_flag(true), |c| c.fault = Some(fault)).await;
     let account = h.account().await;
     let p = h.payout(account, 1_200, 10, "worker-a").await;
-    let first = h.submit(&p, 10).await;
+    let first = submit_as_executor(&h, &p, 10).await;
     let rail_after_first = h.rail_requests().await;
     let rows = h.rows_for(p.id).await;
-    let retry = h.submit(&p, 11).await;
+    let retry = submit_as_executor(&h, &p, 11).await;
     let evidence = LostReplyEvidence {
         first,
         rail_after_first,
@@ -1277,10 +1289,13 @@ async fn lost_reply_scenario(fault: Fault) -> LostReplyEvidence {
     evidence
 }
 
-/// The invariants the lost-reply test asserts, as a list of violations (empty = as it should be).
+/// The invariants the lost-reply tests assert, as a list of violations (empty = as it should be).
 fn lost_reply_violations(e: &LostReplyEvidence) -> Vec<&'static str> {
     let mut v = Vec::new();
-    if e.first.0 != StatusCode::OK || e.first.1["outcome"] != "ACKED" {
+    let Some(first) = &e.first else {
+        return vec!["the submission whose reply was lost was not answered in time"];
+    };
+    if first.0 != StatusCode::OK || first.1["outcome"] != "ACKED" {
         v.push("the submission whose reply was lost was not forwarded");
     }
     if e.rail_after_first != 1 {
@@ -1290,11 +1305,11 @@ fn lost_reply_violations(e: &LostReplyEvidence) -> Vec<&'static str> {
         && e.rows[0].0.as_deref() == Some("ACKED")
         && e.rows[0].1
         && e.rows[0].3.is_some()
-        && e.first.1["railReference"].as_str() == e.rows[0].3.as_deref();
+        && first.1["railReference"].as_str() == e.rows[0].3.as_deref();
     if !recorded {
         v.push("the attempt does not record the forward's outcome");
     }
-    if e.retry.0 != StatusCode::CONFLICT || e.retry.1["code"] != "DUPLICATE_ATTEMPT" {
+    if !matches!(&e.retry, Some((StatusCode::CONFLICT, body)) if body["code"] == "DUPLICATE_ATTEMPT") {
         v.push("the retry was not refused DUPLICATE_ATTEMPT");
     }
     if e.rail_after_retry != e.rail_after_first {
@@ -1306,17 +1321,34 @@ fn lost_reply_violations(e: &LostReplyEvidence) -> Vec<&'static str> {
     v
 }
 
+/// The answers of a lost-reply scenario whose two submissions were both answered.
+fn answers(e: &LostReplyEvidence) -> (&(StatusCode, Value), &(StatusCode, Value)) {
+    match (&e.first, &e.retry) {
+        (Some(first), Some(retry)) => (first, retry),
+        _ => panic!(
+            "unanswered within the executor's request timeout: {:?} {:?}",
+            e.first, e.retry
+        ),
+    }
+}
+
 /// The failover bug: the attempt INSERT committed, its reply was lost, and the submission used to
 /// answer 503 and never forward (the payout then waited out the abandonment deadline). The
 /// submission reads its own attempt back and forwards it, once.
 #[tokio::test]
 async fn an_attempt_whose_insert_reply_was_lost_is_read_back_and_forwarded_once() {
-    let e = lost_reply_scenario(Fault::LoseAttemptReply).await;
+    read_back_and_forwarded_once(Fault::LoseAttemptReply).await;
+}
+
+/// With `fault`, the attempt is read back and forwarded once; the retry finds it, answered.
+async fn read_back_and_forwarded_once(fault: Fault) {
+    let e = lost_reply_scenario(fault).await;
     assert_eq!(lost_reply_violations(&e), Vec::<&str>::new(), "{:?}", e.first);
+    let (first, retry) = answers(&e);
     assert_eq!(e.rows[0].2, 10);
-    assert_eq!(e.retry.1["submissionId"], e.first.1["submissionId"]);
-    assert_eq!(e.retry.1["outcome"], "ACKED");
-    assert_eq!(e.retry.1["railReference"], e.first.1["railReference"]);
+    assert_eq!(retry.1["submissionId"], first.1["submissionId"]);
+    assert_eq!(retry.1["outcome"], "ACKED");
+    assert_eq!(retry.1["railReference"], first.1["railReference"]);
 }
 
 /// Negative control: with the read-back skipped (test code only), the same lost reply answers 503
@@ -1331,16 +1363,54 @@ async fn negative_control_without_the_read_back_a_lost_reply_is_never_forwarded(
             && violations.contains(&"the rail did not see exactly one forward"),
         "{violations:?}"
     );
+    let (first, retry) = answers(&e);
     assert_eq!(
-        (e.first.0, e.first.1["code"].as_str()),
+        (first.0, first.1["code"].as_str()),
         (StatusCode::SERVICE_UNAVAILABLE, Some("UNAVAILABLE")),
         "{}",
-        e.first.1
+        first.1
     );
     assert_eq!((e.rail_after_first, e.rail_after_retry), (0, 0));
     // The attempt did commit: unanswered, left to resolution and, in the end, abandonment.
     assert_eq!(e.rows, vec![(None, false, 10, None)]);
-    assert_eq!(e.retry.0, StatusCode::SERVICE_UNAVAILABLE, "{}", e.retry.1);
+    assert_eq!(retry.0, StatusCode::SERVICE_UNAVAILABLE, "{}", retry.1);
+}
+
+/// The kind tier's failover bug: paydb's primary vanished without a connection reset, so the
+/// attempt INSERT committed (and reached the standby) but its reply never came, and the
+/// submission waited until the executor's request timeout dropped it: the attempt was never
+/// forwarded, and resolution abandoned the payout (RAIL_NEVER_RECEIVED). The INSERT's own bound
+/// (`ATTEMPT_INSERT_TIMEOUT`) ends the wait as a lost reply: the attempt is read back on another
+/// connection and forwarded once, within the executor's request timeout; the retry (whose insert
+/// stalls too) finds it and answers DUPLICATE_ATTEMPT.
+#[tokio::test]
+async fn an_attempt_whose_insert_reply_never_comes_is_read_back_after_the_bound_and_forwarded_once() {
+    read_back_and_forwarded_once(Fault::StallAttemptReply).await;
+}
+
+/// Negative control: the same stalled reply awaited without the bound (test code only) is never
+/// answered within the executor's request timeout, and the attempt it committed is never forwarded
+/// — what the kind tier saw — so the test above would fail without the bound.
+#[tokio::test]
+async fn negative_control_without_the_bound_a_stalled_reply_is_never_answered_nor_forwarded() {
+    let h = Harness::start_with(RailFence::from_flag(true), |c| {
+        c.fault = Some(Fault::StallAttemptReplyNoBound);
+    })
+    .await;
+    let account = h.account().await;
+    let p = h.payout(account, 1_200, 10, "worker-a").await;
+    let first = submit_as_executor(&h, &p, 10).await;
+    assert_eq!(first, None, "answered although its insert never replied");
+    // The attempt did commit; the executor has given up on the request, and the rail never heard
+    // of it: unanswered, left to resolution and, in the end, abandonment.
+    assert_eq!(h.rows_for(p.id).await, vec![(None, false, 10, None)]);
+    assert_eq!(h.rail_requests().await, 0);
+    assert_eq!(
+        h.metric("rail_proxy_submissions_total{outcome=\"acked\"}").await,
+        0
+    );
+    // The executor dropped the request, and the stalled handler went with it: the proxy stops.
+    dlock_testkit::wait::within("the proxy and the stub to stop", h.stop()).await;
 }
 
 /// Only the request that created an attempt forwards it: a lost reply read back that finds another
