@@ -252,11 +252,16 @@ impl reqwest::dns::Resolve for Loopback {
 /// reaches each Service through its port-forward.
 pub async fn api_client(client: &Client, ns: &str) -> reqwest::Client {
     let ca = ca_bundle(client, ns).await;
-    let ca = reqwest::Certificate::from_pem(ca.as_bytes()).unwrap_or_else(|e| panic!("the CA bundle: {e}"));
-    reqwest::Client::builder()
+    // Every certificate of the bundle (two while the namespace's CA is rotated).
+    let cas =
+        reqwest::Certificate::from_pem_bundle(ca.as_bytes()).unwrap_or_else(|e| panic!("the CA bundle: {e}"));
+    let mut builder = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
-        .tls_built_in_root_certs(false)
-        .add_root_certificate(ca)
+        .tls_built_in_root_certs(false);
+    for ca in cas {
+        builder = builder.add_root_certificate(ca);
+    }
+    builder
         .dns_resolver(std::sync::Arc::new(Loopback))
         .no_proxy()
         .build()

@@ -112,6 +112,12 @@ impl Stage {
     }
 
     /// A new operator process in place of the current one (which a test may have killed).
+    /// Sets one variable of the operator's environment for its next (re)start.
+    pub fn set_operator_env(&mut self, name: &str, value: &str) {
+        self.options.env.retain(|(k, _)| k != name);
+        self.options.env.push((name.to_owned(), value.to_owned()));
+    }
+
     pub async fn restart_operator(&mut self) {
         self.op = start_operator(
             &self.helm,

@@ -1363,3 +1363,207 @@ async fn certificates_are_renewed_on_request_once_per_value() {
     assert_ne!(second, first);
     st.op.assert_healthy();
 }
+
+/// The namespace's CA rotated on a real API server, with the chart's RBAC, a LockService and a
+/// PaymentStack sharing it. A CA 200 days from its end gets a successor, published beside it; with an
+/// overlap of a day still to run, the stack's executors (clients) roll to the bundle with both and
+/// every certificate stays the old CA's. With the overlap set to 0 (the operator restarted), the
+/// certificates move — checked on every poll: a certificate of the successor while the executors
+/// trust the old CA alone fails the test — and once both objects report theirs signed by it, the
+/// successor is the CA and the bundle holds it alone. The plan's unit tests cover each ordering rule
+/// with its broken variant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_namespace_ca_is_rotated_clients_first_a_year_before_it_ends() {
+    use dlock_operator::builders::short_hash;
+    use dlock_operator::builders::tls::{CA_BUNDLE, CA_BUNDLE_ANNOTATION, CA_SECRET};
+    use dlock_operator::controller::tls::{bundle_text, certs};
+    use k8s_openapi::api::core::v1::ConfigMap;
+    const OVERLAP: &str = "DLOCK_OPERATOR_CA_OVERLAP_SECS";
+    let test = "the_namespace_ca_is_rotated_clients_first_a_year_before_it_ends";
+    let options = Options {
+        env: vec![(OVERLAP.into(), "86400".into())],
+        ..Options::default()
+    };
+    let Some(mut st) = Stage::start(test, "op", &[History::Paydb], options).await else {
+        return;
+    };
+    let now = chrono::Utc::now().timestamp();
+    let old = certs::make_ca(&st.ns, now - (certs::CA_DAYS - 200) * 86_400).expect("a CA");
+    let mut ca = secret(CA_SECRET, "tls.crt", &old.cert_pem);
+    ca.type_ = Some("kubernetes.io/tls".into());
+    ca.string_data
+        .get_or_insert_default()
+        .insert("tls.key".into(), old.key_pem.clone());
+    st.apply(&ca).await;
+
+    st.apply(&secret("rot-etcd", "endpoints", "http://etcd-0.example:2379"))
+        .await;
+    let mut ls = etcd_lockservice("rlocks", EtcdSpec::external("rot-etcd"), 1);
+    ls.spec.tls = Default::default();
+    st.apply(&ls).await;
+    let mut spec = stack_spec("rlocks");
+    spec.tls = Default::default();
+    st.apply(&paymentstack("rpay", spec)).await;
+    st.wait_ready::<LockService>("rlocks").await;
+    st.wait_ready::<PaymentStack>("rpay").await;
+
+    let leaves = [
+        "rlocks-lock-server-tls",
+        "rpay-payment-resource-tls",
+        "rpay-rail-proxy-tls",
+        "rpay-rail-stub-tls",
+    ];
+    let text = |s: &Secret, key: &str| {
+        s.data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+    };
+    let executor_bundle = async |st: &Stage| -> Option<String> {
+        let d: Deployment = st.get("rpay-payout-executor").await?;
+        d.spec?
+            .template
+            .metadata?
+            .annotations?
+            .remove(CA_BUNDLE_ANNOTATION)
+    };
+    let phase = async |st: &Stage| -> Vec<Option<String>> {
+        let ls = st.lsvc("rlocks").await;
+        let ps: PaymentStack = st.must_get("rpay").await;
+        [ls.status.and_then(|s| s.tls), ps.status.and_then(|s| s.tls)]
+            .into_iter()
+            .map(|t| t.and_then(|t| t.ca_rotation).map(|r| r.phase))
+            .collect()
+    };
+
+    // 1. Trusting: the successor beside the CA, the executors rolled to both, nothing moved.
+    let next = st
+        .wait("the successor, trusted by the executors", true, async |st| {
+            let s: Secret = st.must_get(CA_SECRET).await;
+            let Some(next) = text(&s, "next.crt") else {
+                return Err("no successor yet".into());
+            };
+            let both = short_hash(
+                bundle_text(
+                    &old,
+                    Some(&certs::Pair {
+                        cert_pem: next.clone(),
+                        key_pem: String::new(),
+                    }),
+                )
+                .as_bytes(),
+            );
+            let phases = phase(st).await;
+            match executor_bundle(st).await {
+                Some(h) if h == both && phases.iter().all(|p| p.as_deref() == Some("Trusting")) => Ok(next),
+                h => Err(format!("executors' bundle {h:?}, phases {phases:?}")),
+            }
+        })
+        .await;
+    assert_eq!(
+        text(&st.must_get::<Secret>(CA_SECRET).await, "tls.crt").as_deref(),
+        Some(old.cert_pem.as_str())
+    );
+    let bundle: ConfigMap = st.must_get(CA_BUNDLE).await;
+    let published = bundle
+        .data
+        .and_then(|mut d| d.remove("ca.crt"))
+        .unwrap_or_default();
+    assert!(
+        published.contains(&old.cert_pem) && published.contains(&next),
+        "{published}"
+    );
+    for name in leaves {
+        let cert = text(&st.must_get::<Secret>(name).await, "tls.crt").unwrap_or_default();
+        assert!(
+            certs::signed_by(&cert, &old.cert_pem),
+            "{name} moved before the overlap passed"
+        );
+    }
+    let ls = st.lsvc("rlocks").await;
+    let waiting = ls
+        .status
+        .and_then(|s| s.tls)
+        .and_then(|t| t.ca_rotation)
+        .and_then(|r| r.waiting_for)
+        .unwrap_or_default();
+    assert!(waiting.contains("overlap"), "{waiting}");
+
+    // 2. The overlap over: the certificates move, then the successor becomes the CA.
+    st.set_operator_env(OVERLAP, "0");
+    st.restart_operator().await;
+    let old_hash = short_hash(old.cert_pem.as_bytes());
+    let new_ca = st
+        .wait("the successor to replace the CA", true, async |st| {
+            let s: Secret = st.must_get(CA_SECRET).await;
+            // The ordering, on every poll: a certificate signed by anything but the old CA exists
+            // only once the executors trust more than the old CA.
+            for name in leaves {
+                let Some(cert) = st.get::<Secret>(name).await.and_then(|s| text(&s, "tls.crt")) else {
+                    continue;
+                };
+                if !certs::signed_by(&cert, &old.cert_pem) {
+                    let trusted = executor_bundle(st).await;
+                    assert_ne!(
+                        trusted.as_deref(),
+                        Some(old_hash.as_str()),
+                        "{name} is signed by the successor while the executors trust the old CA alone"
+                    );
+                }
+            }
+            let (crt, pending) = (text(&s, "tls.crt").unwrap_or_default(), text(&s, "next.crt"));
+            if crt == old.cert_pem || pending.is_some() {
+                return Err(format!("successor still pending: {}", pending.is_some()));
+            }
+            Ok(crt)
+        })
+        .await;
+    assert_eq!(
+        new_ca, next,
+        "the CA is not the successor that was published beside the old one"
+    );
+    // Each certificate is the new CA's; the bundle holds it alone, and the executors roll to it.
+    for name in leaves {
+        let s: Secret = st.must_get(name).await;
+        let cert = text(&s, "tls.crt").unwrap_or_default();
+        assert!(
+            certs::signed_by(&cert, &new_ca),
+            "{name} is not signed by the new CA"
+        );
+        assert_eq!(
+            text(&s, "ca.crt").as_deref(),
+            Some(new_ca.as_str()),
+            "{name}'s ca.crt"
+        );
+    }
+    let bundle: ConfigMap = st.must_get(CA_BUNDLE).await;
+    assert_eq!(
+        bundle.data.and_then(|mut d| d.remove("ca.crt")).as_deref(),
+        Some(new_ca.as_str())
+    );
+    let new_hash = short_hash(new_ca.as_bytes());
+    st.wait(
+        "the executors to trust the new CA alone, and no rotation in status",
+        true,
+        async |st| {
+            let phases = phase(st).await;
+            match executor_bundle(st).await {
+                Some(h) if h == new_hash && phases.iter().all(Option::is_none) => Ok(()),
+                h => Err(format!("bundle annotation {h:?}, phases {phases:?}")),
+            }
+        },
+    )
+    .await;
+    let mut events = st.events("rlocks").await;
+    events.extend(st.events("rpay").await);
+    let reasons: Vec<String> = events.into_iter().filter_map(|e| e.reason).collect();
+    for want in ["CaRotationStarted", "CaRotated"] {
+        assert!(reasons.iter().any(|r| r == want), "no {want} Event: {reasons:?}");
+    }
+    let ps: PaymentStack = st.must_get("rpay").await;
+    assert_eq!(
+        ps.status.and_then(|s| s.tls).and_then(|t| t.signed_by),
+        Some(new_hash)
+    );
+    st.op.assert_healthy();
+}

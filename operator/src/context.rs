@@ -26,6 +26,9 @@ pub struct Settings {
     pub fencing_check_interval: Option<Duration>,
     /// The Prometheus the NetworkPolicies admit to the metrics ports; `None`: none is named.
     pub scraper: Option<Scraper>,
+    /// How long a rotation of a namespace's CA trusts the new CA beside the old one before any
+    /// certificate is signed by it (for clients outside the cluster that copied the bundle).
+    pub ca_overlap: Duration,
 }
 
 /// State shared by every reconcile. Passed explicitly; no globals.
@@ -118,13 +121,16 @@ impl Context {
         if let Some(c) = clients.get(&pem) {
             return Ok(c.clone());
         }
-        let ca = reqwest::Certificate::from_pem(pem.as_bytes()).map_err(|e| Error::Bundle(e.to_string()))?;
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .tls_built_in_root_certs(false)
-            .add_root_certificate(ca)
-            .build()
+        // Two certificates while the namespace's CA is rotated: the old one and its successor.
+        let cas = reqwest::Certificate::from_pem_bundle(pem.as_bytes())
             .map_err(|e| Error::Bundle(e.to_string()))?;
+        let mut builder = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .tls_built_in_root_certs(false);
+        for ca in cas {
+            builder = builder.add_root_certificate(ca);
+        }
+        let client = builder.build().map_err(|e| Error::Bundle(e.to_string()))?;
         // One entry per namespace's CA; a replaced CA leaves a stale entry, so keep the map small.
         if clients.len() >= 256 {
             clients.clear();

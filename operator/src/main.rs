@@ -71,6 +71,11 @@ struct Args {
     /// Labels of the Prometheus pods (`k=v,k=v`); empty: every pod of those namespaces.
     #[arg(long, env = "DLOCK_OPERATOR_PROMETHEUS_POD_SELECTOR")]
     prometheus_pod_selector: Option<String>,
+    /// Seconds a rotation of a namespace's CA (a year before it ends) publishes the new CA beside
+    /// the old one before any certificate is signed by it: the time clients outside the cluster
+    /// have to fetch the bundle again. The clients inside are waited for anyway. 30 days.
+    #[arg(long, env = "DLOCK_OPERATOR_CA_OVERLAP_SECS", default_value_t = 2_592_000)]
+    ca_overlap_secs: u64,
 }
 
 /// Exit codes: 0 clean shutdown, 1 runtime failure, 2 CRDs missing, 3 leadership lost.
@@ -157,6 +162,7 @@ async fn operate(
     let settings = Settings {
         default_image: args.image.clone(),
         namespace: args.namespace.clone(),
+        ca_overlap: Duration::from_secs(args.ca_overlap_secs),
         fencing_check_interval: (args.fencing_check_secs > 0)
             .then(|| std::time::Duration::from_secs(args.fencing_check_secs)),
         scraper,

@@ -66,13 +66,15 @@ pub enum Reason {
     // HTTPS: the namespace's CA and the components' certificates.
     TlsCaInvalid,
     CaCreated,
+    CaRotationStarted,
+    CaRotated,
     CertificateIssued,
     CertificateRenewed,
     RenewRequestInvalid,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 57] = [
+    pub const ALL: [Reason; 59] = [
         Reason::Ready,
         Reason::Idle,
         Reason::AsExpected,
@@ -127,6 +129,8 @@ impl Reason {
         Reason::LockClientsChanged,
         Reason::TlsCaInvalid,
         Reason::CaCreated,
+        Reason::CaRotationStarted,
+        Reason::CaRotated,
         Reason::CertificateIssued,
         Reason::CertificateRenewed,
         Reason::RenewRequestInvalid,
@@ -188,6 +192,8 @@ impl Reason {
             Reason::LockClientsChanged => "LockClientsChanged",
             Reason::TlsCaInvalid => "TlsCaInvalid",
             Reason::CaCreated => "CaCreated",
+            Reason::CaRotationStarted => "CaRotationStarted",
+            Reason::CaRotated => "CaRotated",
             Reason::CertificateIssued => "CertificateIssued",
             Reason::CertificateRenewed => "CertificateRenewed",
             Reason::RenewRequestInvalid => "RenewRequestInvalid",

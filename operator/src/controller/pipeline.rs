@@ -191,7 +191,7 @@ async fn run<K: Reconciled>(obj: &K, ctx: &Context, owner: &Owner) -> Result<Rec
         deployments,
         expected_deployments: plan.expected_deployments,
         endpoints: plan.desired.endpoints.clone(),
-        tls: tls.status,
+        tls: tls.status.map(Box::new),
         kind,
     }))
 }

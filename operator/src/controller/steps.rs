@@ -367,6 +367,15 @@ where
         Phase::Degraded => REQUEUE_BLOCKED,
         Phase::Pending | Phase::Migrating => REQUEUE_PROGRESSING,
     };
+    // A rotation of the namespace's CA waits on other objects (their Deployments, their status),
+    // whose changes do not wake this one: look again soon until it is over.
+    let rotating = matches!(reconciliation, Reconciliation::Applied(a)
+        if a.tls.as_ref().is_some_and(|t| t.ca_rotation.is_some()));
+    let after = if rotating {
+        after.min(REQUEUE_PROGRESSING)
+    } else {
+        after
+    };
     let Some(kind) = reconciliation.kind() else {
         return Ok(Action::requeue(after));
     };

@@ -272,6 +272,7 @@ fn context(api: &FakeApi) -> Context {
         default_image: IMAGE.into(),
         namespace: None,
         fencing_check_interval: None,
+        ca_overlap: std::time::Duration::ZERO,
         scraper: None,
     };
     Context::new(api.client(), Metrics::register(&mut registry), settings, None)

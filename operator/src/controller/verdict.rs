@@ -141,7 +141,8 @@ pub struct Applied<O> {
     pub expected_deployments: usize,
     pub endpoints: BTreeMap<String, String>,
     /// `status.tls` (`None`: the owner serves plain HTTP).
-    pub tls: Option<crate::crd::TlsStatus>,
+    /// (Boxed: it is the largest part of a reconcile's outcome.)
+    pub tls: Option<Box<crate::crd::TlsStatus>>,
     /// The kind's own outcome.
     pub kind: O,
 }
@@ -230,7 +231,7 @@ pub fn status_of<O: KindOutcome>(
         None => previous.and_then(|p| p.database.clone()),
     };
     new.tls = match r {
-        Reconciliation::Applied(a) => a.tls.clone(),
+        Reconciliation::Applied(a) => a.tls.as_deref().cloned(),
         Reconciliation::Stopped(_) => previous.and_then(|p| p.tls.clone()),
     };
     if let Some(kind) = r.kind() {

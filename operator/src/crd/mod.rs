@@ -29,7 +29,7 @@ pub use paymentstack::{
 };
 pub use sequence::{JumpCause, SequenceJump, SequenceStatus};
 pub use status::{ActionStatus, DlockStatus, EtcdStatus, GrantStatus, MigrationStatus, Phase};
-pub use tls::{CertificateStatus, TlsMode, TlsSpec, TlsStatus};
+pub use tls::{CaRotationStatus, CertificateStatus, TlsMode, TlsSpec, TlsStatus};
 
 /// Every CRD the operator serves, with the file name `crdgen` writes it to.
 pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {

@@ -70,6 +70,31 @@ pub struct TlsStatus {
     /// The last `dlock.dev/renew-certificates` value handled: every certificate was re-issued then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_handled_renew_request: Option<String>,
+    /// A short hash of the CA certificate that signed every certificate of this object (absent
+    /// while a rotation has them signed by two). The other objects of the namespace read it: the
+    /// new CA replaces the old once every object's certificates are signed by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signed_by: Option<String>,
+    /// The namespace's CA is being replaced (from a year before it ends): where that stands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_rotation: Option<CaRotationStatus>,
+}
+
+/// A rotation of the namespace's CA, as this object sees it. `Trusting`: the new CA is published
+/// beside the old one in `dlock-ca-bundle` and the clients roll out with both; certificates are
+/// still signed by the old one. `Moving`: every client trusts both and the overlap has passed, so
+/// certificates are re-issued by the new CA; once every object's are, the new CA replaces the old
+/// one and the bundle holds it alone.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CaRotationStatus {
+    /// `Trusting` or `Moving`.
+    pub phase: String,
+    /// When the new CA expires (RFC 3339).
+    pub next_ca_not_after: String,
+    /// What the next step waits for, in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]

@@ -26,9 +26,11 @@ pub fn client_trusting(ca: &Path, timeout: std::time::Duration) -> anyhow::Resul
 pub fn client_builder_trusting(ca: &Path) -> anyhow::Result<reqwest::ClientBuilder> {
     use anyhow::Context;
     let pem = fs::read(ca).with_context(|| format!("read the CA file {}", ca.display()))?;
-    Ok(reqwest::Client::builder()
-        .tls_built_in_root_certs(false)
-        .add_root_certificate(reqwest::Certificate::from_pem(&pem)?))
+    let mut builder = reqwest::Client::builder().tls_built_in_root_certs(false);
+    for cert in reqwest::Certificate::from_pem_bundle(&pem)? {
+        builder = builder.add_root_certificate(cert);
+    }
+    Ok(builder)
 }
 
 /// A CA for one test's servers: `ca.crt` (the file a client names in `sslrootcert`) and its key,

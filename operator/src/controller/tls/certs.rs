@@ -11,14 +11,17 @@ use rcgen::{
 use time::OffsetDateTime;
 use x509_parser::pem::parse_x509_pem;
 
-/// How long the namespace's CA is valid.
+/// How long the namespace's CA is valid, and how long before its end its successor is made and
+/// published beside it (the rotation: [`super::plan`]). A year leaves room for a rotation that
+/// waits on a client for weeks.
 pub const CA_DAYS: i64 = 3650;
+pub const CA_RENEW_BEFORE_DAYS: i64 = 365;
 /// How long a component's certificate is valid, and how long before its end it is renewed.
 pub const LEAF_DAYS: i64 = 90;
 pub const RENEW_BEFORE_DAYS: i64 = 30;
 const DAY: i64 = 86_400;
 /// Certificates start a little in the past: a node whose clock runs behind still accepts them.
-const BACKDATE: i64 = 300;
+pub const BACKDATE: i64 = 300;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CertError {
@@ -48,6 +51,7 @@ impl fmt::Debug for Pair {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Facts {
     /// Unix seconds.
+    pub not_before: i64,
     pub not_after: i64,
     pub dns_names: Vec<String>,
     pub is_ca: bool,
@@ -124,6 +128,7 @@ pub fn facts(pem: &str) -> Result<Facts, CertError> {
         })
         .unwrap_or_default();
     Ok(Facts {
+        not_before: cert.validity().not_before.timestamp(),
         not_after: cert.validity().not_after.timestamp(),
         dns_names,
         is_ca: cert.is_ca(),

@@ -1,28 +1,36 @@
 //! The reads and writes of the HTTPS step ([`super::plan`] decides): the namespace's CA Secret (read
 //! only when the owner serves HTTPS: it holds the CA's key), its bundle ConfigMap, and the served
-//! components' certificate Secrets. The CA is created, never overwritten; the bundle and the
+//! components' certificate Secrets; during a rotation of the CA, the namespace's Deployments that
+//! trust the bundle and its other objects' `status.tls`. The CA is created, never overwritten but
+//! by its rotation's two patches (made against the resourceVersion read); the bundle and the
 //! certificates are applied.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
 
 use super::certs::Pair;
-use super::{Observed, Served, TlsPlan, Write};
-use crate::builders::tls::{CA_BUNDLE, CA_BUNDLE_KEY, CA_SECRET};
+use super::{Client, Observed, Peer, Served, TlsPlan, Write};
+use crate::builders::tls::{CA_BUNDLE, CA_BUNDLE_ANNOTATION, CA_BUNDLE_KEY, CA_SECRET};
 use crate::builders::{LABEL_MANAGED_BY, LABEL_PART_OF, MANAGED_BY, Owner};
 use crate::context::Context;
 use crate::controller::apply;
+use crate::crd::{LockService, PaymentStack, TlsStatus};
 use crate::error::{Error, Result};
 use crate::reasons::Reason;
 
 const TLS_CRT: &str = "tls.crt";
 const TLS_KEY: &str = "tls.key";
 const CA_CRT: &str = "ca.crt";
+/// The CA's successor during a rotation, beside it in the CA Secret.
+const NEXT_CRT: &str = "next.crt";
+const NEXT_KEY: &str = "next.key";
 
 fn text(secret: &Secret, key: &str) -> Option<String> {
     let bytes = secret.data.as_ref()?.get(key)?;
@@ -30,10 +38,85 @@ fn text(secret: &Secret, key: &str) -> Option<String> {
 }
 
 fn pair(secret: &Secret) -> Option<Pair> {
+    pair_at(secret, TLS_CRT, TLS_KEY)
+}
+
+fn pair_at(secret: &Secret, crt: &str, key: &str) -> Option<Pair> {
     Some(Pair {
-        cert_pem: text(secret, TLS_CRT)?,
-        key_pem: text(secret, TLS_KEY)?,
+        cert_pem: text(secret, crt)?,
+        key_pem: text(secret, key)?,
     })
+}
+
+/// Every replica runs the Deployment's current template, and no old one is left.
+fn rolled_out(d: &Deployment) -> bool {
+    let health = crate::health::DeploymentHealth::of(d);
+    let total = d.status.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+    health.is_available() && total <= health.desired
+}
+
+/// The namespace's Deployments that mount the bundle (its hash is in their pod template).
+async fn clients(ctx: &Context, ns: &str) -> Result<Vec<Client>> {
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
+    let list = deployments
+        .list(&ListParams::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}")))
+        .await
+        .map_err(|e| Error::step("list the namespace's Deployments", e))?;
+    Ok(list
+        .items
+        .iter()
+        .filter_map(|d| {
+            let annotations = d
+                .spec
+                .as_ref()?
+                .template
+                .metadata
+                .as_ref()?
+                .annotations
+                .as_ref()?;
+            let bundle = annotations.get(CA_BUNDLE_ANNOTATION)?;
+            Some(Client {
+                name: d.name_any(),
+                bundle: Some(bundle.clone()),
+                rolled_out: rolled_out(d),
+            })
+        })
+        .collect())
+}
+
+/// The namespace's other objects that serve HTTPS, with what their status says signed them.
+async fn peers(ctx: &Context, owner: &Owner) -> Result<Vec<Peer>> {
+    fn peer<K: Resource<DynamicType = ()>>(o: &K, https: bool, tls: Option<&TlsStatus>) -> Option<Peer> {
+        https.then(|| Peer {
+            name: format!("{}/{}", K::kind(&()), o.meta().name.clone().unwrap_or_default()),
+            signed_by: tls.and_then(|t| t.signed_by.clone()),
+        })
+    }
+    let ns = &owner.namespace;
+    let locks: Api<LockService> = Api::namespaced(ctx.client.clone(), ns);
+    let stacks: Api<PaymentStack> = Api::namespaced(ctx.client.clone(), ns);
+    let mut found = Vec::new();
+    for o in locks
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| Error::step("list the namespace's LockServices", e))?
+        .items
+    {
+        let tls = o.status.as_ref().and_then(|s| s.tls.as_ref());
+        found.extend(peer(&o, o.spec.tls.https(), tls));
+    }
+    for o in stacks
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| Error::step("list the namespace's PaymentStacks", e))?
+        .items
+    {
+        let tls = o.status.as_ref().and_then(|s| s.tls.as_ref());
+        found.extend(peer(&o, o.spec.tls.https(), tls));
+    }
+    let me = format!("{}/{}", owner.kind, owner.name);
+    found.retain(|p| p.name != me);
+    Ok(found)
 }
 
 /// What the plan needs: the CA (with `https` only), the bundle, each served component's Secret.
@@ -51,11 +134,25 @@ pub async fn observe(ctx: &Context, owner: &Owner, https: bool, served: &[Served
             ..Observed::default()
         });
     }
-    let ca = secrets
+    let ca_secret = secrets
         .get_opt(CA_SECRET)
         .await
-        .map_err(|e| Error::step("read the CA Secret", e))?
-        .map(|s| pair(&s).ok_or_else(|| format!("it lacks {TLS_CRT} or {TLS_KEY}")));
+        .map_err(|e| Error::step("read the CA Secret", e))?;
+    let ca = ca_secret
+        .as_ref()
+        .map(|s| pair(s).ok_or_else(|| format!("it lacks {TLS_CRT} or {TLS_KEY}")));
+    let next = ca_secret.as_ref().and_then(|s| {
+        let has = |k: &str| s.data.as_ref().is_some_and(|d| d.contains_key(k));
+        (has(NEXT_CRT) || has(NEXT_KEY)).then(|| {
+            pair_at(s, NEXT_CRT, NEXT_KEY).ok_or_else(|| format!("it lacks {NEXT_CRT} or {NEXT_KEY}"))
+        })
+    });
+    // Only a rotation looks across the namespace.
+    let (clients, peers) = if matches!(next, Some(Ok(_))) {
+        (clients(ctx, &owner.namespace).await?, peers(ctx, owner).await?)
+    } else {
+        (Vec::new(), Vec::new())
+    };
     let mut leaves = BTreeMap::new();
     for s in served {
         let found = secrets
@@ -69,6 +166,11 @@ pub async fn observe(ctx: &Context, owner: &Owner, https: bool, served: &[Served
         ca,
         bundle,
         leaves,
+        ca_version: ca_secret.and_then(|s| s.metadata.resource_version),
+        next,
+        clients,
+        peers,
+        ca_overlap: i64::try_from(ctx.settings.ca_overlap.as_secs()).unwrap_or(i64::MAX),
         ..Observed::default()
     })
 }
@@ -123,6 +225,58 @@ pub async fn write(ctx: &Context, owner: &Owner, regarding: &ObjectReference, pl
                 )
                 .await;
             }
+            Write::NextCa { pair, version } => {
+                patch_ca(
+                    ctx,
+                    ns,
+                    version,
+                    serde_json::json!({ NEXT_CRT: bytes(&pair.cert_pem), NEXT_KEY: bytes(&pair.key_pem) }),
+                )
+                .await
+                .map_err(|e| Error::step("add the successor to the namespace's CA Secret", e))?;
+                let ends = super::certs::facts(&pair.cert_pem)
+                    .map(|f| f.not_after)
+                    .unwrap_or_default();
+                tracing::info!(event = "tls_ca_rotation_started", namespace = %ns, secret = CA_SECRET);
+                ctx.publish(
+                    regarding,
+                    EventType::Normal,
+                    Reason::CaRotationStarted,
+                    format!(
+                        "the namespace's CA ends within a year: made its successor (until {}, Secret \
+                         {CA_SECRET} keys {NEXT_CRT}/{NEXT_KEY}) and published it beside it in ConfigMap \
+                         {CA_BUNDLE}; certificates move to it once every client trusts both",
+                        super::rfc3339(ends)
+                    ),
+                )
+                .await;
+            }
+            Write::PromoteNext { pair, version } => {
+                patch_ca(
+                    ctx,
+                    ns,
+                    version,
+                    serde_json::json!({
+                        TLS_CRT: bytes(&pair.cert_pem),
+                        TLS_KEY: bytes(&pair.key_pem),
+                        NEXT_CRT: null,
+                        NEXT_KEY: null,
+                    }),
+                )
+                .await
+                .map_err(|e| Error::step("make the successor the namespace's CA", e))?;
+                tracing::info!(event = "tls_ca_rotated", namespace = %ns, secret = CA_SECRET);
+                ctx.publish(
+                    regarding,
+                    EventType::Normal,
+                    Reason::CaRotated,
+                    format!(
+                        "every certificate of the namespace is signed by the new CA: it replaced the old \
+                         one in Secret {CA_SECRET}, and ConfigMap {CA_BUNDLE} holds it alone"
+                    ),
+                )
+                .await;
+            }
             Write::Bundle(pem) => {
                 let cm = ConfigMap {
                     metadata: ObjectMeta {
@@ -167,4 +321,19 @@ pub async fn write(ctx: &Context, owner: &Owner, regarding: &ObjectReference, pl
         }
     }
     Ok(())
+}
+
+fn bytes(text: &str) -> serde_json::Value {
+    serde_json::to_value(ByteString(text.as_bytes().to_vec())).unwrap_or_default()
+}
+
+/// A merge patch of the CA Secret's `data`, refused (409) unless the Secret is still at `version`:
+/// two reconciles that read the same Secret make one successor, and a promotion never overwrites a
+/// CA it did not read.
+async fn patch_ca(ctx: &Context, ns: &str, version: &str, data: serde_json::Value) -> kube::Result<Secret> {
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let patch = serde_json::json!({ "metadata": { "resourceVersion": version }, "data": data });
+    secrets
+        .patch(CA_SECRET, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
 }
