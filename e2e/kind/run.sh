@@ -22,9 +22,10 @@
 #                  the local PostgreSQL image); wait for Ready: real migration Jobs, Deployments,
 #                  probes, Service DNS; every pod Running
 #   7. batch       payouts through payment-resource's API; the in-cluster executors post them; every
-#                  payout POSTED once, legs balanced, the rail-stub's ground truth without a duplicate
-#  7c. renewal     every certificate renewed on request while a batch is paid: each server pod
-#                  presents its new one without restarting, every payout posted once
+#                  payout POSTED once, legs balanced, the rail-stub's ground truth without a duplicate;
+#                  paydb's connections all TLS, a plain one refused
+#  7c. renewal     every certificate renewed on request while a batch is paid: each server pod (the
+#                  databases' too) presents its new one without restarting, every payout posted once
 #   8. chaos       a second batch while a lock-server pod and an executor pod are killed
 #   9. failover    delete the operator leader's pod: another replica takes the Lease and reconciles
 #  10. actions     `kubectl annotate` revoke of a held lock (REVOKED, pinned to its token) and a

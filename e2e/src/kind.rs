@@ -343,6 +343,8 @@ pub struct Payments {
     env: KindEnv,
     pstack: String,
     client_token: String,
+    /// The URL `db` connects with (through the port-forward below).
+    paydb_url: url::Url,
     _paydb: Forward,
 }
 
@@ -384,9 +386,9 @@ impl Payments {
     }
 
     /// The same, with paydb on the CloudNativePG Cluster `cluster`: reached through its `-rw`
-    /// Service (the primary when the forward starts: after a failover, connect again), over TLS
-    /// verified against the Cluster's CA (`verify-ca`: the forward's 127.0.0.1 is not a name the
-    /// server's certificate carries).
+    /// Service (the primary when the forward starts: after a failover, connect again). Both over TLS
+    /// when the database serves it, verified against its CA (`verify-ca`: the forward's 127.0.0.1
+    /// is not a name the server's certificate carries).
     pub async fn connect_cnpg(env: &KindEnv, client: &Client, pstack: &str, cluster: &str) -> Self {
         Self::connect_to(env, client, pstack, Some(cluster)).await
     }
@@ -400,9 +402,12 @@ impl Payments {
             .expect("a postgres URL takes a host");
         url.set_port(Some(paydb.port))
             .expect("a postgres URL takes a port");
-        if let Some(cluster) = cluster {
-            let ca = secret_value(client, &env.ns, &format!("{cluster}-ca"), "ca.crt").await;
-            let path = std::env::temp_dir().join(format!("dlock-kind-{}-{cluster}-ca.crt", env.ns));
+        // A database that serves TLS (CloudNativePG's; the StatefulSet engine's with HTTPS on) has
+        // its CA in `<server>-ca`, as the pods mount it.
+        if url.query_pairs().any(|(k, _)| k == "sslrootcert") {
+            let server = cluster.map_or_else(|| format!("{pstack}-paydb"), str::to_owned);
+            let ca = secret_value(client, &env.ns, &format!("{server}-ca"), "ca.crt").await;
+            let path = std::env::temp_dir().join(format!("dlock-kind-{}-{server}-ca.crt", env.ns));
             std::fs::write(&path, ca).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
             url.query_pairs_mut()
                 .clear()
@@ -437,7 +442,54 @@ impl Payments {
             env: env.clone(),
             pstack: pstack.to_owned(),
             client_token,
+            paydb_url: url,
             _paydb: paydb,
+        }
+    }
+
+    /// paydb serves TLS only: the harness's own connection and every connection from the cluster's
+    /// pods are encrypted (`pg_stat_ssl`), and a connection that asks for none is refused by the
+    /// server's `pg_hba.conf`, naming it. The negative control is that refused connection.
+    pub async fn check_database_tls(&self) -> Result<String, String> {
+        let mine: bool = sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+            .fetch_one(&self.db)
+            .await
+            .map_err(|e| format!("read pg_stat_ssl: {e}"))?;
+        if !mine {
+            return Err("the harness's connection to paydb is not encrypted".into());
+        }
+        let (clients, plain): (i64, i64) = sqlx::query_as(
+            "SELECT count(*), count(*) FILTER (WHERE NOT s.ssl) FROM pg_stat_activity a \
+             JOIN pg_stat_ssl s USING (pid) \
+             WHERE a.backend_type = 'client backend' AND a.client_addr IS NOT NULL",
+        )
+        .fetch_one(&self.db)
+        .await
+        .map_err(|e| format!("read pg_stat_activity: {e}"))?;
+        if plain != 0 || clients < 2 {
+            return Err(format!(
+                "{plain} of {clients} TCP connections to paydb are not encrypted (the services' pools \
+                 and this one expected, all with TLS)"
+            ));
+        }
+        let mut plaintext = self.paydb_url.clone();
+        plaintext
+            .query_pairs_mut()
+            .clear()
+            .append_pair("sslmode", "disable");
+        match PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect(plaintext.as_str())
+            .await
+        {
+            Ok(_) => Err("paydb accepted a connection without TLS".into()),
+            Err(e) if e.to_string().contains("no encryption") => Ok(format!(
+                "{clients} TCP connections to paydb, all with TLS; one without TLS refused: {e}"
+            )),
+            Err(e) => Err(format!(
+                "a connection without TLS failed, but not as refused by pg_hba.conf: {e}"
+            )),
         }
     }
 

@@ -821,13 +821,24 @@ fn history_of(argv: &[String]) -> Option<History> {
 
 /// A `postgres://` URL pointed at the local test database instead (superuser `postgres`, which
 /// the local server trusts); `None` for anything that is not such a URL. The password, if any, is
-/// dropped: the cluster's generated one means nothing to the local server.
+/// dropped: the cluster's generated one means nothing to the local server. So is what the URL asks
+/// of TLS (`sslmode`, `sslrootcert`: a managed database with HTTPS on is verified against the
+/// namespace's CA): the local server speaks none, and the kind tier checks TLS on a real one.
 pub fn map_database_url(value: &str, db: &TestDb) -> Option<String> {
     let url = url::Url::parse(value).ok()?;
     if !matches!(url.scheme(), "postgres" | "postgresql") {
         return None;
     }
     let mut local = url.clone();
+    let kept: Vec<(String, String)> = url
+        .query_pairs()
+        .filter(|(k, _)| k != "sslmode" && k != "sslrootcert")
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    local.set_query(None);
+    if !kept.is_empty() {
+        local.query_pairs_mut().extend_pairs(kept);
+    }
     local.set_host(Some("127.0.0.1")).ok()?;
     local.set_port(Some(db.port)).ok()?;
     local.set_username("postgres").ok()?;
@@ -1010,7 +1021,16 @@ mod tests {
                 &db
             )
             .as_deref(),
-            Some("postgres://postgres@127.0.0.1:5999/lockdb_1_2?sslmode=disable")
+            Some("postgres://postgres@127.0.0.1:5999/lockdb_1_2")
+        );
+        // What the URL asks of TLS is dropped (the local server has none); the rest is kept.
+        assert_eq!(
+            map_database_url(
+                "postgres://a:b@x-lockdb.ns.svc:5432/lockdb?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.crt&application_name=m",
+                &db
+            )
+            .as_deref(),
+            Some("postgres://postgres@127.0.0.1:5999/lockdb_1_2?application_name=m")
         );
         assert_eq!(map_database_url("lockapp", &db), None);
         assert_eq!(map_database_url("http://x/y", &db), None);

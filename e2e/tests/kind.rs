@@ -356,6 +356,9 @@ async fn batch(c: &Cluster, pay: &Payments) -> String {
     pay.create_batch(&run1, 1, n).await;
     pay.await_posted(&run1, n, c.env.timeout).await;
     pay.check_batch(&run1).await.unwrap_or_else(|e| panic!("{e}"));
+    // TLS on the database hop too (the stack's paydb is a managed StatefulSet with HTTPS on).
+    let tls = pay.check_database_tls().await.unwrap_or_else(|e| panic!("{e}"));
+    log(tls);
     run1
 }
 

@@ -1,14 +1,16 @@
 //! The renewal step of `tests/kind.rs`: every certificate of the stack renewed on request
 //! (`dlock.dev/renew-certificates`) while a batch of payouts is being paid. What it proves is what
 //! docs/operations.md promises of a renewal: the operator writes new certificates into the same
-//! Secrets, each server's pod presents the new one on its next handshake without restarting, the
-//! clients (which trust the unchanged CA) go on calling, and every payout of the batch is posted.
+//! Secrets, each server's pod presents the new one on its next handshake without restarting (the
+//! managed databases too: their sidecar reloads PostgreSQL), the clients (which trust the
+//! unchanged CA) go on calling, and every payout of the batch is posted.
 //! A value that is not a valid request renews nothing and says so in a Warning Event.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use dlock_operator::builders::tls::{LOCKDB, PAYDB};
 use dlock_operator::builders::{
     LABEL_COMPONENT, LABEL_INSTANCE, LOCK_SERVER, Owner, PAYMENT_RESOURCE, PAYOUT_EXECUTOR, RAIL_PROXY,
     RAIL_STUB,
@@ -31,6 +33,8 @@ struct Served {
     secret: String,
     /// The Service's in-cluster name, which the certificate carries.
     host: String,
+    /// A managed PostgreSQL (TLS after its protocol's SSLRequest, on 5432), not an HTTPS server.
+    postgres: bool,
 }
 
 /// The DER of a Secret's `tls.crt` (the certificate the operator wrote).
@@ -75,14 +79,68 @@ async fn pods_of(pods: &Api<Pod>, instance: &str, component: &str) -> BTreeMap<S
         .collect()
 }
 
+/// The certificate a PostgreSQL server on 127.0.0.1:`port` presents: its protocol's SSLRequest,
+/// then a TLS handshake verified against `ca_pem` for `host` (blocking: a few round trips).
+fn postgres_presented(port: u16, ca_pem: &str, host: &str) -> Result<Vec<u8>, String> {
+    use std::io::{Read, Write};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots
+            .add(cert.map_err(|e| format!("the CA bundle: {e}"))?)
+            .map_err(|e| format!("the CA bundle: {e}"))?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from(host.to_owned()).map_err(|e| e.to_string())?;
+    let mut tcp = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect: {e}"))?;
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    // SSLRequest: length 8, code 80877103.
+    tcp.write_all(&[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f])
+        .map_err(|e| format!("SSLRequest: {e}"))?;
+    let mut answer = [0u8; 1];
+    tcp.read_exact(&mut answer)
+        .map_err(|e| format!("SSLRequest's answer: {e}"))?;
+    if answer[0] != b'S' {
+        return Err(format!(
+            "the server declined TLS (answered {:?})",
+            answer[0] as char
+        ));
+    }
+    let mut conn =
+        rustls::ClientConnection::new(std::sync::Arc::new(config), name).map_err(|e| e.to_string())?;
+    while conn.is_handshaking() {
+        conn.complete_io(&mut tcp)
+            .map_err(|e| format!("TLS handshake: {e}"))?;
+    }
+    conn.peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.to_vec())
+        .ok_or_else(|| "no certificate presented".to_owned())
+}
+
 /// The certificate pod `pod` presents on a new handshake, through its own port-forward, verified
 /// against the namespace's CA for the Service's name.
 async fn presented(
     env: &KindEnv,
     ca: &reqwest::Certificate,
+    ca_pem: &str,
     pod: &str,
-    host: &str,
+    s: &Served,
 ) -> Result<Vec<u8>, String> {
+    let host = s.host.as_str();
+    if s.postgres {
+        let fwd = forward_to(env, &format!("pod/{pod}"), 5432).await;
+        let (port, ca_pem, host) = (fwd.port, ca_pem.to_owned(), host.to_owned());
+        return tokio::task::spawn_blocking(move || postgres_presented(port, &ca_pem, &host))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("{pod}: {e}"));
+    }
     let fwd = forward_to(env, &format!("pod/{pod}"), 8080).await;
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
@@ -131,14 +189,16 @@ pub async fn renew_while_paying(env: &KindEnv, client: &Client, pay: &Payments, 
     let ps = pstacks.get(&env.pstack).await.expect("the PaymentStack");
     let ls_owner = Owner::of(&ls).expect("the LockService's owner");
     let ps_owner = Owner::of(&ps).expect("the PaymentStack's owner");
-    let served: Vec<Served> = [(&ls_owner, LOCK_SERVER)]
+    // The four HTTPS servers and the two managed databases (TLS only, reloaded by their sidecar).
+    let served: Vec<Served> = [(&ls_owner, LOCK_SERVER), (&ls_owner, LOCKDB)]
         .into_iter()
-        .chain([PAYMENT_RESOURCE, RAIL_PROXY, RAIL_STUB].map(|c| (&ps_owner, c)))
+        .chain([PAYMENT_RESOURCE, RAIL_PROXY, RAIL_STUB, PAYDB].map(|c| (&ps_owner, c)))
         .map(|(o, component)| Served {
             instance: o.name.clone(),
             component,
             secret: o.tls_secret(component),
             host: format!("{}.{ns}.svc", o.child(component)),
+            postgres: matches!(component, LOCKDB | PAYDB),
         })
         .collect();
     let ca_pem = ca_bundle(client, ns).await;
@@ -151,7 +211,7 @@ pub async fn renew_while_paying(env: &KindEnv, client: &Client, pay: &Payments, 
         let running = pods_of(&pods, &s.instance, s.component).await;
         assert!(!running.is_empty(), "no {} pod", s.component);
         for pod in running.keys() {
-            let now = presented(env, &ca, pod, &s.host)
+            let now = presented(env, &ca, &ca_pem, pod, s)
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
             assert!(
@@ -234,7 +294,7 @@ pub async fn renew_while_paying(env: &KindEnv, client: &Client, pay: &Payments, 
             poll(
                 &format!("{pod} to present the renewed certificate"),
                 env.timeout,
-                async || match presented(env, &ca, pod, &s.host).await? {
+                async || match presented(env, &ca, &ca_pem, pod, s).await? {
                     now if now == *der => Ok(()),
                     _ => Err("still the old certificate".to_owned()),
                 },

@@ -252,13 +252,18 @@ pub fn managed_urls(
     let host = managed_host(owner, history, engine);
     let db = history.name();
     // CloudNativePG serves TLS only (its Cluster refuses other connections) with a certificate for
-    // the `-rw` Service from the Cluster's own CA: verified in full, name included.
+    // the `-rw` Service from the Cluster's own CA; the StatefulSet engine with HTTPS on
+    // (`spec.tls`), TLS only too, with a certificate from the namespace's CA for its Service
+    // (`builders::tls::serve_postgres_tls`), the bundle written to `<owner>-<db>-ca`. Both verified
+    // in full, name included.
+    let verified = format!(
+        "?sslmode=verify-full&sslrootcert={}",
+        ca_file(&names(owner, history).server)
+    );
     let tls = match engine {
+        DatabaseEngine::StatefulSet if owner.https => verified,
         DatabaseEngine::StatefulSet => String::new(),
-        DatabaseEngine::CloudNativePg => format!(
-            "?sslmode=verify-full&sslrootcert={}",
-            ca_file(&names(owner, history).server)
-        ),
+        DatabaseEngine::CloudNativePg => verified,
     };
     ConnectionUrls {
         app_url: format!(
@@ -349,6 +354,33 @@ pub fn external_ca_secret(owner: &Owner, history: History, pem: &str) -> Secret 
         data: Some(BTreeMap::from([(
             "ca.crt".to_owned(),
             ByteString(pem.as_bytes().to_vec()),
+        )])),
+        ..Secret::default()
+    }
+}
+
+/// The namespace's CA bundle as the clients of a managed PostgreSQL with TLS read it: the same
+/// Secret, `<owner>-<db>-ca` key `ca.crt`, as an external database's CA and CloudNativePG's.
+pub fn database_ca_secret(owner: &Owner, history: History, bundle: &str) -> Secret {
+    external_ca_secret(owner, history, bundle)
+}
+
+/// The key of [`hba_secret`] (and its file's name).
+pub const HBA_KEY: &str = "pg_hba.conf";
+
+pub fn hba_secret_name(owner: &Owner, history: History) -> String {
+    format!("{}-hba", names(owner, history).server)
+}
+
+/// A managed PostgreSQL's pg_hba.conf with TLS ([`crate::builders::tls::PG_HBA`]): a Secret,
+/// applied with the database, mounted where `hba_file` names it.
+pub fn hba_secret(owner: &Owner, history: History) -> Secret {
+    Secret {
+        metadata: owner.meta(hba_secret_name(owner, history), history.name()),
+        type_: Some("Opaque".into()),
+        data: Some(BTreeMap::from([(
+            HBA_KEY.to_owned(),
+            ByteString(crate::builders::tls::PG_HBA.as_bytes().to_vec()),
         )])),
         ..Secret::default()
     }

@@ -7,15 +7,16 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, KeyToPath, PodSpec, PodTemplateSpec, Probe, SecretVolumeSource, Volume,
-    VolumeMount,
+    ConfigMapVolumeSource, Container, KeyToPath, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+    SecretVolumeSource, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::etcd_members::ETCD;
+use super::postgres;
 use super::{
-    Child, Desired, HTTP_PORT_NAME, HTTPS_PORT_NAME, LOCK_SERVER, Owner, PAYMENT_RESOURCE, PAYOUT_EXECUTOR,
-    RAIL_PROXY, RAIL_STUB, env,
+    AppliedSecret, Child, Desired, HTTP_PORT_NAME, HTTPS_PORT_NAME, LOCK_SERVER, Owner, PAYMENT_RESOURCE,
+    PAYOUT_EXECUTOR, RAIL_PROXY, RAIL_STUB, env,
 };
 use crate::crd::ExternalEtcd;
 
@@ -30,9 +31,29 @@ pub const CA_BUNDLE_ANNOTATION: &str = "dlock.dev/ca-bundle";
 
 /// The components that serve an HTTP API from a Deployment, and so get a certificate.
 pub const SERVED: [&str; 4] = [LOCK_SERVER, PAYMENT_RESOURCE, RAIL_PROXY, RAIL_STUB];
-/// Everything that gets a certificate: those, and a managed etcd's members (their client URLs;
-/// the StatefulSet mounts it itself, `etcd_members::statefulset`).
-pub const CERTIFIED: [&str; 5] = [LOCK_SERVER, PAYMENT_RESOURCE, RAIL_PROXY, RAIL_STUB, ETCD];
+/// A managed database on the StatefulSet engine (the component is its history's name).
+pub const LOCKDB: &str = "lockdb";
+pub const PAYDB: &str = "paydb";
+/// Everything that gets a certificate: those, a managed etcd's members (their client URLs; the
+/// StatefulSet mounts it itself, `etcd_members::statefulset`), and a managed PostgreSQL on the
+/// StatefulSet engine ([`serve_postgres_tls`]; CloudNativePG makes its Clusters' own).
+pub const CERTIFIED: [&str; 7] = [
+    LOCK_SERVER,
+    PAYMENT_RESOURCE,
+    RAIL_PROXY,
+    RAIL_STUB,
+    ETCD,
+    LOCKDB,
+    PAYDB,
+];
+/// Where a managed PostgreSQL finds its certificate and its pg_hba.conf.
+pub const PG_CERT_DIR: &str = "/etc/dlock/pg-tls";
+pub const PG_HBA_DIR: &str = "/etc/dlock/pg-hba";
+/// TLS only over TCP, password (SCRAM) as before; trust on the pod's own socket only, which the
+/// images' entrypoints use while they initialise the database.
+pub const PG_HBA: &str = "# Written by the dlock operator (spec.tls): TCP connections must use TLS.\n\
+    local all all trust\n\
+    hostssl all all all scram-sha-256\n";
 
 /// Where the pods find them, and the variables that name the files (each binary's config.rs).
 pub const CERT_DIR: &str = "/etc/dlock/tls";
@@ -57,6 +78,8 @@ const CERT_VOLUME: &str = "tls";
 const CA_VOLUME: &str = "ca";
 const ETCD_CA_VOLUME: &str = "etcd-ca";
 const ETCD_CLIENT_CERT_VOLUME: &str = "etcd-client-cert";
+const PG_CERT_VOLUME: &str = "pg-tls";
+const PG_HBA_VOLUME: &str = "pg-hba";
 
 /// The names a component's Service answers to inside the cluster (a managed etcd: its members and
 /// its client Service).
@@ -82,6 +105,8 @@ pub struct TlsWiring {
     /// The bundle's hash, when the namespace has one: every client that calls an `https://` URL
     /// mounts it.
     pub bundle: Option<String>,
+    /// The bundle's text (with `https`): a managed PostgreSQL's clients verify it against it.
+    pub bundle_pem: Option<String>,
 }
 
 impl Desired {
@@ -113,9 +138,195 @@ impl Desired {
                 trust_bundle(template, &component, bundle);
             }
         }
+        if wiring.https {
+            self.postgres_tls(owner, wiring);
+        }
         self
     }
+
+    /// A managed PostgreSQL on the StatefulSet engine serves TLS only ([`serve_postgres_tls`]), its
+    /// CA bundle is written where its clients' URLs look for it (`<owner>-<db>-ca`, as
+    /// [`postgres::mount_database_cas`] mounts it; applied first), and its clients' pod templates
+    /// carry the bundle's hash, so a rotation of the CA waits for them.
+    fn postgres_tls(&mut self, owner: &Owner, wiring: &TlsWiring) {
+        let Some(pem) = &wiring.bundle_pem else { return };
+        let mut secrets = Vec::new();
+        let mut served_dbs = Vec::new();
+        for child in &mut self.apply {
+            let Child::StatefulSet(sts) = child else { continue };
+            let Some(history) = component_of(&sts.metadata).and_then(history_of) else {
+                continue;
+            };
+            let Some(template) = sts.spec.as_mut().map(|s| &mut s.template) else {
+                continue;
+            };
+            serve_postgres_tls(
+                template,
+                &owner.tls_secret(history.name()),
+                &postgres::hba_secret_name(owner, history),
+            );
+            secrets.push(Child::Secret(AppliedSecret(Box::new(
+                postgres::database_ca_secret(owner, history, pem),
+            ))));
+            secrets.push(Child::Secret(AppliedSecret(Box::new(postgres::hba_secret(
+                owner, history,
+            )))));
+            served_dbs.push(postgres::names(owner, history).connection_secret);
+        }
+        if let Some(bundle) = &wiring.bundle {
+            for child in &mut self.apply {
+                let Child::Deployment(d) = child else { continue };
+                let Some(template) = d.spec.as_mut().map(|s| &mut s.template) else {
+                    continue;
+                };
+                let reads = template.spec.iter().flat_map(|p| &p.containers).any(|c| {
+                    c.env.iter().flatten().any(|e| {
+                        e.value_from
+                            .as_ref()
+                            .and_then(|v| v.secret_key_ref.as_ref())
+                            .is_some_and(|r| served_dbs.contains(&r.name))
+                    })
+                });
+                if reads {
+                    annotate(template, CA_BUNDLE_ANNOTATION, bundle);
+                }
+            }
+        }
+        // Before the database and the pods that mount them.
+        self.apply.splice(0..0, secrets);
+    }
 }
+
+fn component_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Option<&str> {
+    meta.labels
+        .as_ref()
+        .and_then(|l| l.get(super::LABEL_COMPONENT))
+        .map(String::as_str)
+}
+
+fn history_of(component: &str) -> Option<postgres::History> {
+    match component {
+        LOCKDB => Some(postgres::History::Lockdb),
+        PAYDB => Some(postgres::History::Paydb),
+        _ => None,
+    }
+}
+
+fn annotate(template: &mut PodTemplateSpec, key: &str, value: &str) {
+    template
+        .metadata
+        .get_or_insert_with(Default::default)
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(key.into(), value.to_owned());
+}
+
+/// A managed PostgreSQL with TLS: its certificate Secret and its pg_hba.conf (TLS only over TCP)
+/// mounted read-only, `ssl=on` with those files. The key's file is root's, group the pod's fsGroup
+/// (the postgres user's gid), mode 0440: what PostgreSQL accepts for a key file owned by root.
+///
+/// PostgreSQL reads its certificate at start-up and on a reload, never on its own; a renewed one
+/// must not restart the database (its only instance), so a sidecar of the same image
+/// ([`PG_RELOADER`]) watches the mounted files and runs `pg_ctl reload` when they change (the pod
+/// shares its process namespace, and both run as the postgres user).
+pub fn serve_postgres_tls(template: &mut PodTemplateSpec, cert_secret: &str, hba_secret: &str) {
+    let Some((pod, i)) = container(template) else {
+        return;
+    };
+    let pair = vec![
+        key_to_path("tls.crt", "tls.crt"),
+        key_to_path("tls.key", "tls.key"),
+    ];
+    mount(
+        pod,
+        i,
+        secret_volume(PG_CERT_VOLUME, cert_secret, pair),
+        PG_CERT_DIR,
+    );
+    mount(
+        pod,
+        i,
+        secret_volume(
+            PG_HBA_VOLUME,
+            hba_secret,
+            vec![key_to_path(postgres::HBA_KEY, postgres::HBA_KEY)],
+        ),
+        PG_HBA_DIR,
+    );
+    let server = &mut pod.containers[i];
+    let args = server.args.get_or_insert_with(Vec::new);
+    if args.is_empty() {
+        // The images' entrypoints start the server for the argument `postgres`, passing it the rest.
+        args.push("postgres".into());
+    }
+    for setting in [
+        "ssl=on".to_owned(),
+        format!("ssl_cert_file={PG_CERT_DIR}/tls.crt"),
+        format!("ssl_key_file={PG_CERT_DIR}/tls.key"),
+        format!("hba_file={PG_HBA_DIR}/{}", postgres::HBA_KEY),
+    ] {
+        args.push("-c".into());
+        args.push(setting);
+    }
+    let quantity = |q: &str| k8s_openapi::apimachinery::pkg::api::resource::Quantity(q.into());
+    let reloader = Container {
+        name: PG_RELOADER.into(),
+        image: server.image.clone(),
+        command: Some(vec!["sh".into(), "-c".into(), PG_RELOAD_SCRIPT.into()]),
+        env: Some(
+            server
+                .env
+                .iter()
+                .flatten()
+                .filter(|e| e.name == "PGDATA")
+                .cloned()
+                .collect(),
+        ),
+        volume_mounts: Some(
+            server
+                .volume_mounts
+                .iter()
+                .flatten()
+                .filter(|m| m.name == "data" || m.name == PG_CERT_VOLUME)
+                .map(|m| VolumeMount {
+                    read_only: Some(true),
+                    ..m.clone()
+                })
+                .collect(),
+        ),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_owned(), quantity("5m")),
+                ("memory".to_owned(), quantity("16Mi")),
+            ])),
+            limits: Some(BTreeMap::from([("memory".to_owned(), quantity("32Mi"))])),
+            ..ResourceRequirements::default()
+        }),
+        ..Container::default()
+    };
+    if !pod.containers.iter().any(|c| c.name == PG_RELOADER) {
+        pod.containers.push(reloader);
+    }
+    pod.share_process_namespace = Some(true);
+    // The sidecar too meets "restricted" (the set was restricted before this pass).
+    super::security::restrict(pod);
+}
+
+/// The sidecar of a managed PostgreSQL with TLS that reloads it when its certificate changes.
+pub const PG_RELOADER: &str = "tls-reload";
+/// Every 10 s, a checksum of the mounted pair; a change is a `pg_ctl reload` (tried again next
+/// round if the server is not up). POSIX sh and coreutils: in the official image and in ours.
+const PG_RELOAD_SCRIPT: &str = r#"files="/etc/dlock/pg-tls/tls.crt /etc/dlock/pg-tls/tls.key"
+last=$(cat $files 2>/dev/null | cksum)
+echo "tls-reload: watching $files"
+while sleep 10; do
+  now=$(cat $files 2>/dev/null | cksum)
+  [ "$now" = "$last" ] && continue
+  if pg_ctl reload -D "$PGDATA" >/dev/null; then
+    echo "tls-reload: the certificate changed; postgres reloaded it"
+    last=$now
+  fi
+done"#;
 
 impl Desired {
     /// lock-server speaks TLS to an external etcd: the user's CA Secret key (and client certificate

@@ -20,9 +20,10 @@ use crate::crd::SecretKeyRef;
 const TELEMETRY: [&str; 2] = ["RUST_LOG", "DLOCK_LOG_FORMAT"];
 
 /// Containers of other projects' images: their env is those images' settings (the postgres image's
-/// `POSTGRES_*`, etcd's `ETCD_*` and the `POD_NAME` its arguments expand), checked where they are
-/// built (tests/postgres.rs, tests/etcd_members.rs).
-const NOT_DLOCK: [&str; 2] = ["postgres", "etcd"];
+/// `POSTGRES_*` and `PGDATA`, etcd's `ETCD_*` and the `POD_NAME` its arguments expand), checked where
+/// they are built (tests/postgres.rs, tests/etcd_members.rs, tests/tls.rs for the postgres image's
+/// certificate reloader).
+const NOT_DLOCK: [&str; 3] = ["postgres", "etcd", crate::builders::tls::PG_RELOADER];
 
 /// Every `env` name of a clap command, its subcommands' included.
 fn clap_env_names(cmd: &clap::Command) -> BTreeSet<String> {
@@ -188,6 +189,7 @@ fn every_pod() -> Vec<(String, PodSpec)> {
     let wiring = crate::builders::tls::TlsWiring {
         https: true,
         bundle: Some("bundle-hash".into()),
+        bundle_pem: Some("bundle".into()),
     };
     let https = |obj_owner: Option<Owner>| Owner {
         https: true,
@@ -282,6 +284,8 @@ fn every_variable_the_operator_sets_is_read_by_the_binary_it_runs() {
                 "payout-executor",
                 "rail-proxy",
                 "rail-stub",
+                // The managed PostgreSQL's certificate reloader, a shell script.
+                "sh",
             ]
             .map(String::from)
         )

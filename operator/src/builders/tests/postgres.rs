@@ -165,6 +165,19 @@ fn connection_urls() {
     let data = secret.data.unwrap();
     assert_eq!(data["url"].0, urls.app_url.as_bytes());
     assert_eq!(data["admin-url"].0, urls.admin_url.unwrap().as_bytes());
+    // With HTTPS on, the StatefulSet engine's server is TLS only: verified in full against the
+    // bundle the operator writes to `<owner>-<db>-ca`, where the pods mount it.
+    let https = Owner {
+        https: true,
+        ..owner.clone()
+    };
+    let tls = postgres::managed_urls(&https, History::Lockdb, DatabaseEngine::StatefulSet, &creds);
+    let tail = "?sslmode=verify-full&sslrootcert=/etc/dlock/tls/locks-lockdb/ca.crt";
+    assert_eq!(
+        tls.app_url,
+        format!("postgres://lockapp:APPPW@locks-lockdb.pay.svc:5432/lockdb{tail}")
+    );
+    assert!(tls.admin_url.unwrap().ends_with(tail));
 
     let ext = postgres::external_urls(
         "postgresql://admin:s3cret@10.1.2.3:6432/paydb?sslmode=require",

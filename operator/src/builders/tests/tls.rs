@@ -32,6 +32,7 @@ fn each_server_mounts_its_certificate_and_is_probed_over_https() {
     let wiring = TlsWiring {
         https: true,
         bundle: Some("b1".into()),
+        ..Default::default()
     };
     let d = stack_desired(true, &wiring, None);
     for component in ["payment-resource", "rail-proxy", "rail-stub"] {
@@ -114,6 +115,7 @@ fn clients_of_https_trust_the_bundle_and_roll_when_it_changes() {
     let wiring = TlsWiring {
         https: true,
         bundle: Some("b1".into()),
+        ..Default::default()
     };
     let d = stack_desired(true, &wiring, None);
     let args = |name: &str| {
@@ -165,6 +167,7 @@ fn a_real_rail_is_checked_against_the_public_roots_not_the_bundle() {
     let wiring = TlsWiring {
         https: true,
         bundle: Some("b1".into()),
+        ..Default::default()
     };
     let d = stack_desired(
         true,
@@ -226,6 +229,7 @@ fn a_plain_stack_still_trusts_the_bundle_for_an_https_lock_server() {
     let wiring = TlsWiring {
         https: false,
         bundle: Some("b2".into()),
+        ..Default::default()
     };
     let d = stack_desired(false, &wiring, None);
     let pod = template(&d, "shop-payout-executor").spec.as_ref().unwrap();
@@ -241,14 +245,147 @@ fn a_plain_stack_still_trusts_the_bundle_for_an_https_lock_server() {
 #[test]
 fn served_components_are_those_with_a_service() {
     let d = stack_desired(true, &TlsWiring::default(), None);
+    // A managed database on the StatefulSet engine gets one too (it serves TLS with HTTPS on).
     assert_eq!(
         d.served_components(),
-        vec!["payment-resource", "rail-proxy", "rail-stub"]
+        vec!["payment-resource", "rail-proxy", "rail-stub", "paydb"]
     );
     let ls = managed_ls();
     let owner = Owner::of(&ls).unwrap();
     let d = lockservice::children::desired(&ls, &owner, &ls_inputs(&JobState::Succeeded)).unwrap();
-    assert_eq!(d.served_components(), vec!["lock-server"]);
+    assert_eq!(d.served_components(), vec!["lock-server", "lockdb"]);
+}
+
+/// A managed PostgreSQL with HTTPS on serves TLS only: its certificate and pg_hba.conf (hostssl
+/// only) mounted and named by `-c` settings, the certificate's hash in its pod template (a renewed
+/// one restarts it); its clients' URLs verify it in full against the bundle, written to
+/// `<owner>-paydb-ca` before anything that mounts it, and the Deployments that read it carry the
+/// bundle's hash. With HTTPS off, none of it.
+#[test]
+fn a_managed_postgres_serves_tls_only_and_its_clients_verify_it_against_the_bundle() {
+    use crate::builders::tls::{PG_HBA, PG_RELOADER};
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    let wiring = TlsWiring {
+        https: true,
+        bundle: Some("b3".into()),
+        bundle_pem: Some("PEM".into()),
+    };
+    let d = stack_desired(true, &wiring, None);
+    let Some(Child::StatefulSet(sts)) = d.find(crate::builders::ChildKind::StatefulSet, "shop-paydb") else {
+        panic!("no paydb StatefulSet");
+    };
+    let sts: &StatefulSet = sts;
+    let t = &sts.spec.as_ref().unwrap().template;
+    let pod = t.spec.as_ref().unwrap();
+    let c = &pod.containers[0];
+    let args = c.args.clone().unwrap_or_default();
+    assert_eq!(args[0], "postgres");
+    for setting in [
+        "ssl=on",
+        "ssl_cert_file=/etc/dlock/pg-tls/tls.crt",
+        "ssl_key_file=/etc/dlock/pg-tls/tls.key",
+        "hba_file=/etc/dlock/pg-hba/pg_hba.conf",
+    ] {
+        assert!(
+            args.windows(2).any(|w| w[0] == "-c" && w[1] == setting),
+            "{setting}: {args:?}"
+        );
+    }
+    let secret_of = |volume: &str| {
+        pod.volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == volume)
+            .and_then(|v| v.secret.as_ref())
+            .and_then(|s| s.secret_name.clone())
+    };
+    assert_eq!(secret_of("pg-tls").as_deref(), Some("shop-paydb-tls"));
+    assert_eq!(secret_of("pg-hba").as_deref(), Some("shop-paydb-hba"));
+    // The key's file: root's, the postgres group's (fsGroup), 0440, which PostgreSQL accepts.
+    let mode = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "pg-tls")
+        .and_then(|v| v.secret.as_ref())
+        .and_then(|s| s.default_mode);
+    assert_eq!(mode, Some(0o440));
+    assert_eq!(
+        pod.security_context.as_ref().and_then(|s| s.fs_group),
+        Some(crate::builders::postgres::POSTGRES_UID)
+    );
+    // A renewed certificate is reloaded, not restarted: a sidecar of the same image, in the pod's
+    // shared process namespace, runs `pg_ctl reload` on the data directory when the files change.
+    assert_eq!(pod.share_process_namespace, Some(true));
+    let reloader = pod
+        .containers
+        .iter()
+        .find(|c| c.name == PG_RELOADER)
+        .expect("the reloader");
+    assert_eq!(reloader.image, c.image);
+    let script = reloader.command.clone().unwrap_or_default().join(" ");
+    assert!(
+        script.contains("pg_ctl reload -D \"$PGDATA\"") && script.contains("/etc/dlock/pg-tls/tls.crt"),
+        "{script}"
+    );
+    assert!(reloader.env.iter().flatten().any(|e| e.name == "PGDATA"));
+    let mounts: Vec<(&str, Option<bool>)> = reloader
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| (m.name.as_str(), m.read_only))
+        .filter(|(n, _)| *n != "tmp")
+        .collect();
+    assert_eq!(mounts, [("data", Some(true)), ("pg-tls", Some(true))]);
+    assert_eq!(crate::builders::security::violations(pod), Vec::<String>::new());
+    // The Secrets come first: the CA bundle for the clients, the pg_hba.conf.
+    let first: Vec<(String, Vec<u8>)> = d.apply[..2]
+        .iter()
+        .map(|c| match c {
+            Child::Secret(s) => {
+                let data = s.0.data.clone().unwrap_or_default();
+                let (_, v) = data.into_iter().next().unwrap();
+                (s.0.metadata.name.clone().unwrap(), v.0)
+            }
+            other => panic!("not a Secret first: {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        first,
+        vec![
+            ("shop-paydb-ca".to_owned(), b"PEM".to_vec()),
+            ("shop-paydb-hba".to_owned(), PG_HBA.as_bytes().to_vec()),
+        ]
+    );
+    assert!(PG_HBA.contains("hostssl all all all scram-sha-256"));
+    assert!(
+        !PG_HBA.lines().any(|l| l.starts_with("host ")),
+        "a plain TCP line: {PG_HBA}"
+    );
+    // The clients that read paydb's connection Secret carry the bundle's hash.
+    for client in ["shop-payment-resource", "shop-rail-proxy"] {
+        let t = template(&d, client);
+        let a = t
+            .metadata
+            .as_ref()
+            .and_then(|m| m.annotations.clone())
+            .unwrap_or_default();
+        assert_eq!(
+            a.get(CA_BUNDLE_ANNOTATION).map(String::as_str),
+            Some("b3"),
+            "{client}"
+        );
+    }
+
+    // HTTPS off: a plain server, as before.
+    let plain = stack_desired(false, &TlsWiring::default(), None);
+    let Some(Child::StatefulSet(sts)) = plain.find(crate::builders::ChildKind::StatefulSet, "shop-paydb")
+    else {
+        panic!("no paydb StatefulSet");
+    };
+    let pod = sts.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    assert!(pod.containers[0].args.is_none());
+    assert!(!plain.apply.iter().any(|c| matches!(c, Child::Secret(_))));
 }
 
 /// A managed etcd with HTTPS: its members serve their client URLs with the operator's certificate
@@ -263,6 +400,7 @@ fn a_managed_etcd_serves_its_clients_over_https_and_lock_server_trusts_the_bundl
     let wiring = TlsWiring {
         https: true,
         bundle: Some("b3".into()),
+        ..Default::default()
     };
     let d = lockservice::children::desired(&ls, &owner, &etcd_inputs(true))
         .unwrap()
@@ -353,6 +491,7 @@ fn an_external_etcd_over_tls_mounts_its_ca_and_client_certificate_into_lock_serv
     let wiring = TlsWiring {
         https: true,
         bundle: Some("b3".into()),
+        ..Default::default()
     };
     let d = lockservice::children::desired(&ls, &owner, &etcd_inputs(true))
         .unwrap()

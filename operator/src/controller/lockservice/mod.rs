@@ -143,7 +143,7 @@ impl Reconciled for LockService {
     type Observed = Observed;
     type Next = Next;
     type Outcome = ActionsOutcome;
-    const SERVED: &'static [&'static str] = &[LOCK_SERVER, ETCD];
+    const SERVED: &'static [&'static str] = &[LOCK_SERVER, ETCD, crate::builders::tls::LOCKDB];
 
     fn status(&self) -> Option<&DlockStatus> {
         self.status.as_ref()

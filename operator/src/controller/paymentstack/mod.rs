@@ -96,7 +96,12 @@ impl Reconciled for PaymentStack {
     type Observed = Option<LockServiceView>;
     type Next = StackNext;
     type Outcome = StackOutcome;
-    const SERVED: &'static [&'static str] = &[PAYMENT_RESOURCE, RAIL_PROXY, RAIL_STUB];
+    const SERVED: &'static [&'static str] = &[
+        PAYMENT_RESOURCE,
+        RAIL_PROXY,
+        RAIL_STUB,
+        crate::builders::tls::PAYDB,
+    ];
 
     fn status(&self) -> Option<&DlockStatus> {
         self.status.as_ref()

@@ -269,6 +269,7 @@ pub fn plan(obs: &Observed, served: &[Served], namespace: &str, now: i64) -> Res
             wiring: TlsWiring {
                 https: false,
                 bundle: obs.bundle.as_deref().map(hash),
+                ..TlsWiring::default()
             },
             ..TlsPlan::default()
         });
@@ -413,6 +414,7 @@ pub fn plan(obs: &Observed, served: &[Served], namespace: &str, now: i64) -> Res
         wiring: TlsWiring {
             https: true,
             bundle: Some(hash(&wiring_bundle)),
+            bundle_pem: Some(wiring_bundle),
         },
         status: Some(TlsStatus {
             ca_not_after: Some(rfc3339(ca_not_after)),
