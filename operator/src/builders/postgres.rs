@@ -372,15 +372,21 @@ pub fn hba_secret_name(owner: &Owner, history: History) -> String {
     format!("{}-hba", names(owner, history).server)
 }
 
-/// A managed PostgreSQL's pg_hba.conf with TLS ([`crate::builders::tls::PG_HBA`]): a Secret,
-/// applied with the database, mounted where `hba_file` names it.
+/// TLS only over TCP, password (SCRAM) as before; trust on the pod's own socket only, which the
+/// images' entrypoints use while they initialise the database.
+pub const PG_HBA: &str = "# Written by the dlock operator (spec.tls): TCP connections must use TLS.\n\
+    local all all trust\n\
+    hostssl all all all scram-sha-256\n";
+
+/// A managed PostgreSQL's pg_hba.conf with TLS ([`PG_HBA`]): a Secret, applied with the database
+/// (`builders::tls` adds it), mounted where `hba_file` names it.
 pub fn hba_secret(owner: &Owner, history: History) -> Secret {
     Secret {
         metadata: owner.meta(hba_secret_name(owner, history), history.name()),
         type_: Some("Opaque".into()),
         data: Some(BTreeMap::from([(
             HBA_KEY.to_owned(),
-            ByteString(crate::builders::tls::PG_HBA.as_bytes().to_vec()),
+            ByteString(PG_HBA.as_bytes().to_vec()),
         )])),
         ..Secret::default()
     }

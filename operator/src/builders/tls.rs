@@ -49,11 +49,6 @@ pub const CERTIFIED: [&str; 7] = [
 /// Where a managed PostgreSQL finds its certificate and its pg_hba.conf.
 pub const PG_CERT_DIR: &str = "/etc/dlock/pg-tls";
 pub const PG_HBA_DIR: &str = "/etc/dlock/pg-hba";
-/// TLS only over TCP, password (SCRAM) as before; trust on the pod's own socket only, which the
-/// images' entrypoints use while they initialise the database.
-pub const PG_HBA: &str = "# Written by the dlock operator (spec.tls): TCP connections must use TLS.\n\
-    local all all trust\n\
-    hostssl all all all scram-sha-256\n";
 
 /// Where the pods find them, and the variables that name the files (each binary's config.rs).
 pub const CERT_DIR: &str = "/etc/dlock/tls";

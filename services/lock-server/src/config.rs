@@ -256,8 +256,15 @@ impl Config {
         {
             return Err(ConfigError::ClientTokenIsAdminToken(client.to_owned()));
         }
-        if self.pool_max_connections == 0 {
-            return Err(ConfigError::PoolSize);
+        // On lockdb one connection of the pool is the listener's (`LISTEN`, held for the process's
+        // life): a pool of one would leave none for the statements, and every request would wait
+        // out the pool's timeout.
+        let least = match self.backend {
+            BackendConfig::Postgres => 2,
+            BackendConfig::Etcd { .. } => 1,
+        };
+        if self.pool_max_connections < least {
+            return Err(ConfigError::PoolSize(least));
         }
         let id = &self.lock_service_id;
         if id.is_empty() || id.len() > MAX_LOCK_SERVICE_ID_LEN || !id.bytes().all(|b| b.is_ascii_graphic()) {
@@ -342,8 +349,10 @@ pub enum ConfigError {
     EtcdClientCert(#[source] TlsError),
     #[error("the etcd key prefix must be non-empty and end with '/'")]
     EtcdPrefix,
-    #[error("the pool needs at least one connection")]
-    PoolSize,
+    #[error(
+        "the pool needs at least {0} connection(s) (on lockdb one is the listener's, held for the process's life)"
+    )]
+    PoolSize(u32),
     #[error("the reaper interval must be at least 10 ms (0 disables the reaper)")]
     ReaperInterval,
     #[error("the longest wait of a blocking acquire is 0..=60000 ms")]
@@ -607,6 +616,18 @@ mod tests {
                 .unwrap()
                 .sequence_jump
         );
+    }
+
+    /// On lockdb the listener holds one connection of the pool for good: a pool of one would leave
+    /// the statements none (every request waited out the pool's timeout: 503), so it is refused.
+    #[test]
+    fn a_lockdb_pool_has_room_for_the_listener() {
+        assert!(matches!(
+            cli(&["--db-max-connections", "1"]).into_config(None),
+            Err(ConfigError::PoolSize(2))
+        ));
+        let c = cli(&["--db-max-connections", "2"]).into_config(None).unwrap();
+        assert_eq!(c.pool_max_connections, 2);
     }
 
     #[test]

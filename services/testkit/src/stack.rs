@@ -133,7 +133,7 @@ impl StackTls {
     /// As [`StackTls::new`], but every certificate valid from a day ago
     /// ([`TestCa::issue_backdated`]): for a run that sets a client's wall clock back (the fault
     /// campaign's clock nemesis, minutes behind), which would refuse a certificate issued a
-    /// moment ago as not valid yet. Needs `faketime`.
+    /// moment ago as not valid yet. Needs libfaketime.
     pub fn new_backdated() -> Result<std::sync::Arc<Self>> {
         Self::issued(true).map(std::sync::Arc::new)
     }

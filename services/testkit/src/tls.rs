@@ -105,7 +105,7 @@ impl TestCa {
     /// [`issue`](Self::issue), but valid from a day ago (signed as of then, for three days): for
     /// clients whose wall clock may run behind (a clock-skew fault), which would find a
     /// certificate issued a moment ago not valid yet. The CA itself is a trust anchor, whose dates
-    /// TLS clients do not check. Needs `faketime`, as [`issue_expired`](Self::issue_expired) does.
+    /// TLS clients do not check. Needs libfaketime, as [`issue_expired`](Self::issue_expired) does.
     pub fn issue_backdated(&self, file_stem: &str, names: &[&str]) -> Result<ServerCert, PgError> {
         self.issue_with(file_stem, names, Some("-1d"), "3", "serverAuth")
     }
@@ -118,7 +118,7 @@ impl TestCa {
 
     /// [`issue`](Self::issue), but expired: signed as of three days ago, valid for one day (so it
     /// expired two days ago), by this CA, which is valid now. The clock is moved for the one openssl
-    /// command with `faketime` (openssl 3.0 has no option to set the dates of `x509 -req`).
+    /// command with libfaketime (openssl 3.0 has no option to set the dates of `x509 -req`).
     pub fn issue_expired(&self, file_stem: &str, names: &[&str]) -> Result<ServerCert, PgError> {
         self.issue_with(file_stem, names, Some("-3d"), "1", "serverAuth")
     }
@@ -178,14 +178,21 @@ impl TestCa {
         .arg("-out")
         .arg(&csr);
         openssl(req)?;
-        let mut sign = match signed_at {
-            None => Command::new("openssl"),
-            Some(offset) => {
-                let mut c = Command::new(faketime());
-                c.args(["-f", offset, "openssl"]);
-                c
-            }
-        };
+        let mut sign = Command::new("openssl");
+        if let Some(offset) = signed_at {
+            // libfaketime preloaded into the one command, as the campaign's clock nemesis does; not
+            // the `faketime` wrapper, whose semaphore and shared memory are named by its pid and
+            // outlive a wrapper that was killed, so a later one given the same pid fails
+            // ("sem_open: File exists").
+            let lib = libfaketime().ok_or_else(|| PgError::Tool {
+                tool: "libfaketime".into(),
+                status: "not installed".into(),
+                stderr: "a backdated or expired certificate needs libfaketime (Debian: faketime; scripts/setup.sh installs it)".into(),
+            })?;
+            sign.env("LD_PRELOAD", lib)
+                .env("FAKETIME", offset)
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
         sign.args(["x509", "-req", "-days", days, "-in"])
             .arg(&csr)
             .arg("-CA")
@@ -203,16 +210,17 @@ impl TestCa {
     }
 }
 
-/// `faketime`: the one scripts/setup.sh installs into the tools folder, or the system's.
-fn faketime() -> PathBuf {
-    let tools = std::env::var_os("DLOCK_TOOLS_DIR")
-        .map_or_else(|| PathBuf::from("/var/tmp/dlock-tools"), PathBuf::from);
-    let installed = tools.join("bin").join("faketime");
-    if installed.is_file() {
-        installed
-    } else {
-        PathBuf::from("faketime")
-    }
+/// libfaketime (Debian's `faketime` package, which scripts/setup.sh installs), if installed: the
+/// library a command is started with (`LD_PRELOAD`, `FAKETIME=<offset>`) to see another time.
+pub fn libfaketime() -> Option<PathBuf> {
+    [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/faketime/libfaketime.so.1",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.is_file())
 }
 
 fn serial() -> u128 {
@@ -234,10 +242,10 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> PgError {
     move |source| PgError::Io { what, source }
 }
 
-/// Runs one openssl command (or openssl under faketime) to its end; [`PgError::Tool`] with its stderr when it fails.
+/// Runs one openssl command (with libfaketime or not) to its end; [`PgError::Tool`] with its stderr when it fails.
 fn openssl(mut cmd: Command) -> Result<(), PgError> {
     let out = cmd.stdin(Stdio::null()).output().map_err(|source| PgError::Io {
-        what: "run openssl (install it, and faketime for expired certificates: the TLS tests make their certificates with them)".into(),
+        what: "run openssl (install it, and libfaketime for expired certificates: the TLS tests make their certificates with them)".into(),
         source,
     })?;
     if !out.status.success() {

@@ -263,7 +263,8 @@ fn served_components_are_those_with_a_service() {
 /// bundle's hash. With HTTPS off, none of it.
 #[test]
 fn a_managed_postgres_serves_tls_only_and_its_clients_verify_it_against_the_bundle() {
-    use crate::builders::tls::{PG_HBA, PG_RELOADER};
+    use crate::builders::postgres::PG_HBA;
+    use crate::builders::tls::PG_RELOADER;
     use k8s_openapi::api::apps::v1::StatefulSet;
     let wiring = TlsWiring {
         https: true,

@@ -120,16 +120,7 @@ impl RunTls {
     }
 }
 
-pub(super) fn libfaketime() -> Option<PathBuf> {
-    [
-        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
-        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
-        "/usr/lib/faketime/libfaketime.so.1",
-    ]
-    .iter()
-    .map(PathBuf::from)
-    .find(|p| p.is_file())
-}
+pub(super) use dlock_testkit::pg::tls::libfaketime;
 
 impl Stack {
     /// paydb as postgres (the fast-forward reads its high-water marks).

@@ -40,7 +40,9 @@ pub(super) async fn run(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
     let pg = matches!(args.backend, BenchBackend::Postgres | BenchBackend::All);
     let etcd = matches!(args.backend, BenchBackend::Etcd | BenchBackend::All);
 
-    let pool_size = max_clients.to_string();
+    // A connection per client, as every earlier row of docs/benchmarks.md had (the listener holds
+    // one of them); at least two, which lock-server needs on lockdb (the listener's and one more).
+    let pool_size = max_clients.max(2).to_string();
     let db = if pg {
         Some(Database::start(History::Lockdb).await?)
     } else {
@@ -124,17 +126,25 @@ pub(super) async fn run(args: LockArgs, run_dir: &RunDir) -> Result<bool> {
             .await?,
         ));
         if let Some(db) = &db {
-            for s in &pg_servers {
-                for (shape, mode) in SHAPES {
+            // The lock-servers of one shape run side by side, each shape starting from the next
+            // server, so that each server runs first, second and third once per client count: a
+            // fixed order measured the order too (the store's state and the machine's warmth move
+            // along a run). The rows are printed server by server, as before.
+            let mut measured = Vec::new();
+            for (k, (shape, mode)) in SHAPES.into_iter().enumerate() {
+                for j in 0..pg_servers.len() {
+                    let i = (j + k) % pg_servers.len();
+                    let s = &pg_servers[i];
                     let name = name(&format!("postgres{}", s.hardening), s.signed, shape);
                     step(format!("{name}, {clients} clients …"));
                     let meter = Meter::here(Some(&s.server)).with("postgres", Proc::Tree(db.server.pid));
-                    rows.push((
-                        clients,
-                        http_phase(name, &s.server.url(), &s.config, clients, mode, measure, meter).await?,
-                    ));
+                    let phase =
+                        http_phase(name, &s.server.url(), &s.config, clients, mode, measure, meter).await?;
+                    measured.push(((i, k), phase));
                 }
             }
+            measured.sort_by_key(|(order, _)| *order);
+            rows.extend(measured.into_iter().map(|(_, phase)| (clients, phase)));
             step(format!("bare C1 statement, {clients} clients …"));
             let meter = Meter::here(None).with("postgres", Proc::Tree(db.server.pid));
             rows.push((clients, bare_phase(&db.app_url(), clients, measure, meter).await?));
