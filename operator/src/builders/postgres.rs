@@ -182,12 +182,9 @@ const SOCKET_VOLUME: &str = "run";
 /// The folder the databases' CA files are mounted under, one folder per database.
 pub const TLS_DIR: &str = "/etc/dlock/tls";
 
-/// Mounts, into every container that reads a database's connection Secret (`<owner>-<db>-conn`),
-/// that database's CA (`<owner>-<db>-ca`, written by CloudNativePG) at [`ca_file`]. The Secret is
-/// optional: a database on the StatefulSet engine has none, and the mount is an empty folder its
-/// URLs never name. One rule for the Deployments, the migration Jobs and the restore Jobs (which
-/// read several paydbs at once), so no container reaches a database over TLS without its CA.
-pub fn mount_database_cas(pod: &mut PodSpec) {
+/// The databases (`<owner>-<db>`, as [`DbNames::server`] names them) whose connection Secret a
+/// container of `pod` reads, sorted, once each.
+pub fn databases_read(pod: &PodSpec) -> Vec<String> {
     let mut databases: Vec<String> = pod
         .containers
         .iter()
@@ -198,7 +195,16 @@ pub fn mount_database_cas(pod: &mut PodSpec) {
         .collect();
     databases.sort();
     databases.dedup();
-    for db in databases {
+    databases
+}
+
+/// Mounts, into every container that reads a database's connection Secret (`<owner>-<db>-conn`),
+/// that database's CA (`<owner>-<db>-ca`, written by CloudNativePG) at [`ca_file`]. The Secret is
+/// optional: a database on the StatefulSet engine has none, and the mount is an empty folder its
+/// URLs never name. One rule for the Deployments, the migration Jobs and the restore Jobs (which
+/// read several paydbs at once), so no container reaches a database over TLS without its CA.
+pub fn mount_database_cas(pod: &mut PodSpec) {
+    for db in databases_read(pod) {
         let volume = format!("tls-{db}");
         let volumes = pod.volumes.get_or_insert_with(Vec::new);
         if volumes.iter().any(|v| v.name == volume) {
@@ -345,9 +351,11 @@ fn verify_with_ca(url: &mut url::Url, ca_file: &str) -> Result<(), ExternalUrlEr
     Ok(())
 }
 
-/// The copy of an external database's CA that [`mount_database_cas`] mounts: `<owner>-<db>-ca`,
-/// key `ca.crt` (the name CloudNativePG gives its own CA Secret, so one rule mounts both).
-pub fn external_ca_secret(owner: &Owner, history: History, pem: &str) -> Secret {
+/// The CA a database's clients verify it against, as [`mount_database_cas`] mounts it:
+/// `<owner>-<db>-ca`, key `ca.crt` (the name CloudNativePG gives its own CA Secret, so one rule
+/// mounts all three): an external database's CA (`caSecretRef`), or the namespace's bundle for a
+/// managed PostgreSQL with TLS.
+pub fn database_ca_secret(owner: &Owner, history: History, pem: &str) -> Secret {
     Secret {
         metadata: owner.meta(ca_secret_name(owner, history), history.name()),
         type_: Some("Opaque".into()),
@@ -357,12 +365,6 @@ pub fn external_ca_secret(owner: &Owner, history: History, pem: &str) -> Secret 
         )])),
         ..Secret::default()
     }
-}
-
-/// The namespace's CA bundle as the clients of a managed PostgreSQL with TLS read it: the same
-/// Secret, `<owner>-<db>-ca` key `ca.crt`, as an external database's CA and CloudNativePG's.
-pub fn database_ca_secret(owner: &Owner, history: History, bundle: &str) -> Secret {
-    external_ca_secret(owner, history, bundle)
 }
 
 /// The key of [`hba_secret`] (and its file's name).

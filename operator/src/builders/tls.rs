@@ -32,8 +32,8 @@ pub const CA_BUNDLE_ANNOTATION: &str = "dlock.dev/ca-bundle";
 /// The components that serve an HTTP API from a Deployment, and so get a certificate.
 pub const SERVED: [&str; 4] = [LOCK_SERVER, PAYMENT_RESOURCE, RAIL_PROXY, RAIL_STUB];
 /// A managed database on the StatefulSet engine (the component is its history's name).
-pub const LOCKDB: &str = "lockdb";
-pub const PAYDB: &str = "paydb";
+pub const LOCKDB: &str = postgres::History::Lockdb.name();
+pub const PAYDB: &str = postgres::History::Paydb.name();
 /// Everything that gets a certificate: those, a managed etcd's members (their client URLs; the
 /// StatefulSet mounts it itself, `etcd_members::statefulset`), and a managed PostgreSQL on the
 /// StatefulSet engine ([`serve_postgres_tls`]; CloudNativePG makes its Clusters' own).
@@ -97,26 +97,23 @@ pub fn dns_names(owner: &Owner, component: &str) -> Vec<String> {
 pub struct TlsWiring {
     /// The owner's servers serve HTTPS with their certificate Secrets.
     pub https: bool,
-    /// The bundle's hash, when the namespace has one: every client that calls an `https://` URL
-    /// mounts it.
+    /// The bundle (PEM), when the namespace has one: every client that calls an `https://` URL
+    /// mounts it (its pod template carries its hash), and a managed PostgreSQL's clients verify
+    /// the server against it.
     pub bundle: Option<String>,
-    /// The bundle's text (with `https`): a managed PostgreSQL's clients verify it against it.
-    pub bundle_pem: Option<String>,
 }
 
 impl Desired {
     /// Each served component's Deployment serves HTTPS from its certificate Secret (probes too);
     /// each Deployment that calls an `https://` URL trusts the namespace's bundle.
     pub fn with_tls(mut self, owner: &Owner, wiring: &TlsWiring) -> Self {
+        let bundle_hash = wiring
+            .bundle
+            .as_deref()
+            .map(|pem| super::short_hash(pem.as_bytes()));
         for child in &mut self.apply {
             let Child::Deployment(d) = child else { continue };
-            let Some(component) = d
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(super::LABEL_COMPONENT))
-                .cloned()
-            else {
+            let Some(component) = component_of(&d.metadata).map(str::to_owned) else {
                 continue;
             };
             let Some(template) = d.spec.as_mut().map(|s| &mut s.template) else {
@@ -129,12 +126,12 @@ impl Desired {
                     serve_plaintext(template);
                 }
             }
-            if let Some(bundle) = &wiring.bundle {
-                trust_bundle(template, &component, bundle);
+            if let Some(hash) = &bundle_hash {
+                trust_bundle(template, &component, hash);
             }
         }
-        if wiring.https {
-            self.postgres_tls(owner, wiring);
+        if let (true, Some(pem), Some(hash)) = (wiring.https, &wiring.bundle, &bundle_hash) {
+            self.postgres_tls(owner, pem, hash);
         }
         self
     }
@@ -143,10 +140,9 @@ impl Desired {
     /// CA bundle is written where its clients' URLs look for it (`<owner>-<db>-ca`, as
     /// [`postgres::mount_database_cas`] mounts it; applied first), and its clients' pod templates
     /// carry the bundle's hash, so a rotation of the CA waits for them.
-    fn postgres_tls(&mut self, owner: &Owner, wiring: &TlsWiring) {
-        let Some(pem) = &wiring.bundle_pem else { return };
+    fn postgres_tls(&mut self, owner: &Owner, bundle: &str, bundle_hash: &str) {
         let mut secrets = Vec::new();
-        let mut served_dbs = Vec::new();
+        let mut served = Vec::new();
         for child in &mut self.apply {
             let Child::StatefulSet(sts) = child else { continue };
             let Some(history) = component_of(&sts.metadata).and_then(history_of) else {
@@ -161,30 +157,24 @@ impl Desired {
                 &postgres::hba_secret_name(owner, history),
             );
             secrets.push(Child::Secret(AppliedSecret(Box::new(
-                postgres::database_ca_secret(owner, history, pem),
+                postgres::database_ca_secret(owner, history, bundle),
             ))));
             secrets.push(Child::Secret(AppliedSecret(Box::new(postgres::hba_secret(
                 owner, history,
             )))));
-            served_dbs.push(postgres::names(owner, history).connection_secret);
+            served.push(postgres::names(owner, history).server);
         }
-        if let Some(bundle) = &wiring.bundle {
-            for child in &mut self.apply {
-                let Child::Deployment(d) = child else { continue };
-                let Some(template) = d.spec.as_mut().map(|s| &mut s.template) else {
-                    continue;
-                };
-                let reads = template.spec.iter().flat_map(|p| &p.containers).any(|c| {
-                    c.env.iter().flatten().any(|e| {
-                        e.value_from
-                            .as_ref()
-                            .and_then(|v| v.secret_key_ref.as_ref())
-                            .is_some_and(|r| served_dbs.contains(&r.name))
-                    })
-                });
-                if reads {
-                    annotate(template, CA_BUNDLE_ANNOTATION, bundle);
-                }
+        for child in &mut self.apply {
+            let Child::Deployment(d) = child else { continue };
+            let Some(template) = d.spec.as_mut().map(|s| &mut s.template) else {
+                continue;
+            };
+            let reads = template
+                .spec
+                .as_ref()
+                .is_some_and(|pod| postgres::databases_read(pod).iter().any(|db| served.contains(db)));
+            if reads {
+                annotate(template, CA_BUNDLE_ANNOTATION, bundle_hash);
             }
         }
         // Before the database and the pods that mount them.
@@ -200,11 +190,9 @@ fn component_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMet
 }
 
 fn history_of(component: &str) -> Option<postgres::History> {
-    match component {
-        LOCKDB => Some(postgres::History::Lockdb),
-        PAYDB => Some(postgres::History::Paydb),
-        _ => None,
-    }
+    [postgres::History::Lockdb, postgres::History::Paydb]
+        .into_iter()
+        .find(|h| h.name() == component)
 }
 
 fn annotate(template: &mut PodTemplateSpec, key: &str, value: &str) {
@@ -334,13 +322,7 @@ impl Desired {
         };
         for child in &mut self.apply {
             let Child::Deployment(d) = child else { continue };
-            let is_lock_server = d
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(super::LABEL_COMPONENT))
-                .is_some_and(|c| c == LOCK_SERVER);
-            if !is_lock_server {
+            if component_of(&d.metadata) != Some(LOCK_SERVER) {
                 continue;
             }
             let Some((pod, i)) = d.spec.as_mut().and_then(|s| container(&mut s.template)) else {
@@ -488,7 +470,7 @@ fn serve_plaintext(template: &mut PodTemplateSpec) {
 /// The bundle into a client: payout-executor always (its three servers), rail-proxy when its rail
 /// is the in-cluster rail-stub over HTTPS (a real rail is checked against the public roots),
 /// lock-server when its etcd is the managed one over HTTPS.
-fn trust_bundle(template: &mut PodTemplateSpec, component: &str, bundle: &str) {
+fn trust_bundle(template: &mut PodTemplateSpec, component: &str, bundle_hash: &str) {
     let Some((pod, i)) = container(template) else {
         return;
     };
@@ -515,12 +497,7 @@ fn trust_bundle(template: &mut PodTemplateSpec, component: &str, bundle: &str) {
         .env
         .get_or_insert_with(Vec::new)
         .push(env(var, format!("{CA_DIR}/{CA_BUNDLE_KEY}")));
-    template
-        .metadata
-        .get_or_insert_with(Default::default)
-        .annotations
-        .get_or_insert_with(BTreeMap::new)
-        .insert(CA_BUNDLE_ANNOTATION.into(), bundle.to_owned());
+    annotate(template, CA_BUNDLE_ANNOTATION, bundle_hash);
 }
 
 /// `--etcd-endpoints` as flags (a managed etcd; an external one comes from a Secret) and https.

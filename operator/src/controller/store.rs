@@ -112,7 +112,7 @@ pub async fn resolve_database(
                         )));
                     }
                     // The copy the pods mount, beside the connection Secret that names it.
-                    apply::apply(client, ns, &postgres::external_ca_secret(owner, history, &pem)).await?;
+                    apply::apply(client, ns, &postgres::database_ca_secret(owner, history, &pem)).await?;
                     Some(postgres::ca_file(&names.server))
                 }
             };

@@ -21,7 +21,7 @@ pub enum History {
 
 impl History {
     /// Database name, history folder name and component label.
-    pub fn name(self) -> &'static str {
+    pub const fn name(self) -> &'static str {
         match self {
             History::Lockdb => "lockdb",
             History::Paydb => "paydb",
@@ -29,7 +29,7 @@ impl History {
     }
 
     /// The application role the migrations create and the owning service logs in as.
-    pub fn app_role(self) -> &'static str {
+    pub const fn app_role(self) -> &'static str {
         match self {
             History::Lockdb => "lockapp",
             History::Paydb => "payapp",

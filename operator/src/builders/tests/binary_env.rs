@@ -188,8 +188,7 @@ fn every_pod() -> Vec<(String, PodSpec)> {
     // With HTTPS on, so the certificate and CA variables are checked too.
     let wiring = crate::builders::tls::TlsWiring {
         https: true,
-        bundle: Some("bundle-hash".into()),
-        bundle_pem: Some("bundle".into()),
+        bundle: Some("bundle".into()),
     };
     let https = |obj_owner: Option<Owner>| Owner {
         https: true,

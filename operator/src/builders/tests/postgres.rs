@@ -297,7 +297,7 @@ fn with_an_external_ca_the_jobs_read_the_owner_url_beside_its_mounted_ca() {
             Some("locks-lockdb-ca")
         );
     }
-    let secret = postgres::external_ca_secret(
+    let secret = postgres::database_ca_secret(
         &owner,
         History::Lockdb,
         "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",

@@ -12,8 +12,10 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::core::NamespaceResourceScope;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 
 use super::certs::Pair;
 use super::{Client, Observed, Peer, Served, TlsPlan, Write};
@@ -21,7 +23,7 @@ use crate::builders::tls::{CA_BUNDLE, CA_BUNDLE_ANNOTATION, CA_BUNDLE_KEY, CA_SE
 use crate::builders::{LABEL_MANAGED_BY, LABEL_PART_OF, MANAGED_BY, Owner};
 use crate::context::Context;
 use crate::controller::apply;
-use crate::crd::{LockService, PaymentStack, TlsStatus};
+use crate::crd::{DlockStatus, LockService, PaymentStack};
 use crate::error::{Error, Result};
 use crate::reasons::Reason;
 
@@ -74,10 +76,9 @@ async fn clients(ctx: &Context, ns: &str) -> Result<Vec<Client>> {
                 .as_ref()?
                 .annotations
                 .as_ref()?;
-            let bundle = annotations.get(CA_BUNDLE_ANNOTATION)?;
             Some(Client {
                 name: d.name_any(),
-                bundle: Some(bundle.clone()),
+                bundle: annotations.get(CA_BUNDLE_ANNOTATION)?.clone(),
                 rolled_out: rolled_out(d),
             })
         })
@@ -86,37 +87,50 @@ async fn clients(ctx: &Context, ns: &str) -> Result<Vec<Client>> {
 
 /// The namespace's other objects that serve HTTPS, with what their status says signed them.
 async fn peers(ctx: &Context, owner: &Owner) -> Result<Vec<Peer>> {
-    fn peer<K: Resource<DynamicType = ()>>(o: &K, https: bool, tls: Option<&TlsStatus>) -> Option<Peer> {
-        https.then(|| Peer {
-            name: format!("{}/{}", K::kind(&()), o.meta().name.clone().unwrap_or_default()),
-            signed_by: tls.and_then(|t| t.signed_by.clone()),
-        })
-    }
     let ns = &owner.namespace;
-    let locks: Api<LockService> = Api::namespaced(ctx.client.clone(), ns);
-    let stacks: Api<PaymentStack> = Api::namespaced(ctx.client.clone(), ns);
-    let mut found = Vec::new();
-    for o in locks
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| Error::step("list the namespace's LockServices", e))?
-        .items
-    {
-        let tls = o.status.as_ref().and_then(|s| s.tls.as_ref());
-        found.extend(peer(&o, o.spec.tls.https(), tls));
-    }
-    for o in stacks
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| Error::step("list the namespace's PaymentStacks", e))?
-        .items
-    {
-        let tls = o.status.as_ref().and_then(|s| s.tls.as_ref());
-        found.extend(peer(&o, o.spec.tls.https(), tls));
-    }
+    let mut found = https_objects(ctx, ns, |o: &LockService| (o.spec.tls.https(), o.status.as_ref())).await?;
+    found.extend(
+        https_objects(ctx, ns, |o: &PaymentStack| {
+            (o.spec.tls.https(), o.status.as_ref())
+        })
+        .await?,
+    );
     let me = format!("{}/{}", owner.kind, owner.name);
     found.retain(|p| p.name != me);
     Ok(found)
+}
+
+/// The objects of kind `K` in `ns` that serve HTTPS (`view`: its `spec.tls` and its status), as
+/// peers.
+async fn https_objects<K>(
+    ctx: &Context,
+    ns: &str,
+    view: impl Fn(&K) -> (bool, Option<&DlockStatus>),
+) -> Result<Vec<Peer>>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| Error::step("list the namespace's objects that serve HTTPS", e))?;
+    Ok(list
+        .items
+        .iter()
+        .filter_map(|o| {
+            let (https, status) = view(o);
+            https.then(|| Peer {
+                name: format!("{}/{}", K::kind(&()), o.name_any()),
+                signed_by: status
+                    .and_then(|s| s.tls.as_ref())
+                    .and_then(|t| t.signed_by.clone()),
+            })
+        })
+        .collect())
 }
 
 /// What the plan needs: the CA (with `https` only), the bundle, each served component's Secret.

@@ -62,7 +62,7 @@ pub struct Observed {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Client {
     pub name: String,
-    pub bundle: Option<String>,
+    pub bundle: String,
     pub rolled_out: bool,
 }
 
@@ -232,7 +232,7 @@ fn rotation(
     let lagging: Vec<&str> = obs
         .clients
         .iter()
-        .filter(|c| c.bundle.as_deref() != Some(bundle_hash) || !c.rolled_out)
+        .filter(|c| c.bundle != bundle_hash || !c.rolled_out)
         .map(|c| c.name.as_str())
         .collect();
     let move_after = next_facts.not_before + certs::BACKDATE + obs.ca_overlap;
@@ -268,8 +268,7 @@ pub fn plan(obs: &Observed, served: &[Served], namespace: &str, now: i64) -> Res
         return Ok(TlsPlan {
             wiring: TlsWiring {
                 https: false,
-                bundle: obs.bundle.as_deref().map(hash),
-                ..TlsWiring::default()
+                bundle: obs.bundle.clone(),
             },
             ..TlsPlan::default()
         });
@@ -291,7 +290,6 @@ pub fn plan(obs: &Observed, served: &[Served], namespace: &str, now: i64) -> Res
     };
     // The successor: kept, made when the CA is due, or broken (a human decides).
     let next = match (&obs.next, &obs.ca_version) {
-        (Some(Ok(next)), _) if next.cert_pem == ca.cert_pem => None,
         (Some(Ok(next)), _) => match usable(next, now) {
             Ok(facts) => Some((next.clone(), facts)),
             Err(why) => return Ok(broken_next(&why)),
@@ -377,8 +375,7 @@ pub fn plan(obs: &Observed, served: &[Served], namespace: &str, now: i64) -> Res
             .filter(|p| p.signed_by.as_deref() != Some(next_hash.as_str()))
             .map(|p| p.name.as_str())
             .collect();
-        let version = obs.ca_version.clone();
-        match version {
+        match obs.ca_version.clone() {
             // Every certificate of the namespace is the successor's: it becomes the CA, and the
             // bundle drops the old one (the clients roll once more, to trust the new CA alone).
             Some(version)
@@ -413,8 +410,7 @@ pub fn plan(obs: &Observed, served: &[Served], namespace: &str, now: i64) -> Res
         writes,
         wiring: TlsWiring {
             https: true,
-            bundle: Some(hash(&wiring_bundle)),
-            bundle_pem: Some(wiring_bundle),
+            bundle: Some(wiring_bundle),
         },
         status: Some(TlsStatus {
             ca_not_after: Some(rfc3339(ca_not_after)),
