@@ -196,51 +196,38 @@ impl Proxy {
     ) -> sqlx::Result<Option<Submission>> {
         // Compiled only into builds with the `fault-injection` feature (never the release image).
         #[cfg(feature = "fault-injection")]
-        if matches!(
-            self.fault,
-            Some(Fault::StallAttemptReply | Fault::StallAttemptReplyNoBound)
-        ) {
-            // On a connection of its own, held while stalled, as a hung one is: the read-back
-            // cannot use it.
-            let mut conn = self.pool.acquire().await?;
-            let inserted = sql::insert_attempt(&mut *conn, payout, token.get(), submission_id).await;
-            if inserted.is_ok() {
-                // The statement ran (and committed the attempt, if it inserted one); its reply
-                // never comes, as on a connection to a primary that vanished without a reset.
-                tracing::error!(
-                    event = "fault_stall_attempt_reply",
-                    payout_id = %payout.payout_id,
-                    submission_id = %submission_id,
-                    inserted = matches!(inserted, Ok(Some(_))),
-                    "fault injection: the attempt insert ran; its reply never comes"
-                );
-                std::future::pending::<()>().await;
-            }
-            return inserted;
-        }
-        let inserted = sql::insert_attempt(&self.pool, payout, token.get(), submission_id).await;
-        // Compiled only into builds with the `fault-injection` feature (never the release image).
-        #[cfg(feature = "fault-injection")]
-        if matches!(
-            self.fault,
-            Some(Fault::LoseAttemptReply | Fault::LoseAttemptReplyNoReadBack)
-        ) && inserted.is_ok()
+        if let Some(
+            fault @ (Fault::LoseAttemptReply
+            | Fault::LoseAttemptReplyNoReadBack
+            | Fault::StallAttemptReply
+            | Fault::StallAttemptReplyNoBound),
+        ) = self.fault
         {
+            // On a connection of its own, held until the reply is given up, as a broken or hung
+            // one is: the read-back cannot use it.
+            let mut conn = self.pool.acquire().await?;
+            let inserted = sql::insert_attempt(&mut *conn, payout, token.get(), submission_id).await?;
             // The statement ran (and committed the attempt, if it inserted one); the caller sees
-            // what a connection dying with the reply in flight gives instead of its result.
+            // what a connection that hangs (stall) or dies with the reply in flight (lose) gives
+            // instead of its result.
+            let stalls = matches!(fault, Fault::StallAttemptReply | Fault::StallAttemptReplyNoBound);
             tracing::error!(
-                event = "fault_lose_attempt_reply",
+                event = if stalls { "fault_stall_attempt_reply" } else { "fault_lose_attempt_reply" },
                 payout_id = %payout.payout_id,
                 submission_id = %submission_id,
-                inserted = matches!(inserted, Ok(Some(_))),
-                "fault injection: the attempt insert ran; answering a lost reply instead of its result"
+                inserted = inserted.is_some(),
+                "fault injection: the attempt insert ran; its reply is {}",
+                if stalls { "never coming" } else { "lost" }
             );
+            if stalls {
+                std::future::pending::<()>().await;
+            }
             return Err(sqlx::Error::Io(std::io::Error::new(
                 std::io::ErrorKind::ConnectionReset,
                 "fault injection: the reply of the attempt insert was lost",
             )));
         }
-        inserted
+        sql::insert_attempt(&self.pool, payout, token.get(), submission_id).await
     }
 
     /// The attempt INSERT failed in a way that may have committed it (or gave no reply within
