@@ -92,25 +92,12 @@ impl LockApi {
 
     /// HTTPS on `port`, trusting only the CA certificates of `ca_pem`, for server name `name`.
     pub fn https(port: u16, ca_pem: &str, name: &str) -> Self {
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-            let cert = cert.unwrap_or_else(|e| panic!("the CA bundle: {e}"));
-            roots.add(cert).unwrap_or_else(|e| panic!("the CA bundle: {e}"));
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap_or_else(|e| panic!("TLS versions: {e}"))
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        let config = trusting(ca_pem).unwrap_or_else(|e| panic!("{e}"));
         let name = rustls::pki_types::ServerName::try_from(name.to_owned())
             .unwrap_or_else(|e| panic!("server name {name}: {e}"));
         Self {
             port,
-            tls: Some(LockTls {
-                config: Arc::new(config),
-                name,
-            }),
+            tls: Some(LockTls { config, name }),
             token: Some(TEST_CLIENT_TOKEN.to_owned()),
         }
     }
@@ -252,6 +239,24 @@ impl LockApi {
         assert_eq!(st, 200, "get {key}: {body}");
         body
     }
+}
+
+/// A TLS client configuration that trusts the CA certificates of `ca_pem` (every one of a bundle)
+/// and nothing else.
+pub fn trusting(ca_pem: &str) -> Result<Arc<rustls::ClientConfig>, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots
+            .add(cert.map_err(|e| format!("the CA bundle: {e}"))?)
+            .map_err(|e| format!("the CA bundle: {e}"))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS versions: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
 }
 
 #[cfg(test)]

@@ -83,19 +83,7 @@ async fn pods_of(pods: &Api<Pod>, instance: &str, component: &str) -> BTreeMap<S
 /// then a TLS handshake verified against `ca_pem` for `host` (blocking: a few round trips).
 fn postgres_presented(port: u16, ca_pem: &str, host: &str) -> Result<Vec<u8>, String> {
     use std::io::{Read, Write};
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots
-            .add(cert.map_err(|e| format!("the CA bundle: {e}"))?)
-            .map_err(|e| format!("the CA bundle: {e}"))?;
-    }
-    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| e.to_string())?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    let config = crate::lockapi::trusting(ca_pem)?;
     let name = rustls::pki_types::ServerName::try_from(host.to_owned()).map_err(|e| e.to_string())?;
     let mut tcp = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect: {e}"))?;
     tcp.set_read_timeout(Some(Duration::from_secs(10))).ok();
@@ -111,8 +99,7 @@ fn postgres_presented(port: u16, ca_pem: &str, host: &str) -> Result<Vec<u8>, St
             answer[0] as char
         ));
     }
-    let mut conn =
-        rustls::ClientConnection::new(std::sync::Arc::new(config), name).map_err(|e| e.to_string())?;
+    let mut conn = rustls::ClientConnection::new(config, name).map_err(|e| e.to_string())?;
     while conn.is_handshaking() {
         conn.complete_io(&mut tcp)
             .map_err(|e| format!("TLS handshake: {e}"))?;

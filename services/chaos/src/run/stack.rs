@@ -120,8 +120,6 @@ impl RunTls {
     }
 }
 
-pub(super) use dlock_testkit::pg::tls::libfaketime;
-
 impl Stack {
     /// paydb as postgres (the fast-forward reads its high-water marks).
     pub(super) fn paydb_admin_url(&self) -> String {
@@ -272,7 +270,7 @@ impl Stack {
             creds,
             http,
             dir,
-            libfaketime: libfaketime(),
+            libfaketime: dlock_testkit::pg::tls::libfaketime(),
             lease: opts.lease(),
             recorder: recorder.clone(),
             counts_pool: sqlx::postgres::PgPoolOptions::new()
